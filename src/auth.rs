@@ -1,0 +1,96 @@
+//! Bearer tokens: HS256 JWTs with `sub` (user), `workspace_id` and `exp` (CONTRACT.md §2).
+//!
+//! The workspace comes from the token only. Only HS256 is accepted: `alg: none` and every other algorithm fail.
+
+use std::time::Duration;
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::config::Secret;
+use crate::ids::{UserId, WorkspaceId};
+
+/// The claims Conveyor reads.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Claims {
+    /// The user.
+    pub sub: Uuid,
+    /// The tenant.
+    pub workspace_id: Uuid,
+    /// Expiry, seconds since the epoch.
+    pub exp: u64,
+    /// Issued at, seconds since the epoch.
+    #[serde(default)]
+    pub iat: u64,
+}
+
+/// Who is calling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Principal {
+    /// The caller's workspace.
+    pub workspace_id: WorkspaceId,
+    /// The caller.
+    pub user_id: UserId,
+}
+
+/// Why a token was refused. The reason is for logs; clients get one generic answer.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// Past its `exp`.
+    #[error("token expired")]
+    Expired,
+    /// Bad signature, algorithm, shape or claims.
+    #[error("token invalid: {0}")]
+    Invalid(String),
+}
+
+/// Verifies and mints tokens with the configured secret.
+#[derive(Clone)]
+pub struct TokenKeys {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    validation: Validation,
+}
+
+impl TokenKeys {
+    /// Keys over the HS256 secret.
+    pub fn new(secret: &Secret<Vec<u8>>) -> Self {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = 5;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        Self {
+            encoding: EncodingKey::from_secret(secret.expose())
+                .expect("an HMAC key of any length is valid"),
+            decoding: DecodingKey::from_secret(secret.expose())
+                .expect("an HMAC key of any length is valid"),
+            validation,
+        }
+    }
+
+    /// Verifies a bearer token and returns the caller.
+    pub fn verify(&self, token: &str) -> Result<Principal, TokenError> {
+        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
+            .map_err(|e| match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
+                kind => TokenError::Invalid(format!("{kind:?}")),
+            })?;
+        Ok(Principal {
+            workspace_id: WorkspaceId(data.claims.workspace_id),
+            user_id: UserId(data.claims.sub),
+        })
+    }
+
+    /// Mints a token for `principal`, valid for `ttl` (development and tests).
+    pub fn mint(&self, principal: Principal, ttl: Duration) -> String {
+        let now = chrono::Utc::now().timestamp().max(0) as u64;
+        let claims = Claims {
+            sub: principal.user_id.0,
+            workspace_id: principal.workspace_id.0,
+            exp: now + ttl.as_secs(),
+            iat: now,
+        };
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
+            .expect("HS256 signing of serializable claims cannot fail")
+    }
+}

@@ -1,0 +1,354 @@
+//! Typed configuration from `CONVEYOR_*` environment variables (CONTRACT.md §1), validated at start-up.
+//!
+//! Every error names the variable at fault. Secrets are wrapped in [`Secret`], whose `Debug` and `Display` print
+//! `[redacted]`, so a configuration can be logged whole.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use base64::Engine as _;
+
+/// Shortest idempotency retention the seed allows, whatever the setting says.
+pub const MIN_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// A value that must never be printed: `Debug`/`Display` show `[redacted]`, and the bytes are zeroed on drop.
+#[derive(Clone)]
+pub struct Secret<T: zeroize::Zeroize>(T);
+
+impl<T: zeroize::Zeroize> Secret<T> {
+    /// Wraps a secret value.
+    pub fn new(value: T) -> Self {
+        Self(value)
+    }
+    /// The secret itself, for the one place that must use it.
+    pub fn expose(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: zeroize::Zeroize> Drop for Secret<T> {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl<T: zeroize::Zeroize> fmt::Debug for Secret<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl<T: zeroize::Zeroize> fmt::Display for Secret<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// A configuration error; its message names the variable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A required variable is not set (or is empty).
+    #[error("{0} is required but not set")]
+    Missing(&'static str),
+    /// A variable is set to something unusable; the value itself is not repeated (it may be a secret).
+    #[error("{name} is invalid: {reason}")]
+    Invalid {
+        /// The variable.
+        name: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+fn invalid(name: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        name,
+        reason: reason.into(),
+    }
+}
+
+/// One HMAC key for idempotency fingerprints: an id stored beside each fingerprint, and the secret.
+#[derive(Clone, Debug)]
+pub struct FingerprintKey {
+    /// Stored beside each fingerprint so that keys can rotate.
+    pub id: String,
+    /// The HMAC-SHA256 key.
+    pub secret: Secret<Vec<u8>>,
+}
+
+/// The whole configuration of the server roles.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// PostgreSQL URL of the application role (`CONVEYOR_DATABASE_URL`).
+    pub database_url: Secret<String>,
+    /// Redis URL (`CONVEYOR_REDIS_URL`).
+    pub redis_url: Secret<String>,
+    /// Prefix of every Redis key (`CONVEYOR_REDIS_PREFIX`, default `conveyor`).
+    pub redis_prefix: String,
+    /// API listen address (`CONVEYOR_HTTP_ADDR`).
+    pub http_addr: SocketAddr,
+    /// Admin listen address for `/metrics`, `/healthz`, `/readyz` (`CONVEYOR_ADMIN_ADDR`).
+    pub admin_addr: SocketAddr,
+    /// HS256 secret for bearer tokens (`CONVEYOR_JWT_SECRET`).
+    pub jwt_secret: Secret<Vec<u8>>,
+    /// Fingerprint keys; the first one signs, all of them verify (`CONVEYOR_IDEMPOTENCY_KEYS`).
+    pub idempotency_keys: Vec<FingerprintKey>,
+    /// Retention of idempotency records (`CONVEYOR_IDEMPOTENCY_TTL`), never below 24 hours.
+    pub idempotency_ttl: Duration,
+    /// 32-byte AES-256-GCM key for stored credentials (`CONVEYOR_ENCRYPTION_KEY`, base64).
+    pub encryption_key: Secret<Vec<u8>>,
+    /// Base URL of the marketplace API (`CONVEYOR_MARKETPLACE_URL`); workers need it.
+    pub marketplace_url: Option<String>,
+    /// Largest accepted request body in bytes (`CONVEYOR_MAX_BODY_BYTES`, default 64 KiB).
+    pub max_body_bytes: usize,
+    /// Grace period for in-flight work on shutdown (`CONVEYOR_SHUTDOWN_GRACE`, default 30s).
+    pub shutdown_grace: Duration,
+    /// Maximum PostgreSQL connections of this process (`CONVEYOR_DATABASE_MAX_CONNECTIONS`, default 16).
+    pub database_max_connections: u32,
+    /// JSON logs instead of human-readable ones (`CONVEYOR_LOG_JSON`).
+    pub log_json: bool,
+}
+
+/// Where variables come from: the process environment, or a map in tests.
+pub trait Source {
+    /// The value of `name`, if set and not empty.
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct Env;
+
+impl Source for Env {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+    }
+}
+
+impl Source for HashMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        HashMap::get(self, name)
+            .cloned()
+            .filter(|v| !v.trim().is_empty())
+    }
+}
+
+fn required(src: &dyn Source, name: &'static str) -> Result<String, ConfigError> {
+    src.get(name).ok_or(ConfigError::Missing(name))
+}
+
+fn addr(src: &dyn Source, name: &'static str, default: &str) -> Result<SocketAddr, ConfigError> {
+    let raw = src.get(name).unwrap_or_else(|| default.to_owned());
+    raw.trim().parse().map_err(|_| {
+        invalid(
+            name,
+            format!("`{raw}` is not a socket address such as 127.0.0.1:8080"),
+        )
+    })
+}
+
+fn duration(
+    src: &dyn Source,
+    name: &'static str,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    match src.get(name) {
+        None => Ok(default),
+        Some(raw) => humantime::parse_duration(raw.trim()).map_err(|e| {
+            invalid(
+                name,
+                format!("`{raw}` is not a duration such as 48h or 30s ({e})"),
+            )
+        }),
+    }
+}
+
+fn number<T: std::str::FromStr>(
+    src: &dyn Source,
+    name: &'static str,
+    default: T,
+) -> Result<T, ConfigError> {
+    match src.get(name) {
+        None => Ok(default),
+        Some(raw) => raw
+            .trim()
+            .parse()
+            .map_err(|_| invalid(name, format!("`{raw}` is not a valid number"))),
+    }
+}
+
+fn postgres_url(src: &dyn Source, name: &'static str) -> Result<Secret<String>, ConfigError> {
+    let url = required(src, name)?;
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(invalid(name, "must be a postgres:// or postgresql:// URL"));
+    }
+    Ok(Secret::new(url))
+}
+
+/// Parses `CONVEYOR_JWT_SECRET`: at least 32 bytes, as HS256 wants.
+pub fn jwt_secret(src: &dyn Source) -> Result<Secret<Vec<u8>>, ConfigError> {
+    const NAME: &str = "CONVEYOR_JWT_SECRET";
+    let raw = required(src, NAME)?;
+    if raw.len() < 32 {
+        return Err(invalid(NAME, "must be at least 32 bytes long"));
+    }
+    Ok(Secret::new(raw.into_bytes()))
+}
+
+fn idempotency_keys(src: &dyn Source) -> Result<Vec<FingerprintKey>, ConfigError> {
+    const NAME: &str = "CONVEYOR_IDEMPOTENCY_KEYS";
+    let raw = required(src, NAME)?;
+    let mut keys: Vec<FingerprintKey> = Vec::new();
+    for (i, part) in raw.split(',').enumerate() {
+        let (id, secret) = part
+            .trim()
+            .split_once(':')
+            .ok_or_else(|| invalid(NAME, format!("entry {} is not `id:secret`", i + 1)))?;
+        let id = id.trim();
+        if id.is_empty()
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid(
+                NAME,
+                format!("entry {} has an empty or non [A-Za-z0-9_-] id", i + 1),
+            ));
+        }
+        if secret.len() < 32 {
+            return Err(invalid(
+                NAME,
+                format!("the secret of key `{id}` must be at least 32 bytes long"),
+            ));
+        }
+        if keys.iter().any(|k| k.id == id) {
+            return Err(invalid(NAME, format!("key id `{id}` appears twice")));
+        }
+        keys.push(FingerprintKey {
+            id: id.to_owned(),
+            secret: Secret::new(secret.as_bytes().to_vec()),
+        });
+    }
+    Ok(keys)
+}
+
+fn encryption_key(src: &dyn Source) -> Result<Secret<Vec<u8>>, ConfigError> {
+    const NAME: &str = "CONVEYOR_ENCRYPTION_KEY";
+    let raw = required(src, NAME)?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(raw.trim())
+        .map_err(|_| invalid(NAME, "is not valid base64"))?;
+    if bytes.len() != 32 {
+        return Err(invalid(
+            NAME,
+            format!("must decode to 32 bytes, got {}", bytes.len()),
+        ));
+    }
+    Ok(Secret::new(bytes))
+}
+
+impl Config {
+    /// Reads and validates the configuration from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_source(&Env)
+    }
+
+    /// Reads and validates the configuration from any [`Source`].
+    pub fn from_source(src: &dyn Source) -> Result<Self, ConfigError> {
+        let redis_url = required(src, "CONVEYOR_REDIS_URL")?;
+        if !(redis_url.starts_with("redis://")
+            || redis_url.starts_with("rediss://")
+            || redis_url.starts_with("redis-cluster://")
+            || redis_url.starts_with("redis-sentinel://"))
+        {
+            return Err(invalid(
+                "CONVEYOR_REDIS_URL",
+                "must be a redis://, rediss://, redis-cluster:// or redis-sentinel:// URL",
+            ));
+        }
+        let redis_prefix = src
+            .get("CONVEYOR_REDIS_PREFIX")
+            .unwrap_or_else(|| "conveyor".to_owned());
+        if redis_prefix.contains(['{', '}', ' ']) {
+            return Err(invalid(
+                "CONVEYOR_REDIS_PREFIX",
+                "must not contain braces or spaces",
+            ));
+        }
+        let idempotency_ttl = duration(
+            src,
+            "CONVEYOR_IDEMPOTENCY_TTL",
+            Duration::from_secs(48 * 3600),
+        )?;
+        if idempotency_ttl < MIN_IDEMPOTENCY_TTL {
+            return Err(invalid(
+                "CONVEYOR_IDEMPOTENCY_TTL",
+                "must be at least 24h (seed section 2.1)",
+            ));
+        }
+        let max_body_bytes = number(src, "CONVEYOR_MAX_BODY_BYTES", 64 * 1024)?;
+        if max_body_bytes < 1024 {
+            return Err(invalid("CONVEYOR_MAX_BODY_BYTES", "must be at least 1024"));
+        }
+        let database_max_connections = number(src, "CONVEYOR_DATABASE_MAX_CONNECTIONS", 16u32)?;
+        if database_max_connections == 0 {
+            return Err(invalid(
+                "CONVEYOR_DATABASE_MAX_CONNECTIONS",
+                "must be at least 1",
+            ));
+        }
+        let marketplace_url = match src.get("CONVEYOR_MARKETPLACE_URL") {
+            None => None,
+            Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
+                Some(url.trim_end_matches('/').to_owned())
+            }
+            Some(_) => {
+                return Err(invalid(
+                    "CONVEYOR_MARKETPLACE_URL",
+                    "must be an http:// or https:// URL",
+                ));
+            }
+        };
+        let log_json = match src.get("CONVEYOR_LOG_JSON").as_deref() {
+            None | Some("0" | "false") => false,
+            Some("1" | "true") => true,
+            Some(_) => return Err(invalid("CONVEYOR_LOG_JSON", "must be true or false")),
+        };
+        Ok(Self {
+            database_url: postgres_url(src, "CONVEYOR_DATABASE_URL")?,
+            redis_url: Secret::new(redis_url),
+            redis_prefix,
+            http_addr: addr(src, "CONVEYOR_HTTP_ADDR", "127.0.0.1:8080")?,
+            admin_addr: addr(src, "CONVEYOR_ADMIN_ADDR", "127.0.0.1:9090")?,
+            jwt_secret: jwt_secret(src)?,
+            idempotency_keys: idempotency_keys(src)?,
+            idempotency_ttl,
+            encryption_key: encryption_key(src)?,
+            marketplace_url,
+            max_body_bytes,
+            shutdown_grace: duration(src, "CONVEYOR_SHUTDOWN_GRACE", Duration::from_secs(30))?,
+            database_max_connections,
+            log_json,
+        })
+    }
+}
+
+/// What `conveyor migrate` needs: the owner's URL, and the application role to grant.
+#[derive(Clone, Debug)]
+pub struct MigrateConfig {
+    /// PostgreSQL URL of the owner role (`CONVEYOR_MIGRATION_DATABASE_URL`).
+    pub migration_database_url: Secret<String>,
+    /// PostgreSQL URL of the application role (`CONVEYOR_DATABASE_URL`); its user is granted DML rights.
+    pub database_url: Secret<String>,
+}
+
+impl MigrateConfig {
+    /// Reads and validates the migration configuration from any [`Source`].
+    pub fn from_source(src: &dyn Source) -> Result<Self, ConfigError> {
+        Ok(Self {
+            migration_database_url: postgres_url(src, "CONVEYOR_MIGRATION_DATABASE_URL")?,
+            database_url: postgres_url(src, "CONVEYOR_DATABASE_URL")?,
+        })
+    }
+}

@@ -1,0 +1,8 @@
+//! First-batch business scenarios (seed section 5). Domain code knows PostgreSQL transactions, not HTTP or Redis.
+
+pub mod stores;
+
+/// A domain rule was broken by the input; the message is safe to show the client.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ValidationError(pub String);

@@ -1,0 +1,151 @@
+//! One error type for the API, rendered as RFC 9457 `application/problem+json` with a stable `code`.
+//!
+//! 4xx answers carry text meant for the client; 5xx answers say nothing about internals and log the cause.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::domain::ValidationError;
+
+/// Everything an API call can answer besides success.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No, or an unusable, bearer token.
+    #[error("missing or invalid bearer token")]
+    Unauthenticated,
+    /// The resource does not exist in the caller's workspace (other workspaces' ids look the same).
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// The body is not JSON.
+    #[error("the request body is not valid JSON: {0}")]
+    MalformedJson(String),
+    /// The body is not declared as JSON.
+    #[error("the request body must be application/json")]
+    UnsupportedMediaType,
+    /// The body is larger than the limit.
+    #[error("the request body exceeds {0} bytes")]
+    PayloadTooLarge(usize),
+    /// JSON of the wrong shape, an unknown field, or a broken business rule.
+    #[error("{0}")]
+    Validation(String),
+    /// The route takes an `Idempotency-Key` and none was sent.
+    #[error("this endpoint requires an Idempotency-Key header")]
+    IdempotencyKeyRequired,
+    /// The `Idempotency-Key` is not a UUID.
+    #[error("Idempotency-Key must be a UUID, bare or as a quoted string")]
+    IdempotencyKeyInvalid,
+    /// The key was used before with a different request.
+    #[error("this Idempotency-Key was already used with a different request")]
+    IdempotencyKeyReused,
+    /// The first request with this key is still executing.
+    #[error("a request with this Idempotency-Key is still in progress; retry later")]
+    IdempotencyRequestInProgress,
+    /// PostgreSQL or Redis cannot be reached right now.
+    #[error("a backing service is unavailable")]
+    Unavailable(#[source] anyhow::Error),
+    /// Anything else: logged, never shown.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    code: &'static str,
+}
+
+impl ApiError {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MalformedJson(_) | Self::IdempotencyKeyRequired | Self::IdempotencyKeyInvalid => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::IdempotencyKeyReused | Self::IdempotencyRequestInProgress => StatusCode::CONFLICT,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated => "UNAUTHENTICATED",
+            Self::NotFound(_) => "NOT_FOUND",
+            Self::MalformedJson(_) => "MALFORMED_JSON",
+            Self::UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
+            Self::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
+            Self::Validation(_) => "VALIDATION_FAILED",
+            Self::IdempotencyKeyRequired => "IDEMPOTENCY_KEY_REQUIRED",
+            Self::IdempotencyKeyInvalid => "IDEMPOTENCY_KEY_INVALID",
+            Self::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
+            Self::IdempotencyRequestInProgress => "IDEMPOTENCY_REQUEST_IN_PROGRESS",
+            Self::Unavailable(_) => "SERVICE_UNAVAILABLE",
+            Self::Internal(_) => "INTERNAL",
+        }
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        Self::Validation(e.0)
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
+                Self::Unavailable(anyhow::Error::new(e).context("PostgreSQL unavailable"))
+            }
+            e => Self::Internal(anyhow::Error::new(e)),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        match &self {
+            Self::Internal(cause) => tracing::error!(error = ?cause, "Request failed"),
+            Self::Unavailable(cause) => {
+                tracing::warn!(error = ?cause, "Request failed: backing service unavailable")
+            }
+            _ => {}
+        }
+        let problem = Problem {
+            kind: "about:blank",
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            detail: self.to_string(),
+            code: self.code(),
+        };
+        let mut response = (
+            status,
+            serde_json::to_vec(&problem).expect("problem serializes"),
+        )
+            .into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if matches!(
+            self,
+            Self::IdempotencyRequestInProgress | Self::Unavailable(_)
+        ) {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

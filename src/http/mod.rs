@@ -1,0 +1,99 @@
+//! The HTTP surface (axum): the public API router and the admin router. The only module that knows axum.
+
+mod admin;
+mod auth;
+pub mod error;
+pub mod json;
+mod operations;
+mod stores;
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use sqlx::PgPool;
+use tower_http::trace::TraceLayer;
+
+use crate::auth::TokenKeys;
+use crate::metrics::Metrics;
+use crate::sealing::Sealer;
+use crate::stream::RedisClient;
+
+pub use admin::router as admin_router;
+
+/// What every handler shares.
+pub struct Shared {
+    /// PostgreSQL, as the application role.
+    pub pool: PgPool,
+    /// Redis.
+    pub redis: RedisClient,
+    /// Bearer-token verification.
+    pub tokens: TokenKeys,
+    /// Seals credentials at rest.
+    pub sealer: Sealer,
+    /// This process's metrics.
+    pub metrics: Metrics,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+}
+
+/// Cheap-to-clone handle on [`Shared`].
+#[derive(Clone)]
+pub struct AppState(pub Arc<Shared>);
+
+impl Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The public API: `/v1/...`.
+pub fn router(state: AppState) -> Router {
+    let limit = state.max_body_bytes;
+    Router::new()
+        .merge(stores::routes())
+        .merge(operations::routes())
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), track_metrics))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn not_found() -> error::ApiError {
+    error::ApiError::NotFound("route")
+}
+
+/// Records `conveyor_http_request_duration_seconds` by route template (never the raw path), method and status class.
+async fn track_metrics(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method = req.method().as_str().to_owned();
+    let response = next.run(req).await;
+    let class = match response.status().as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    let method = match method.as_str() {
+        "GET" | "POST" | "PUT" | "PATCH" | "DELETE" | "HEAD" | "OPTIONS" => method,
+        _ => "other".to_owned(),
+    };
+    state
+        .metrics
+        .http_request_duration
+        .with_label_values(&[route.as_str(), method.as_str(), class])
+        .observe(started.elapsed().as_secs_f64());
+    response
+}

@@ -1,0 +1,34 @@
+//! Typed identifiers: a workspace id can never be passed where a user id is expected.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub Uuid);
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+
+        impl From<Uuid> for $name {
+            fn from(id: Uuid) -> Self {
+                Self(id)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A tenant. Every tenant row carries one and row-level security compares it with `app.workspace_id`.
+    WorkspaceId
+);
+id_type!(
+    /// An authenticated user (the JWT `sub`).
+    UserId
+);

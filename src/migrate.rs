@@ -1,0 +1,121 @@
+//! `conveyor migrate`: applies `migrations/` as the owner role, then grants the application role what it needs and
+//! no more (DML on the tables, `EXECUTE` on Conveyor's functions), after checking that it is neither superuser,
+//! `BYPASSRLS`, the owner nor a member of the owner, any of which would walk through row-level security.
+
+use anyhow::{Context, bail};
+use sqlx::migrate::Migrator;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+
+use crate::config::MigrateConfig;
+
+/// The migrations, embedded in the binary.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Applies every migration and grants the application role. Safe to run again.
+pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
+    let owner_options: PgConnectOptions = config
+        .migration_database_url
+        .expose()
+        .parse()
+        .context("CONVEYOR_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
+    let app_options: PgConnectOptions = config
+        .database_url
+        .expose()
+        .parse()
+        .context("CONVEYOR_DATABASE_URL is not a valid PostgreSQL URL")?;
+    let app_role = app_options.get_username().to_owned();
+
+    let mut conn = PgConnection::connect_with(&owner_options)
+        .await
+        .context("Failed to connect as the owner role")?;
+    MIGRATOR
+        .run(&mut conn)
+        .await
+        .context("Failed to apply migrations")?;
+
+    let (owner, exists, superuser, bypass, member): (String, bool, bool, bool, bool) =
+        sqlx::query_as(
+            "SELECT current_user::text,
+                r.rolname IS NOT NULL,
+                coalesce(r.rolsuper, false),
+                coalesce(r.rolbypassrls, false),
+                r.rolname IS NOT NULL AND pg_has_role(r.rolname, current_user, 'MEMBER')
+         FROM (SELECT 1) one LEFT JOIN pg_roles r ON r.rolname = $1",
+        )
+        .bind(&app_role)
+        .fetch_one(&mut conn)
+        .await
+        .context("Failed to inspect the application role")?;
+    if !exists {
+        bail!(
+            "the application role `{app_role}` of CONVEYOR_DATABASE_URL does not exist; create it first"
+        );
+    }
+    if superuser || bypass || member || owner == app_role {
+        bail!(
+            "the application role `{app_role}` must not be a superuser, have BYPASSRLS, or be (a member of) the owner \
+             `{owner}`: row-level security would not apply to it"
+        );
+    }
+
+    let role = quote_ident(&app_role);
+    let mut tx = conn.begin().await?;
+    let database: (String,) = sqlx::query_as("SELECT current_database()::text")
+        .fetch_one(&mut *tx)
+        .await?;
+    let tables: Vec<(String,)> = sqlx::query_as(
+        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' AND tablename <> '_sqlx_migrations'",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let functions: Vec<(String,)> = sqlx::query_as(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'public' AND p.proname LIKE 'conveyor\\_%'",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut grants = vec![
+        format!(
+            "GRANT CONNECT ON DATABASE {} TO {role}",
+            quote_ident(&database.0)
+        ),
+        format!("GRANT USAGE ON SCHEMA public TO {role}"),
+        format!("GRANT SELECT ON _sqlx_migrations TO {role}"),
+    ];
+    grants.extend(tables.iter().map(|(t,)| {
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}",
+            quote_ident(t)
+        )
+    }));
+    grants.extend(
+        functions
+            .iter()
+            .map(|(f,)| format!("GRANT EXECUTE ON FUNCTION {f} TO {role}")),
+    );
+    for grant in grants {
+        sqlx::query(sqlx::AssertSqlSafe(grant))
+            .execute(&mut *tx)
+            .await
+            .context("Failed to grant the application role")?;
+    }
+    tx.commit().await?;
+    tracing::info!(role = %app_role, tables = tables.len(), "Migrations applied and application role granted");
+    Ok(())
+}
+
+/// How many embedded migrations the database has not applied (0 when current).
+pub async fn pending_versions(pool: &PgPool) -> Result<usize, sqlx::Error> {
+    let applied: Vec<(i64,)> = sqlx::query_as("SELECT version FROM _sqlx_migrations WHERE success")
+        .fetch_all(pool)
+        .await?;
+    Ok(MIGRATOR
+        .iter()
+        .filter(|m| !applied.iter().any(|(v,)| *v == m.version))
+        .count())
+}

@@ -1,0 +1,43 @@
+//! The only module that talks to Redis.
+//!
+//! Redis Streams in brief: a stream is an append-only log of entries (`XADD`), each with an id `<ms>-<seq>` and a
+//! few fields. A consumer group reads new entries (`XREADGROUP ... >`) and Redis remembers, per group, which entries
+//! each consumer has read but not yet acknowledged (the pending entries list, PEL). `XACK` removes an entry from the
+//! PEL; `XAUTOCLAIM` hands entries idle in a dead consumer's PEL to a live one. `XTRIM` bounds a stream's length.
+//!
+//! Keys (CONTRACT.md §3) are hash-tagged by queue, `<prefix>:{<queue>}:…`, so that a script touching a queue's stream
+//! and its de-dup keys stays in one Redis Cluster slot.
+
+pub mod keys;
+
+use std::time::Duration;
+
+use fred::prelude::{Builder, ClientLike, Config as RedisConfig, ReconnectPolicy};
+
+pub use fred::clients::Client as RedisClient;
+
+/// Opens a Redis client that reconnects with exponential back-off forever (fred's default is never) and fails
+/// commands after `command_timeout` instead of queueing them while Redis is away.
+pub async fn connect(
+    url: &str,
+    command_timeout: Duration,
+) -> Result<RedisClient, fred::error::Error> {
+    let config = RedisConfig::from_url(url)?;
+    let client = Builder::from_config(config)
+        .with_connection_config(|c| {
+            c.connection_timeout = Duration::from_secs(3);
+            c.max_command_attempts = 2;
+        })
+        .with_performance_config(|p| {
+            p.default_command_timeout = command_timeout;
+        })
+        .set_policy(ReconnectPolicy::new_exponential(0, 100, 5_000, 2))
+        .build()?;
+    client.init().await?;
+    Ok(client)
+}
+
+/// `PING` with the client's command time-out: whether Redis answers.
+pub async fn ping(client: &RedisClient) -> Result<(), fred::error::Error> {
+    client.ping::<()>(None).await
+}
