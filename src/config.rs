@@ -352,3 +352,103 @@ impl MigrateConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid() -> HashMap<String, String> {
+        [
+            (
+                "CONVEYOR_DATABASE_URL",
+                "postgres://app:pw@127.0.0.1/conveyor",
+            ),
+            ("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379"),
+            ("CONVEYOR_JWT_SECRET", "0123456789abcdef0123456789abcdef"),
+            (
+                "CONVEYOR_IDEMPOTENCY_KEYS",
+                "k1:0123456789abcdef0123456789abcdef,k0:fedcba9876543210fedcba9876543210",
+            ),
+            (
+                "CONVEYOR_ENCRYPTION_KEY",
+                "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+
+    fn error_with(name: &str, value: Option<&str>) -> String {
+        let mut vars = valid();
+        match value {
+            Some(v) => vars.insert(name.to_owned(), v.to_owned()),
+            None => vars.remove(name),
+        };
+        Config::from_source(&vars).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_complete_environment_parses_with_the_documented_defaults() {
+        let config = Config::from_source(&valid()).unwrap();
+        assert_eq!(config.http_addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.admin_addr.to_string(), "127.0.0.1:9090");
+        assert_eq!(config.idempotency_ttl, Duration::from_secs(48 * 3600));
+        assert_eq!(config.idempotency_keys.len(), 2);
+        assert_eq!(config.idempotency_keys[0].id, "k1", "the first key signs");
+        assert_eq!(config.redis_prefix, "conveyor");
+    }
+
+    #[test]
+    fn every_error_names_its_variable() {
+        for name in [
+            "CONVEYOR_DATABASE_URL",
+            "CONVEYOR_REDIS_URL",
+            "CONVEYOR_JWT_SECRET",
+            "CONVEYOR_IDEMPOTENCY_KEYS",
+            "CONVEYOR_ENCRYPTION_KEY",
+        ] {
+            assert!(error_with(name, None).contains(name), "missing {name}");
+        }
+        let cases = [
+            ("CONVEYOR_DATABASE_URL", "mysql://x"),
+            ("CONVEYOR_REDIS_URL", "http://x"),
+            ("CONVEYOR_JWT_SECRET", "short"),
+            ("CONVEYOR_IDEMPOTENCY_KEYS", "no-colon"),
+            ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:short"),
+            (
+                "CONVEYOR_IDEMPOTENCY_KEYS",
+                "k1:0123456789abcdef0123456789abcdef,k1:0123456789abcdef0123456789abcdef",
+            ),
+            ("CONVEYOR_ENCRYPTION_KEY", "not base64!"),
+            ("CONVEYOR_ENCRYPTION_KEY", "AAAA"),
+            ("CONVEYOR_HTTP_ADDR", "localhost"),
+            ("CONVEYOR_IDEMPOTENCY_TTL", "forever"),
+            ("CONVEYOR_IDEMPOTENCY_TTL", "23h"),
+            ("CONVEYOR_MAX_BODY_BYTES", "-1"),
+            ("CONVEYOR_MARKETPLACE_URL", "ftp://x"),
+        ];
+        for (name, value) in cases {
+            assert!(
+                error_with(name, Some(value)).contains(name),
+                "{name}={value}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_and_debug_output_never_show_a_secret() {
+        let secret = "0123456789abcdef0123456789abcdef-very-secret";
+        let err = error_with("CONVEYOR_ENCRYPTION_KEY", Some(secret));
+        assert!(!err.contains(secret), "{err}");
+        let mut vars = valid();
+        vars.insert("CONVEYOR_JWT_SECRET".into(), secret.into());
+        let config = Config::from_source(&vars).unwrap();
+        let printed = format!("{config:?}");
+        assert!(
+            !printed.contains(secret) && !printed.contains("app:pw"),
+            "{printed}"
+        );
+        assert!(printed.contains("[redacted]"));
+    }
+}

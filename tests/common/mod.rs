@@ -1,0 +1,371 @@
+//! Test harness shared by every integration binary: a fresh database per test (migrations applied, application
+//! role granted), a unique Redis key prefix per test, the API served in-process or as a real child process.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use conveyor::auth::{Principal, TokenKeys};
+use conveyor::config::{Config, MigrateConfig, Secret};
+use conveyor::db;
+use conveyor::ids::{UserId, WorkspaceId};
+use conveyor::metrics::Metrics;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+pub const JWT_SECRET: &str = "test-jwt-secret-must-never-leak-0123456789";
+pub const ENCRYPTION_KEY_B64: &str = "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhISE=";
+pub const FINGERPRINT_KEYS: &str = "t1:test-fingerprint-key-must-never-leak-0123";
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+/// The owner role's URL on the maintenance database (`CONVEYOR_TEST_OWNER_URL`).
+pub fn owner_base_url() -> String {
+    env_or(
+        "CONVEYOR_TEST_OWNER_URL",
+        "postgres://conveyor_owner:conveyor_owner@127.0.0.1:5432/conveyor",
+    )
+}
+
+/// The application role's URL on the maintenance database (`CONVEYOR_TEST_APP_URL`).
+pub fn app_base_url() -> String {
+    env_or(
+        "CONVEYOR_TEST_APP_URL",
+        "postgres://conveyor_app:conveyor_app@127.0.0.1:5432/conveyor",
+    )
+}
+
+/// The shared Redis (`CONVEYOR_TEST_REDIS_URL`).
+pub fn redis_url() -> String {
+    env_or("CONVEYOR_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+}
+
+fn with_database(url: &str, database: &str) -> String {
+    let (base, _) = url.rsplit_once('/').expect("a database URL has a path");
+    format!("{base}/{database}")
+}
+
+/// A database of its own for one test, migrated, with the application role granted.
+pub struct TestDb {
+    /// Its name.
+    pub name: String,
+    /// The owner role's URL on it.
+    pub owner_url: String,
+    /// The application role's URL on it.
+    pub app_url: String,
+    /// A pool of the application role (subject to row-level security).
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    pub async fn create() -> Self {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let name = format!(
+            "conveyor_test_{now}_{}",
+            &Uuid::new_v4().simple().to_string()[..12]
+        );
+        let mut admin = PgConnection::connect(&owner_base_url())
+            .await
+            .expect("connect as the owner role; run scripts/services.sh");
+        sweep_stale_databases(&mut admin, now).await;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await
+            .expect("create test database");
+        let owner_url = with_database(&owner_base_url(), &name);
+        let app_url = with_database(&app_base_url(), &name);
+        let migrate = MigrateConfig {
+            migration_database_url: Secret::new(owner_url.clone()),
+            database_url: Secret::new(app_url.clone()),
+        };
+        conveyor::migrate::run(&migrate)
+            .await
+            .expect("migrations apply");
+        let pool = db::connect(&app_url, 16)
+            .await
+            .expect("connect as the application role");
+        Self {
+            name,
+            owner_url,
+            app_url,
+            pool,
+        }
+    }
+
+    /// A single connection of the owner role.
+    pub async fn owner(&self) -> PgConnection {
+        PgConnection::connect(&self.owner_url)
+            .await
+            .expect("connect as owner")
+    }
+
+    /// A single connection of the application role, with no workspace set.
+    pub async fn app_connection(&self) -> PgConnection {
+        let options: PgConnectOptions = self.app_url.parse().unwrap();
+        PgConnection::connect_with(&options)
+            .await
+            .expect("connect as application role")
+    }
+
+    /// How many rows of `table` the workspace holds (read as the application role under RLS).
+    pub async fn count(&self, table: &str, workspace: WorkspaceId) -> i64 {
+        let mut tx = db::begin_workspace(&self.pool, workspace).await.unwrap();
+        let (n,): (i64,) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+        tx.commit().await.unwrap();
+        n
+    }
+
+    /// Every row of `table` in the workspace, as JSON.
+    pub async fn rows(&self, table: &str, workspace: WorkspaceId) -> Vec<serde_json::Value> {
+        let mut tx = db::begin_workspace(&self.pool, workspace).await.unwrap();
+        let rows: Vec<(serde_json::Value,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT to_jsonb(t) FROM {table} t"
+        )))
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        rows.into_iter().map(|(v,)| v).collect()
+    }
+}
+
+/// Drops test databases left by runs more than an hour old (a test process cannot drop its own on exit).
+async fn sweep_stale_databases(admin: &mut PgConnection, now: u64) {
+    let names: Vec<(String,)> = sqlx::query_as(
+        "SELECT datname::text FROM pg_database WHERE datname LIKE 'conveyor\\_test\\_%'",
+    )
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap_or_default();
+    for (name,) in names {
+        let created = name
+            .split('_')
+            .nth(2)
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(now);
+        if now.saturating_sub(created) > 3600 {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name}"
+            )))
+            .execute(&mut *admin)
+            .await;
+        }
+    }
+}
+
+/// The variables a Conveyor process of this test runs with.
+pub fn config_vars(db: &TestDb, redis_prefix: &str) -> HashMap<String, String> {
+    HashMap::from([
+        ("CONVEYOR_DATABASE_URL".to_owned(), db.app_url.clone()),
+        (
+            "CONVEYOR_MIGRATION_DATABASE_URL".to_owned(),
+            db.owner_url.clone(),
+        ),
+        ("CONVEYOR_REDIS_URL".to_owned(), redis_url()),
+        ("CONVEYOR_REDIS_PREFIX".to_owned(), redis_prefix.to_owned()),
+        ("CONVEYOR_JWT_SECRET".to_owned(), JWT_SECRET.to_owned()),
+        (
+            "CONVEYOR_IDEMPOTENCY_KEYS".to_owned(),
+            FINGERPRINT_KEYS.to_owned(),
+        ),
+        (
+            "CONVEYOR_ENCRYPTION_KEY".to_owned(),
+            ENCRYPTION_KEY_B64.to_owned(),
+        ),
+        ("CONVEYOR_HTTP_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
+        ("CONVEYOR_ADMIN_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
+    ])
+}
+
+/// A random workspace and user.
+pub fn principal() -> Principal {
+    Principal {
+        workspace_id: WorkspaceId(Uuid::new_v4()),
+        user_id: UserId(Uuid::new_v4()),
+    }
+}
+
+/// The API served in-process over a fresh database and Redis prefix.
+pub struct TestApp {
+    pub db: TestDb,
+    pub config: Config,
+    pub redis_prefix: String,
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub http: reqwest::Client,
+    pub tokens: TokenKeys,
+    pub shutdown: CancellationToken,
+}
+
+impl TestApp {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(|_| {}).await
+    }
+
+    /// Spawns with variables changed by `tweak` first.
+    pub async fn spawn_with(tweak: impl FnOnce(&mut HashMap<String, String>)) -> Self {
+        let db = TestDb::create().await;
+        let redis_prefix = format!("conveyor-test-{}", Uuid::new_v4().simple());
+        let mut vars = config_vars(&db, &redis_prefix);
+        tweak(&mut vars);
+        let config = Config::from_source(&vars).expect("test configuration is valid");
+        let state = conveyor::app::connect_state(&config, Metrics::new())
+            .await
+            .expect("state");
+        let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, admin_addr) = (api.local_addr().unwrap(), admin.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        tokio::spawn(conveyor::app::serve(state, api, admin, shutdown.clone()));
+        Self {
+            tokens: TokenKeys::new(&config.jwt_secret),
+            db,
+            config,
+            redis_prefix,
+            addr,
+            admin_addr,
+            http: reqwest::Client::new(),
+            shutdown,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn token(&self, principal: Principal) -> String {
+        self.tokens.mint(principal, Duration::from_secs(3600))
+    }
+
+    /// Sends `body` (raw) with a bearer token for `principal`.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        principal: Principal,
+        body: Option<&serde_json::Value>,
+    ) -> reqwest::Response {
+        let mut req = self
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(self.token(principal));
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        req.send().await.expect("request reaches the API")
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A store creation body whose credentials carry `marker`.
+pub fn store_body(marker: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": "Main shop",
+        "platform": "sandbox",
+        "credentials": { "api_key": format!("key-{marker}"), "api_secret": format!("secret-{marker}") }
+    })
+}
+
+/// The `conveyor` binary built for this test run.
+pub fn conveyor_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_conveyor"))
+}
+
+/// A real `conveyor` process whose stderr goes to a file read back with [`Process::log`].
+pub struct Process {
+    pub child: Child,
+    pub log_path: PathBuf,
+}
+
+impl Process {
+    pub fn spawn(args: &[&str], vars: &HashMap<String, String>) -> Self {
+        let log_path =
+            std::env::temp_dir().join(format!("conveyor-test-{}.log", Uuid::new_v4().simple()));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new(conveyor_bin())
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(vars)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn conveyor");
+        Self { child, log_path }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Sends SIGKILL and reaps the process.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends a signal by number (15 = SIGTERM).
+    pub fn signal(&self, signal: i32) {
+        let _ = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.log_path);
+    }
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, for at most `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
