@@ -30,7 +30,7 @@ CREATE TABLE idempotency_requests (
     PRIMARY KEY (workspace_id, user_id, http_method, request_path, idempotency_key),
     CHECK (status = 'in_progress' OR response_status IS NOT NULL)
 );
-CREATE INDEX idempotency_requests_expired ON idempotency_requests (workspace_id, expires_at);
+CREATE INDEX idempotency_requests_expiry ON idempotency_requests (expires_at);
 
 -- ---------------------------------------------------------------------------------------------------------------
 -- User-visible operations: the source of truth a client polls.
@@ -186,7 +186,7 @@ CREATE FUNCTION conveyor_expired_idempotency_workspaces(max_workspaces integer)
     AS $$
         SELECT DISTINCT r.workspace_id
         FROM public.idempotency_requests r
-        WHERE r.expires_at <= now()
+        WHERE r.expires_at <= now() AND r.created_at <= now() - interval '24 hours'
         LIMIT greatest(1, least(max_workspaces, 10000))
     $$;
 REVOKE ALL ON FUNCTION conveyor_expired_idempotency_workspaces(integer) FROM PUBLIC;

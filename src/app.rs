@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 use crate::auth::TokenKeys;
 use crate::config::Config;
 use crate::http::{self, AppState, Shared};
+use crate::idempotency::Fingerprinter;
 use crate::metrics::Metrics;
 use crate::sealing::Sealer;
 use crate::{db, stream};
@@ -24,25 +25,25 @@ pub enum Role {
     All,
 }
 
-/// Builds the state the API shares, connecting to PostgreSQL and Redis.
-pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<AppState> {
-    let pool = db::connect(
-        config.database_url.expose(),
-        config.database_max_connections,
-    )
-    .await
-    .context("Failed to connect to PostgreSQL (CONVEYOR_DATABASE_URL)")?;
+/// Builds what the API shares, connecting to PostgreSQL and Redis.
+pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<Shared> {
+    let pool = db::connect(config.database_url.expose(), config.database_max_connections)
+        .await
+        .context("Failed to connect to PostgreSQL (CONVEYOR_DATABASE_URL)")?;
     let redis = stream::connect(config.redis_url.expose(), Duration::from_secs(5))
         .await
         .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
-    Ok(AppState(Arc::new(Shared {
+    Ok(Shared {
         pool,
         redis,
         tokens: TokenKeys::new(&config.jwt_secret),
         sealer: Sealer::new(&config.encryption_key, "k1"),
         metrics,
         max_body_bytes: config.max_body_bytes,
-    })))
+        fingerprinter: Fingerprinter::new(config.idempotency_keys.clone()),
+        idempotency_ttl: config.idempotency_ttl,
+        claim_hook: None,
+    })
 }
 
 /// Serves the API on `api` and the admin endpoints on `admin` until `shutdown`, then drains in-flight requests.
@@ -55,10 +56,8 @@ pub async fn serve(
     let api_router = http::router(state.clone());
     let admin_router = http::admin_router(state);
     let api_shutdown = shutdown.clone();
-    let api = axum::serve(api, api_router)
-        .with_graceful_shutdown(async move { api_shutdown.cancelled().await });
-    let admin = axum::serve(admin, admin_router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await });
+    let api = axum::serve(api, api_router).with_graceful_shutdown(async move { api_shutdown.cancelled().await });
+    let admin = axum::serve(admin, admin_router).with_graceful_shutdown(async move { shutdown.cancelled().await });
     tokio::try_join!(async { api.await.context("API server failed") }, async {
         admin.await.context("Admin server failed")
     })?;
@@ -70,7 +69,7 @@ pub async fn run(config: Config, role: Role) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let metrics = Metrics::new();
-    let state = connect_state(&config, metrics).await?;
+    let state = AppState(Arc::new(connect_state(&config, metrics).await?));
 
     let api = TcpListener::bind(config.http_addr)
         .await

@@ -60,25 +60,20 @@ impl TokenKeys {
         validation.leeway = 5;
         validation.set_required_spec_claims(&["exp", "sub"]);
         Self {
-            encoding: EncodingKey::from_secret(secret.expose())
-                .expect("an HMAC key of any length is valid"),
-            decoding: DecodingKey::from_secret(secret.expose())
-                .expect("an HMAC key of any length is valid"),
+            encoding: EncodingKey::from_secret(secret.expose()).expect("an HMAC key of any length is valid"),
+            decoding: DecodingKey::from_secret(secret.expose()).expect("an HMAC key of any length is valid"),
             validation,
         }
     }
 
     /// Verifies a bearer token and returns the caller.
     pub fn verify(&self, token: &str) -> Result<Principal, TokenError> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
-            .map_err(|e| match e.kind() {
+        let data =
+            jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation).map_err(|e| match e.kind() {
                 jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
                 kind => TokenError::Invalid(format!("{kind:?}")),
             })?;
-        Ok(Principal {
-            workspace_id: WorkspaceId(data.claims.workspace_id),
-            user_id: UserId(data.claims.sub),
-        })
+        Ok(Principal { workspace_id: WorkspaceId(data.claims.workspace_id), user_id: UserId(data.claims.sub) })
     }
 
     /// Mints a token for `principal`, valid for `ttl` (development and tests).

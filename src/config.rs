@@ -63,10 +63,7 @@ pub enum ConfigError {
 }
 
 fn invalid(name: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        name,
-        reason: reason.into(),
-    }
+    ConfigError::Invalid { name, reason: reason.into() }
 }
 
 /// One HMAC key for idempotency fingerprints: an id stored beside each fingerprint, and the secret.
@@ -128,9 +125,7 @@ impl Source for Env {
 
 impl Source for HashMap<String, String> {
     fn get(&self, name: &str) -> Option<String> {
-        HashMap::get(self, name)
-            .cloned()
-            .filter(|v| !v.trim().is_empty())
+        HashMap::get(self, name).cloned().filter(|v| !v.trim().is_empty())
     }
 }
 
@@ -140,41 +135,21 @@ fn required(src: &dyn Source, name: &'static str) -> Result<String, ConfigError>
 
 fn addr(src: &dyn Source, name: &'static str, default: &str) -> Result<SocketAddr, ConfigError> {
     let raw = src.get(name).unwrap_or_else(|| default.to_owned());
-    raw.trim().parse().map_err(|_| {
-        invalid(
-            name,
-            format!("`{raw}` is not a socket address such as 127.0.0.1:8080"),
-        )
-    })
+    raw.trim().parse().map_err(|_| invalid(name, format!("`{raw}` is not a socket address such as 127.0.0.1:8080")))
 }
 
-fn duration(
-    src: &dyn Source,
-    name: &'static str,
-    default: Duration,
-) -> Result<Duration, ConfigError> {
+fn duration(src: &dyn Source, name: &'static str, default: Duration) -> Result<Duration, ConfigError> {
     match src.get(name) {
         None => Ok(default),
-        Some(raw) => humantime::parse_duration(raw.trim()).map_err(|e| {
-            invalid(
-                name,
-                format!("`{raw}` is not a duration such as 48h or 30s ({e})"),
-            )
-        }),
+        Some(raw) => humantime::parse_duration(raw.trim())
+            .map_err(|e| invalid(name, format!("`{raw}` is not a duration such as 48h or 30s ({e})"))),
     }
 }
 
-fn number<T: std::str::FromStr>(
-    src: &dyn Source,
-    name: &'static str,
-    default: T,
-) -> Result<T, ConfigError> {
+fn number<T: std::str::FromStr>(src: &dyn Source, name: &'static str, default: T) -> Result<T, ConfigError> {
     match src.get(name) {
         None => Ok(default),
-        Some(raw) => raw
-            .trim()
-            .parse()
-            .map_err(|_| invalid(name, format!("`{raw}` is not a valid number"))),
+        Some(raw) => raw.trim().parse().map_err(|_| invalid(name, format!("`{raw}` is not a valid number"))),
     }
 }
 
@@ -201,34 +176,19 @@ fn idempotency_keys(src: &dyn Source) -> Result<Vec<FingerprintKey>, ConfigError
     let raw = required(src, NAME)?;
     let mut keys: Vec<FingerprintKey> = Vec::new();
     for (i, part) in raw.split(',').enumerate() {
-        let (id, secret) = part
-            .trim()
-            .split_once(':')
-            .ok_or_else(|| invalid(NAME, format!("entry {} is not `id:secret`", i + 1)))?;
+        let (id, secret) =
+            part.trim().split_once(':').ok_or_else(|| invalid(NAME, format!("entry {} is not `id:secret`", i + 1)))?;
         let id = id.trim();
-        if id.is_empty()
-            || !id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(invalid(
-                NAME,
-                format!("entry {} has an empty or non [A-Za-z0-9_-] id", i + 1),
-            ));
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(invalid(NAME, format!("entry {} has an empty or non [A-Za-z0-9_-] id", i + 1)));
         }
         if secret.len() < 32 {
-            return Err(invalid(
-                NAME,
-                format!("the secret of key `{id}` must be at least 32 bytes long"),
-            ));
+            return Err(invalid(NAME, format!("the secret of key `{id}` must be at least 32 bytes long")));
         }
         if keys.iter().any(|k| k.id == id) {
             return Err(invalid(NAME, format!("key id `{id}` appears twice")));
         }
-        keys.push(FingerprintKey {
-            id: id.to_owned(),
-            secret: Secret::new(secret.as_bytes().to_vec()),
-        });
+        keys.push(FingerprintKey { id: id.to_owned(), secret: Secret::new(secret.as_bytes().to_vec()) });
     }
     Ok(keys)
 }
@@ -240,10 +200,7 @@ fn encryption_key(src: &dyn Source) -> Result<Secret<Vec<u8>>, ConfigError> {
         .decode(raw.trim())
         .map_err(|_| invalid(NAME, "is not valid base64"))?;
     if bytes.len() != 32 {
-        return Err(invalid(
-            NAME,
-            format!("must decode to 32 bytes, got {}", bytes.len()),
-        ));
+        return Err(invalid(NAME, format!("must decode to 32 bytes, got {}", bytes.len())));
     }
     Ok(Secret::new(bytes))
 }
@@ -267,25 +224,13 @@ impl Config {
                 "must be a redis://, rediss://, redis-cluster:// or redis-sentinel:// URL",
             ));
         }
-        let redis_prefix = src
-            .get("CONVEYOR_REDIS_PREFIX")
-            .unwrap_or_else(|| "conveyor".to_owned());
+        let redis_prefix = src.get("CONVEYOR_REDIS_PREFIX").unwrap_or_else(|| "conveyor".to_owned());
         if redis_prefix.contains(['{', '}', ' ']) {
-            return Err(invalid(
-                "CONVEYOR_REDIS_PREFIX",
-                "must not contain braces or spaces",
-            ));
+            return Err(invalid("CONVEYOR_REDIS_PREFIX", "must not contain braces or spaces"));
         }
-        let idempotency_ttl = duration(
-            src,
-            "CONVEYOR_IDEMPOTENCY_TTL",
-            Duration::from_secs(48 * 3600),
-        )?;
+        let idempotency_ttl = duration(src, "CONVEYOR_IDEMPOTENCY_TTL", Duration::from_secs(48 * 3600))?;
         if idempotency_ttl < MIN_IDEMPOTENCY_TTL {
-            return Err(invalid(
-                "CONVEYOR_IDEMPOTENCY_TTL",
-                "must be at least 24h (seed section 2.1)",
-            ));
+            return Err(invalid("CONVEYOR_IDEMPOTENCY_TTL", "must be at least 24h (seed section 2.1)"));
         }
         let max_body_bytes = number(src, "CONVEYOR_MAX_BODY_BYTES", 64 * 1024)?;
         if max_body_bytes < 1024 {
@@ -293,10 +238,7 @@ impl Config {
         }
         let database_max_connections = number(src, "CONVEYOR_DATABASE_MAX_CONNECTIONS", 16u32)?;
         if database_max_connections == 0 {
-            return Err(invalid(
-                "CONVEYOR_DATABASE_MAX_CONNECTIONS",
-                "must be at least 1",
-            ));
+            return Err(invalid("CONVEYOR_DATABASE_MAX_CONNECTIONS", "must be at least 1"));
         }
         let marketplace_url = match src.get("CONVEYOR_MARKETPLACE_URL") {
             None => None,
@@ -304,10 +246,7 @@ impl Config {
                 Some(url.trim_end_matches('/').to_owned())
             }
             Some(_) => {
-                return Err(invalid(
-                    "CONVEYOR_MARKETPLACE_URL",
-                    "must be an http:// or https:// URL",
-                ));
+                return Err(invalid("CONVEYOR_MARKETPLACE_URL", "must be an http:// or https:// URL"));
             }
         };
         let log_json = match src.get("CONVEYOR_LOG_JSON").as_deref() {
@@ -359,20 +298,11 @@ mod tests {
 
     fn valid() -> HashMap<String, String> {
         [
-            (
-                "CONVEYOR_DATABASE_URL",
-                "postgres://app:pw@127.0.0.1/conveyor",
-            ),
+            ("CONVEYOR_DATABASE_URL", "postgres://app:pw@127.0.0.1/conveyor"),
             ("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379"),
             ("CONVEYOR_JWT_SECRET", "0123456789abcdef0123456789abcdef"),
-            (
-                "CONVEYOR_IDEMPOTENCY_KEYS",
-                "k1:0123456789abcdef0123456789abcdef,k0:fedcba9876543210fedcba9876543210",
-            ),
-            (
-                "CONVEYOR_ENCRYPTION_KEY",
-                "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
-            ),
+            ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:0123456789abcdef0123456789abcdef,k0:fedcba9876543210fedcba9876543210"),
+            ("CONVEYOR_ENCRYPTION_KEY", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -416,10 +346,7 @@ mod tests {
             ("CONVEYOR_JWT_SECRET", "short"),
             ("CONVEYOR_IDEMPOTENCY_KEYS", "no-colon"),
             ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:short"),
-            (
-                "CONVEYOR_IDEMPOTENCY_KEYS",
-                "k1:0123456789abcdef0123456789abcdef,k1:0123456789abcdef0123456789abcdef",
-            ),
+            ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:0123456789abcdef0123456789abcdef,k1:0123456789abcdef0123456789abcdef"),
             ("CONVEYOR_ENCRYPTION_KEY", "not base64!"),
             ("CONVEYOR_ENCRYPTION_KEY", "AAAA"),
             ("CONVEYOR_HTTP_ADDR", "localhost"),
@@ -429,10 +356,7 @@ mod tests {
             ("CONVEYOR_MARKETPLACE_URL", "ftp://x"),
         ];
         for (name, value) in cases {
-            assert!(
-                error_with(name, Some(value)).contains(name),
-                "{name}={value}"
-            );
+            assert!(error_with(name, Some(value)).contains(name), "{name}={value}");
         }
     }
 
@@ -445,10 +369,7 @@ mod tests {
         vars.insert("CONVEYOR_JWT_SECRET".into(), secret.into());
         let config = Config::from_source(&vars).unwrap();
         let printed = format!("{config:?}");
-        assert!(
-            !printed.contains(secret) && !printed.contains("app:pw"),
-            "{printed}"
-        );
+        assert!(!printed.contains(secret) && !printed.contains("app:pw"), "{printed}");
         assert!(printed.contains("[redacted]"));
     }
 }

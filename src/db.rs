@@ -25,10 +25,7 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Er
 }
 
 /// Begins a transaction scoped to `workspace`: row-level security shows and accepts only its rows.
-pub async fn begin_workspace(
-    pool: &PgPool,
-    workspace: WorkspaceId,
-) -> Result<WorkspaceTx, sqlx::Error> {
+pub async fn begin_workspace(pool: &PgPool, workspace: WorkspaceId) -> Result<WorkspaceTx, sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT set_config('app.workspace_id', $1, true)")
         .bind(workspace.0.to_string())

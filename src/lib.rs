@@ -22,6 +22,7 @@ pub mod config;
 pub mod db;
 pub mod domain;
 pub mod http;
+pub mod idempotency;
 pub mod ids;
 pub mod metrics;
 pub mod migrate;

@@ -10,11 +10,7 @@ use conveyor::config::{self, Config, Env, MigrateConfig};
 use uuid::Uuid;
 
 #[derive(Parser)]
-#[command(
-    name = "conveyor",
-    version,
-    about = "Transactional outbox, idempotent writes and Redis Streams workers"
-)]
+#[command(name = "conveyor", version, about = "Transactional outbox, idempotent writes and Redis Streams workers")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -61,16 +57,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate => conveyor::migrate::run(&MigrateConfig::from_source(&Env)?).await,
         Command::Api => app::run(Config::from_env()?, Role::Api).await,
         Command::All => app::run(Config::from_env()?, Role::All).await,
-        Command::Token {
-            workspace,
-            user,
-            ttl,
-        } => {
+        Command::Token { workspace, user, ttl } => {
             let keys = TokenKeys::new(&config::jwt_secret(&Env)?);
-            let principal = Principal {
-                workspace_id: workspace.into(),
-                user_id: user.into(),
-            };
+            let principal = Principal { workspace_id: workspace.into(), user_id: user.into() };
             println!("{}", keys.mint(principal, ttl));
             Ok(())
         }

@@ -21,35 +21,19 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let http_request_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "conveyor_http_request_duration_seconds",
-                "HTTP request duration by route template",
-            )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-            ]),
+            HistogramOpts::new("conveyor_http_request_duration_seconds", "HTTP request duration by route template")
+                .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
             &["route", "method", "status_class"],
         )
         .expect("valid metric");
         let idempotency_requests = IntCounterVec::new(
-            Opts::new(
-                "conveyor_idempotency_requests_total",
-                "Idempotent requests by outcome",
-            ),
+            Opts::new("conveyor_idempotency_requests_total", "Idempotent requests by outcome"),
             &["outcome"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(http_request_duration.clone()))
-            .expect("unique metric");
-        registry
-            .register(Box::new(idempotency_requests.clone()))
-            .expect("unique metric");
-        Self {
-            registry,
-            http_request_duration,
-            idempotency_requests,
-        }
+        registry.register(Box::new(http_request_duration.clone())).expect("unique metric");
+        registry.register(Box::new(idempotency_requests.clone())).expect("unique metric");
+        Self { registry, http_request_duration, idempotency_requests }
     }
 
     /// The registry in the Prometheus text format.

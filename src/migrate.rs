@@ -23,38 +23,27 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
         .expose()
         .parse()
         .context("CONVEYOR_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
-    let app_options: PgConnectOptions = config
-        .database_url
-        .expose()
-        .parse()
-        .context("CONVEYOR_DATABASE_URL is not a valid PostgreSQL URL")?;
+    let app_options: PgConnectOptions =
+        config.database_url.expose().parse().context("CONVEYOR_DATABASE_URL is not a valid PostgreSQL URL")?;
     let app_role = app_options.get_username().to_owned();
 
-    let mut conn = PgConnection::connect_with(&owner_options)
-        .await
-        .context("Failed to connect as the owner role")?;
-    MIGRATOR
-        .run(&mut conn)
-        .await
-        .context("Failed to apply migrations")?;
+    let mut conn = PgConnection::connect_with(&owner_options).await.context("Failed to connect as the owner role")?;
+    MIGRATOR.run(&mut conn).await.context("Failed to apply migrations")?;
 
-    let (owner, exists, superuser, bypass, member): (String, bool, bool, bool, bool) =
-        sqlx::query_as(
-            "SELECT current_user::text,
+    let (owner, exists, superuser, bypass, member): (String, bool, bool, bool, bool) = sqlx::query_as(
+        "SELECT current_user::text,
                 r.rolname IS NOT NULL,
                 coalesce(r.rolsuper, false),
                 coalesce(r.rolbypassrls, false),
                 r.rolname IS NOT NULL AND pg_has_role(r.rolname, current_user, 'MEMBER')
          FROM (SELECT 1) one LEFT JOIN pg_roles r ON r.rolname = $1",
-        )
-        .bind(&app_role)
-        .fetch_one(&mut conn)
-        .await
-        .context("Failed to inspect the application role")?;
+    )
+    .bind(&app_role)
+    .fetch_one(&mut conn)
+    .await
+    .context("Failed to inspect the application role")?;
     if !exists {
-        bail!(
-            "the application role `{app_role}` of CONVEYOR_DATABASE_URL does not exist; create it first"
-        );
+        bail!("the application role `{app_role}` of CONVEYOR_DATABASE_URL does not exist; create it first");
     }
     if superuser || bypass || member || owner == app_role {
         bail!(
@@ -65,9 +54,7 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
 
     let role = quote_ident(&app_role);
     let mut tx = conn.begin().await?;
-    let database: (String,) = sqlx::query_as("SELECT current_database()::text")
-        .fetch_one(&mut *tx)
-        .await?;
+    let database: (String,) = sqlx::query_as("SELECT current_database()::text").fetch_one(&mut *tx).await?;
     let tables: Vec<(String,)> = sqlx::query_as(
         "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' AND tablename <> '_sqlx_migrations'",
     )
@@ -80,24 +67,14 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     .fetch_all(&mut *tx)
     .await?;
     let mut grants = vec![
-        format!(
-            "GRANT CONNECT ON DATABASE {} TO {role}",
-            quote_ident(&database.0)
-        ),
+        format!("GRANT CONNECT ON DATABASE {} TO {role}", quote_ident(&database.0)),
         format!("GRANT USAGE ON SCHEMA public TO {role}"),
         format!("GRANT SELECT ON _sqlx_migrations TO {role}"),
     ];
-    grants.extend(tables.iter().map(|(t,)| {
-        format!(
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}",
-            quote_ident(t)
-        )
-    }));
     grants.extend(
-        functions
-            .iter()
-            .map(|(f,)| format!("GRANT EXECUTE ON FUNCTION {f} TO {role}")),
+        tables.iter().map(|(t,)| format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}", quote_ident(t))),
     );
+    grants.extend(functions.iter().map(|(f,)| format!("GRANT EXECUTE ON FUNCTION {f} TO {role}")));
     for grant in grants {
         sqlx::query(sqlx::AssertSqlSafe(grant))
             .execute(&mut *tx)
@@ -111,11 +88,7 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
 
 /// How many embedded migrations the database has not applied (0 when current).
 pub async fn pending_versions(pool: &PgPool) -> Result<usize, sqlx::Error> {
-    let applied: Vec<(i64,)> = sqlx::query_as("SELECT version FROM _sqlx_migrations WHERE success")
-        .fetch_all(pool)
-        .await?;
-    Ok(MIGRATOR
-        .iter()
-        .filter(|m| !applied.iter().any(|(v,)| *v == m.version))
-        .count())
+    let applied: Vec<(i64,)> =
+        sqlx::query_as("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(pool).await?;
+    Ok(MIGRATOR.iter().filter(|m| !applied.iter().any(|(v,)| *v == m.version)).count())
 }

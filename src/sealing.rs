@@ -35,10 +35,7 @@ impl Sealer {
     /// A sealer over a 32-byte key. `key_id` is stored with each seal for rotation.
     pub fn new(key: &Secret<Vec<u8>>, key_id: &str) -> Self {
         let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(key.expose()));
-        Self {
-            cipher,
-            key_id: key_id.to_owned(),
-        }
+        Self { cipher, key_id: key_id.to_owned() }
     }
 
     /// Seals `plaintext`, bound to `aad`.
@@ -47,19 +44,9 @@ impl Sealer {
         rand::rng().fill_bytes(&mut nonce);
         let ciphertext = self
             .cipher
-            .encrypt(
-                Nonce::from_slice(&nonce),
-                Payload {
-                    msg: plaintext,
-                    aad,
-                },
-            )
+            .encrypt(Nonce::from_slice(&nonce), Payload { msg: plaintext, aad })
             .expect("AES-GCM encryption of an in-memory buffer cannot fail");
-        Sealed {
-            key_id: self.key_id.clone(),
-            nonce: nonce.to_vec(),
-            ciphertext,
-        }
+        Sealed { key_id: self.key_id.clone(), nonce: nonce.to_vec(), ciphertext }
     }
 
     /// Opens a sealed value bound to `aad`.
@@ -67,22 +54,12 @@ impl Sealer {
         if nonce.len() != 12 {
             return Err(OpenError);
         }
-        self.cipher
-            .decrypt(
-                Nonce::from_slice(nonce),
-                Payload {
-                    msg: ciphertext,
-                    aad,
-                },
-            )
-            .map_err(|_| OpenError)
+        self.cipher.decrypt(Nonce::from_slice(nonce), Payload { msg: ciphertext, aad }).map_err(|_| OpenError)
     }
 }
 
 impl std::fmt::Debug for Sealer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sealer")
-            .field("key_id", &self.key_id)
-            .finish_non_exhaustive()
+        f.debug_struct("Sealer").field("key_id", &self.key_id).finish_non_exhaustive()
     }
 }

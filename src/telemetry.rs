@@ -8,14 +8,8 @@ use tracing_subscriber::EnvFilter;
 /// (default `info`).
 pub fn init_logging(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }
 
 /// Keeps an incoming `traceparent` when it is well-formed (version 00), else starts a new trace.
@@ -61,9 +55,7 @@ mod tests {
     fn a_valid_traceparent_is_kept_and_a_bad_one_replaced() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         assert_eq!(traceparent_or_new(Some(tp)), tp);
-        let fresh = traceparent_or_new(Some(
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-        ));
+        let fresh = traceparent_or_new(Some("00-00000000000000000000000000000000-00f067aa0ba902b7-01"));
         assert!(is_valid_traceparent(&fresh));
         assert_ne!(fresh, tp);
         assert!(is_valid_traceparent(&traceparent_or_new(None)));

@@ -11,17 +11,9 @@ use serde_json::{Value, json};
 
 async fn problem(resp: reqwest::Response) -> (StatusCode, String, Value) {
     let status = resp.status();
-    let content_type = resp
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
+    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
     let body: Value = resp.json().await.expect("problem+json body");
-    assert_eq!(
-        body["status"],
-        status.as_u16(),
-        "problem status member matches"
-    );
+    assert_eq!(body["status"], status.as_u16(), "problem status member matches");
     (status, content_type, body)
 }
 
@@ -29,9 +21,7 @@ async fn problem(resp: reqwest::Response) -> (StatusCode, String, Value) {
 async fn creating_a_store_writes_one_store_one_operation_and_one_event() {
     let app = TestApp::spawn().await;
     let who = principal();
-    let resp = app
-        .send(Method::POST, "/v1/stores", who, Some(&store_body("m1")))
-        .await;
+    let resp = app.send(Method::POST, "/v1/stores", who, Some(&store_body("m1"))).await;
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
     let location = resp.headers()["location"].to_str().unwrap().to_owned();
     let body: Value = resp.json().await.unwrap();
@@ -51,31 +41,14 @@ async fn creating_a_store_writes_one_store_one_operation_and_one_event() {
     assert_eq!(event["queue"], "stores");
     assert_eq!(event["event_type"], "store.verify_credentials");
     assert_eq!(event["operation_id"], op_id);
-    assert_eq!(
-        event["event_payload"],
-        json!({ "store_id": body["store"]["id"], "credentials_version": 1 })
-    );
-    assert!(
-        event["traceparent"]
-            .as_str()
-            .is_some_and(conveyor::telemetry::is_valid_traceparent)
-    );
+    assert_eq!(event["event_payload"], json!({ "store_id": body["store"]["id"], "credentials_version": 1 }));
+    assert!(event["traceparent"].as_str().is_some_and(conveyor::telemetry::is_valid_traceparent));
 
-    let op: Value = app
-        .send(Method::GET, &location, who, None)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let op: Value = app.send(Method::GET, &location, who, None).await.json().await.unwrap();
     assert_eq!(op["id"], op_id);
     assert_eq!(op["status"], "queued");
     let store_path = format!("/v1/stores/{}", body["store"]["id"].as_str().unwrap());
-    let store: Value = app
-        .send(Method::GET, &store_path, who, None)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let store: Value = app.send(Method::GET, &store_path, who, None).await.json().await.unwrap();
     assert_eq!(store["name"], "Main shop");
     assert!(store.get("credentials").is_none());
 }
@@ -89,16 +62,14 @@ async fn an_incoming_traceparent_is_carried_into_the_outbox_event() {
         .http
         .post(app.url("/v1/stores"))
         .bearer_auth(app.token(who))
+        .header("idempotency-key", uuid::Uuid::new_v4().to_string())
         .header("traceparent", tp)
         .json(&store_body("tp"))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    assert_eq!(
-        app.db.rows("outbox_events", who.workspace_id).await[0]["traceparent"],
-        tp
-    );
+    assert_eq!(app.db.rows("outbox_events", who.workspace_id).await[0]["traceparent"], tp);
 }
 
 #[tokio::test]
@@ -111,22 +82,12 @@ async fn when_the_outbox_write_fails_nothing_is_written() {
         .execute(&mut owner)
         .await
         .unwrap();
-    let resp = app
-        .send(
-            Method::POST,
-            "/v1/stores",
-            who,
-            Some(&store_body("rollback")),
-        )
-        .await;
+    let resp = app.send(Method::POST, "/v1/stores", who, Some(&store_body("rollback"))).await;
     let (status, content_type, body) = problem(resp).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(content_type, "application/problem+json");
     assert_eq!(body["code"], "INTERNAL");
-    assert!(
-        !body.to_string().contains("test_reject_all"),
-        "5xx bodies carry no internals: {body}"
-    );
+    assert!(!body.to_string().contains("test_reject_all"), "5xx bodies carry no internals: {body}");
     for table in ["stores", "store_credentials", "operations", "outbox_events"] {
         assert_eq!(app.db.count(table, who.workspace_id).await, 0, "{table}");
     }
@@ -136,22 +97,10 @@ async fn when_the_outbox_write_fails_nothing_is_written() {
 async fn replacing_credentials_queues_a_new_verification_of_the_next_version() {
     let app = TestApp::spawn().await;
     let who = principal();
-    let created: Value = app
-        .send(Method::POST, "/v1/stores", who, Some(&store_body("v1")))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let created: Value = app.send(Method::POST, "/v1/stores", who, Some(&store_body("v1"))).await.json().await.unwrap();
     let store_id = created["store"]["id"].as_str().unwrap();
     let path = format!("/v1/stores/{store_id}/authorization");
-    let resp = app
-        .send(
-            Method::PUT,
-            &path,
-            who,
-            Some(&json!({"credentials": {"api_key": "new"}})),
-        )
-        .await;
+    let resp = app.send(Method::PUT, &path, who, Some(&json!({"credentials": {"api_key": "new"}}))).await;
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
     let replaced: Value = resp.json().await.unwrap();
     assert_eq!(replaced["store"]["id"], store_id);
@@ -159,23 +108,13 @@ async fn replacing_credentials_queues_a_new_verification_of_the_next_version() {
     assert_eq!(app.db.count("operations", who.workspace_id).await, 2);
     assert_eq!(app.db.count("store_credentials", who.workspace_id).await, 1);
     let events = app.db.rows("outbox_events", who.workspace_id).await;
-    let versions: Vec<&Value> = events
-        .iter()
-        .map(|e| &e["event_payload"]["credentials_version"])
-        .collect();
-    assert!(
-        versions.contains(&&json!(1)) && versions.contains(&&json!(2)),
-        "{versions:?}"
-    );
+    let versions: Vec<&Value> = events.iter().map(|e| &e["event_payload"]["credentials_version"]).collect();
+    assert!(versions.contains(&&json!(1)) && versions.contains(&&json!(2)), "{versions:?}");
 }
 
 async fn assert_rejected(resp: reqwest::Response, status: StatusCode, code: &str) {
     let (got, content_type, body) = problem(resp).await;
-    assert_eq!(
-        (got, body["code"].as_str().unwrap()),
-        (status, code),
-        "{body}"
-    );
+    assert_eq!((got, body["code"].as_str().unwrap()), (status, code), "{body}");
     assert_eq!(content_type, "application/problem+json");
     for member in ["type", "title", "detail"] {
         assert!(body.get(member).is_some(), "problem has {member}");
@@ -194,14 +133,13 @@ async fn malformed_bodies_get_the_documented_status_and_write_nothing() {
         app.http
             .post(app.url("/v1/stores"))
             .bearer_auth(&token)
+            .header("idempotency-key", uuid::Uuid::new_v4().to_string())
             .header("content-type", content_type)
             .body(body)
             .send()
     };
     assert_rejected(
-        post("{\"name\": ".into(), "application/json")
-            .await
-            .unwrap(),
+        post("{\"name\": ".into(), "application/json").await.unwrap(),
         StatusCode::BAD_REQUEST,
         "MALFORMED_JSON",
     )
@@ -216,24 +154,14 @@ async fn malformed_bodies_get_the_documented_status_and_write_nothing() {
     .await;
     let mut wrong_type = store_body("x");
     wrong_type["credentials"]["api_key"] = json!(12345);
-    let resp = post(wrong_type.to_string(), "application/json")
-        .await
-        .unwrap();
+    let resp = post(wrong_type.to_string(), "application/json").await.unwrap();
     let (status, _, body) = problem(resp).await;
-    assert_eq!(
-        (status, body["code"].as_str().unwrap()),
-        (StatusCode::UNPROCESSABLE_ENTITY, "VALIDATION_FAILED")
-    );
-    assert!(
-        !body.to_string().contains("12345"),
-        "a rejected value is not echoed: {body}"
-    );
+    assert_eq!((status, body["code"].as_str().unwrap()), (StatusCode::UNPROCESSABLE_ENTITY, "VALIDATION_FAILED"));
+    assert!(!body.to_string().contains("12345"), "a rejected value is not echoed: {body}");
     let mut bad_platform = store_body("x");
     bad_platform["platform"] = json!("nowhere");
     assert_rejected(
-        post(bad_platform.to_string(), "application/json")
-            .await
-            .unwrap(),
+        post(bad_platform.to_string(), "application/json").await.unwrap(),
         StatusCode::UNPROCESSABLE_ENTITY,
         "VALIDATION_FAILED",
     )
@@ -241,9 +169,7 @@ async fn malformed_bodies_get_the_documented_status_and_write_nothing() {
     let mut no_credentials = store_body("x");
     no_credentials["credentials"] = json!({});
     assert_rejected(
-        post(no_credentials.to_string(), "application/json")
-            .await
-            .unwrap(),
+        post(no_credentials.to_string(), "application/json").await.unwrap(),
         StatusCode::UNPROCESSABLE_ENTITY,
         "VALIDATION_FAILED",
     )
@@ -257,9 +183,7 @@ async fn malformed_bodies_get_the_documented_status_and_write_nothing() {
     )
     .await;
     assert_rejected(
-        post(store_body("x").to_string(), "text/plain")
-            .await
-            .unwrap(),
+        post(store_body("x").to_string(), "text/plain").await.unwrap(),
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "UNSUPPORTED_MEDIA_TYPE",
     )
@@ -273,17 +197,10 @@ fn forge(header: &Value, claims: &Value, secret: &[u8]) -> String {
     use base64::Engine as _;
     use hmac::Mac as _;
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let signing_input = format!(
-        "{}.{}",
-        b64.encode(header.to_string()),
-        b64.encode(claims.to_string())
-    );
+    let signing_input = format!("{}.{}", b64.encode(header.to_string()), b64.encode(claims.to_string()));
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).unwrap();
     mac.update(signing_input.as_bytes());
-    format!(
-        "{signing_input}.{}",
-        b64.encode(mac.finalize().into_bytes())
-    )
+    format!("{signing_input}.{}", b64.encode(mac.finalize().into_bytes()))
 }
 
 #[tokio::test]
@@ -291,8 +208,7 @@ async fn missing_expired_forged_and_unsigned_tokens_are_refused_and_write_nothin
     let app = TestApp::spawn().await;
     let who = principal();
     let now = chrono::Utc::now().timestamp();
-    let claims =
-        |exp: i64| json!({"sub": who.user_id.0, "workspace_id": who.workspace_id.0, "exp": exp});
+    let claims = |exp: i64| json!({"sub": who.user_id.0, "workspace_id": who.workspace_id.0, "exp": exp});
     let hs256 = json!({"alg": "HS256", "typ": "JWT"});
     let valid = forge(&hs256, &claims(now + 600), common::JWT_SECRET.as_bytes());
     let unsigned = {
@@ -308,50 +224,33 @@ async fn missing_expired_forged_and_unsigned_tokens_are_refused_and_write_nothin
         ("missing", None),
         ("not a bearer", Some("Basic dXNlcjpwYXNz".into())),
         ("garbage", Some("Bearer not.a.jwt".into())),
-        (
-            "expired",
-            Some(format!(
-                "Bearer {}",
-                forge(&hs256, &claims(now - 600), common::JWT_SECRET.as_bytes())
-            )),
-        ),
+        ("expired", Some(format!("Bearer {}", forge(&hs256, &claims(now - 600), common::JWT_SECRET.as_bytes())))),
         (
             "forged",
-            Some(format!(
-                "Bearer {}",
-                forge(
-                    &hs256,
-                    &claims(now + 600),
-                    b"another-secret-entirely-0123456789abcdef"
-                )
-            )),
+            Some(format!("Bearer {}", forge(&hs256, &claims(now + 600), b"another-secret-entirely-0123456789abcdef"))),
         ),
         ("alg none", Some(format!("Bearer {unsigned}"))),
         (
             "alg HS512",
             Some(format!(
                 "Bearer {}",
-                forge(
-                    &json!({"alg": "HS512"}),
-                    &claims(now + 600),
-                    common::JWT_SECRET.as_bytes()
-                )
+                forge(&json!({"alg": "HS512"}), &claims(now + 600), common::JWT_SECRET.as_bytes())
             )),
         ),
         (
             "no workspace",
             Some(format!(
                 "Bearer {}",
-                forge(
-                    &hs256,
-                    &json!({"sub": who.user_id.0, "exp": now + 600}),
-                    common::JWT_SECRET.as_bytes()
-                )
+                forge(&hs256, &json!({"sub": who.user_id.0, "exp": now + 600}), common::JWT_SECRET.as_bytes())
             )),
         ),
     ];
     for (name, auth) in cases {
-        let mut req = app.http.post(app.url("/v1/stores")).json(&store_body("t"));
+        let mut req = app
+            .http
+            .post(app.url("/v1/stores"))
+            .header("idempotency-key", uuid::Uuid::new_v4().to_string())
+            .json(&store_body("t"));
         if let Some(auth) = auth {
             req = req.header("authorization", auth);
         }
@@ -366,6 +265,7 @@ async fn missing_expired_forged_and_unsigned_tokens_are_refused_and_write_nothin
         .http
         .post(app.url("/v1/stores"))
         .bearer_auth(valid)
+        .header("idempotency-key", uuid::Uuid::new_v4().to_string())
         .json(&store_body("t"))
         .send()
         .await
@@ -377,48 +277,20 @@ async fn missing_expired_forged_and_unsigned_tokens_are_refused_and_write_nothin
 async fn unknown_and_other_workspaces_ids_are_not_found_and_unchanged() {
     let app = TestApp::spawn().await;
     let (alice, mallory) = (principal(), principal());
-    let created: Value = app
-        .send(Method::POST, "/v1/stores", alice, Some(&store_body("a")))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let created: Value =
+        app.send(Method::POST, "/v1/stores", alice, Some(&store_body("a"))).await.json().await.unwrap();
     let store_id = created["store"]["id"].as_str().unwrap();
     let op_id = created["operation"]["id"].as_str().unwrap();
     let unknown = uuid::Uuid::now_v7();
-    for path in [
-        format!("/v1/stores/{unknown}"),
-        format!("/v1/stores/{store_id}"),
-        "/v1/stores/not-a-uuid".into(),
-    ] {
-        assert_rejected(
-            app.send(Method::GET, &path, mallory, None).await,
-            StatusCode::NOT_FOUND,
-            "NOT_FOUND",
-        )
-        .await;
+    for path in [format!("/v1/stores/{unknown}"), format!("/v1/stores/{store_id}"), "/v1/stores/not-a-uuid".into()] {
+        assert_rejected(app.send(Method::GET, &path, mallory, None).await, StatusCode::NOT_FOUND, "NOT_FOUND").await;
     }
-    for path in [
-        format!("/v1/operations/{op_id}"),
-        format!("/v1/operations/{unknown}"),
-    ] {
-        assert_rejected(
-            app.send(Method::GET, &path, mallory, None).await,
-            StatusCode::NOT_FOUND,
-            "NOT_FOUND",
-        )
-        .await;
+    for path in [format!("/v1/operations/{op_id}"), format!("/v1/operations/{unknown}")] {
+        assert_rejected(app.send(Method::GET, &path, mallory, None).await, StatusCode::NOT_FOUND, "NOT_FOUND").await;
     }
     let creds = json!({"credentials": {"api_key": "hijack"}});
     for id in [store_id.to_owned(), unknown.to_string()] {
-        let resp = app
-            .send(
-                Method::PUT,
-                &format!("/v1/stores/{id}/authorization"),
-                mallory,
-                Some(&creds),
-            )
-            .await;
+        let resp = app.send(Method::PUT, &format!("/v1/stores/{id}/authorization"), mallory, Some(&creds)).await;
         assert_rejected(resp, StatusCode::NOT_FOUND, "NOT_FOUND").await;
     }
     assert_eq!(app.db.count("operations", alice.workspace_id).await, 1);
@@ -426,10 +298,7 @@ async fn unknown_and_other_workspaces_ids_are_not_found_and_unchanged() {
     assert_eq!(app.db.count("operations", mallory.workspace_id).await, 0);
     assert_eq!(app.db.count("outbox_events", mallory.workspace_id).await, 0);
     let store = &app.db.rows("store_credentials", alice.workspace_id).await[0];
-    assert_eq!(
-        store["version"], 1,
-        "the victim's credentials were not replaced"
-    );
+    assert_eq!(store["version"], 1, "the victim's credentials were not replaced");
 }
 
 #[tokio::test]
@@ -439,38 +308,30 @@ async fn no_secret_reaches_a_response_a_payload_a_plain_column_or_a_log_line() {
     let mut vars: HashMap<String, String> = common::config_vars(&db, &prefix);
     let (port, admin_port) = (common::free_port(), common::free_port());
     vars.insert("CONVEYOR_HTTP_ADDR".into(), format!("127.0.0.1:{port}"));
-    vars.insert(
-        "CONVEYOR_ADMIN_ADDR".into(),
-        format!("127.0.0.1:{admin_port}"),
-    );
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{admin_port}"));
     vars.insert("RUST_LOG".into(), "trace,hyper=info,h2=info".into());
     let process = common::Process::spawn(&["api"], &vars);
     let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
+    let http = reqwest::Client::builder()
+        .default_headers(reqwest::header::HeaderMap::from_iter([(
+            reqwest::header::HeaderName::from_static("idempotency-key"),
+            reqwest::header::HeaderValue::from_str(&uuid::Uuid::new_v4().to_string()).unwrap(),
+        )]))
+        .build()
+        .unwrap();
     common::eventually(Duration::from_secs(20), || async {
-        http.get(format!("http://127.0.0.1:{admin_port}/readyz"))
-            .send()
-            .await
-            .ok()
-            .filter(|r| r.status().is_success())
+        http.get(format!("http://127.0.0.1:{admin_port}/readyz")).send().await.ok().filter(|r| r.status().is_success())
     })
     .await
     .expect("the api process becomes ready");
 
     let who = principal();
-    let tokens = conveyor::auth::TokenKeys::new(&conveyor::config::Secret::new(
-        common::JWT_SECRET.as_bytes().to_vec(),
-    ));
+    let tokens = conveyor::auth::TokenKeys::new(&conveyor::config::Secret::new(common::JWT_SECRET.as_bytes().to_vec()));
     let token = tokens.mint(who, Duration::from_secs(600));
     let marker = format!("S3CR3T{}", uuid::Uuid::new_v4().simple());
     let mut bodies = Vec::new();
-    let created = http
-        .post(format!("{base}/v1/stores"))
-        .bearer_auth(&token)
-        .json(&store_body(&marker))
-        .send()
-        .await
-        .unwrap();
+    let created =
+        http.post(format!("{base}/v1/stores")).bearer_auth(&token).json(&store_body(&marker)).send().await.unwrap();
     assert_eq!(created.status(), StatusCode::ACCEPTED);
     let created: Value = created.json().await.unwrap();
     bodies.push(created.to_string());
@@ -499,14 +360,7 @@ async fn no_secret_reaches_a_response_a_payload_a_plain_column_or_a_log_line() {
             .unwrap(),
     );
     bodies.push(
-        http.post(format!("{base}/v1/stores"))
-            .json(&store_body(&marker))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
+        http.post(format!("{base}/v1/stores")).json(&store_body(&marker)).send().await.unwrap().text().await.unwrap(),
     );
     bodies.push(
         http.get(format!("{base}/v1/stores/{store_id}"))
@@ -518,34 +372,16 @@ async fn no_secret_reaches_a_response_a_payload_a_plain_column_or_a_log_line() {
             .await
             .unwrap(),
     );
-    bodies.push(
-        http.get(format!("http://127.0.0.1:{admin_port}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-    );
+    bodies.push(http.get(format!("http://127.0.0.1:{admin_port}/metrics")).send().await.unwrap().text().await.unwrap());
 
-    let secrets = [
-        marker.as_str(),
-        common::JWT_SECRET,
-        common::ENCRYPTION_KEY_B64,
-        "test-fingerprint-key-must-never-leak",
-    ];
+    let secrets =
+        [marker.as_str(), common::JWT_SECRET, common::ENCRYPTION_KEY_B64, "test-fingerprint-key-must-never-leak"];
     for body in &bodies {
         for secret in secrets {
             assert!(!body.contains(secret), "a response leaks a secret: {body}");
         }
     }
-    for table in [
-        "stores",
-        "store_credentials",
-        "operations",
-        "outbox_events",
-        "idempotency_requests",
-    ] {
+    for table in ["stores", "store_credentials", "operations", "outbox_events", "idempotency_requests"] {
         for row in db.rows(table, who.workspace_id).await {
             let text = row.to_string();
             for secret in secrets {
@@ -556,20 +392,10 @@ async fn no_secret_reaches_a_response_a_payload_a_plain_column_or_a_log_line() {
     // The sealed column is ciphertext: the marker's bytes are not in it either.
     let sealed = db.rows("store_credentials", who.workspace_id).await;
     let ciphertext = sealed[0]["ciphertext"].as_str().unwrap();
-    assert!(
-        !ciphertext.contains(
-            &marker
-                .bytes()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        )
-    );
+    assert!(!ciphertext.contains(&marker.bytes().map(|b| format!("{b:02x}")).collect::<String>()));
 
     let log = process.log();
-    assert!(
-        log.contains("/v1/stores"),
-        "the log captured the requests (trace level)"
-    );
+    assert!(log.contains("/v1/stores"), "the log captured the requests (trace level)");
     for secret in secrets.iter().chain([&token.as_str()]) {
         assert!(!log.contains(secret), "a log line leaks a secret");
     }

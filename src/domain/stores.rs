@@ -47,24 +47,16 @@ impl Credentials {
     /// Checks the shape: 1 to 32 fields, names `[a-z0-9_]{1,64}`, values 1 to 4096 bytes.
     pub fn validate(&self) -> Result<(), ValidationError> {
         if self.0.is_empty() || self.0.len() > 32 {
-            return Err(ValidationError(
-                "credentials must hold between 1 and 32 fields".into(),
-            ));
+            return Err(ValidationError("credentials must hold between 1 and 32 fields".into()));
         }
         for (name, value) in &self.0 {
             let name_ok = (1..=64).contains(&name.len())
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
             if !name_ok {
-                return Err(ValidationError(
-                    "credential field names must match [a-z0-9_]{1,64}".into(),
-                ));
+                return Err(ValidationError("credential field names must match [a-z0-9_]{1,64}".into()));
             }
             if value.is_empty() || value.len() > 4096 {
-                return Err(ValidationError(format!(
-                    "credential field `{name}` must be 1 to 4096 bytes long"
-                )));
+                return Err(ValidationError(format!("credential field `{name}` must be 1 to 4096 bytes long")));
             }
         }
         Ok(())
@@ -131,10 +123,7 @@ impl NewStore {
             return Err(ValidationError("name must be 1 to 200 characters".into()));
         }
         if !PLATFORMS.contains(&self.platform.as_str()) {
-            return Err(ValidationError(format!(
-                "platform must be one of: {}",
-                PLATFORMS.join(", ")
-            )));
+            return Err(ValidationError(format!("platform must be one of: {}", PLATFORMS.join(", "))));
         }
         self.credentials.validate()
     }
@@ -161,20 +150,11 @@ async fn queue_verification_tx(
     credentials_version: i32,
     traceparent: Option<String>,
 ) -> Result<Operation, sqlx::Error> {
-    let operation = operations::create_tx(
-        tx,
-        principal.workspace_id,
-        principal.user_id,
-        VERIFY_KIND,
-        Some(store_id),
-    )
-    .await?;
+    let operation =
+        operations::create_tx(tx, principal.workspace_id, principal.user_id, VERIFY_KIND, Some(store_id)).await?;
     let event = NewEvent {
         workspace_id: principal.workspace_id,
-        payload: JobPayload::StoreVerifyCredentials {
-            store_id,
-            credentials_version,
-        },
+        payload: JobPayload::StoreVerifyCredentials { store_id, credentials_version },
         operation_id: Some(operation.id),
         traceparent,
     };
@@ -202,10 +182,7 @@ pub async fn create_tx(
     .bind(principal.user_id.0)
     .fetch_one(&mut **tx)
     .await?;
-    let sealed = sealer.seal(
-        &new.credentials.to_json(),
-        &credentials_aad(principal.workspace_id.0, id),
-    );
+    let sealed = sealer.seal(&new.credentials.to_json(), &credentials_aad(principal.workspace_id.0, id));
     sqlx::query(
         "INSERT INTO store_credentials (store_id, workspace_id, key_id, nonce, ciphertext) VALUES ($1, $2, $3, $4, $5)",
     )
@@ -238,10 +215,7 @@ pub async fn replace_credentials_tx(
     .fetch_optional(&mut **tx)
     .await?;
     let Some(store) = store else { return Ok(None) };
-    let sealed = sealer.seal(
-        &credentials.to_json(),
-        &credentials_aad(principal.workspace_id.0, store_id),
-    );
+    let sealed = sealer.seal(&credentials.to_json(), &credentials_aad(principal.workspace_id.0, store_id));
     let (version,): (i32,) = sqlx::query_as(
         "UPDATE store_credentials SET key_id = $2, nonce = $3, ciphertext = $4, version = version + 1, updated_at = now()
          WHERE store_id = $1 RETURNING version",

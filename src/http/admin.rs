@@ -24,8 +24,7 @@ pub fn router(state: AppState) -> Router {
 
 async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     let timeout = Duration::from_secs(2);
-    let postgres = match tokio::time::timeout(timeout, migrate::pending_versions(&state.pool)).await
-    {
+    let postgres = match tokio::time::timeout(timeout, migrate::pending_versions(&state.pool)).await {
         Ok(Ok(0)) => "ok".to_owned(),
         Ok(Ok(n)) => format!("{n} migration(s) not applied"),
         Ok(Err(_)) => "unreachable".to_owned(),
@@ -37,20 +36,10 @@ async fn ready(State(state): State<AppState>) -> impl IntoResponse {
         Err(_) => "timed out",
     };
     let ready = postgres == "ok" && redis == "ok";
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        status,
-        Json(json!({ "ready": ready, "postgres": postgres, "redis": redis })),
-    )
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(json!({ "ready": ready, "postgres": postgres, "redis": redis })))
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
 }

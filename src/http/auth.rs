@@ -11,21 +11,12 @@ use crate::auth::Principal;
 impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let header = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .ok_or(ApiError::Unauthenticated)?;
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let header = parts.headers.get(header::AUTHORIZATION).ok_or(ApiError::Unauthenticated)?;
         let token = header
             .to_str()
             .ok()
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or(ApiError::Unauthenticated)?;

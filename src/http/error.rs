@@ -130,20 +130,10 @@ impl IntoResponse for ApiError {
             detail: self.to_string(),
             code: self.code(),
         };
-        let mut response = (
-            status,
-            serde_json::to_vec(&problem).expect("problem serializes"),
-        )
-            .into_response();
+        let mut response = (status, serde_json::to_vec(&problem).expect("problem serializes")).into_response();
         let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        if matches!(
-            self,
-            Self::IdempotencyRequestInProgress | Self::Unavailable(_)
-        ) {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if matches!(self, Self::IdempotencyRequestInProgress | Self::Unavailable(_)) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response

@@ -22,8 +22,7 @@ pub async fn read_json_body(req: Request, state: &AppState) -> Result<Bytes, Api
         .and_then(|v| v.split(';').next())
         .is_some_and(|mime| {
             let mime = mime.trim().to_ascii_lowercase();
-            mime == "application/json"
-                || (mime.starts_with("application/") && mime.ends_with("+json"))
+            mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
         });
     if !is_json {
         return Err(ApiError::UnsupportedMediaType);
@@ -45,9 +44,8 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => {
             let message = e.to_string();
-            let names_a_field = ["unknown field", "missing field", "duplicate field"]
-                .iter()
-                .any(|p| message.starts_with(p));
+            let names_a_field =
+                ["unknown field", "missing field", "duplicate field"].iter().any(|p| message.starts_with(p));
             if names_a_field {
                 ApiError::Validation(message)
             } else {
@@ -58,11 +56,7 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
                 ))
             }
         }
-        _ => ApiError::MalformedJson(format!(
-            "syntax error at line {} column {}",
-            e.line(),
-            e.column()
-        )),
+        _ => ApiError::MalformedJson(format!("syntax error at line {} column {}", e.line(), e.column())),
     })
 }
 

@@ -3,13 +3,14 @@
 mod admin;
 mod auth;
 pub mod error;
+pub mod idempotent;
 pub mod json;
 mod operations;
 mod stores;
 
 use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
@@ -19,6 +20,7 @@ use sqlx::PgPool;
 use tower_http::trace::TraceLayer;
 
 use crate::auth::TokenKeys;
+use crate::idempotency::Fingerprinter;
 use crate::metrics::Metrics;
 use crate::sealing::Sealer;
 use crate::stream::RedisClient;
@@ -39,6 +41,12 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Fingerprints idempotent requests.
+    pub fingerprinter: Fingerprinter,
+    /// How long idempotency records live.
+    pub idempotency_ttl: Duration,
+    /// Test hook run right after an idempotency key is claimed; `None` in production.
+    pub claim_hook: Option<idempotent::ClaimHook>,
 }
 
 /// Cheap-to-clone handle on [`Shared`].
@@ -72,11 +80,8 @@ async fn not_found() -> error::ApiError {
 /// Records `conveyor_http_request_duration_seconds` by route template (never the raw path), method and status class.
 async fn track_metrics(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
+    let route =
+        req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "unmatched".to_owned());
     let method = req.method().as_str().to_owned();
     let response = next.run(req).await;
     let class = match response.status().as_u16() {

@@ -22,9 +22,7 @@ async fn show(
 ) -> Result<Json<Operation>, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound("operation"))?;
     let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
-    let operation = operations::get_tx(&mut tx, id)
-        .await?
-        .ok_or(ApiError::NotFound("operation"))?;
+    let operation = operations::get_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("operation"))?;
     tx.commit().await?;
     Ok(Json(operation))
 }

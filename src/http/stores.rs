@@ -1,7 +1,6 @@
-//! `/v1/stores`: store authorizations.
+//! `/v1/stores`: store authorizations. Both writes are idempotent and start a `store.verify_credentials` job.
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -10,11 +9,10 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::ApiError;
-use super::json::StrictJson;
+use super::idempotent::{Idempotent, Reply};
 use crate::auth::Principal;
 use crate::db;
-use crate::domain::stores::{self, Authorization, Credentials, NewStore};
-use crate::telemetry;
+use crate::domain::stores::{self, Credentials, NewStore};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -37,72 +35,48 @@ struct ReplaceAuthorization {
     credentials: Credentials,
 }
 
-fn traceparent(headers: &HeaderMap) -> String {
-    telemetry::traceparent_or_new(headers.get("traceparent").and_then(|v| v.to_str().ok()))
-}
-
-/// `202 Accepted` with the resource, its operation and `Location: /v1/operations/{id}`.
-fn accepted(authorization: &Authorization) -> Response {
-    let location = format!("/v1/operations/{}", authorization.operation.id);
-    let mut response = (StatusCode::ACCEPTED, Json(authorization)).into_response();
-    response.headers_mut().insert(
-        header::LOCATION,
-        HeaderValue::from_str(&location).expect("a uuid path is a valid header"),
-    );
-    response
-}
-
 fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(raw).map_err(|_| ApiError::NotFound("store"))
 }
 
-async fn create(
-    State(state): State<AppState>,
-    principal: Principal,
-    headers: HeaderMap,
-    StrictJson(body): StrictJson<CreateStore>,
-) -> Result<Response, ApiError> {
-    let new = NewStore {
-        name: body.name,
-        platform: body.platform,
-        credentials: body.credentials,
-    };
+async fn create(State(state): State<AppState>, request: Idempotent<CreateStore>) -> Result<Response, ApiError> {
+    let body = &request.body;
+    let new =
+        NewStore { name: body.name.clone(), platform: body.platform.clone(), credentials: body.credentials.clone() };
     new.validate()?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
-    let authorization = stores::create_tx(
-        &mut tx,
-        &principal,
-        &state.sealer,
-        new,
-        Some(traceparent(&headers)),
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(accepted(&authorization))
+    let (principal, traceparent) = (request.principal, request.traceparent.clone());
+    let sealer = state.sealer.clone();
+    request
+        .run(&state, |tx| {
+            Box::pin(async move {
+                let created = stores::create_tx(tx, &principal, &sealer, new, Some(traceparent)).await?;
+                Ok(Reply::accepted(&created, created.operation.id))
+            })
+        })
+        .await
 }
 
 async fn replace_authorization(
     State(state): State<AppState>,
-    principal: Principal,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    StrictJson(body): StrictJson<ReplaceAuthorization>,
+    request: Idempotent<ReplaceAuthorization>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    body.credentials.validate()?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
-    let authorization = stores::replace_credentials_tx(
-        &mut tx,
-        &principal,
-        &state.sealer,
-        id,
-        body.credentials,
-        Some(traceparent(&headers)),
-    )
-    .await?
-    .ok_or(ApiError::NotFound("store"))?;
-    tx.commit().await?;
-    Ok(accepted(&authorization))
+    let credentials = request.body.credentials.clone();
+    credentials.validate()?;
+    let (principal, traceparent) = (request.principal, request.traceparent.clone());
+    let sealer = state.sealer.clone();
+    request
+        .run(&state, |tx| {
+            Box::pin(async move {
+                let replaced =
+                    stores::replace_credentials_tx(tx, &principal, &sealer, id, credentials, Some(traceparent))
+                        .await?
+                        .ok_or(ApiError::NotFound("store"))?;
+                Ok(Reply::accepted(&replaced, replaced.operation.id))
+            })
+        })
+        .await
 }
 
 async fn show(
@@ -112,9 +86,7 @@ async fn show(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
-    let store = stores::get_tx(&mut tx, id)
-        .await?
-        .ok_or(ApiError::NotFound("store"))?;
+    let store = stores::get_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("store"))?;
     tx.commit().await?;
     Ok(Json(store).into_response())
 }

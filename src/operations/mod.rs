@@ -61,12 +61,8 @@ pub async fn create_tx(
 
 /// The operation `id` of the transaction's workspace, if any.
 pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Operation>, sqlx::Error> {
-    sqlx::query_as::<_, Operation>(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM operations WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(&mut **tx)
-    .await
+    sqlx::query_as::<_, Operation>(concat!("SELECT ", columns!(), " FROM operations WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await
 }

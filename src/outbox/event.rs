@@ -60,10 +60,7 @@ mod tests {
 
     #[test]
     fn a_payload_round_trips_through_type_and_body() {
-        let p = JobPayload::StoreVerifyCredentials {
-            store_id: Uuid::now_v7(),
-            credentials_version: 3,
-        };
+        let p = JobPayload::StoreVerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 3 };
         let body = p.body().to_string();
         assert_eq!(JobPayload::decode(p.event_type(), &body).unwrap(), p);
     }
@@ -73,11 +70,8 @@ mod tests {
         assert!(JobPayload::decode("store.nope", r#"{"store_id":"x"}"#).is_err());
         assert!(JobPayload::decode("store.verify_credentials", "{not json").is_err());
         assert!(
-            JobPayload::decode(
-                "store.verify_credentials",
-                r#"{"store_id":"not-a-uuid","credentials_version":1}"#
-            )
-            .is_err()
+            JobPayload::decode("store.verify_credentials", r#"{"store_id":"not-a-uuid","credentials_version":1}"#)
+                .is_err()
         );
     }
 }

@@ -56,9 +56,6 @@ pub async fn enqueue_tx(tx: &mut WorkspaceTx, event: NewEvent) -> Result<Uuid, s
     .bind(event.traceparent)
     .execute(&mut **tx)
     .await?;
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(NOTIFY_CHANNEL)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query("SELECT pg_notify($1, '')").bind(NOTIFY_CHANNEL).execute(&mut **tx).await?;
     Ok(id)
 }

@@ -9,9 +9,7 @@ pub struct Keys {
 impl Keys {
     /// Keys under `prefix`.
     pub fn new(prefix: &str) -> Self {
-        Self {
-            prefix: prefix.to_owned(),
-        }
+        Self { prefix: prefix.to_owned() }
     }
 
     /// The stream of `queue`: `<prefix>:{<queue>}:stream`.
@@ -40,10 +38,7 @@ mod tests {
         let keys = Keys::new("conveyor");
         let id = uuid::Uuid::nil();
         assert_eq!(keys.stream("stores"), "conveyor:{stores}:stream");
-        assert!(
-            keys.dedup("stores", &id, 0)
-                .starts_with("conveyor:{stores}:")
-        );
+        assert!(keys.dedup("stores", &id, 0).starts_with("conveyor:{stores}:"));
         assert_ne!(keys.dedup("stores", &id, 0), keys.dedup("stores", &id, 1));
     }
 }

@@ -18,10 +18,7 @@ pub use fred::clients::Client as RedisClient;
 
 /// Opens a Redis client that reconnects with exponential back-off forever (fred's default is never) and fails
 /// commands after `command_timeout` instead of queueing them while Redis is away.
-pub async fn connect(
-    url: &str,
-    command_timeout: Duration,
-) -> Result<RedisClient, fred::error::Error> {
+pub async fn connect(url: &str, command_timeout: Duration) -> Result<RedisClient, fred::error::Error> {
     let config = RedisConfig::from_url(url)?;
     let client = Builder::from_config(config)
         .with_connection_config(|c| {

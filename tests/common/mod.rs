@@ -6,11 +6,14 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use conveyor::auth::{Principal, TokenKeys};
 use conveyor::config::{Config, MigrateConfig, Secret};
 use conveyor::db;
+use conveyor::http::AppState;
+use conveyor::http::idempotent::ClaimHook;
 use conveyor::ids::{UserId, WorkspaceId};
 use conveyor::metrics::Metrics;
 use sqlx::postgres::PgConnectOptions;
@@ -24,26 +27,17 @@ pub const ENCRYPTION_KEY_B64: &str = "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhIS
 pub const FINGERPRINT_KEYS: &str = "t1:test-fingerprint-key-must-never-leak-0123";
 
 fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| default.to_owned())
+    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_owned())
 }
 
 /// The owner role's URL on the maintenance database (`CONVEYOR_TEST_OWNER_URL`).
 pub fn owner_base_url() -> String {
-    env_or(
-        "CONVEYOR_TEST_OWNER_URL",
-        "postgres://conveyor_owner:conveyor_owner@127.0.0.1:5432/conveyor",
-    )
+    env_or("CONVEYOR_TEST_OWNER_URL", "postgres://conveyor_owner:conveyor_owner@127.0.0.1:5432/conveyor")
 }
 
 /// The application role's URL on the maintenance database (`CONVEYOR_TEST_APP_URL`).
 pub fn app_base_url() -> String {
-    env_or(
-        "CONVEYOR_TEST_APP_URL",
-        "postgres://conveyor_app:conveyor_app@127.0.0.1:5432/conveyor",
-    )
+    env_or("CONVEYOR_TEST_APP_URL", "postgres://conveyor_app:conveyor_app@127.0.0.1:5432/conveyor")
 }
 
 /// The shared Redis (`CONVEYOR_TEST_REDIS_URL`).
@@ -70,17 +64,10 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn create() -> Self {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        let name = format!(
-            "conveyor_test_{now}_{}",
-            &Uuid::new_v4().simple().to_string()[..12]
-        );
-        let mut admin = PgConnection::connect(&owner_base_url())
-            .await
-            .expect("connect as the owner role; run scripts/services.sh");
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let name = format!("conveyor_test_{now}_{}", &Uuid::new_v4().simple().to_string()[..12]);
+        let mut admin =
+            PgConnection::connect(&owner_base_url()).await.expect("connect as the owner role; run scripts/services.sh");
         sweep_stale_databases(&mut admin, now).await;
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut admin)
@@ -92,43 +79,29 @@ impl TestDb {
             migration_database_url: Secret::new(owner_url.clone()),
             database_url: Secret::new(app_url.clone()),
         };
-        conveyor::migrate::run(&migrate)
-            .await
-            .expect("migrations apply");
-        let pool = db::connect(&app_url, 16)
-            .await
-            .expect("connect as the application role");
-        Self {
-            name,
-            owner_url,
-            app_url,
-            pool,
-        }
+        conveyor::migrate::run(&migrate).await.expect("migrations apply");
+        let pool = db::connect(&app_url, 16).await.expect("connect as the application role");
+        Self { name, owner_url, app_url, pool }
     }
 
     /// A single connection of the owner role.
     pub async fn owner(&self) -> PgConnection {
-        PgConnection::connect(&self.owner_url)
-            .await
-            .expect("connect as owner")
+        PgConnection::connect(&self.owner_url).await.expect("connect as owner")
     }
 
     /// A single connection of the application role, with no workspace set.
     pub async fn app_connection(&self) -> PgConnection {
         let options: PgConnectOptions = self.app_url.parse().unwrap();
-        PgConnection::connect_with(&options)
-            .await
-            .expect("connect as application role")
+        PgConnection::connect_with(&options).await.expect("connect as application role")
     }
 
     /// How many rows of `table` the workspace holds (read as the application role under RLS).
     pub async fn count(&self, table: &str, workspace: WorkspaceId) -> i64 {
         let mut tx = db::begin_workspace(&self.pool, workspace).await.unwrap();
-        let (n,): (i64,) =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-                .fetch_one(&mut *tx)
-                .await
-                .unwrap();
+        let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
         tx.commit().await.unwrap();
         n
     }
@@ -136,12 +109,11 @@ impl TestDb {
     /// Every row of `table` in the workspace, as JSON.
     pub async fn rows(&self, table: &str, workspace: WorkspaceId) -> Vec<serde_json::Value> {
         let mut tx = db::begin_workspace(&self.pool, workspace).await.unwrap();
-        let rows: Vec<(serde_json::Value,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT to_jsonb(t) FROM {table} t"
-        )))
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
+        let rows: Vec<(serde_json::Value,)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT to_jsonb(t) FROM {table} t")))
+                .fetch_all(&mut *tx)
+                .await
+                .unwrap();
         tx.commit().await.unwrap();
         rows.into_iter().map(|(v,)| v).collect()
     }
@@ -149,24 +121,16 @@ impl TestDb {
 
 /// Drops test databases left by runs more than an hour old (a test process cannot drop its own on exit).
 async fn sweep_stale_databases(admin: &mut PgConnection, now: u64) {
-    let names: Vec<(String,)> = sqlx::query_as(
-        "SELECT datname::text FROM pg_database WHERE datname LIKE 'conveyor\\_test\\_%'",
-    )
-    .fetch_all(&mut *admin)
-    .await
-    .unwrap_or_default();
+    let names: Vec<(String,)> =
+        sqlx::query_as("SELECT datname::text FROM pg_database WHERE datname LIKE 'conveyor\\_test\\_%'")
+            .fetch_all(&mut *admin)
+            .await
+            .unwrap_or_default();
     for (name,) in names {
-        let created = name
-            .split('_')
-            .nth(2)
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or(now);
+        let created = name.split('_').nth(2).and_then(|s| s.parse::<u64>().ok()).unwrap_or(now);
         if now.saturating_sub(created) > 3600 {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS {name}"
-            )))
-            .execute(&mut *admin)
-            .await;
+            let _ =
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}"))).execute(&mut *admin).await;
         }
     }
 }
@@ -175,21 +139,12 @@ async fn sweep_stale_databases(admin: &mut PgConnection, now: u64) {
 pub fn config_vars(db: &TestDb, redis_prefix: &str) -> HashMap<String, String> {
     HashMap::from([
         ("CONVEYOR_DATABASE_URL".to_owned(), db.app_url.clone()),
-        (
-            "CONVEYOR_MIGRATION_DATABASE_URL".to_owned(),
-            db.owner_url.clone(),
-        ),
+        ("CONVEYOR_MIGRATION_DATABASE_URL".to_owned(), db.owner_url.clone()),
         ("CONVEYOR_REDIS_URL".to_owned(), redis_url()),
         ("CONVEYOR_REDIS_PREFIX".to_owned(), redis_prefix.to_owned()),
         ("CONVEYOR_JWT_SECRET".to_owned(), JWT_SECRET.to_owned()),
-        (
-            "CONVEYOR_IDEMPOTENCY_KEYS".to_owned(),
-            FINGERPRINT_KEYS.to_owned(),
-        ),
-        (
-            "CONVEYOR_ENCRYPTION_KEY".to_owned(),
-            ENCRYPTION_KEY_B64.to_owned(),
-        ),
+        ("CONVEYOR_IDEMPOTENCY_KEYS".to_owned(), FINGERPRINT_KEYS.to_owned()),
+        ("CONVEYOR_ENCRYPTION_KEY".to_owned(), ENCRYPTION_KEY_B64.to_owned()),
         ("CONVEYOR_HTTP_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
         ("CONVEYOR_ADMIN_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
     ])
@@ -197,10 +152,7 @@ pub fn config_vars(db: &TestDb, redis_prefix: &str) -> HashMap<String, String> {
 
 /// A random workspace and user.
 pub fn principal() -> Principal {
-    Principal {
-        workspace_id: WorkspaceId(Uuid::new_v4()),
-        user_id: UserId(Uuid::new_v4()),
-    }
+    Principal { workspace_id: WorkspaceId(Uuid::new_v4()), user_id: UserId(Uuid::new_v4()) }
 }
 
 /// The API served in-process over a fresh database and Redis prefix.
@@ -222,14 +174,19 @@ impl TestApp {
 
     /// Spawns with variables changed by `tweak` first.
     pub async fn spawn_with(tweak: impl FnOnce(&mut HashMap<String, String>)) -> Self {
+        Self::spawn_with_hook(tweak, None).await
+    }
+
+    /// Spawns with variables changed by `tweak` and a hook run right after each idempotency claim.
+    pub async fn spawn_with_hook(tweak: impl FnOnce(&mut HashMap<String, String>), hook: Option<ClaimHook>) -> Self {
         let db = TestDb::create().await;
         let redis_prefix = format!("conveyor-test-{}", Uuid::new_v4().simple());
         let mut vars = config_vars(&db, &redis_prefix);
         tweak(&mut vars);
         let config = Config::from_source(&vars).expect("test configuration is valid");
-        let state = conveyor::app::connect_state(&config, Metrics::new())
-            .await
-            .expect("state");
+        let mut shared = conveyor::app::connect_state(&config, Metrics::new()).await.expect("state");
+        shared.claim_hook = hook;
+        let state = AppState(Arc::new(shared));
         let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (addr, admin_addr) = (api.local_addr().unwrap(), admin.local_addr().unwrap());
@@ -255,7 +212,7 @@ impl TestApp {
         self.tokens.mint(principal, Duration::from_secs(3600))
     }
 
-    /// Sends `body` (raw) with a bearer token for `principal`.
+    /// Sends `body` as JSON with a bearer token for `principal`, and a fresh `Idempotency-Key` on writes.
     pub async fn send(
         &self,
         method: reqwest::Method,
@@ -263,10 +220,23 @@ impl TestApp {
         principal: Principal,
         body: Option<&serde_json::Value>,
     ) -> reqwest::Response {
-        let mut req = self
-            .http
-            .request(method, self.url(path))
-            .bearer_auth(self.token(principal));
+        let key = (method != reqwest::Method::GET).then(|| Uuid::new_v4().to_string());
+        self.send_with_key(method, path, principal, key.as_deref(), body).await
+    }
+
+    /// Sends `body` as JSON with a bearer token for `principal` and the given `Idempotency-Key`, if any.
+    pub async fn send_with_key(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        principal: Principal,
+        key: Option<&str>,
+        body: Option<&serde_json::Value>,
+    ) -> reqwest::Response {
+        let mut req = self.http.request(method, self.url(path)).bearer_auth(self.token(principal));
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
         if let Some(body) = body {
             req = req.json(body);
         }
@@ -302,8 +272,7 @@ pub struct Process {
 
 impl Process {
     pub fn spawn(args: &[&str], vars: &HashMap<String, String>) -> Self {
-        let log_path =
-            std::env::temp_dir().join(format!("conveyor-test-{}.log", Uuid::new_v4().simple()));
+        let log_path = std::env::temp_dir().join(format!("conveyor-test-{}.log", Uuid::new_v4().simple()));
         let log = std::fs::File::create(&log_path).unwrap();
         let child = Command::new(conveyor_bin())
             .args(args)
@@ -329,10 +298,7 @@ impl Process {
 
     /// Sends a signal by number (15 = SIGTERM).
     pub fn signal(&self, signal: i32) {
-        let _ = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status();
+        let _ = Command::new("kill").arg(format!("-{signal}")).arg(self.child.id().to_string()).status();
     }
 }
 
@@ -363,9 +329,5 @@ where
 
 /// A free loopback port.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
