@@ -1,6 +1,7 @@
 //! Wiring of the roles (`api`, `all`, ...) and shutdown. Every long-running part takes a `CancellationToken`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -12,6 +13,7 @@ use crate::auth::TokenKeys;
 use crate::config::Config;
 use crate::http::{self, AppState, Shared};
 use crate::idempotency::Fingerprinter;
+use crate::maintenance::Maintenance;
 use crate::metrics::Metrics;
 use crate::sealing::Sealer;
 use crate::{db, stream};
@@ -19,10 +21,18 @@ use crate::{db, stream};
 /// Which parts a process runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
-    /// The HTTP API (and its admin listener).
+    /// The HTTP API.
     Api,
+    /// Retention and reconciliation.
+    Maintenance,
     /// Every role in one process (development, demos).
     All,
+}
+
+impl Role {
+    fn runs(self, part: Role) -> bool {
+        self == Role::All || self == part
+    }
 }
 
 /// Builds what the API shares, connecting to PostgreSQL and Redis.
@@ -53,46 +63,78 @@ pub async fn serve(
     admin: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let api_router = http::router(state.clone());
-    let admin_router = http::admin_router(state);
-    let api_shutdown = shutdown.clone();
-    let api = axum::serve(api, api_router).with_graceful_shutdown(async move { api_shutdown.cancelled().await });
-    let admin = axum::serve(admin, admin_router).with_graceful_shutdown(async move { shutdown.cancelled().await });
-    tokio::try_join!(async { api.await.context("API server failed") }, async {
-        admin.await.context("Admin server failed")
-    })?;
+    tokio::try_join!(serve_api(state.clone(), api, shutdown.clone()), serve_admin(state, admin, shutdown))?;
     Ok(())
 }
 
-/// Runs `role` until SIGTERM or SIGINT, then stops within the configured grace period.
+/// Serves the public API until `shutdown`.
+pub async fn serve_api(state: AppState, listener: TcpListener, shutdown: CancellationToken) -> anyhow::Result<()> {
+    axum::serve(listener, http::router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .context("API server failed")
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` until `shutdown`.
+pub async fn serve_admin(state: AppState, listener: TcpListener, shutdown: CancellationToken) -> anyhow::Result<()> {
+    axum::serve(listener, http::admin_router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .context("Admin server failed")
+}
+
+async fn bind(addr: std::net::SocketAddr, variable: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| format!("Failed to bind {variable} {addr}"))
+}
+
+/// Runs `role` until SIGTERM or SIGINT (or until one of its parts fails), then stops within the grace period.
 pub async fn run(config: Config, role: Role) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
-    let metrics = Metrics::new();
-    let state = AppState(Arc::new(connect_state(&config, metrics).await?));
+    let failed = Arc::new(AtomicBool::new(false));
+    let state = AppState(Arc::new(connect_state(&config, Metrics::new()).await?));
+    // A part that fails stops the whole process: a half-running service is worse than a restart.
+    let spawn = |name: &'static str, part: BoxFuture| {
+        let (shutdown, failed) = (shutdown.clone(), failed.clone());
+        tracker.spawn(async move {
+            if let Err(e) = part.await {
+                tracing::error!(part = name, error = ?e, "Part failed; shutting down");
+                failed.store(true, Ordering::SeqCst);
+                shutdown.cancel();
+            }
+        });
+    };
 
-    let api = TcpListener::bind(config.http_addr)
-        .await
-        .with_context(|| format!("Failed to bind CONVEYOR_HTTP_ADDR {}", config.http_addr))?;
-    let admin = TcpListener::bind(config.admin_addr)
-        .await
-        .with_context(|| format!("Failed to bind CONVEYOR_ADMIN_ADDR {}", config.admin_addr))?;
-    tracing::info!(http = %config.http_addr, admin = %config.admin_addr, ?role, "Conveyor started");
-    let server = tracker.spawn(serve(state, api, admin, shutdown.clone()));
-    tracker.close();
-
-    wait_for_signal().await;
-    tracing::info!(grace = ?config.shutdown_grace, "Shutting down");
-    shutdown.cancel();
-    match tokio::time::timeout(config.shutdown_grace, tracker.wait()).await {
-        Ok(()) => {}
-        Err(_) => tracing::warn!("Grace period over; exiting with work unfinished"),
+    spawn(
+        "admin",
+        Box::pin(serve_admin(state.clone(), bind(config.admin_addr, "CONVEYOR_ADMIN_ADDR").await?, shutdown.clone())),
+    );
+    if role.runs(Role::Api) {
+        let listener = bind(config.http_addr, "CONVEYOR_HTTP_ADDR").await?;
+        spawn("api", Box::pin(serve_api(state.clone(), listener, shutdown.clone())));
     }
-    if server.is_finished() {
-        server.await.context("API task panicked")??;
+    if role.runs(Role::Maintenance) {
+        let maintenance = Maintenance::new(state.pool.clone(), state.metrics.clone(), Duration::from_secs(60));
+        spawn("maintenance", Box::pin(maintenance.run(shutdown.clone())));
+    }
+    tracker.close();
+    tracing::info!(http = %config.http_addr, admin = %config.admin_addr, ?role, "Conveyor started");
+
+    tokio::select! {
+        _ = wait_for_signal() => tracing::info!(grace = ?config.shutdown_grace, "Shutting down"),
+        _ = shutdown.cancelled() => {}
+    }
+    shutdown.cancel();
+    if tokio::time::timeout(config.shutdown_grace, tracker.wait()).await.is_err() {
+        tracing::warn!("Grace period over; exiting with work unfinished");
+    }
+    if failed.load(Ordering::SeqCst) {
+        anyhow::bail!("a part of the process failed; see the log");
     }
     Ok(())
 }
+
+type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
 
 /// Resolves on the first SIGTERM or SIGINT.
 pub async fn wait_for_signal() {

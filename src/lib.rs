@@ -24,6 +24,7 @@ pub mod domain;
 pub mod http;
 pub mod idempotency;
 pub mod ids;
+pub mod maintenance;
 pub mod metrics;
 pub mod migrate;
 pub mod operations;

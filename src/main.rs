@@ -22,6 +22,8 @@ enum Command {
     Migrate,
     /// Serve the HTTP API (and the admin endpoints).
     Api,
+    /// Retention of expired records (and, later, the reconciler).
+    Maintenance,
     /// Run every role in one process (development, demos).
     All,
     /// Print a signed development JWT.
@@ -56,6 +58,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate => conveyor::migrate::run(&MigrateConfig::from_source(&Env)?).await,
         Command::Api => app::run(Config::from_env()?, Role::Api).await,
+        Command::Maintenance => app::run(Config::from_env()?, Role::Maintenance).await,
         Command::All => app::run(Config::from_env()?, Role::All).await,
         Command::Token { workspace, user, ttl } => {
             let keys = TokenKeys::new(&config::jwt_secret(&Env)?);

@@ -3,7 +3,7 @@
 //! Names follow `conveyor_<thing>_<unit>[_total]`; labels come from small fixed sets only (never ids, keys,
 //! workspaces or raw paths).
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
 
 /// The metrics of one process.
 #[derive(Clone)]
@@ -14,6 +14,8 @@ pub struct Metrics {
     pub http_request_duration: HistogramVec,
     /// `conveyor_idempotency_requests_total{outcome}`.
     pub idempotency_requests: IntCounterVec,
+    /// `conveyor_idempotency_records_purged_total`.
+    pub idempotency_records_purged: IntCounter,
 }
 
 impl Metrics {
@@ -31,9 +33,15 @@ impl Metrics {
             &["outcome"],
         )
         .expect("valid metric");
+        let idempotency_records_purged = IntCounter::new(
+            "conveyor_idempotency_records_purged_total",
+            "Expired idempotency records deleted by maintenance",
+        )
+        .expect("valid metric");
         registry.register(Box::new(http_request_duration.clone())).expect("unique metric");
         registry.register(Box::new(idempotency_requests.clone())).expect("unique metric");
-        Self { registry, http_request_duration, idempotency_requests }
+        registry.register(Box::new(idempotency_records_purged.clone())).expect("unique metric");
+        Self { registry, http_request_duration, idempotency_requests, idempotency_records_purged }
     }
 
     /// The registry in the Prometheus text format.

@@ -157,7 +157,7 @@ pub fn principal() -> Principal {
 
 /// The API served in-process over a fresh database and Redis prefix.
 pub struct TestApp {
-    pub db: TestDb,
+    pub db: Arc<TestDb>,
     pub config: Config,
     pub redis_prefix: String,
     pub addr: SocketAddr,
@@ -179,7 +179,19 @@ impl TestApp {
 
     /// Spawns with variables changed by `tweak` and a hook run right after each idempotency claim.
     pub async fn spawn_with_hook(tweak: impl FnOnce(&mut HashMap<String, String>), hook: Option<ClaimHook>) -> Self {
-        let db = TestDb::create().await;
+        Self::spawn_on(Arc::new(TestDb::create().await), tweak, hook).await
+    }
+
+    /// A second API over the same database as `self` (another process's view), with variables changed by `tweak`.
+    pub async fn spawn_sharing(&self, tweak: impl FnOnce(&mut HashMap<String, String>)) -> Self {
+        Self::spawn_on(self.db.clone(), tweak, None).await
+    }
+
+    async fn spawn_on(
+        db: Arc<TestDb>,
+        tweak: impl FnOnce(&mut HashMap<String, String>),
+        hook: Option<ClaimHook>,
+    ) -> Self {
         let redis_prefix = format!("conveyor-test-{}", Uuid::new_v4().simple());
         let mut vars = config_vars(&db, &redis_prefix);
         tweak(&mut vars);
@@ -206,6 +218,11 @@ impl TestApp {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// The admin listener's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        self.http.get(format!("http://{}/metrics", self.admin_addr)).send().await.unwrap().text().await.unwrap()
     }
 
     pub fn token(&self, principal: Principal) -> String {

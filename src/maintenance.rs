@@ -1,0 +1,58 @@
+//! The maintenance role: periodic retention of expired idempotency records (and, with later roles, dispatched
+//! outbox events and the reconciler). Each pass is bounded; the loop sleeps between passes.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::idempotency::cleanup;
+use crate::metrics::Metrics;
+
+/// Rows deleted per statement.
+pub const BATCH: i64 = 1000;
+/// Statements per pass, so that one pass never holds the database for long.
+pub const MAX_BATCHES_PER_PASS: usize = 100;
+
+/// What one pass did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Expired idempotency records deleted.
+    pub idempotency_purged: u64,
+}
+
+/// Periodic housekeeping over one database.
+pub struct Maintenance {
+    pool: PgPool,
+    metrics: Metrics,
+    interval: Duration,
+}
+
+impl Maintenance {
+    /// Housekeeping every `interval`.
+    pub fn new(pool: PgPool, metrics: Metrics, interval: Duration) -> Self {
+        Self { pool, metrics, interval }
+    }
+
+    /// One bounded pass.
+    pub async fn run_once(&self) -> Result<PassReport, sqlx::Error> {
+        let idempotency_purged = cleanup::purge_expired(&self.pool, BATCH, MAX_BATCHES_PER_PASS).await?;
+        self.metrics.idempotency_records_purged.inc_by(idempotency_purged);
+        Ok(PassReport { idempotency_purged })
+    }
+
+    /// Passes every interval until `shutdown`. A failed pass is logged and retried at the next interval.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        loop {
+            match self.run_once().await {
+                Ok(report) if report != PassReport::default() => tracing::info!(?report, "Maintenance pass done"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = ?e, "Maintenance pass failed; retrying next interval"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(self.interval) => {}
+            }
+        }
+    }
+}
