@@ -11,11 +11,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::TokenKeys;
 use crate::config::Config;
+use crate::dispatcher::Dispatcher;
 use crate::http::{self, AppState, Shared};
 use crate::idempotency::Fingerprinter;
 use crate::maintenance::Maintenance;
 use crate::metrics::Metrics;
 use crate::sealing::Sealer;
+use crate::stream::keys::Keys;
+use crate::stream::producer::Producer;
 use crate::{db, stream};
 
 /// Which parts a process runs.
@@ -23,6 +26,8 @@ use crate::{db, stream};
 pub enum Role {
     /// The HTTP API.
     Api,
+    /// The outbox relay.
+    Dispatcher,
     /// Retention and reconciliation.
     Maintenance,
     /// Every role in one process (development, demos).
@@ -40,7 +45,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
     let pool = db::connect(config.database_url.expose(), config.database_max_connections)
         .await
         .context("Failed to connect to PostgreSQL (CONVEYOR_DATABASE_URL)")?;
-    let redis = stream::connect(config.redis_url.expose(), Duration::from_secs(5))
+    let redis = stream::connect(config.redis_url.expose(), config.redis_command_timeout)
         .await
         .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
     Ok(Shared {
@@ -113,8 +118,24 @@ pub async fn run(config: Config, role: Role) -> anyhow::Result<()> {
         let listener = bind(config.http_addr, "CONVEYOR_HTTP_ADDR").await?;
         spawn("api", Box::pin(serve_api(state.clone(), listener, shutdown.clone())));
     }
+    if role.runs(Role::Dispatcher) {
+        let producer = Producer::new(state.redis.clone(), Keys::new(&config.redis_prefix), config.dispatcher.dedup_ttl);
+        let dispatcher = Dispatcher::new(
+            state.pool.clone(),
+            producer,
+            config.dispatcher.clone(),
+            state.metrics.clone(),
+            Dispatcher::default_id(),
+        );
+        spawn("dispatcher", Box::pin(dispatcher.run(shutdown.clone())));
+    }
     if role.runs(Role::Maintenance) {
-        let maintenance = Maintenance::new(state.pool.clone(), state.metrics.clone(), Duration::from_secs(60));
+        let maintenance = Maintenance::new(
+            state.pool.clone(),
+            state.metrics.clone(),
+            Duration::from_secs(60),
+            config.dispatcher.retention,
+        );
         spawn("maintenance", Box::pin(maintenance.run(shutdown.clone())));
     }
     tracker.close();

@@ -106,6 +106,34 @@ pub struct Config {
     pub database_max_connections: u32,
     /// JSON logs instead of human-readable ones (`CONVEYOR_LOG_JSON`).
     pub log_json: bool,
+    /// Time-out of one Redis command (`CONVEYOR_REDIS_COMMAND_TIMEOUT`, default 5s).
+    pub redis_command_timeout: Duration,
+    /// The outbox relay's settings.
+    pub dispatcher: DispatcherSettings,
+}
+
+/// The outbox relay's settings (`CONVEYOR_DISPATCH_*`, `CONVEYOR_OUTBOX_RETENTION`).
+#[derive(Clone, Debug)]
+pub struct DispatcherSettings {
+    /// Events claimed per workspace and batch (`CONVEYOR_DISPATCH_BATCH`, default 500).
+    pub batch_size: i64,
+    /// How long a claim holds events before another dispatcher may take them (`CONVEYOR_DISPATCH_LEASE`, 30s).
+    pub lease: Duration,
+    /// Failed hand-offs before an event is dead-lettered (`CONVEYOR_DISPATCH_MAX_ATTEMPTS`, default 12).
+    pub max_attempts: i32,
+    /// First back-off delay (`CONVEYOR_DISPATCH_BACKOFF_BASE`, default 1s).
+    pub backoff_base: Duration,
+    /// Largest back-off delay (`CONVEYOR_DISPATCH_BACKOFF_MAX`, default 10m).
+    pub backoff_max: Duration,
+    /// Polling fallback when no notification arrives (`CONVEYOR_DISPATCH_POLL`, default 1s).
+    pub poll_interval: Duration,
+    /// Workspaces relayed at once (`CONVEYOR_DISPATCH_CONCURRENCY`, default 4).
+    pub concurrency: usize,
+    /// Life of an event's de-dup key in Redis (`CONVEYOR_DISPATCH_DEDUP_TTL`, default 24h); must exceed the longest
+    /// time an event can stay undispatched after its first `XADD` (lease plus back-offs).
+    pub dedup_ttl: Duration,
+    /// How long dispatched events are kept for troubleshooting (`CONVEYOR_OUTBOX_RETENTION`, default 7d).
+    pub retention: Duration,
 }
 
 /// Where variables come from: the process environment, or a map in tests.
@@ -269,7 +297,45 @@ impl Config {
             shutdown_grace: duration(src, "CONVEYOR_SHUTDOWN_GRACE", Duration::from_secs(30))?,
             database_max_connections,
             log_json,
+            redis_command_timeout: duration(src, "CONVEYOR_REDIS_COMMAND_TIMEOUT", Duration::from_secs(5))?,
+            dispatcher: DispatcherSettings::from_source(src)?,
         })
+    }
+}
+
+impl DispatcherSettings {
+    /// Reads the `CONVEYOR_DISPATCH_*` variables.
+    pub fn from_source(src: &dyn Source) -> Result<Self, ConfigError> {
+        let settings = Self {
+            batch_size: number(src, "CONVEYOR_DISPATCH_BATCH", 500)?,
+            lease: duration(src, "CONVEYOR_DISPATCH_LEASE", Duration::from_secs(30))?,
+            max_attempts: number(src, "CONVEYOR_DISPATCH_MAX_ATTEMPTS", 12)?,
+            backoff_base: duration(src, "CONVEYOR_DISPATCH_BACKOFF_BASE", Duration::from_secs(1))?,
+            backoff_max: duration(src, "CONVEYOR_DISPATCH_BACKOFF_MAX", Duration::from_secs(600))?,
+            poll_interval: duration(src, "CONVEYOR_DISPATCH_POLL", Duration::from_secs(1))?,
+            concurrency: number(src, "CONVEYOR_DISPATCH_CONCURRENCY", 4)?,
+            dedup_ttl: duration(src, "CONVEYOR_DISPATCH_DEDUP_TTL", Duration::from_secs(24 * 3600))?,
+            retention: duration(src, "CONVEYOR_OUTBOX_RETENTION", Duration::from_secs(7 * 24 * 3600))?,
+        };
+        if !(1..=10_000).contains(&settings.batch_size) {
+            return Err(invalid("CONVEYOR_DISPATCH_BATCH", "must be between 1 and 10000"));
+        }
+        if settings.lease < Duration::from_secs(1) {
+            return Err(invalid("CONVEYOR_DISPATCH_LEASE", "must be at least 1s"));
+        }
+        if settings.max_attempts < 1 {
+            return Err(invalid("CONVEYOR_DISPATCH_MAX_ATTEMPTS", "must be at least 1"));
+        }
+        if settings.backoff_max < settings.backoff_base {
+            return Err(invalid("CONVEYOR_DISPATCH_BACKOFF_MAX", "must not be below CONVEYOR_DISPATCH_BACKOFF_BASE"));
+        }
+        if settings.concurrency == 0 {
+            return Err(invalid("CONVEYOR_DISPATCH_CONCURRENCY", "must be at least 1"));
+        }
+        if settings.dedup_ttl < settings.lease * 4 {
+            return Err(invalid("CONVEYOR_DISPATCH_DEDUP_TTL", "must be at least four leases long"));
+        }
+        Ok(settings)
     }
 }
 

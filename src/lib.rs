@@ -18,8 +18,10 @@
 
 pub mod app;
 pub mod auth;
+pub mod backoff;
 pub mod config;
 pub mod db;
+pub mod dispatcher;
 pub mod domain;
 pub mod http;
 pub mod idempotency;
@@ -29,6 +31,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod operations;
 pub mod outbox;
+pub mod redact;
 pub mod sealing;
 pub mod stream;
 pub mod telemetry;

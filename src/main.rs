@@ -22,6 +22,8 @@ enum Command {
     Migrate,
     /// Serve the HTTP API (and the admin endpoints).
     Api,
+    /// Relay the outbox into Redis Streams.
+    Dispatcher,
     /// Retention of expired records (and, later, the reconciler).
     Maintenance,
     /// Run every role in one process (development, demos).
@@ -43,6 +45,9 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // With the `failpoints` feature, FAILPOINTS=name=action;... arms crash points for tests; without it, nothing.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let log_json = std::env::var("CONVEYOR_LOG_JSON").is_ok_and(|v| v == "true" || v == "1");
     conveyor::telemetry::init_logging(log_json);
     match run(cli).await {
@@ -58,6 +63,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Migrate => conveyor::migrate::run(&MigrateConfig::from_source(&Env)?).await,
         Command::Api => app::run(Config::from_env()?, Role::Api).await,
+        Command::Dispatcher => app::run(Config::from_env()?, Role::Dispatcher).await,
         Command::Maintenance => app::run(Config::from_env()?, Role::Maintenance).await,
         Command::All => app::run(Config::from_env()?, Role::All).await,
         Command::Token { workspace, user, ttl } => {

@@ -1,11 +1,11 @@
-//! The maintenance role: periodic retention of expired idempotency records (and, with later roles, dispatched
-//! outbox events and the reconciler). Each pass is bounded; the loop sleeps between passes.
+//! The maintenance role: periodic retention of expired idempotency records and of dispatched outbox events. Each pass is bounded; the loop sleeps between passes.
 
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::dispatcher::claim;
 use crate::idempotency::cleanup;
 use crate::metrics::Metrics;
 
@@ -19,6 +19,8 @@ pub const MAX_BATCHES_PER_PASS: usize = 100;
 pub struct PassReport {
     /// Expired idempotency records deleted.
     pub idempotency_purged: u64,
+    /// Dispatched outbox events past their retention deleted.
+    pub outbox_purged: u64,
 }
 
 /// Periodic housekeeping over one database.
@@ -26,19 +28,23 @@ pub struct Maintenance {
     pool: PgPool,
     metrics: Metrics,
     interval: Duration,
+    outbox_retention: Duration,
 }
 
 impl Maintenance {
-    /// Housekeeping every `interval`.
-    pub fn new(pool: PgPool, metrics: Metrics, interval: Duration) -> Self {
-        Self { pool, metrics, interval }
+    /// Housekeeping every `interval`; dispatched events are kept `outbox_retention`.
+    pub fn new(pool: PgPool, metrics: Metrics, interval: Duration, outbox_retention: Duration) -> Self {
+        Self { pool, metrics, interval, outbox_retention }
     }
 
     /// One bounded pass.
     pub async fn run_once(&self) -> Result<PassReport, sqlx::Error> {
         let idempotency_purged = cleanup::purge_expired(&self.pool, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.idempotency_records_purged.inc_by(idempotency_purged);
-        Ok(PassReport { idempotency_purged })
+        let outbox_purged =
+            claim::purge_dispatched(&self.pool, self.outbox_retention, BATCH, MAX_BATCHES_PER_PASS).await?;
+        self.metrics.outbox_events_purged.inc_by(outbox_purged);
+        Ok(PassReport { idempotency_purged, outbox_purged })
     }
 
     /// Passes every interval until `shutdown`. A failed pass is logged and retried at the next interval.

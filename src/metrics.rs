@@ -1,9 +1,11 @@
 //! Every Prometheus metric, defined in one place and registered in one registry (served on the admin port).
 //!
 //! Names follow `conveyor_<thing>_<unit>[_total]`; labels come from small fixed sets only (never ids, keys,
-//! workspaces or raw paths).
+//! workspaces or raw paths). Queue names are a fixed set defined in code.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 /// The metrics of one process.
 #[derive(Clone)]
@@ -16,32 +18,124 @@ pub struct Metrics {
     pub idempotency_requests: IntCounterVec,
     /// `conveyor_idempotency_records_purged_total`.
     pub idempotency_records_purged: IntCounter,
+    /// `conveyor_outbox_dispatched_total{queue}`.
+    pub outbox_dispatched: IntCounterVec,
+    /// `conveyor_outbox_dispatch_errors_total{reason}`.
+    pub outbox_dispatch_errors: IntCounterVec,
+    /// `conveyor_outbox_dead_letters_total{queue}`.
+    pub outbox_dead_letters: IntCounterVec,
+    /// `conveyor_outbox_dispatch_latency_seconds{queue}`: commit to `XADD` acknowledged.
+    pub outbox_dispatch_latency: HistogramVec,
+    /// `conveyor_outbox_batch_size`: events per claimed batch.
+    pub outbox_batch_size: Histogram,
+    /// `conveyor_outbox_events{queue, status}`: backlog by status (pending, dispatching, dead_letter).
+    pub outbox_events: IntGaugeVec,
+    /// `conveyor_outbox_oldest_pending_age_seconds{queue}`.
+    pub outbox_oldest_pending_age: GaugeVec,
+    /// `conveyor_outbox_events_purged_total`: dispatched events removed by retention.
+    pub outbox_events_purged: IntCounter,
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let metric = IntCounter::new(name, help).expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn histogram_vec(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>, labels: &[&str]) -> HistogramVec {
+    let metric = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels).expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+/// Latency buckets from 1 ms to 60 s.
+fn latency_buckets() -> Vec<f64> {
+    vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 }
 
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Self {
         let registry = Registry::new();
-        let http_request_duration = HistogramVec::new(
-            HistogramOpts::new("conveyor_http_request_duration_seconds", "HTTP request duration by route template")
-                .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
-            &["route", "method", "status_class"],
+        let r = &registry;
+        let outbox_batch_size = Histogram::with_opts(
+            HistogramOpts::new("conveyor_outbox_batch_size", "Events per claimed outbox batch")
+                .buckets(vec![1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0]),
         )
         .expect("valid metric");
-        let idempotency_requests = IntCounterVec::new(
-            Opts::new("conveyor_idempotency_requests_total", "Idempotent requests by outcome"),
-            &["outcome"],
+        registry.register(Box::new(outbox_batch_size.clone())).expect("unique metric");
+        let outbox_events = IntGaugeVec::new(
+            Opts::new("conveyor_outbox_events", "Outbox backlog by queue and status"),
+            &["queue", "status"],
         )
         .expect("valid metric");
-        let idempotency_records_purged = IntCounter::new(
-            "conveyor_idempotency_records_purged_total",
-            "Expired idempotency records deleted by maintenance",
+        registry.register(Box::new(outbox_events.clone())).expect("unique metric");
+        let outbox_oldest_pending_age = GaugeVec::new(
+            Opts::new("conveyor_outbox_oldest_pending_age_seconds", "Age of the oldest undispatched event by queue"),
+            &["queue"],
         )
         .expect("valid metric");
-        registry.register(Box::new(http_request_duration.clone())).expect("unique metric");
-        registry.register(Box::new(idempotency_requests.clone())).expect("unique metric");
-        registry.register(Box::new(idempotency_records_purged.clone())).expect("unique metric");
-        Self { registry, http_request_duration, idempotency_requests, idempotency_records_purged }
+        registry.register(Box::new(outbox_oldest_pending_age.clone())).expect("unique metric");
+        Self {
+            http_request_duration: histogram_vec(
+                r,
+                "conveyor_http_request_duration_seconds",
+                "HTTP request duration by route template",
+                latency_buckets(),
+                &["route", "method", "status_class"],
+            ),
+            idempotency_requests: counter_vec(
+                r,
+                "conveyor_idempotency_requests_total",
+                "Idempotent requests by outcome",
+                &["outcome"],
+            ),
+            idempotency_records_purged: counter(
+                r,
+                "conveyor_idempotency_records_purged_total",
+                "Expired idempotency records deleted by maintenance",
+            ),
+            outbox_dispatched: counter_vec(
+                r,
+                "conveyor_outbox_dispatched_total",
+                "Events relayed into streams",
+                &["queue"],
+            ),
+            outbox_dispatch_errors: counter_vec(
+                r,
+                "conveyor_outbox_dispatch_errors_total",
+                "Failed relays by reason",
+                &["reason"],
+            ),
+            outbox_dead_letters: counter_vec(
+                r,
+                "conveyor_outbox_dead_letters_total",
+                "Events dead-lettered by the relay",
+                &["queue"],
+            ),
+            outbox_dispatch_latency: histogram_vec(
+                r,
+                "conveyor_outbox_dispatch_latency_seconds",
+                "Commit of an event to its XADD acknowledged",
+                latency_buckets(),
+                &["queue"],
+            ),
+            outbox_batch_size,
+            outbox_events,
+            outbox_oldest_pending_age,
+            outbox_events_purged: counter(
+                r,
+                "conveyor_outbox_events_purged_total",
+                "Dispatched events deleted by retention",
+            ),
+            registry,
+        }
     }
 
     /// The registry in the Prometheus text format.

@@ -358,6 +358,7 @@ async fn the_maintenance_process_purges_expired_records_and_counts_them() {
     })
     .await;
     assert!(purged.is_some(), "maintenance purged the record; log:\n{}", process.log());
-    let metrics = app.http.get(format!("http://127.0.0.1:{admin_port}/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics =
+        app.http.get(format!("http://127.0.0.1:{admin_port}/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("conveyor_idempotency_records_purged_total 1"), "{metrics}");
 }

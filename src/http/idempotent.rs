@@ -166,6 +166,8 @@ impl<T> Idempotent<T> {
         let stored = reply.stored();
         store::complete_tx(&mut tx, &self.scope, &stored).await?;
         tx.commit().await?;
+        // Crash point for tests: the API dies right after its commit, before answering.
+        fail::fail_point!("api::after_commit");
         outcome("executed");
         Ok(respond(&stored, false))
     }

@@ -8,7 +8,9 @@
 //! Keys (CONTRACT.md §3) are hash-tagged by queue, `<prefix>:{<queue>}:…`, so that a script touching a queue's stream
 //! and its de-dup keys stays in one Redis Cluster slot.
 
+pub mod admin;
 pub mod keys;
+pub mod producer;
 
 use std::time::Duration;
 

@@ -1,0 +1,247 @@
+//! The dispatcher: relays committed outbox events into Redis Streams (seed sections 3 and 4).
+//!
+//! One pass ([`Dispatcher::dispatch_once`]): find the workspaces with due events through the narrow
+//! `SECURITY DEFINER` function; per workspace, in workspace-scoped transactions under RLS, claim a batch
+//! (`FOR UPDATE SKIP LOCKED`, leased to this dispatcher with `locked_by`/`locked_until`), publish it in one
+//! pipeline (one de-duplicating script per event), then mark the delivered ones `dispatched` with their stream entry
+//! id, fenced by the lease, and return the failed ones to `pending` with exponential back-off, or `dead_letter` past
+//! the maximum. The loop ([`Dispatcher::run`]) repeats passes while there is work, then waits for a notification or
+//! the polling interval.
+//!
+//! Guarantees: an event committed is delivered at least once, whatever process dies when; the stream holds it once
+//! (the de-dup key), however often it is handed off. Several dispatchers cooperate through `SKIP LOCKED` and leases,
+//! with no leader. Ordering: within one workspace and queue, a batch goes out in event-id (creation) order, and
+//! batches of one dispatcher follow each other; across dispatchers, workspaces or failures (a failed event is retried
+//! after newer ones) there is no ordering guarantee, and consumers must not assume one.
+
+pub mod claim;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use futures_util::StreamExt;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::config::DispatcherSettings;
+use crate::ids::WorkspaceId;
+use crate::metrics::Metrics;
+use crate::outbox::NOTIFY_CHANNEL;
+use crate::redact::redact;
+use crate::stream::producer::{Message, Producer};
+use crate::telemetry;
+use claim::{ClaimedEvent, Failure, Settled};
+
+/// Workspaces looked at per pass.
+const WORKSPACES_PER_PASS: i32 = 1000;
+
+/// What one pass did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DispatchOutcome {
+    /// Some events were claimed; how they ended.
+    Worked(Settled),
+    /// Nothing was due.
+    Idle,
+}
+
+/// Relays the outbox into streams.
+pub struct Dispatcher {
+    pool: PgPool,
+    producer: Producer,
+    settings: DispatcherSettings,
+    metrics: Metrics,
+    id: String,
+}
+
+impl Dispatcher {
+    /// A dispatcher named `id` (unique per process: it is the lease holder, `locked_by`).
+    pub fn new(pool: PgPool, producer: Producer, settings: DispatcherSettings, metrics: Metrics, id: String) -> Self {
+        Self { pool, producer, settings, metrics, id }
+    }
+
+    /// A unique dispatcher name: host, process id and a random suffix.
+    pub fn default_id() -> String {
+        let host = std::env::var("HOSTNAME").or_else(|_| std::fs::read_to_string("/etc/hostname")).unwrap_or_default();
+        format!("{}-{}-{}", host.trim(), std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
+    }
+
+    /// One pass over every workspace with due events.
+    pub async fn dispatch_once(&self) -> anyhow::Result<DispatchOutcome> {
+        let workspaces = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
+            .await
+            .context("Failed to list workspaces with due events")?;
+        if workspaces.is_empty() {
+            return Ok(DispatchOutcome::Idle);
+        }
+        let mut total = Settled::default();
+        let mut results = futures_util::stream::iter(workspaces)
+            .map(|ws| self.dispatch_workspace(ws))
+            .buffer_unordered(self.settings.concurrency);
+        let mut first_error = None;
+        while let Some(result) = results.next().await {
+            match result {
+                Ok(s) => {
+                    total.dispatched += s.dispatched;
+                    total.retried += s.retried;
+                    total.dead_lettered += s.dead_lettered;
+                    total.lost_lease += s.lost_lease;
+                }
+                Err(e) => {
+                    self.metrics.outbox_dispatch_errors.with_label_values(&["database"]).inc();
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) if total == Settled::default() => Err(e),
+            Some(e) => {
+                tracing::warn!(error = ?e, "Some workspaces failed in this pass");
+                Ok(DispatchOutcome::Worked(total))
+            }
+            None => Ok(DispatchOutcome::Worked(total)),
+        }
+    }
+
+    fn message(event: &ClaimedEvent) -> Message {
+        Message {
+            queue: event.queue.clone(),
+            event_id: event.id,
+            workspace_id: event.workspace_id,
+            event_type: event.event_type.clone(),
+            payload: event.event_payload.to_string(),
+            operation_id: event.operation_id,
+            attempt: event.attempt_count + 1,
+            enqueued_at_ms: event.created_at.timestamp_millis(),
+            traceparent: event.traceparent.clone().unwrap_or_else(telemetry::new_traceparent),
+            redrive: event.redrive_count,
+        }
+    }
+
+    async fn dispatch_workspace(&self, workspace: WorkspaceId) -> anyhow::Result<Settled> {
+        let events = claim::claim(&self.pool, workspace, &self.id, self.settings.lease, self.settings.batch_size)
+            .await
+            .context("Failed to claim events")?;
+        if events.is_empty() {
+            return Ok(Settled::default());
+        }
+        self.metrics.outbox_batch_size.observe(events.len() as f64);
+        let messages: Vec<Message> = events.iter().map(Self::message).collect();
+        let results = self.producer.publish(&messages).await;
+        fail::fail_point!("dispatcher::after_xadd");
+
+        let backoff = Backoff { base: self.settings.backoff_base, max: self.settings.backoff_max };
+        let now = chrono::Utc::now();
+        let mut delivered = Vec::with_capacity(events.len());
+        let mut failures = Vec::new();
+        for (event, result) in events.iter().zip(results) {
+            match result {
+                Ok(stream_id) => {
+                    let latency = (now - event.created_at).to_std().unwrap_or_default();
+                    self.metrics
+                        .outbox_dispatch_latency
+                        .with_label_values(&[&event.queue])
+                        .observe(latency.as_secs_f64());
+                    delivered.push((event.id, stream_id));
+                }
+                Err(e) => {
+                    let reason = if e.is_canceled()
+                        || matches!(e.kind(), fred::error::ErrorKind::IO | fred::error::ErrorKind::Timeout)
+                    {
+                        "redis_unavailable"
+                    } else {
+                        "redis_error"
+                    };
+                    self.metrics.outbox_dispatch_errors.with_label_values(&[reason]).inc();
+                    let attempt = event.attempt_count + 1;
+                    failures.push(Failure {
+                        id: event.id,
+                        attempt,
+                        delay: backoff.delay(attempt as u32),
+                        error: redact(&format!("XADD failed: {e}")),
+                    });
+                }
+            }
+        }
+        let settled = claim::settle(&self.pool, workspace, &self.id, &delivered, &failures, self.settings.max_attempts)
+            .await
+            .context("Failed to record the outcome of a batch")?;
+        for event in &events {
+            if delivered.iter().any(|(id, _)| *id == event.id) {
+                self.metrics.outbox_dispatched.with_label_values(&[&event.queue]).inc();
+            }
+        }
+        if settled.dead_lettered > 0 {
+            let queue = &events[0].queue;
+            self.metrics.outbox_dead_letters.with_label_values(&[queue]).inc_by(settled.dead_lettered);
+            tracing::error!(workspace = %workspace, count = settled.dead_lettered, "Outbox events dead-lettered");
+        }
+        if let Some(f) = failures.first() {
+            tracing::warn!(workspace = %workspace, failed = failures.len(), attempt = f.attempt, error = %f.error, "Hand-off failed; backing off");
+        }
+        if settled.lost_lease > 0 {
+            tracing::warn!(workspace = %workspace, count = settled.lost_lease, "Lease lost before marking; another dispatcher will finish them");
+        }
+        Ok(settled)
+    }
+
+    /// Refreshes the backlog gauges (counts per queue and status, oldest pending age).
+    pub async fn observe_backlog(&self) -> Result<(), sqlx::Error> {
+        let rows: Vec<(String, String, i64, Option<chrono::DateTime<chrono::Utc>>)> =
+            sqlx::query_as("SELECT queue, status, events, oldest FROM conveyor_outbox_backlog()")
+                .fetch_all(&self.pool)
+                .await?;
+        self.metrics.outbox_events.reset();
+        self.metrics.outbox_oldest_pending_age.reset();
+        let now = chrono::Utc::now();
+        for (queue, status, events, oldest) in rows {
+            self.metrics.outbox_events.with_label_values(&[&queue, &status]).set(events);
+            if status != "dead_letter" {
+                let age = oldest.map(|o| (now - o).num_milliseconds().max(0) as f64 / 1000.0).unwrap_or(0.0);
+                let gauge = self.metrics.outbox_oldest_pending_age.with_label_values(&[&queue]);
+                gauge.set(gauge.get().max(age));
+            }
+        }
+        Ok(())
+    }
+
+    /// Passes until `shutdown`: back to back while there is work, else on a notification or every poll interval.
+    /// A batch in hand is always finished (and so its leases settled) before the loop looks at `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        match crate::stream::admin::check_server(self.producer.client()).await {
+            Ok(check) => tracing::info!(version = %check.version, policy = ?check.maxmemory_policy, "Redis checked"),
+            Err(e) => tracing::warn!(error = %redact(&e.to_string()), "Could not check Redis at start-up"),
+        }
+        let mut listener =
+            PgListener::connect_with(&self.pool).await.context("Failed to open the LISTEN connection")?;
+        listener.listen(NOTIFY_CHANNEL).await.context("Failed to LISTEN")?;
+        tracing::info!(id = %self.id, "Dispatcher started");
+        let mut last_backlog = tokio::time::Instant::now() - Duration::from_secs(60);
+        while !shutdown.is_cancelled() {
+            if last_backlog.elapsed() >= Duration::from_secs(5) {
+                if let Err(e) = self.observe_backlog().await {
+                    tracing::warn!(error = ?e, "Could not read the outbox backlog");
+                }
+                last_backlog = tokio::time::Instant::now();
+            }
+            match self.dispatch_once().await {
+                Ok(DispatchOutcome::Worked(settled)) if settled.dispatched > 0 || settled.lost_lease > 0 => continue,
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = ?e, "Dispatch pass failed; retrying after the poll interval"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(self.settings.poll_interval) => {}
+                notification = listener.recv() => {
+                    if let Err(e) = notification {
+                        tracing::warn!(error = ?e, "LISTEN connection failed; it reconnects, polling meanwhile");
+                        tokio::time::sleep(self.settings.poll_interval).await;
+                    }
+                }
+            }
+        }
+        tracing::info!(id = %self.id, "Dispatcher stopped");
+        Ok(())
+    }
+}
