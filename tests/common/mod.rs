@@ -348,3 +348,68 @@ where
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
+
+/// A `redis-server` of the test's own on a free loopback port, which the test may stop and start again.
+pub struct TestRedis {
+    pub port: u16,
+    pub password: Option<String>,
+    child: Option<Child>,
+}
+
+impl TestRedis {
+    pub async fn start(password: Option<&str>) -> Self {
+        let mut redis = Self { port: free_port(), password: password.map(str::to_owned), child: None };
+        redis.start_again().await;
+        redis
+    }
+
+    /// The URL to reach it (with the password, if any).
+    pub fn url(&self) -> String {
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// Starts the server (empty: it keeps nothing on disk) and waits until it answers.
+    pub async fn start_again(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+        if let Some(p) = &self.password {
+            cmd.args(["--requirepass", p]);
+        }
+        self.child = Some(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("redis-server is installed"));
+        let port = self.port;
+        eventually(Duration::from_secs(10), || async move {
+            std::net::TcpStream::connect(("127.0.0.1", port)).ok().map(|_| ())
+        })
+        .await
+        .expect("test redis-server answers");
+    }
+
+    /// Kills the server (SIGKILL): everything in it is lost.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A Redis client for assertions.
+pub async fn redis_client(url: &str) -> conveyor::stream::RedisClient {
+    conveyor::stream::connect(url, Duration::from_secs(5)).await.expect("connect to redis")
+}
+
+/// The `event_id` field of every entry of `stream`, in stream order.
+pub async fn stream_event_ids(client: &conveyor::stream::RedisClient, stream: &str) -> Vec<String> {
+    use fred::prelude::StreamsInterface;
+    let entries: Vec<(String, HashMap<String, String>)> = client.xrange(stream, "-", "+", None).await.expect("XRANGE");
+    entries.into_iter().map(|(_, fields)| fields.get("event_id").cloned().unwrap_or_default()).collect()
+}

@@ -1,0 +1,368 @@
+//! The dispatcher relays the outbox into Redis Streams: real PostgreSQL, real Redis, real processes killed at the
+//! dangerous moments.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use common::{Process, TestApp, TestRedis, principal, store_body};
+use conveyor::config::DispatcherSettings;
+use conveyor::db;
+use conveyor::dispatcher::{DispatchOutcome, Dispatcher};
+use conveyor::ids::WorkspaceId;
+use conveyor::metrics::Metrics;
+use conveyor::outbox::{self, JobPayload, NewEvent};
+use conveyor::stream::keys::Keys;
+use conveyor::stream::producer::Producer;
+use reqwest::Method;
+use uuid::Uuid;
+
+async fn enqueue(app: &TestApp, workspace: WorkspaceId, n: usize) -> Vec<Uuid> {
+    let mut tx = db::begin_workspace(&app.db.pool, workspace).await.unwrap();
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        let payload = JobPayload::StoreVerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
+        let event = NewEvent { workspace_id: workspace, payload, operation_id: None, traceparent: None };
+        ids.push(outbox::enqueue_tx(&mut tx, event).await.unwrap());
+    }
+    tx.commit().await.unwrap();
+    ids
+}
+
+async fn dispatcher(app: &TestApp, redis_url: &str, tweak: impl FnOnce(&mut HashMap<String, String>)) -> Dispatcher {
+    let mut vars = HashMap::new();
+    tweak(&mut vars);
+    let settings = DispatcherSettings::from_source(&vars).unwrap();
+    let client = conveyor::stream::connect(redis_url, Duration::from_millis(500)).await.unwrap();
+    let producer = Producer::new(client, Keys::new(&app.redis_prefix), settings.dedup_ttl);
+    Dispatcher::new(app.db.pool.clone(), producer, settings, Metrics::new(), Dispatcher::default_id())
+}
+
+/// Every outbox row of `workspace`: (id, status, stream_id).
+async fn events(app: &TestApp, workspace: WorkspaceId) -> Vec<serde_json::Value> {
+    app.db.rows("outbox_events", workspace).await
+}
+
+async fn count_status(app: &TestApp, workspaces: &[WorkspaceId], status: &str) -> usize {
+    let mut n = 0;
+    for ws in workspaces {
+        n += events(app, *ws).await.iter().filter(|e| e["status"] == status).count();
+    }
+    n
+}
+
+fn stream_key(app: &TestApp) -> String {
+    Keys::new(&app.redis_prefix).stream("stores")
+}
+
+/// The stream holds each of `expected` exactly once, and nothing else.
+async fn assert_stream_holds_each_once(app: &TestApp, redis_url: &str, expected: &[Uuid]) {
+    let client = common::redis_client(redis_url).await;
+    let ids = common::stream_event_ids(&client, &stream_key(app)).await;
+    let unique: HashSet<&String> = ids.iter().collect();
+    assert_eq!(ids.len(), unique.len(), "no event is in the stream twice");
+    let expected: HashSet<String> = expected.iter().map(Uuid::to_string).collect();
+    assert_eq!(unique.into_iter().cloned().collect::<HashSet<_>>(), expected);
+}
+
+fn process_vars(app: &TestApp, redis_url: &str) -> HashMap<String, String> {
+    let mut vars = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_REDIS_URL".into(), redis_url.to_owned());
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    vars.insert("CONVEYOR_DISPATCH_POLL".into(), "100ms".into());
+    vars
+}
+
+#[tokio::test]
+async fn events_committed_while_no_dispatcher_ran_are_each_delivered_once_by_a_later_one() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let workspaces: Vec<WorkspaceId> = (0..3).map(|_| WorkspaceId(Uuid::new_v4())).collect();
+    let mut ids = Vec::new();
+    for ws in &workspaces {
+        ids.extend(enqueue(&app, *ws, 7).await);
+    }
+    let process = Process::spawn(&["dispatcher"], &process_vars(&app, &redis));
+    let done = common::eventually(Duration::from_secs(30), || async {
+        (count_status(&app, &workspaces, "dispatched").await == ids.len()).then_some(())
+    })
+    .await;
+    assert!(done.is_some(), "all dispatched; log:\n{}", process.log());
+    assert_stream_holds_each_once(&app, &redis, &ids).await;
+    for ws in &workspaces {
+        for event in events(&app, *ws).await {
+            assert!(event["stream_id"].as_str().is_some_and(|s| s.contains('-')), "stream id recorded: {event}");
+            assert!(event["locked_by"].is_null() && event["dispatched_at"].is_string());
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_api_killed_right_after_its_commit_loses_no_event() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let mut vars = process_vars(&app, &redis);
+    let port = common::free_port();
+    vars.insert("CONVEYOR_HTTP_ADDR".into(), format!("127.0.0.1:{port}"));
+    vars.insert("FAILPOINTS".into(), "api::after_commit=sleep(60000)".into());
+    let mut api = Process::spawn(&["api"], &vars);
+    let who = principal();
+    let token = app.token(who);
+    let request = tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        for _ in 0..100 {
+            let sent = client
+                .post(format!("http://127.0.0.1:{port}/v1/stores"))
+                .bearer_auth(&token)
+                .header("idempotency-key", Uuid::new_v4().to_string())
+                .json(&store_body("crash"))
+                .send()
+                .await;
+            match sent {
+                Err(e) if e.is_connect() => tokio::time::sleep(Duration::from_millis(100)).await,
+                other => return other.map(|r| r.status()),
+            }
+        }
+        panic!("the api never listened");
+    });
+    // The commit happened (the event is visible) and the process hangs at the crash point: kill it there.
+    let committed = common::eventually(Duration::from_secs(30), || async {
+        (app.db.count("outbox_events", who.workspace_id).await == 1).then_some(())
+    })
+    .await;
+    assert!(committed.is_some(), "the API committed; log:\n{}", api.log());
+    api.kill();
+    assert!(request.await.unwrap().is_err(), "the client never got an answer");
+    let id: Uuid = events(&app, who.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
+
+    let dispatcher = Process::spawn(&["dispatcher"], &process_vars(&app, &redis));
+    let done = common::eventually(Duration::from_secs(30), || async {
+        (count_status(&app, &[who.workspace_id], "dispatched").await == 1).then_some(())
+    })
+    .await;
+    assert!(done.is_some(), "dispatched; log:\n{}", dispatcher.log());
+    assert_stream_holds_each_once(&app, &redis, &[id]).await;
+}
+
+#[tokio::test]
+async fn a_dispatcher_killed_between_xadd_and_marking_is_finished_by_another_without_a_duplicate() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let ws = WorkspaceId(Uuid::new_v4());
+    let ids = enqueue(&app, ws, 5).await;
+    let mut vars = process_vars(&app, &redis);
+    vars.insert("CONVEYOR_DISPATCH_LEASE".into(), "2s".into());
+    vars.insert("CONVEYOR_DISPATCH_DEDUP_TTL".into(), "1h".into());
+    let mut crashing = vars.clone();
+    crashing.insert("FAILPOINTS".into(), "dispatcher::after_xadd=sleep(60000)".into());
+    let mut first = Process::spawn(&["dispatcher"], &crashing);
+    let client = common::redis_client(&redis).await;
+    let added = common::eventually(Duration::from_secs(30), || async {
+        (common::stream_event_ids(&client, &stream_key(&app)).await.len() == ids.len()).then_some(())
+    })
+    .await;
+    assert!(added.is_some(), "the first dispatcher XADDed; log:\n{}", first.log());
+    first.kill();
+    assert_eq!(count_status(&app, &[ws], "dispatching").await, ids.len(), "XADDed but never marked");
+
+    let second = Process::spawn(&["dispatcher"], &vars);
+    let done = common::eventually(Duration::from_secs(30), || async {
+        (count_status(&app, &[ws], "dispatched").await == ids.len()).then_some(())
+    })
+    .await;
+    assert!(done.is_some(), "the lease expired and another dispatcher finished; log:\n{}", second.log());
+    assert_stream_holds_each_once(&app, &redis, &ids).await;
+    // The recorded stream ids are those of the first (and only) XADD.
+    let entries: Vec<(String, HashMap<String, String>)> = {
+        use fred::prelude::StreamsInterface;
+        client.xrange(stream_key(&app), "-", "+", None).await.unwrap()
+    };
+    for event in events(&app, ws).await {
+        let (entry_id, _) = entries.iter().find(|(_, f)| f["event_id"] == event["id"].as_str().unwrap()).unwrap();
+        assert_eq!(event["stream_id"], entry_id.as_str());
+    }
+}
+
+#[tokio::test]
+async fn three_dispatchers_drain_a_backlog_together_with_nothing_lost_or_doubled() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let workspaces: Vec<WorkspaceId> = (0..30).map(|_| WorkspaceId(Uuid::new_v4())).collect();
+    let mut ids = Vec::new();
+    for ws in &workspaces {
+        ids.extend(enqueue(&app, *ws, 100).await);
+    }
+    let mut handles = Vec::new();
+    for _ in 0..3 {
+        let d = dispatcher(&app, &redis, |v| {
+            v.insert("CONVEYOR_DISPATCH_BATCH".into(), "37".into());
+            v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), "3".into());
+        })
+        .await;
+        handles.push(tokio::spawn(async move {
+            let mut dispatched = 0;
+            loop {
+                match d.dispatch_once().await.unwrap() {
+                    DispatchOutcome::Idle => return dispatched,
+                    DispatchOutcome::Worked(s) => dispatched += s.dispatched,
+                }
+            }
+        }));
+    }
+    let mut total = 0;
+    for handle in handles {
+        total += tokio::time::timeout(Duration::from_secs(120), handle).await.expect("no deadlock").unwrap();
+    }
+    assert_eq!(total as usize, ids.len(), "every event marked exactly once across dispatchers");
+    assert_eq!(count_status(&app, &workspaces, "dispatched").await, ids.len());
+    assert_stream_holds_each_once(&app, &redis, &ids).await;
+}
+
+#[tokio::test]
+async fn while_redis_is_down_events_back_off_then_flow_or_dead_letter_with_a_redacted_error() {
+    let app = TestApp::spawn().await;
+    let password = "hunter2-redis-password";
+    let mut redis = TestRedis::start(Some(password)).await;
+    let d = dispatcher(&app, &redis.url(), |v| {
+        v.insert("CONVEYOR_DISPATCH_BACKOFF_BASE".into(), "200ms".into());
+        v.insert("CONVEYOR_DISPATCH_BACKOFF_MAX".into(), "10s".into());
+        v.insert("CONVEYOR_DISPATCH_MAX_ATTEMPTS".into(), "4".into());
+    })
+    .await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let ids = enqueue(&app, ws, 3).await;
+    redis.stop();
+
+    // Three failed passes: pending each time, attempt_count growing, each back-off at least its floor.
+    let mut floors = Vec::new();
+    for attempt in 1..=3u32 {
+        let (before,): (chrono::DateTime<chrono::Utc>,) =
+            sqlx::query_as("SELECT now()").fetch_one(&app.db.pool).await.unwrap();
+        common::eventually(Duration::from_secs(30), || async {
+            matches!(d.dispatch_once().await, Ok(DispatchOutcome::Worked(s)) if s.retried == 3).then_some(())
+        })
+        .await
+        .expect("a pass that fails the whole batch");
+        for event in events(&app, ws).await {
+            assert_eq!(event["status"], "pending");
+            assert_eq!(event["attempt_count"], attempt);
+            let error = event["last_error"].as_str().unwrap();
+            assert!(!error.contains(password), "{error}");
+            let next: chrono::DateTime<chrono::Utc> = serde_json::from_value(event["next_attempt_at"].clone()).unwrap();
+            let waited = (next - before).to_std().unwrap();
+            let floor = Duration::from_millis(100 * (1 << (attempt - 1)));
+            assert!(waited >= floor, "attempt {attempt}: back-off {waited:?} under its floor {floor:?}");
+            floors.push(waited);
+        }
+        // Not due yet: a pass right now finds nothing.
+        assert_eq!(d.dispatch_once().await.unwrap(), DispatchOutcome::Idle);
+        tokio::time::sleep(Duration::from_millis(200 * (1 << (attempt - 1)) + 50)).await;
+    }
+    assert_eq!(count_status(&app, &[ws], "dead_letter").await, 0, "nothing lost, nothing given up yet");
+
+    // Redis comes back: everything flows.
+    redis.start_again().await;
+    common::eventually(Duration::from_secs(30), || async {
+        let _ = d.dispatch_once().await;
+        (count_status(&app, &[ws], "dispatched").await == 3).then_some(())
+    })
+    .await
+    .expect("delivery resumes when Redis returns");
+    assert_stream_holds_each_once(&app, &redis.url(), &ids).await;
+
+    // Redis away for good: past the maximum attempts, dead letters with a redacted error and a failed operation.
+    let who = principal();
+    let created = app.send(Method::POST, "/v1/stores", who, Some(&store_body("dl"))).await;
+    assert_eq!(created.status(), 202);
+    let operation: serde_json::Value = created.json().await.unwrap();
+    redis.stop();
+    let dead = common::eventually(Duration::from_secs(60), || async {
+        let _ = d.dispatch_once().await;
+        (count_status(&app, &[who.workspace_id], "dead_letter").await == 1).then_some(())
+    })
+    .await;
+    assert!(dead.is_some(), "dead-lettered after 4 attempts");
+    let event = &events(&app, who.workspace_id).await[0];
+    assert_eq!(event["attempt_count"], 4);
+    assert!(!event["last_error"].as_str().unwrap().contains(password));
+    let op_path = format!("/v1/operations/{}", operation["operation"]["id"].as_str().unwrap());
+    let op: serde_json::Value = app.send(Method::GET, &op_path, who, None).await.json().await.unwrap();
+    assert_eq!(op["status"], "failed");
+    assert!(!op.to_string().contains(password));
+}
+
+#[tokio::test]
+async fn without_a_workspace_the_application_role_can_neither_read_claim_nor_update_events() {
+    let app = TestApp::spawn().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    enqueue(&app, ws, 4).await;
+    let mut conn = app.db.app_connection().await;
+    let claimed = sqlx::query(
+        "WITH due AS (SELECT id FROM outbox_events WHERE status = 'pending' ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED)
+         UPDATE outbox_events e SET status = 'dispatching', locked_by = 'thief', locked_until = now() + interval '1 hour'
+         FROM due WHERE e.id = due.id RETURNING e.id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(claimed.is_empty(), "nothing claimed without a workspace");
+    let (visible,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(visible, 0);
+    let updated = sqlx::query("UPDATE outbox_events SET status = 'dispatched'").execute(&mut conn).await.unwrap();
+    assert_eq!(updated.rows_affected(), 0);
+    let deleted = sqlx::query("DELETE FROM outbox_events").execute(&mut conn).await.unwrap();
+    assert_eq!(deleted.rows_affected(), 0);
+    assert_eq!(count_status(&app, &[ws], "pending").await, 4, "the events are untouched");
+}
+
+#[tokio::test]
+async fn retention_deletes_only_dispatched_events_past_the_period() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let ws = WorkspaceId(Uuid::new_v4());
+    enqueue(&app, ws, 6).await;
+    let d = dispatcher(&app, &redis, |_| {}).await;
+    d.dispatch_once().await.unwrap();
+    let pending = enqueue(&app, ws, 2).await;
+    let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+    sqlx::query("UPDATE outbox_events SET dispatched_at = now() - interval '8 days' WHERE status = 'dispatched'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let purged = conveyor::dispatcher::claim::purge_dispatched(&app.db.pool, Duration::from_secs(7 * 86400), 4, 100)
+        .await
+        .unwrap();
+    assert_eq!(purged, 6);
+    let left: Vec<String> = events(&app, ws).await.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
+    let mut expected: Vec<String> = pending.iter().map(Uuid::to_string).collect();
+    expected.sort();
+    let mut left = left;
+    left.sort();
+    assert_eq!(left, expected, "undispatched events are never purged");
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_dispatcher_cleanly_with_no_lease_left_behind() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let ws = WorkspaceId(Uuid::new_v4());
+    enqueue(&app, ws, 50).await;
+    let mut process = Process::spawn(&["dispatcher"], &process_vars(&app, &redis));
+    common::eventually(Duration::from_secs(30), || async {
+        (count_status(&app, &[ws], "dispatched").await > 0).then_some(())
+    })
+    .await
+    .expect("the dispatcher works");
+    enqueue(&app, ws, 50).await;
+    process.signal(15);
+    let status = tokio::task::spawn_blocking(move || {
+        let status = process.child.wait().unwrap();
+        (status, process)
+    })
+    .await
+    .unwrap();
+    assert!(status.0.success(), "exit 0 on SIGTERM; log:\n{}", status.1.log());
+    assert_eq!(count_status(&app, &[ws], "dispatching").await, 0, "no lease left held");
+}
