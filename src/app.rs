@@ -9,16 +9,21 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::adapters::marketplace::HttpMarketplace;
 use crate::auth::TokenKeys;
 use crate::config::Config;
 use crate::dispatcher::Dispatcher;
+use crate::domain::stores;
 use crate::http::{self, AppState, Shared};
 use crate::idempotency::Fingerprinter;
+use crate::jobs::VerifyCredentials;
 use crate::maintenance::Maintenance;
 use crate::metrics::Metrics;
 use crate::sealing::Sealer;
+use crate::stream::consumer::Consumer;
 use crate::stream::keys::Keys;
 use crate::stream::producer::Producer;
+use crate::worker::{Worker, WorkerSettings};
 use crate::{db, stream};
 
 /// Which parts a process runs.
@@ -28,6 +33,8 @@ pub enum Role {
     Api,
     /// The outbox relay.
     Dispatcher,
+    /// Stream consumers running the job handlers.
+    Worker,
     /// Retention and reconciliation.
     Maintenance,
     /// Every role in one process (development, demos).
@@ -133,10 +140,15 @@ pub async fn run(config: Config, role: Role) -> anyhow::Result<()> {
         let maintenance = Maintenance::new(
             state.pool.clone(),
             state.metrics.clone(),
-            Duration::from_secs(60),
+            config.maintenance_interval,
             config.dispatcher.retention,
+            config.reconcile_after,
         );
         spawn("maintenance", Box::pin(maintenance.run(shutdown.clone())));
+    }
+    if role.runs(Role::Worker) {
+        let worker = build_worker(&config, &state).await?;
+        spawn("worker", Box::pin(worker.run(shutdown.clone(), config.shutdown_grace)));
     }
     tracker.close();
     tracing::info!(http = %config.http_addr, admin = %config.admin_addr, ?role, "Conveyor started");
@@ -146,13 +158,46 @@ pub async fn run(config: Config, role: Role) -> anyhow::Result<()> {
         _ = shutdown.cancelled() => {}
     }
     shutdown.cancel();
-    if tokio::time::timeout(config.shutdown_grace, tracker.wait()).await.is_err() {
+    // Parts keep their own grace periods; this outer deadline only catches one that hangs past its own.
+    if tokio::time::timeout(config.shutdown_grace + Duration::from_secs(10), tracker.wait()).await.is_err() {
         tracing::warn!("Grace period over; exiting with work unfinished");
     }
     if failed.load(Ordering::SeqCst) {
         anyhow::bail!("a part of the process failed; see the log");
     }
     Ok(())
+}
+
+/// The worker of this process: every handler Conveyor ships, over the configured marketplace.
+pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<Worker> {
+    let marketplace_url = config
+        .marketplace_url
+        .as_deref()
+        .context("CONVEYOR_MARKETPLACE_URL is required by the worker (the sandbox's URL in development)")?;
+    let blocking = stream::connect(config.redis_url.expose(), config.redis_command_timeout + Duration::from_secs(5))
+        .await
+        .context("Failed to open the blocking Redis connection")?;
+    let consumer =
+        Consumer::new(state.redis.clone(), blocking, Keys::new(&config.redis_prefix), Dispatcher::default_id());
+    let marketplace = Arc::new(HttpMarketplace::new(marketplace_url, config.job_timeout));
+    let settings = WorkerSettings {
+        concurrency: config.worker_concurrency,
+        visibility: config.worker_visibility,
+        ..WorkerSettings::default()
+    };
+    Worker::builder(state.pool.clone(), consumer)
+        .handler(
+            stores::VERIFY_KIND,
+            VerifyCredentials {
+                sealer: state.sealer.clone(),
+                marketplace,
+                max_attempts: config.job_max_attempts,
+                timeout: config.job_timeout,
+            },
+        )
+        .settings(settings)
+        .metrics(state.metrics.clone())
+        .build()
 }
 
 type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;

@@ -110,6 +110,18 @@ pub struct Config {
     pub redis_command_timeout: Duration,
     /// The outbox relay's settings.
     pub dispatcher: DispatcherSettings,
+    /// Jobs a worker runs at once (`CONVEYOR_WORKER_CONCURRENCY`, default 16).
+    pub worker_concurrency: usize,
+    /// Idle time after which a dead consumer's entry is taken over (`CONVEYOR_WORKER_VISIBILITY`, default 5s).
+    pub worker_visibility: Duration,
+    /// Longest run of one job (`CONVEYOR_JOB_TIMEOUT`, default 60s).
+    pub job_timeout: Duration,
+    /// Runs of a job before it is dead-lettered (`CONVEYOR_JOB_MAX_ATTEMPTS`, default 5).
+    pub job_max_attempts: u32,
+    /// How often maintenance runs (`CONVEYOR_MAINTENANCE_INTERVAL`, default 30s).
+    pub maintenance_interval: Duration,
+    /// An unfinished operation without progress for this long is re-driven (`CONVEYOR_RECONCILE_AFTER`, 5m).
+    pub reconcile_after: Duration,
 }
 
 /// The outbox relay's settings (`CONVEYOR_DISPATCH_*`, `CONVEYOR_OUTBOX_RETENTION`).
@@ -181,12 +193,29 @@ fn number<T: std::str::FromStr>(src: &dyn Source, name: &'static str, default: T
     }
 }
 
+fn positive<T: std::str::FromStr + PartialOrd + Default>(
+    src: &dyn Source,
+    name: &'static str,
+    default: T,
+) -> Result<T, ConfigError> {
+    let value = number(src, name, default)?;
+    if value <= T::default() {
+        return Err(invalid(name, "must be at least 1"));
+    }
+    Ok(value)
+}
+
 fn postgres_url(src: &dyn Source, name: &'static str) -> Result<Secret<String>, ConfigError> {
     let url = required(src, name)?;
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(invalid(name, "must be a postgres:// or postgresql:// URL"));
     }
     Ok(Secret::new(url))
+}
+
+/// Parses `CONVEYOR_DATABASE_URL` alone (for the operator commands).
+pub fn database_url(src: &dyn Source) -> Result<Secret<String>, ConfigError> {
+    postgres_url(src, "CONVEYOR_DATABASE_URL")
 }
 
 /// Parses `CONVEYOR_JWT_SECRET`: at least 32 bytes, as HS256 wants.
@@ -299,6 +328,12 @@ impl Config {
             log_json,
             redis_command_timeout: duration(src, "CONVEYOR_REDIS_COMMAND_TIMEOUT", Duration::from_secs(5))?,
             dispatcher: DispatcherSettings::from_source(src)?,
+            worker_concurrency: positive(src, "CONVEYOR_WORKER_CONCURRENCY", 16)?,
+            worker_visibility: duration(src, "CONVEYOR_WORKER_VISIBILITY", Duration::from_secs(5))?,
+            job_timeout: duration(src, "CONVEYOR_JOB_TIMEOUT", Duration::from_secs(60))?,
+            job_max_attempts: positive(src, "CONVEYOR_JOB_MAX_ATTEMPTS", 5)?,
+            maintenance_interval: duration(src, "CONVEYOR_MAINTENANCE_INTERVAL", Duration::from_secs(30))?,
+            reconcile_after: duration(src, "CONVEYOR_RECONCILE_AFTER", Duration::from_secs(300))?,
         })
     }
 }

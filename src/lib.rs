@@ -16,6 +16,7 @@
 //! [`outbox`], [`stream`] (the only Redis code), [`sealing`] (credentials at rest), [`metrics`],
 //! [`migrate`], [`app`] (roles and shutdown).
 
+pub mod adapters;
 pub mod app;
 pub mod auth;
 pub mod backoff;
@@ -26,6 +27,7 @@ pub mod domain;
 pub mod http;
 pub mod idempotency;
 pub mod ids;
+pub mod jobs;
 pub mod maintenance;
 pub mod metrics;
 pub mod migrate;
@@ -35,3 +37,4 @@ pub mod redact;
 pub mod sealing;
 pub mod stream;
 pub mod telemetry;
+pub mod worker;

@@ -4,9 +4,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use conveyor::adapters::sandbox::{Sandbox, Settings};
 use conveyor::app::{self, Role};
 use conveyor::auth::{Principal, TokenKeys};
 use conveyor::config::{self, Config, Env, MigrateConfig};
+use conveyor::worker::dlq;
 use uuid::Uuid;
 
 #[derive(Parser)]
@@ -24,10 +26,32 @@ enum Command {
     Api,
     /// Relay the outbox into Redis Streams.
     Dispatcher,
+    /// Consume the streams and run the job handlers.
+    Worker,
     /// Retention of expired records (and, later, the reconciler).
     Maintenance,
     /// Run every role in one process (development, demos).
     All,
+    /// Serve the sandbox marketplace (development and tests).
+    Sandbox {
+        /// Listen address.
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        addr: std::net::SocketAddr,
+        /// Latency added to every answer, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        latency_ms: u64,
+        /// Share of calls answered 503 (0 to 1).
+        #[arg(long, default_value_t = 0.0)]
+        error_rate: f64,
+        /// Share of calls that hang for 30 s (0 to 1).
+        #[arg(long, default_value_t = 0.0)]
+        timeout_rate: f64,
+    },
+    /// Inspect and replay dead-lettered jobs.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
     /// Print a signed development JWT.
     Token {
         /// The workspace the token grants.
@@ -39,6 +63,26 @@ enum Command {
         /// How long it is valid, e.g. 1h or 30m.
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         ttl: Duration,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// The newest dead letters, one JSON object a line.
+    List {
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: i32,
+    },
+    /// One dead letter.
+    Show {
+        /// The job (outbox event) id.
+        id: Uuid,
+    },
+    /// Run a dead letter again from its first attempt.
+    Replay {
+        /// The job (outbox event) id.
+        id: Uuid,
     },
 }
 
@@ -64,6 +108,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate => conveyor::migrate::run(&MigrateConfig::from_source(&Env)?).await,
         Command::Api => app::run(Config::from_env()?, Role::Api).await,
         Command::Dispatcher => app::run(Config::from_env()?, Role::Dispatcher).await,
+        Command::Worker => app::run(Config::from_env()?, Role::Worker).await,
+        Command::Sandbox { addr, latency_ms, error_rate, timeout_rate } => {
+            let settings = Settings { latency_ms, error_rate, timeout_rate, hang_ms: 30_000 };
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            tracing::info!(%addr, "Sandbox marketplace listening");
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                app::wait_for_signal().await;
+                stop.cancel();
+            });
+            Sandbox::new(settings).serve(listener, shutdown).await
+        }
+        Command::Dlq { command } => {
+            let url = config::database_url(&Env)?;
+            let pool = conveyor::db::connect(url.expose(), 2).await?;
+            match command {
+                DlqCommand::List { limit } => {
+                    for dead in dlq::list(&pool, limit).await? {
+                        println!("{}", serde_json::to_string(&dead)?);
+                    }
+                }
+                DlqCommand::Show { id } => match dlq::show(&pool, id).await? {
+                    Some(dead) => println!("{}", serde_json::to_string_pretty(&dead)?),
+                    None => anyhow::bail!("no dead letter {id}"),
+                },
+                DlqCommand::Replay { id } => {
+                    anyhow::ensure!(dlq::replay(&pool, id).await?, "no dead letter {id}");
+                    println!("replaying {id}");
+                }
+            }
+            Ok(())
+        }
         Command::Maintenance => app::run(Config::from_env()?, Role::Maintenance).await,
         Command::All => app::run(Config::from_env()?, Role::All).await,
         Command::Token { workspace, user, ttl } => {

@@ -1,4 +1,5 @@
-//! The maintenance role: periodic retention of expired idempotency records and of dispatched outbox events. Each pass is bounded; the loop sleeps between passes.
+//! The maintenance role: periodic retention of expired idempotency records and of dispatched outbox events, and the
+//! reconciler that re-drives jobs Redis lost. Each pass is bounded; the loop sleeps between passes.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dispatcher::claim;
 use crate::idempotency::cleanup;
 use crate::metrics::Metrics;
+use crate::outbox::reconcile;
 
 /// Rows deleted per statement.
 pub const BATCH: i64 = 1000;
@@ -21,6 +23,8 @@ pub struct PassReport {
     pub idempotency_purged: u64,
     /// Dispatched outbox events past their retention deleted.
     pub outbox_purged: u64,
+    /// Stalled jobs re-driven from PostgreSQL.
+    pub redriven: u64,
 }
 
 /// Periodic housekeeping over one database.
@@ -29,12 +33,20 @@ pub struct Maintenance {
     metrics: Metrics,
     interval: Duration,
     outbox_retention: Duration,
+    reconcile_after: Duration,
 }
 
 impl Maintenance {
-    /// Housekeeping every `interval`; dispatched events are kept `outbox_retention`.
-    pub fn new(pool: PgPool, metrics: Metrics, interval: Duration, outbox_retention: Duration) -> Self {
-        Self { pool, metrics, interval, outbox_retention }
+    /// Housekeeping every `interval`; dispatched events are kept `outbox_retention`; operations without progress
+    /// for `reconcile_after` are re-driven.
+    pub fn new(
+        pool: PgPool,
+        metrics: Metrics,
+        interval: Duration,
+        outbox_retention: Duration,
+        reconcile_after: Duration,
+    ) -> Self {
+        Self { pool, metrics, interval, outbox_retention, reconcile_after }
     }
 
     /// One bounded pass.
@@ -44,7 +56,9 @@ impl Maintenance {
         let outbox_purged =
             claim::purge_dispatched(&self.pool, self.outbox_retention, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.outbox_events_purged.inc_by(outbox_purged);
-        Ok(PassReport { idempotency_purged, outbox_purged })
+        let redriven = reconcile::redrive_stalled(&self.pool, self.reconcile_after, BATCH).await?;
+        self.metrics.outbox_redriven.inc_by(redriven);
+        Ok(PassReport { idempotency_purged, outbox_purged, redriven })
     }
 
     /// Passes every interval until `shutdown`. A failed pass is logged and retried at the next interval.

@@ -4,7 +4,7 @@
 //! workspaces or raw paths). Queue names are a fixed set defined in code.
 
 use prometheus::{
-    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// The metrics of one process.
@@ -34,6 +34,30 @@ pub struct Metrics {
     pub outbox_oldest_pending_age: GaugeVec,
     /// `conveyor_outbox_events_purged_total`: dispatched events removed by retention.
     pub outbox_events_purged: IntCounter,
+    /// `conveyor_outbox_redriven_total`: events re-driven by the reconciler.
+    pub outbox_redriven: IntCounter,
+    /// `conveyor_jobs_total{queue, outcome}`.
+    pub jobs: IntCounterVec,
+    /// `conveyor_job_duration_seconds{queue, outcome}`.
+    pub job_duration: HistogramVec,
+    /// `conveyor_job_queue_wait_seconds{queue}`: enqueue (commit) to handler start.
+    pub job_queue_wait: HistogramVec,
+    /// `conveyor_job_retries_total{type}`.
+    pub job_retries: IntCounterVec,
+    /// `conveyor_job_dead_letters_total{reason}`.
+    pub job_dead_letters: IntCounterVec,
+    /// `conveyor_worker_jobs_in_flight`.
+    pub worker_jobs_in_flight: IntGauge,
+    /// `conveyor_worker_concurrency_limit`.
+    pub worker_concurrency_limit: IntGauge,
+    /// `conveyor_worker_reclaims_total{queue}`: entries taken over from dead consumers.
+    pub worker_reclaims: IntCounterVec,
+    /// `conveyor_stream_length{queue}`.
+    pub stream_length: IntGaugeVec,
+    /// `conveyor_stream_pending_entries{queue}`: delivered, not yet acknowledged.
+    pub stream_pending_entries: IntGaugeVec,
+    /// `conveyor_stream_group_lag{queue}`: not yet delivered.
+    pub stream_group_lag: IntGaugeVec,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -44,6 +68,18 @@ fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> 
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     let metric = IntCounter::new(name, help).expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let metric = IntGauge::new(name, help).expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
     registry.register(Box::new(metric.clone())).expect("unique metric");
     metric
 }
@@ -134,6 +170,45 @@ impl Metrics {
                 "conveyor_outbox_events_purged_total",
                 "Dispatched events deleted by retention",
             ),
+            outbox_redriven: counter(r, "conveyor_outbox_redriven_total", "Events re-driven by the reconciler"),
+            jobs: counter_vec(r, "conveyor_jobs_total", "Job deliveries by queue and outcome", &["queue", "outcome"]),
+            job_duration: histogram_vec(
+                r,
+                "conveyor_job_duration_seconds",
+                "Job run time by queue and outcome",
+                latency_buckets(),
+                &["queue", "outcome"],
+            ),
+            job_queue_wait: histogram_vec(
+                r,
+                "conveyor_job_queue_wait_seconds",
+                "Enqueue (commit) to handler start",
+                latency_buckets(),
+                &["queue"],
+            ),
+            job_retries: counter_vec(r, "conveyor_job_retries_total", "Jobs scheduled to run again", &["type"]),
+            job_dead_letters: counter_vec(
+                r,
+                "conveyor_job_dead_letters_total",
+                "Jobs dead-lettered by the worker",
+                &["reason"],
+            ),
+            worker_jobs_in_flight: gauge(r, "conveyor_worker_jobs_in_flight", "Jobs running now"),
+            worker_concurrency_limit: gauge(r, "conveyor_worker_concurrency_limit", "Most jobs run at once"),
+            worker_reclaims: counter_vec(
+                r,
+                "conveyor_worker_reclaims_total",
+                "Entries taken over from dead consumers",
+                &["queue"],
+            ),
+            stream_length: gauge_vec(r, "conveyor_stream_length", "Entries in the queue's stream", &["queue"]),
+            stream_pending_entries: gauge_vec(
+                r,
+                "conveyor_stream_pending_entries",
+                "Entries delivered and not yet acknowledged",
+                &["queue"],
+            ),
+            stream_group_lag: gauge_vec(r, "conveyor_stream_group_lag", "Entries not yet delivered", &["queue"]),
             registry,
         }
     }

@@ -33,6 +33,8 @@ pub struct ClaimedEvent {
     pub traceparent: Option<String>,
     /// Re-drive generation.
     pub redrive_count: i32,
+    /// Failed handler runs so far.
+    pub job_attempts: i32,
 }
 
 /// Which workspaces have due events (pending and due, or leased with an expired lease), most overdue first.
@@ -67,7 +69,7 @@ pub async fn claim(
          SET status = 'dispatching', locked_by = $2, locked_until = now() + make_interval(secs => $3)
          FROM due WHERE e.id = due.id
          RETURNING e.id, e.workspace_id, e.queue, e.event_type, e.event_payload, e.operation_id, e.attempt_count,
-                   e.created_at, e.traceparent, e.redrive_count",
+                   e.created_at, e.traceparent, e.redrive_count, e.job_attempts",
     )
     .bind(limit)
     .bind(me)
@@ -144,6 +146,8 @@ pub async fn settle(
             "UPDATE outbox_events e
              SET attempt_count = e.attempt_count + 1,
                  status = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dead_letter' ELSE 'pending' END,
+                 failure_stage = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dispatch' END,
+                 dead_lettered_at = CASE WHEN e.attempt_count + 1 >= $4 THEN now() END,
                  next_attempt_at = now() + make_interval(secs => v.delay),
                  last_error = v.error, locked_by = NULL, locked_until = NULL
              FROM unnest($1::uuid[], $2::float8[], $3::text[]) AS v(id, delay, error)

@@ -112,7 +112,7 @@ impl Dispatcher {
             event_type: event.event_type.clone(),
             payload: event.event_payload.to_string(),
             operation_id: event.operation_id,
-            attempt: event.attempt_count + 1,
+            attempt: event.job_attempts + 1,
             enqueued_at_ms: event.created_at.timestamp_millis(),
             traceparent: event.traceparent.clone().unwrap_or_else(telemetry::new_traceparent),
             redrive: event.redrive_count,

@@ -237,3 +237,82 @@ pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Store>, sql
         .fetch_optional(&mut **tx)
         .await
 }
+
+/// What a verification found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum VerifyOutcome {
+    /// The marketplace accepted the credentials: the store is `active`.
+    Active,
+    /// The marketplace refused them: the store is `invalid_credentials`.
+    InvalidCredentials,
+    /// Newer credentials were submitted since; their own verification decides.
+    Superseded {
+        /// The current credentials version.
+        current_version: i32,
+    },
+    /// The store no longer exists.
+    StoreGone,
+}
+
+/// Why a verification could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The marketplace is unavailable: worth retrying.
+    #[error(transparent)]
+    Marketplace(#[from] crate::adapters::marketplace::MarketplaceError),
+    /// The sealed credentials do not open (wrong key, tampering): retrying cannot help.
+    #[error("stored credentials could not be opened")]
+    Unreadable,
+    /// PostgreSQL failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// Verifies version `version` of a store's credentials with its marketplace and records the result, in the job's
+/// transaction. `token` (the operation id) is the marketplace's idempotency token, so a repeat is one effect.
+pub async fn verify_tx(
+    tx: &mut WorkspaceTx,
+    sealer: &Sealer,
+    marketplace: &dyn crate::adapters::marketplace::Marketplace,
+    workspace_id: Uuid,
+    store_id: Uuid,
+    version: i32,
+    token: &str,
+) -> Result<VerifyOutcome, VerifyError> {
+    use crate::adapters::marketplace::Verification;
+    let row: Option<(i32, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+        "SELECT c.version, c.nonce, c.ciphertext
+         FROM stores s JOIN store_credentials c ON c.store_id = s.id
+         WHERE s.id = $1 FOR UPDATE OF s",
+    )
+    .bind(store_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some((current_version, nonce, ciphertext)) = row else { return Ok(VerifyOutcome::StoreGone) };
+    if current_version != version {
+        return Ok(VerifyOutcome::Superseded { current_version });
+    }
+    let plain = sealer
+        .open(&nonce, &ciphertext, &credentials_aad(workspace_id, store_id))
+        .map_err(|_| VerifyError::Unreadable)?;
+    let credentials = Credentials::from_json(&plain).map_err(|_| VerifyError::Unreadable)?;
+    let verification = marketplace.verify_credentials(token, credentials.fields()).await?;
+    let (status, detail, outcome) = match verification {
+        Verification::Valid => ("active", None, VerifyOutcome::Active),
+        Verification::Invalid => {
+            ("invalid_credentials", Some("the marketplace rejected the credentials"), VerifyOutcome::InvalidCredentials)
+        }
+    };
+    sqlx::query(
+        "UPDATE stores SET status = $2, status_detail = $3, updated_at = now(),
+                verified_at = CASE WHEN $2 = 'active' THEN now() ELSE verified_at END
+         WHERE id = $1",
+    )
+    .bind(store_id)
+    .bind(status)
+    .bind(detail)
+    .execute(&mut **tx)
+    .await?;
+    Ok(outcome)
+}

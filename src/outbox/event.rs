@@ -39,6 +39,14 @@ impl JobPayload {
         }
     }
 
+    /// The queue that carries jobs of `event_type`, if it is a known type.
+    pub fn queue_of(event_type: &str) -> Option<&'static str> {
+        match event_type {
+            "store.verify_credentials" => Some(queues::STORES),
+            _ => None,
+        }
+    }
+
     /// The payload alone (without its type), as stored in `outbox_events.event_payload`.
     pub fn body(&self) -> serde_json::Value {
         match serde_json::to_value(self).expect("job payloads serialize") {
@@ -63,6 +71,13 @@ mod tests {
         let p = JobPayload::StoreVerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 3 };
         let body = p.body().to_string();
         assert_eq!(JobPayload::decode(p.event_type(), &body).unwrap(), p);
+    }
+
+    #[test]
+    fn every_type_names_its_queue() {
+        let p = JobPayload::StoreVerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
+        assert_eq!(JobPayload::queue_of(p.event_type()), Some(p.queue()));
+        assert_eq!(JobPayload::queue_of("nope"), None);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! `outbox_events` row beside its business rows; the dispatcher relays committed rows into Redis Streams.
 
 pub mod event;
+pub mod reconcile;
 
 use uuid::Uuid;
 

@@ -9,6 +9,7 @@
 //! and its de-dup keys stays in one Redis Cluster slot.
 
 pub mod admin;
+pub mod consumer;
 pub mod keys;
 pub mod producer;
 

@@ -37,7 +37,7 @@ pub struct Message {
     pub payload: String,
     /// The operation the job advances, if any.
     pub operation_id: Option<Uuid>,
-    /// Delivery attempt of the outbox relay (1 on the first).
+    /// The job's attempt (1 on the first run; retries after failed runs count up).
     pub attempt: i32,
     /// When the event was committed, milliseconds since the epoch.
     pub enqueued_at_ms: i64,

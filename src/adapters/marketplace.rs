@@ -1,0 +1,91 @@
+//! The marketplace a store sells on. Real marketplaces honour an idempotency token on writes; Conveyor sends the
+//! operation id as that token, so a job that runs twice produces one effect.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What verifying credentials found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verification {
+    /// The marketplace accepted them.
+    Valid,
+    /// The marketplace refused them.
+    Invalid,
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MarketplaceError {
+    /// Worth retrying: time-out, connection failure, 5xx, 429.
+    #[error("marketplace unavailable: {0}")]
+    Transient(String),
+    /// Retrying will not help: 4xx other than 429, malformed answer.
+    #[error("marketplace refused the request: {0}")]
+    Permanent(String),
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A marketplace API.
+pub trait Marketplace: Send + Sync + 'static {
+    /// Checks `credentials`; `token` makes repeats of one logical call a single effect.
+    fn verify_credentials<'a>(
+        &'a self,
+        token: &'a str,
+        credentials: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<Verification, MarketplaceError>>;
+}
+
+/// A marketplace over HTTP (`POST {base}/v1/credentials/verify` with `Idempotency-Key`).
+pub struct HttpMarketplace {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl HttpMarketplace {
+    /// A client of the marketplace at `base`, with a per-call time-out.
+    pub fn new(base: &str, timeout: Duration) -> Self {
+        let http = reqwest::Client::builder().timeout(timeout).build().expect("an HTTP client builds");
+        Self { base: base.trim_end_matches('/').to_owned(), http }
+    }
+}
+
+#[derive(Deserialize)]
+struct VerifyAnswer {
+    valid: bool,
+}
+
+impl Marketplace for HttpMarketplace {
+    fn verify_credentials<'a>(
+        &'a self,
+        token: &'a str,
+        credentials: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<Verification, MarketplaceError>> {
+        Box::pin(async move {
+            let response = self
+                .http
+                .post(format!("{}/v1/credentials/verify", self.base))
+                .header("idempotency-key", token)
+                .json(&serde_json::json!({ "credentials": credentials }))
+                .send()
+                .await
+                // reqwest errors name the URL, never the body; the URL holds no secret.
+                .map_err(|e| MarketplaceError::Transient(e.without_url().to_string()))?;
+            let status = response.status();
+            if status.is_server_error() || status.as_u16() == 429 {
+                return Err(MarketplaceError::Transient(format!("HTTP {status}")));
+            }
+            if !status.is_success() {
+                return Err(MarketplaceError::Permanent(format!("HTTP {status}")));
+            }
+            let answer: VerifyAnswer =
+                response.json().await.map_err(|_| MarketplaceError::Permanent("malformed answer".into()))?;
+            Ok(if answer.valid { Verification::Valid } else { Verification::Invalid })
+        })
+    }
+}

@@ -1,0 +1,4 @@
+//! External systems behind traits, each with an HTTP implementation and a sandbox server that ships with Conveyor.
+
+pub mod marketplace;
+pub mod sandbox;

@@ -1,0 +1,58 @@
+//! The reconciler: PostgreSQL heals Redis. An operation still `queued` or `running` whose event was handed off
+//! (`dispatched`) and which has shown no progress for a while has lost its job somewhere: Redis restarted without
+//! persistence, the entry was trimmed, the consumer vanished. Its event goes back through the outbox with a new
+//! re-drive generation, which gets it past the de-dup key of the earlier hand-off. Workers being re-entrant (a
+//! finished operation is skipped, one run per job id at a time) makes a re-drive of work that was merely slow safe.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::NOTIFY_CHANNEL;
+use crate::db;
+use crate::ids::WorkspaceId;
+
+/// Re-drives the events of operations stalled for `stalled_for`, at most `limit` per workspace. Returns how many.
+pub async fn redrive_stalled(pool: &PgPool, stalled_for: Duration, limit: i64) -> Result<u64, sqlx::Error> {
+    let secs = stalled_for.as_secs_f64();
+    let workspaces: Vec<(Uuid,)> = sqlx::query_as(
+        "SELECT workspace_id FROM conveyor_stalled_operation_workspaces(make_interval(secs => $1), 1000)",
+    )
+    .bind(secs)
+    .fetch_all(pool)
+    .await?;
+    let mut redriven = 0;
+    for (workspace,) in workspaces {
+        let mut tx = db::begin_workspace(pool, WorkspaceId(workspace)).await?;
+        let stalled: Vec<(Uuid,)> = sqlx::query_as(
+            "UPDATE operations SET updated_at = now()
+             WHERE id IN (SELECT id FROM operations
+                          WHERE status IN ('queued', 'running') AND updated_at <= now() - make_interval(secs => $1)
+                          ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+             RETURNING id",
+        )
+        .bind(secs)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        let ids: Vec<Uuid> = stalled.into_iter().map(|(id,)| id).collect();
+        let moved = sqlx::query(
+            "UPDATE outbox_events
+             SET status = 'pending', next_attempt_at = now(), redrive_count = redrive_count + 1,
+                 stream_id = NULL, dispatched_at = NULL
+             WHERE operation_id = ANY($1) AND status = 'dispatched'",
+        )
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if moved > 0 {
+            sqlx::query("SELECT pg_notify($1, '')").bind(NOTIFY_CHANNEL).execute(&mut *tx).await?;
+            tracing::warn!(workspace = %workspace, events = moved, "Re-driven stalled jobs from PostgreSQL");
+        }
+        tx.commit().await?;
+        redriven += moved;
+    }
+    Ok(redriven)
+}

@@ -1,0 +1,158 @@
+//! The worker's SQL: an operation's progress through `running` to its outcome, retries through the outbox, dead
+//! letters. Each function runs under row-level security in its job's workspace.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::db::{self, WorkspaceTx};
+use crate::ids::WorkspaceId;
+use crate::outbox::NOTIFY_CHANNEL;
+
+/// Marks the operation `running` for attempt `attempt`. False when it has already finished (a repeat delivery).
+pub async fn start(pool: &PgPool, workspace: WorkspaceId, operation: Uuid, attempt: u32) -> Result<bool, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let started = sqlx::query(
+        "UPDATE operations
+         SET status = 'running', started_at = coalesce(started_at, now()), attempt = $2, updated_at = now()
+         WHERE id = $1 AND status IN ('queued', 'running')",
+    )
+    .bind(operation)
+    .bind(attempt as i32)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(started == 1)
+}
+
+/// Serializes runs of one job id: a duplicate delivery waits here until the first run's transaction ends.
+pub async fn lock_job_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('conveyor-job:' || $1::text, 0))")
+        .bind(event_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Whether the operation has reached an end state (so a run would repeat finished work).
+pub async fn finished_tx(tx: &mut WorkspaceTx, operation: Uuid) -> Result<bool, sqlx::Error> {
+    let status: Option<(String,)> =
+        sqlx::query_as("SELECT status FROM operations WHERE id = $1").bind(operation).fetch_optional(&mut **tx).await?;
+    Ok(status.is_none_or(|(s,)| matches!(s.as_str(), "succeeded" | "failed" | "canceled")))
+}
+
+/// Marks the operation `succeeded` with `result`, in the job's transaction.
+pub async fn succeed_tx(tx: &mut WorkspaceTx, operation: Uuid, result: &serde_json::Value) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE operations SET status = 'succeeded', result = $2, error = NULL, progress = NULL,
+                finished_at = now(), updated_at = now()
+         WHERE id = $1",
+    )
+    .bind(operation)
+    .bind(result)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Schedules another run after `delay`: the outbox event goes back to `pending` with a new re-drive generation
+/// (so its next hand-off gets past the de-dup key), and the operation back to `queued` with the redacted error.
+/// False when the event is no longer `dispatched` (another delivery is already under way).
+pub async fn retry(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    event_id: Uuid,
+    operation: Option<Uuid>,
+    delay: Duration,
+    error: &str,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let moved = sqlx::query(
+        "UPDATE outbox_events
+         SET status = 'pending', next_attempt_at = now() + make_interval(secs => $2), job_attempts = job_attempts + 1,
+             redrive_count = redrive_count + 1, last_error = $3, stream_id = NULL, dispatched_at = NULL
+         WHERE id = $1 AND status = 'dispatched'",
+    )
+    .bind(event_id)
+    .bind(delay.as_secs_f64())
+    .bind(error)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if let Some(operation) = operation {
+        sqlx::query(
+            "UPDATE operations SET status = 'queued', error = $2, updated_at = now()
+             WHERE id = $1 AND status IN ('queued', 'running')",
+        )
+        .bind(operation)
+        .bind(error)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(moved == 1)
+}
+
+/// Dead-letters the job: the outbox event keeps the redacted reason, the operation fails with it.
+pub async fn dead_letter(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    event_id: Uuid,
+    operation: Option<Uuid>,
+    error: &str,
+) -> Result<(), sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    sqlx::query(
+        "UPDATE outbox_events
+         SET status = 'dead_letter', failure_stage = 'job', dead_lettered_at = now(), last_error = $2,
+             job_attempts = job_attempts + 1, locked_by = NULL, locked_until = NULL
+         WHERE id = $1",
+    )
+    .bind(event_id)
+    .bind(error)
+    .execute(&mut *tx)
+    .await?;
+    if let Some(operation) = operation {
+        sqlx::query(
+            "UPDATE operations SET status = 'failed', error = $2, finished_at = now(), updated_at = now()
+             WHERE id = $1 AND status IN ('queued', 'running')",
+        )
+        .bind(operation)
+        .bind(error)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await
+}
+
+/// Sends a `dispatched` event through the outbox again (new re-drive generation), e.g. after Redis lost its entry.
+pub async fn redrive_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE outbox_events
+         SET status = 'pending', next_attempt_at = now(), redrive_count = redrive_count + 1,
+             stream_id = NULL, dispatched_at = NULL
+         WHERE id = $1 AND status = 'dispatched'",
+    )
+    .bind(event_id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    sqlx::query("SELECT pg_notify($1, '')").bind(NOTIFY_CHANNEL).execute(&mut **tx).await?;
+    Ok(moved == 1)
+}
+
+/// The event behind a stream entry id of `queue`, found across workspaces (ids only).
+pub async fn event_by_stream_id(
+    pool: &PgPool,
+    queue: &str,
+    entry_id: &str,
+) -> Result<Option<(Uuid, WorkspaceId)>, sqlx::Error> {
+    let row: Option<(Uuid, Uuid)> = sqlx::query_as("SELECT id, workspace_id FROM conveyor_event_by_stream_id($1, $2)")
+        .bind(queue)
+        .bind(entry_id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.map(|(id, ws)| (id, WorkspaceId(ws))))
+}

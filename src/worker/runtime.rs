@@ -1,0 +1,555 @@
+//! The worker runtime: reads a queue's stream through its consumer group, runs each job's handler in a workspace
+//! transaction, acknowledges after commit, keeps in-flight entries alive, takes over dead consumers' entries, and
+//! stops gracefully.
+
+use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use sqlx::PgPool;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::handler::{Handler, Job, JobError};
+use super::record;
+use crate::db;
+use crate::ids::WorkspaceId;
+use crate::metrics::Metrics;
+use crate::outbox::JobPayload;
+use crate::redact::redact;
+use crate::stream::consumer::{Consumer, Entry};
+
+/// How a worker runs.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// Jobs run at once, at most (`CONVEYOR_WORKER_CONCURRENCY`, default 16).
+    pub concurrency: usize,
+    /// An entry idle this long belongs to a dead consumer and is taken over (`CONVEYOR_WORKER_VISIBILITY`,
+    /// default 5 s, so a dead worker's job runs again within about 10 s). Live jobs heartbeat every third of it.
+    pub visibility: Duration,
+    /// Longest wait of one `XREADGROUP ... BLOCK`.
+    pub block: Duration,
+    /// How often idle entries of dead consumers are looked for.
+    pub reclaim_interval: Duration,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            concurrency: 16,
+            visibility: Duration::from_secs(5),
+            block: Duration::from_secs(1),
+            reclaim_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How one delivery ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler succeeded and its transaction committed.
+    Succeeded,
+    /// The operation had already finished: a repeat delivery, nothing run.
+    Skipped,
+    /// Failed; scheduled to run again after a back-off.
+    Retried,
+    /// Failed for good (permanent error, attempts exhausted, undecodable payload, unknown type).
+    DeadLettered,
+    /// Not a Conveyor job at all (no event id or workspace): acknowledged and dropped.
+    Malformed,
+    /// Stopped by shutdown; left unacknowledged for another worker.
+    Abandoned,
+    /// PostgreSQL or Redis failed around the job; left unacknowledged, it runs again after the visibility time-out.
+    Failed,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Skipped => "skipped",
+            Self::Retried => "retried",
+            Self::DeadLettered => "dead_lettered",
+            Self::Malformed => "malformed",
+            Self::Abandoned => "abandoned",
+            Self::Failed => "failed",
+        }
+    }
+
+    fn acknowledges(self) -> bool {
+        !matches!(self, Self::Abandoned | Self::Failed)
+    }
+}
+
+/// The fields of a job entry (CONTRACT.md §3).
+struct Delivery {
+    event_id: Uuid,
+    workspace_id: WorkspaceId,
+    event_type: String,
+    payload: String,
+    operation_id: Option<Uuid>,
+    attempt: u32,
+    enqueued_at_ms: Option<i64>,
+    traceparent: String,
+}
+
+impl Delivery {
+    fn parse(entry: &Entry) -> Option<Self> {
+        let f = &entry.fields;
+        Some(Self {
+            event_id: f.get("event_id")?.parse().ok()?,
+            workspace_id: WorkspaceId(f.get("workspace_id")?.parse().ok()?),
+            event_type: f.get("type").cloned().unwrap_or_default(),
+            payload: f.get("payload").cloned().unwrap_or_default(),
+            operation_id: f.get("operation_id").and_then(|o| o.parse().ok()),
+            attempt: f.get("attempt").and_then(|a| a.parse().ok()).unwrap_or(1).max(1),
+            enqueued_at_ms: f.get("enqueued_at").and_then(|t| t.parse().ok()),
+            traceparent: f.get("traceparent").cloned().unwrap_or_default(),
+        })
+    }
+}
+
+struct Inner {
+    pool: PgPool,
+    consumer: Consumer,
+    queues: Vec<String>,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    settings: WorkerSettings,
+    metrics: Metrics,
+    permits: Arc<Semaphore>,
+    in_flight: Mutex<HashMap<String, HashSet<String>>>,
+}
+
+/// Builds a [`Worker`].
+pub struct WorkerBuilder {
+    pool: PgPool,
+    consumer: Consumer,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    settings: WorkerSettings,
+    metrics: Metrics,
+}
+
+impl WorkerBuilder {
+    /// Registers `handler` for jobs of `event_type`; its queue is the one the type is published to.
+    pub fn handler(mut self, event_type: &str, handler: impl Handler) -> Self {
+        self.handlers.insert(event_type.to_owned(), Arc::new(handler));
+        self
+    }
+
+    /// Replaces the settings.
+    pub fn settings(mut self, settings: WorkerSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Records into `metrics`.
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The worker. Fails on a handler for a job type no queue carries.
+    pub fn build(self) -> anyhow::Result<Worker> {
+        let mut queues: Vec<String> = Vec::new();
+        for event_type in self.handlers.keys() {
+            let queue = JobPayload::queue_of(event_type)
+                .ok_or_else(|| anyhow::anyhow!("no queue carries job type `{event_type}`"))?;
+            if !queues.iter().any(|q| q == queue) {
+                queues.push(queue.to_owned());
+            }
+        }
+        anyhow::ensure!(!queues.is_empty(), "a worker needs at least one handler");
+        anyhow::ensure!(self.settings.concurrency > 0, "concurrency must be at least 1");
+        self.metrics.worker_concurrency_limit.set(self.settings.concurrency as i64);
+        Ok(Worker(Arc::new(Inner {
+            pool: self.pool,
+            consumer: self.consumer,
+            queues,
+            handlers: self.handlers,
+            permits: Arc::new(Semaphore::new(self.settings.concurrency)),
+            settings: self.settings,
+            metrics: self.metrics,
+            in_flight: Mutex::new(HashMap::new()),
+        })))
+    }
+}
+
+/// Runs registered handlers over their queues' streams.
+#[derive(Clone)]
+pub struct Worker(Arc<Inner>);
+
+impl Worker {
+    /// A builder over PostgreSQL (the application role) and a stream consumer.
+    pub fn builder(pool: PgPool, consumer: Consumer) -> WorkerBuilder {
+        WorkerBuilder {
+            pool,
+            consumer,
+            handlers: HashMap::new(),
+            settings: WorkerSettings::default(),
+            metrics: Metrics::new(),
+        }
+    }
+
+    /// The queues it consumes.
+    pub fn queues(&self) -> &[String] {
+        &self.0.queues
+    }
+
+    /// Creates the consumer groups (and streams) if missing.
+    pub async fn ensure_groups(&self) -> Result<(), fred::error::Error> {
+        for queue in &self.0.queues {
+            self.0.consumer.ensure_group(queue).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs until `shutdown`; then reads no more, lets in-flight jobs finish (and acknowledge) within `grace`, and
+    /// abandons whatever is still running, unacknowledged, to another worker.
+    pub async fn run(self, shutdown: CancellationToken, grace: Duration) -> anyhow::Result<()> {
+        loop {
+            match self.ensure_groups().await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %redact(&e.to_string()), "Cannot create consumer groups yet; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+        tracing::info!(consumer = self.0.consumer.name(), queues = ?self.0.queues, concurrency = self.0.settings.concurrency, "Worker started");
+        let jobs = TaskTracker::new();
+        let abandon = CancellationToken::new();
+        let loops = TaskTracker::new();
+        loops.spawn(self.clone().read_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
+        loops.spawn(self.clone().reclaim_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
+        loops.spawn(self.clone().heartbeat_loop(shutdown.clone(), jobs.clone()));
+        loops.close();
+
+        shutdown.cancelled().await;
+        loops.wait().await;
+        jobs.close();
+        tracing::info!(in_flight = jobs.len(), ?grace, "Worker stopping: no more reads, letting jobs finish");
+        if tokio::time::timeout(grace, jobs.wait()).await.is_err() {
+            tracing::warn!(left = jobs.len(), "Grace period over; abandoning unfinished jobs to another worker");
+            abandon.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), jobs.wait()).await;
+        }
+        tracing::info!("Worker stopped");
+        Ok(())
+    }
+
+    fn track(&self, queue: &str, ids: impl IntoIterator<Item = String>) {
+        let mut in_flight = self.0.in_flight.lock().expect("in-flight lock");
+        in_flight.entry(queue.to_owned()).or_default().extend(ids);
+    }
+
+    fn untrack(&self, queue: &str, id: &str) {
+        if let Some(ids) = self.0.in_flight.lock().expect("in-flight lock").get_mut(queue) {
+            ids.remove(id);
+        }
+    }
+
+    fn spawn_job(
+        &self,
+        jobs: &TaskTracker,
+        queue: String,
+        entry: Entry,
+        permit: OwnedSemaphorePermit,
+        abandon: CancellationToken,
+    ) {
+        let worker = self.clone();
+        worker.0.metrics.worker_jobs_in_flight.inc();
+        jobs.spawn(async move {
+            let _permit = permit;
+            worker.process(&queue, entry, abandon).await;
+            worker.0.metrics.worker_jobs_in_flight.dec();
+        });
+    }
+
+    async fn read_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
+        let block_ms = self.0.settings.block.as_millis() as u64;
+        let mut turn = 0usize;
+        while !shutdown.is_cancelled() {
+            let first = tokio::select! {
+                p = self.0.permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                _ = shutdown.cancelled() => break,
+            };
+            let mut permits = vec![first];
+            while permits.len() < 256 {
+                match self.0.permits.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            // Queues take turns, one blocking read each: the blocking connection serves one read at a time.
+            let queue = self.0.queues[turn % self.0.queues.len()].clone();
+            turn += 1;
+            let block = if self.0.queues.len() > 1 { block_ms.min(100) } else { block_ms };
+            match self.0.consumer.read(&queue, permits.len() as u64, block).await {
+                Ok(entries) => {
+                    self.track(&queue, entries.iter().map(|e| e.id.clone()));
+                    for (entry, permit) in entries.into_iter().zip(permits.drain(..)) {
+                        self.spawn_job(&jobs, queue.clone(), entry, permit, abandon.clone());
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %queue, error = %redact(&e.to_string()), "XREADGROUP failed; retrying");
+                    drop(permits);
+                    if e.details().contains("NOGROUP") {
+                        let _ = self.0.consumer.ensure_group(&queue).await;
+                    }
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn reclaim_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
+        let min_idle = self.0.settings.visibility.as_millis() as u64;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.0.settings.reclaim_interval) => {}
+            }
+            for queue in self.0.queues.clone() {
+                if let Err(e) = self.reclaim(&queue, min_idle, &jobs, &abandon).await {
+                    tracing::warn!(queue = %queue, error = ?e, "Reclaiming idle entries failed");
+                }
+            }
+            self.observe_streams().await;
+        }
+    }
+
+    async fn reclaim(
+        &self,
+        queue: &str,
+        min_idle: u64,
+        jobs: &TaskTracker,
+        abandon: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let mut permits = Vec::new();
+        while permits.len() < 100 {
+            match self.0.permits.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        if permits.is_empty() {
+            return Ok(());
+        }
+        let reclaimed = self.0.consumer.reclaim(queue, min_idle, permits.len() as u64).await?;
+        if !reclaimed.entries.is_empty() {
+            tracing::info!(
+                queue,
+                count = reclaimed.entries.len(),
+                "Took over entries idle past the visibility time-out"
+            );
+            self.0.metrics.worker_reclaims.with_label_values(&[queue]).inc_by(reclaimed.entries.len() as u64);
+        }
+        self.track(queue, reclaimed.entries.iter().map(|e| e.id.clone()));
+        for (entry, permit) in reclaimed.entries.into_iter().zip(permits.drain(..)) {
+            self.spawn_job(jobs, queue.to_owned(), entry, permit, abandon.clone());
+        }
+        // Pending entries whose data Redis no longer has: the job is re-driven from PostgreSQL.
+        for entry_id in reclaimed.deleted {
+            if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.pool, queue, &entry_id).await? {
+                let mut tx = db::begin_workspace(&self.0.pool, workspace).await?;
+                if record::redrive_tx(&mut tx, event_id).await? {
+                    tracing::warn!(queue, event_id = %event_id, "Stream entry lost by Redis; re-driven from PostgreSQL");
+                }
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn heartbeat_loop(self, shutdown: CancellationToken, jobs: TaskTracker) {
+        let every = self.0.settings.visibility / 3;
+        // Keeps beating until the last job is done, so that jobs finishing during shutdown are not taken over.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = jobs.wait(), if shutdown.is_cancelled() && jobs.is_closed() => return,
+            }
+            if shutdown.is_cancelled() && jobs.is_closed() && jobs.is_empty() {
+                return;
+            }
+            let snapshot: Vec<(String, Vec<String>)> = self
+                .0
+                .in_flight
+                .lock()
+                .expect("in-flight lock")
+                .iter()
+                .map(|(q, ids)| (q.clone(), ids.iter().cloned().collect()))
+                .collect();
+            for (queue, ids) in snapshot {
+                if let Err(e) = self.0.consumer.heartbeat(&queue, &ids).await {
+                    tracing::warn!(queue = %queue, error = %redact(&e.to_string()), "Heartbeat failed");
+                }
+            }
+        }
+    }
+
+    async fn observe_streams(&self) {
+        for queue in &self.0.queues {
+            if let Ok(stats) = self.0.consumer.stats(queue).await {
+                let m = &self.0.metrics;
+                m.stream_length.with_label_values(&[queue]).set(stats.length as i64);
+                m.stream_pending_entries.with_label_values(&[queue]).set(stats.pending as i64);
+                if let Some(lag) = stats.lag {
+                    m.stream_group_lag.with_label_values(&[queue]).set(lag as i64);
+                }
+            }
+        }
+    }
+
+    /// Runs one entry to its end and acknowledges it when the outcome allows.
+    async fn process(&self, queue: &str, entry: Entry, abandon: CancellationToken) {
+        let started = Instant::now();
+        let outcome = match Delivery::parse(&entry) {
+            None => {
+                tracing::error!(queue, entry_id = %entry.id, "Stream entry is not a Conveyor job (no event or workspace id); dropping it");
+                Outcome::Malformed
+            }
+            Some(delivery) => {
+                if let Some(enqueued) = delivery.enqueued_at_ms {
+                    let wait = (chrono::Utc::now().timestamp_millis() - enqueued).max(0) as f64 / 1000.0;
+                    self.0.metrics.job_queue_wait.with_label_values(&[queue]).observe(wait);
+                }
+                let span = tracing::info_span!("job", event_id = %delivery.event_id, r#type = %delivery.event_type,
+                    attempt = delivery.attempt, traceparent = %delivery.traceparent);
+                match self.execute(&delivery, &abandon).instrument(span).await {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        tracing::warn!(event_id = %delivery.event_id, error = ?e, "Job could not be settled; it will run again");
+                        Outcome::Failed
+                    }
+                }
+            }
+        };
+        fail::fail_point!("worker::before_ack");
+        if outcome.acknowledges() {
+            let ids = [entry.id.clone()];
+            let mut acked = false;
+            for attempt in 0..3 {
+                match self.0.consumer.ack(queue, &ids).await {
+                    Ok(_) => {
+                        acked = true;
+                        break;
+                    }
+                    Err(e) if attempt == 2 => {
+                        tracing::warn!(queue, entry_id = %entry.id, error = %redact(&e.to_string()), "XACK failed; the entry will be taken over and skipped");
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+            let _ = acked;
+        }
+        self.untrack(queue, &entry.id);
+        let m = &self.0.metrics;
+        m.jobs.with_label_values(&[queue, outcome.label()]).inc();
+        m.job_duration.with_label_values(&[queue, outcome.label()]).observe(started.elapsed().as_secs_f64());
+    }
+
+    async fn execute(&self, d: &Delivery, abandon: &CancellationToken) -> anyhow::Result<Outcome> {
+        let pool = &self.0.pool;
+        let payload = match JobPayload::decode(&d.event_type, &d.payload) {
+            Ok(payload) => payload,
+            Err(e) => {
+                let reason =
+                    format!("undecodable payload ({:?} error) for type `{}`", e.classify(), redact(&d.event_type));
+                tracing::error!(event_id = %d.event_id, reason = %reason, "Dead-lettering an undecodable job");
+                record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &reason).await?;
+                self.0.metrics.job_dead_letters.with_label_values(&["undecodable"]).inc();
+                return Ok(Outcome::DeadLettered);
+            }
+        };
+        let Some(handler) = self.0.handlers.get(&d.event_type).cloned() else {
+            let reason = format!("no handler registered for type `{}`", d.event_type);
+            record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &reason).await?;
+            self.0.metrics.job_dead_letters.with_label_values(&["no_handler"]).inc();
+            return Ok(Outcome::DeadLettered);
+        };
+        if let Some(operation) = d.operation_id
+            && !record::start(pool, d.workspace_id, operation, d.attempt).await?
+        {
+            return Ok(Outcome::Skipped);
+        }
+        let mut tx = db::begin_workspace(pool, d.workspace_id).await?;
+        record::lock_job_tx(&mut tx, d.event_id).await?;
+        if let Some(operation) = d.operation_id
+            && record::finished_tx(&mut tx, operation).await?
+        {
+            tx.rollback().await?;
+            return Ok(Outcome::Skipped);
+        }
+        let cancel = abandon.child_token();
+        let timeout = handler.timeout();
+        let result = {
+            let mut job = Job {
+                event_id: d.event_id,
+                workspace_id: d.workspace_id,
+                operation_id: d.operation_id,
+                attempt: d.attempt,
+                payload,
+                traceparent: d.traceparent.clone(),
+                tx: &mut tx,
+                cancel: cancel.clone(),
+                pool: pool.clone(),
+            };
+            let run = AssertUnwindSafe(handler.handle(&mut job)).catch_unwind();
+            tokio::select! {
+                ran = tokio::time::timeout(timeout, run) => Some(match ran {
+                    Ok(Ok(result)) => result,
+                    Ok(Err(_)) => Err(JobError::Retryable("the handler panicked".into())),
+                    Err(_) => {
+                        cancel.cancel();
+                        Err(JobError::Retryable(format!("timed out after {timeout:?}")))
+                    }
+                }),
+                _ = abandon.cancelled() => None,
+            }
+        };
+        let Some(result) = result else {
+            tx.rollback().await?;
+            return Ok(Outcome::Abandoned);
+        };
+        match result {
+            Ok(value) => {
+                if let Some(operation) = d.operation_id {
+                    record::succeed_tx(&mut tx, operation, &value).await?;
+                }
+                tx.commit().await?;
+                Ok(Outcome::Succeeded)
+            }
+            Err(e) => {
+                tx.rollback().await?;
+                let error = redact(&e.to_string());
+                let permanent = matches!(e, JobError::Permanent(_));
+                if permanent || d.attempt >= handler.max_attempts() {
+                    tracing::error!(event_id = %d.event_id, attempt = d.attempt, error = %error, "Job failed for good; dead-lettered");
+                    record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &error).await?;
+                    let reason = if permanent { "permanent" } else { "exhausted" };
+                    self.0.metrics.job_dead_letters.with_label_values(&[reason]).inc();
+                    Ok(Outcome::DeadLettered)
+                } else {
+                    let delay = handler.backoff().delay(d.attempt);
+                    tracing::warn!(event_id = %d.event_id, attempt = d.attempt, ?delay, error = %error, "Job failed; retrying after back-off");
+                    record::retry(pool, d.workspace_id, d.event_id, d.operation_id, delay, &error).await?;
+                    self.0.metrics.job_retries.with_label_values(&[&d.event_type]).inc();
+                    Ok(Outcome::Retried)
+                }
+            }
+        }
+    }
+}
