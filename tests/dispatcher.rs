@@ -7,14 +7,11 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use common::{Process, TestApp, TestRedis, principal, store_body};
-use conveyor::config::DispatcherSettings;
 use conveyor::db;
 use conveyor::dispatcher::{DispatchOutcome, Dispatcher};
 use conveyor::ids::WorkspaceId;
-use conveyor::metrics::Metrics;
 use conveyor::outbox::{self, JobPayload, NewEvent};
 use conveyor::stream::keys::Keys;
-use conveyor::stream::producer::Producer;
 use reqwest::Method;
 use uuid::Uuid;
 
@@ -31,12 +28,7 @@ async fn enqueue(app: &TestApp, workspace: WorkspaceId, n: usize) -> Vec<Uuid> {
 }
 
 async fn dispatcher(app: &TestApp, redis_url: &str, tweak: impl FnOnce(&mut HashMap<String, String>)) -> Dispatcher {
-    let mut vars = HashMap::new();
-    tweak(&mut vars);
-    let settings = DispatcherSettings::from_source(&vars).unwrap();
-    let client = conveyor::stream::connect(redis_url, Duration::from_millis(500)).await.unwrap();
-    let producer = Producer::new(client, Keys::new(&app.redis_prefix), settings.dedup_ttl);
-    Dispatcher::new(app.db.pool.clone(), producer, settings, Metrics::new(), Dispatcher::default_id())
+    common::test_dispatcher(app, redis_url, tweak).await
 }
 
 /// Every outbox row of `workspace`: (id, status, stream_id).

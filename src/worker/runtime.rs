@@ -273,36 +273,55 @@ impl Worker {
         });
     }
 
+    /// Waits for a free job slot and returns it with the number of slots free now (at least 1).
+    async fn free_slots(&self, shutdown: &CancellationToken) -> Option<(OwnedSemaphorePermit, usize)> {
+        let first = tokio::select! {
+            p = self.0.permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            _ = shutdown.cancelled() => return None,
+        };
+        Some((first, 1 + self.0.permits.available_permits().min(255)))
+    }
+
+    /// Starts jobs for `entries`, each as soon as a slot is free (the first takes `first`).
+    async fn start_jobs(
+        &self,
+        queue: &str,
+        entries: Vec<Entry>,
+        first: OwnedSemaphorePermit,
+        jobs: &TaskTracker,
+        abandon: &CancellationToken,
+    ) {
+        self.track(queue, entries.iter().map(|e| e.id.clone()));
+        let mut first = Some(first);
+        for entry in entries {
+            let permit = match first.take() {
+                Some(p) => p,
+                None => self.0.permits.clone().acquire_owned().await.expect("the semaphore is never closed"),
+            };
+            self.spawn_job(jobs, queue.to_owned(), entry, permit, abandon.clone());
+        }
+    }
+
     async fn read_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
         let block_ms = self.0.settings.block.as_millis() as u64;
         let mut turn = 0usize;
-        while !shutdown.is_cancelled() {
-            let first = tokio::select! {
-                p = self.0.permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-                _ = shutdown.cancelled() => break,
-            };
-            let mut permits = vec![first];
-            while permits.len() < 256 {
-                match self.0.permits.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
-                }
-            }
+        // Slots are not held while blocked in XREADGROUP (the reclaimer needs them too); entries read beyond the
+        // free slots wait for one, and are kept alive by the heartbeat meanwhile.
+        while let Some((first, free)) = self.free_slots(&shutdown).await {
             // Queues take turns, one blocking read each: the blocking connection serves one read at a time.
             let queue = self.0.queues[turn % self.0.queues.len()].clone();
             turn += 1;
             let block = if self.0.queues.len() > 1 { block_ms.min(100) } else { block_ms };
-            match self.0.consumer.read(&queue, permits.len() as u64, block).await {
+            drop(first);
+            match self.0.consumer.read(&queue, free as u64, block).await {
+                Ok(entries) if entries.is_empty() => {}
                 Ok(entries) => {
-                    self.track(&queue, entries.iter().map(|e| e.id.clone()));
-                    for (entry, permit) in entries.into_iter().zip(permits.drain(..)) {
-                        self.spawn_job(&jobs, queue.clone(), entry, permit, abandon.clone());
-                    }
+                    let first = self.0.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+                    self.start_jobs(&queue, entries, first, &jobs, &abandon).await;
                 }
                 Err(e) => {
                     tracing::warn!(queue = %queue, error = %redact(&e.to_string()), "XREADGROUP failed; retrying");
-                    drop(permits);
-                    if e.details().contains("NOGROUP") {
+                    if e.details().contains("NOGROUP") || e.to_string().contains("NOGROUP") {
                         let _ = self.0.consumer.ensure_group(&queue).await;
                     }
                     tokio::select! {
@@ -337,17 +356,9 @@ impl Worker {
         jobs: &TaskTracker,
         abandon: &CancellationToken,
     ) -> anyhow::Result<()> {
-        let mut permits = Vec::new();
-        while permits.len() < 100 {
-            match self.0.permits.clone().try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
-            }
-        }
-        if permits.is_empty() {
-            return Ok(());
-        }
-        let reclaimed = self.0.consumer.reclaim(queue, min_idle, permits.len() as u64).await?;
+        let Ok(first) = self.0.permits.clone().try_acquire_owned() else { return Ok(()) };
+        let count = 1 + self.0.permits.available_permits().min(99) as u64;
+        let reclaimed = self.0.consumer.reclaim(queue, min_idle, count).await?;
         if !reclaimed.entries.is_empty() {
             tracing::info!(
                 queue,
@@ -356,10 +367,7 @@ impl Worker {
             );
             self.0.metrics.worker_reclaims.with_label_values(&[queue]).inc_by(reclaimed.entries.len() as u64);
         }
-        self.track(queue, reclaimed.entries.iter().map(|e| e.id.clone()));
-        for (entry, permit) in reclaimed.entries.into_iter().zip(permits.drain(..)) {
-            self.spawn_job(jobs, queue.to_owned(), entry, permit, abandon.clone());
-        }
+        self.start_jobs(queue, reclaimed.entries, first, jobs, abandon).await;
         // Pending entries whose data Redis no longer has: the job is re-driven from PostgreSQL.
         for entry_id in reclaimed.deleted {
             if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.pool, queue, &entry_id).await? {

@@ -413,3 +413,90 @@ pub async fn stream_event_ids(client: &conveyor::stream::RedisClient, stream: &s
     let entries: Vec<(String, HashMap<String, String>)> = client.xrange(stream, "-", "+", None).await.expect("XRANGE");
     entries.into_iter().map(|(_, fields)| fields.get("event_id").cloned().unwrap_or_default()).collect()
 }
+
+/// The sandbox marketplace, served in-process on a free port; its URL and a handle to read its counters.
+pub async fn sandbox(
+    settings: conveyor::adapters::sandbox::Settings,
+) -> (conveyor::adapters::sandbox::Sandbox, String) {
+    let sandbox = conveyor::adapters::sandbox::Sandbox::new(settings);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sandbox.clone().serve(listener, CancellationToken::new()));
+    (sandbox, url)
+}
+
+/// A dispatcher over the test's database and prefix, on `redis_url`, with `CONVEYOR_DISPATCH_*` set by `tweak`.
+pub async fn test_dispatcher(
+    app: &TestApp,
+    redis_url: &str,
+    tweak: impl FnOnce(&mut HashMap<String, String>),
+) -> conveyor::dispatcher::Dispatcher {
+    use conveyor::dispatcher::Dispatcher;
+    let mut vars = HashMap::new();
+    tweak(&mut vars);
+    let settings = conveyor::config::DispatcherSettings::from_source(&vars).unwrap();
+    let client = conveyor::stream::connect(redis_url, Duration::from_millis(500)).await.unwrap();
+    let producer = conveyor::stream::producer::Producer::new(
+        client,
+        conveyor::stream::keys::Keys::new(&app.redis_prefix),
+        settings.dedup_ttl,
+    );
+    Dispatcher::new(app.db.pool.clone(), producer, settings, Metrics::new(), Dispatcher::default_id())
+}
+
+/// A worker with the shipped handlers over the test's database and prefix, on `redis_url`, calling the
+/// marketplace at `marketplace_url`.
+pub async fn test_worker(
+    app: &TestApp,
+    redis_url: &str,
+    marketplace_url: &str,
+    settings: conveyor::worker::WorkerSettings,
+    max_attempts: u32,
+    metrics: Metrics,
+) -> conveyor::worker::Worker {
+    let client = conveyor::stream::connect(redis_url, Duration::from_secs(2)).await.unwrap();
+    let blocking = conveyor::stream::connect(redis_url, Duration::from_secs(5)).await.unwrap();
+    let consumer = conveyor::stream::consumer::Consumer::new(
+        client,
+        blocking,
+        conveyor::stream::keys::Keys::new(&app.redis_prefix),
+        format!("test-{}", Uuid::new_v4().simple()),
+    );
+    let sealer = conveyor::sealing::Sealer::new(&app.config.encryption_key, "k1");
+    let marketplace =
+        Arc::new(conveyor::adapters::marketplace::HttpMarketplace::new(marketplace_url, Duration::from_secs(10)));
+    conveyor::worker::Worker::builder(app.db.pool.clone(), consumer)
+        .handler(
+            conveyor::domain::stores::VERIFY_KIND,
+            conveyor::jobs::VerifyCredentials { sealer, marketplace, max_attempts, timeout: Duration::from_secs(30) },
+        )
+        .settings(settings)
+        .metrics(metrics)
+        .build()
+        .unwrap()
+}
+
+/// Runs `dispatcher` in the background until `shutdown`.
+pub fn run_dispatcher(dispatcher: conveyor::dispatcher::Dispatcher, shutdown: &CancellationToken) {
+    tokio::spawn(dispatcher.run(shutdown.clone()));
+}
+
+/// The operation `id` as the API shows it.
+pub async fn operation(app: &TestApp, who: Principal, id: &str) -> serde_json::Value {
+    app.send(reqwest::Method::GET, &format!("/v1/operations/{id}"), who, None).await.json().await.unwrap()
+}
+
+/// Waits until the operation reaches `status` (or `limit` passes), returning it.
+pub async fn operation_reaches(
+    app: &TestApp,
+    who: Principal,
+    id: &str,
+    status: &str,
+    limit: Duration,
+) -> Option<serde_json::Value> {
+    eventually(limit, || async {
+        let op = operation(app, who, id).await;
+        (op["status"] == status).then_some(op)
+    })
+    .await
+}

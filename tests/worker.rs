@@ -1,0 +1,387 @@
+//! Workers: end to end through the sandbox marketplace, crashes, retries, dead letters, lost Redis data, shutdown.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::{Process, TestApp, TestRedis, principal};
+use conveyor::adapters::sandbox::Settings;
+use conveyor::auth::Principal;
+use conveyor::metrics::Metrics;
+use conveyor::stream::keys::Keys;
+use conveyor::worker::WorkerSettings;
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+async fn create_store(app: &TestApp, who: Principal, api_key: &str) -> (String, String) {
+    let body = json!({"name": "Shop", "platform": "sandbox", "credentials": {"api_key": api_key, "api_secret": "s"}});
+    let resp = app.send(Method::POST, "/v1/stores", who, Some(&body)).await;
+    assert_eq!(resp.status(), 202);
+    let v: Value = resp.json().await.unwrap();
+    (v["store"]["id"].as_str().unwrap().to_owned(), v["operation"]["id"].as_str().unwrap().to_owned())
+}
+
+fn fast() -> WorkerSettings {
+    WorkerSettings { concurrency: 8, ..WorkerSettings::default() }
+}
+
+fn process_vars(app: &TestApp, redis_url: &str, marketplace: &str) -> HashMap<String, String> {
+    let mut vars = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_REDIS_URL".into(), redis_url.to_owned());
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    vars.insert("CONVEYOR_MARKETPLACE_URL".into(), marketplace.to_owned());
+    vars.insert("CONVEYOR_DISPATCH_POLL".into(), "100ms".into());
+    vars
+}
+
+#[tokio::test]
+async fn a_created_store_is_verified_end_to_end_and_bad_credentials_end_invalid() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (sandbox, market) = common::sandbox(Settings::default()).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let worker = common::test_worker(&app, &redis, &market, fast(), 5, Metrics::new()).await;
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+
+    let who = principal();
+    let (good_store, good_op) = create_store(&app, who, "good-key").await;
+    let (bad_store, bad_op) = create_store(&app, who, "invalid-key").await;
+    let op =
+        common::operation_reaches(&app, who, &good_op, "succeeded", Duration::from_secs(30)).await.expect("verified");
+    assert_eq!(op["result"]["outcome"], "active");
+    let store: Value =
+        app.send(Method::GET, &format!("/v1/stores/{good_store}"), who, None).await.json().await.unwrap();
+    assert_eq!(store["status"], "active");
+    assert!(store["verified_at"].is_string());
+    let op =
+        common::operation_reaches(&app, who, &bad_op, "succeeded", Duration::from_secs(30)).await.expect("verified");
+    assert_eq!(op["result"]["outcome"], "invalid_credentials");
+    let store: Value = app.send(Method::GET, &format!("/v1/stores/{bad_store}"), who, None).await.json().await.unwrap();
+    assert_eq!(store["status"], "invalid_credentials");
+    assert_eq!(sandbox.stats().effects, 2);
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn one_event_delivered_twice_makes_one_marketplace_effect_and_one_success() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (sandbox, market) = common::sandbox(Settings { latency_ms: 300, ..Settings::default() }).await;
+    let who = principal();
+    let (_, op_id) = create_store(&app, who, "good").await;
+
+    // A dispatcher dies after its XADD and before marking; another finishes the hand-off (one stream entry).
+    let mut vars = process_vars(&app, &redis, &market);
+    vars.insert("CONVEYOR_DISPATCH_LEASE".into(), "1s".into());
+    let mut crashing = vars.clone();
+    crashing.insert("FAILPOINTS".into(), "dispatcher::after_xadd=sleep(60000)".into());
+    let mut first = Process::spawn(&["dispatcher"], &crashing);
+    let client = common::redis_client(&redis).await;
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    common::eventually(Duration::from_secs(20), || async {
+        (common::stream_event_ids(&client, &stream).await.len() == 1).then_some(())
+    })
+    .await
+    .expect("XADDed");
+    first.kill();
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(
+        common::test_dispatcher(&app, &redis, |v| {
+            v.insert("CONVEYOR_DISPATCH_LEASE".into(), "1s".into());
+        })
+        .await,
+        &shutdown,
+    );
+
+    // The same entry copied, as if delivered twice at once; plus the reconciler's kind of re-drive afterwards.
+    let entries: Vec<(String, HashMap<String, String>)> = {
+        use fred::prelude::StreamsInterface;
+        client.xrange(&stream, "-", "+", None).await.unwrap()
+    };
+    let fields: Vec<(String, String)> = entries[0].1.clone().into_iter().collect();
+    {
+        use fred::prelude::StreamsInterface;
+        let _: String = client.xadd(&stream, false, None, "*", fields).await.unwrap();
+    }
+    let worker = common::test_worker(&app, &redis, &market, fast(), 5, Metrics::new()).await;
+    let worker_metrics = Metrics::new();
+    let second_worker = common::test_worker(&app, &redis, &market, fast(), 5, worker_metrics.clone()).await;
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    tokio::spawn(second_worker.run(shutdown.clone(), Duration::from_secs(5)));
+    common::operation_reaches(&app, who, &op_id, "succeeded", Duration::from_secs(30)).await.expect("succeeded");
+
+    common::eventually(Duration::from_secs(20), || async {
+        (app.db.rows("outbox_events", who.workspace_id).await[0]["status"] == "dispatched").then_some(())
+    })
+    .await
+    .expect("the hand-off was marked");
+    let event_id = app.db.rows("outbox_events", who.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
+    let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    assert!(conveyor::worker::record::redrive_tx(&mut tx, event_id).await.unwrap());
+    tx.commit().await.unwrap();
+    common::eventually(Duration::from_secs(20), || async {
+        let events = app.db.rows("outbox_events", who.workspace_id).await;
+        (events[0]["status"] == "dispatched" && events[0]["redrive_count"] == 1).then_some(())
+    })
+    .await
+    .expect("re-driven and handed off again");
+    common::eventually(Duration::from_secs(20), || async {
+        (common::stream_event_ids(&client, &stream).await.is_empty()).then_some(())
+    })
+    .await
+    .expect("every delivery consumed");
+
+    let stats = sandbox.stats();
+    assert_eq!(stats.effects, 1, "one marketplace effect");
+    assert_eq!(stats.calls_by_key.get(&op_id), Some(&1), "one marketplace call: the repeats were skipped");
+    let op = common::operation(&app, who, &op_id).await;
+    assert_eq!(op["status"], "succeeded");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_job_is_replaced_and_a_live_long_job_is_not_stolen() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (sandbox, market) = common::sandbox(Settings { latency_ms: 3000, ..Settings::default() }).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let who = principal();
+    let (_, op_id) = create_store(&app, who, "good").await;
+
+    // Default settings: a dead worker's job runs again within the visibility time-out plus a reclaim interval.
+    let mut victim = Process::spawn(&["worker"], &process_vars(&app, &redis, &market));
+    common::operation_reaches(&app, who, &op_id, "running", Duration::from_secs(30)).await.expect("running");
+    victim.kill();
+    let killed_at = Instant::now();
+    let rescuer = Process::spawn(&["worker"], &process_vars(&app, &redis, &market));
+    let done = common::operation_reaches(&app, who, &op_id, "succeeded", Duration::from_secs(30)).await;
+    assert!(done.is_some(), "another worker completed it; log:\n{}", rescuer.log());
+    eprintln!("killed worker's job completed {:?} after the kill (job itself takes 3 s)", killed_at.elapsed());
+    assert!(rescuer.log().contains("Took over entries idle past the visibility time-out"));
+    assert_eq!(sandbox.stats().effects, 1);
+    drop(rescuer);
+
+    // A job longer than the visibility time-out, on a live worker, is not taken by another one.
+    sandbox.set(Settings { latency_ms: 5000, ..Settings::default() });
+    let settings = WorkerSettings { visibility: Duration::from_millis(1500), ..fast() };
+    let (m1, m2) = (Metrics::new(), Metrics::new());
+    let w1 = common::test_worker(&app, &redis, &market, settings.clone(), 5, m1.clone()).await;
+    tokio::spawn(w1.run(shutdown.clone(), Duration::from_secs(10)));
+    let (_, long_op) = create_store(&app, who, "good").await;
+    common::operation_reaches(&app, who, &long_op, "running", Duration::from_secs(30)).await.expect("running");
+    let w2 = common::test_worker(&app, &redis, &market, settings, 5, m2.clone()).await;
+    tokio::spawn(w2.run(shutdown.clone(), Duration::from_secs(10)));
+    common::operation_reaches(&app, who, &long_op, "succeeded", Duration::from_secs(30)).await.expect("succeeded");
+    assert_eq!(sandbox.stats().calls_by_key.get(&long_op), Some(&1), "run once");
+    assert_eq!(m2.worker_reclaims.with_label_values(&["stores"]).get(), 0, "nothing taken from the live worker");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_failing_job_backs_off_then_dead_letters_and_replays_once_fixed() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (sandbox, market) = common::sandbox(Settings { error_rate: 1.0, ..Settings::default() }).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(
+        common::test_dispatcher(&app, &redis, |v| {
+            v.insert("CONVEYOR_DISPATCH_POLL".into(), "100ms".into());
+        })
+        .await,
+        &shutdown,
+    );
+    let metrics = Metrics::new();
+    tokio::spawn(
+        common::test_worker(&app, &redis, &market, fast(), 3, metrics.clone())
+            .await
+            .run(shutdown.clone(), Duration::from_secs(5)),
+    );
+    let who = principal();
+    let (_, op_id) = create_store(&app, who, "good").await;
+
+    let failed =
+        common::operation_reaches(&app, who, &op_id, "failed", Duration::from_secs(60)).await.expect("dead-lettered");
+    assert_eq!(sandbox.stats().calls, 3, "three runs, then no more");
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("503"), "{error}");
+    assert_eq!(metrics.job_retries.with_label_values(&["store.verify_credentials"]).get(), 2);
+    let event = &app.db.rows("outbox_events", who.workspace_id).await[0];
+    assert_eq!(
+        (event["status"].as_str(), event["failure_stage"].as_str(), &event["job_attempts"]),
+        (Some("dead_letter"), Some("job"), &json!(3))
+    );
+
+    // The operator's view, through the real binary.
+    let vars = process_vars(&app, &redis, &market);
+    let dlq = |args: &[&str]| {
+        std::process::Command::new(common::conveyor_bin()).args(args).env_clear().envs(&vars).output().unwrap()
+    };
+    let listed = dlq(&["dlq", "list"]);
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let line = String::from_utf8(listed.stdout).unwrap();
+    let dead: Value = serde_json::from_str(line.lines().next().expect("one dead letter")).unwrap();
+    assert_eq!(dead["operation_id"], op_id.as_str());
+    assert_eq!(dead["attempts"], 3);
+    assert!(!line.contains("api_key") && !line.contains("good"), "no payload or credential: {line}");
+    let id = dead["id"].as_str().unwrap();
+    assert!(dlq(&["dlq", "show", id]).status.success());
+
+    sandbox.set(Settings::default());
+    let replayed = dlq(&["dlq", "replay", id]);
+    assert!(replayed.status.success(), "{}", String::from_utf8_lossy(&replayed.stderr));
+    let op =
+        common::operation_reaches(&app, who, &op_id, "succeeded", Duration::from_secs(30)).await.expect("replayed");
+    assert_eq!(op["result"]["outcome"], "active");
+    assert!(!dlq(&["dlq", "replay", id]).status.success(), "no longer a dead letter");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn an_undecodable_payload_is_dead_lettered_at_once_and_the_worker_keeps_serving() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (_sandbox, market) = common::sandbox(Settings::default()).await;
+    let who = principal();
+    // A malformed event, as a buggy producer might write it, committed beside a good one.
+    let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
+         VALUES ($1, $2, 'stores', 'store.verify_credentials', '{\"store_id\": 42}')",
+    )
+    .bind(Uuid::now_v7())
+    .bind(who.workspace_id.0)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let metrics = Metrics::new();
+    let worker = common::test_worker(&app, &redis, &market, fast(), 5, metrics.clone()).await;
+    worker.ensure_groups().await.unwrap();
+    // And an entry that is no Conveyor job at all.
+    let client = common::redis_client(&redis).await;
+    {
+        use fred::prelude::StreamsInterface;
+        let _: String = client
+            .xadd(Keys::new(&app.redis_prefix).stream("stores"), false, None, "*", vec![("junk", "1")])
+            .await
+            .unwrap();
+    }
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    common::eventually(Duration::from_secs(20), || async {
+        let events = app.db.rows("outbox_events", who.workspace_id).await;
+        (events.iter().any(|e| e["status"] == "dead_letter")).then_some(())
+    })
+    .await
+    .expect("dead-lettered");
+    let events = app.db.rows("outbox_events", who.workspace_id).await;
+    let dead = events.iter().find(|e| e["status"] == "dead_letter").unwrap();
+    assert_eq!(dead["job_attempts"], 1, "at once, without retries");
+    assert!(dead["last_error"].as_str().unwrap().contains("undecodable"));
+    let (_, op_id) = create_store(&app, who, "good").await;
+    common::operation_reaches(&app, who, &op_id, "succeeded", Duration::from_secs(30)).await.expect("still serving");
+    assert_eq!(metrics.jobs.with_label_values(&["stores", "malformed"]).get(), 1);
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn work_in_flight_survives_a_redis_that_loses_everything() {
+    let app = TestApp::spawn().await;
+    let mut redis = TestRedis::start(None).await;
+    let (sandbox, market) = common::sandbox(Settings { latency_ms: 1500, ..Settings::default() }).await;
+    let mut vars = process_vars(&app, &redis.url(), &market);
+    vars.insert("CONVEYOR_RECONCILE_AFTER".into(), "3s".into());
+    vars.insert("CONVEYOR_MAINTENANCE_INTERVAL".into(), "500ms".into());
+    vars.insert("CONVEYOR_REDIS_COMMAND_TIMEOUT".into(), "1s".into());
+    let platform = Process::spawn(&["all"], &{
+        let mut v = vars.clone();
+        v.insert("CONVEYOR_HTTP_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+        v
+    });
+    let who = principal();
+    let mut ops = Vec::new();
+    for _ in 0..5 {
+        ops.push(create_store(&app, who, "good").await.1);
+    }
+    common::operation_reaches(&app, who, &ops[0], "running", Duration::from_secs(30)).await.expect("work in flight");
+    // Redis restarts empty: streams, groups, pending entries and de-dup keys are gone.
+    redis.stop();
+    redis.start_again().await;
+    for op in &ops {
+        let done = common::operation_reaches(&app, who, op, "succeeded", Duration::from_secs(60)).await;
+        assert!(done.is_some(), "operation {op} completed; log:\n{}", platform.log());
+    }
+    let stats = sandbox.stats();
+    assert_eq!(stats.effects, 5, "one effect per operation");
+    for op in &ops {
+        assert_eq!(stats.calls_by_key.get(op).copied().unwrap_or(0).min(1), 1);
+    }
+}
+
+#[tokio::test]
+async fn sigterm_lets_jobs_in_flight_finish_and_acknowledge_then_exits_zero() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (_sandbox, market) = common::sandbox(Settings { latency_ms: 1500, ..Settings::default() }).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let who = principal();
+    let mut ops = Vec::new();
+    for _ in 0..3 {
+        ops.push(create_store(&app, who, "good").await.1);
+    }
+    let mut worker = Process::spawn(&["worker"], &process_vars(&app, &redis, &market));
+    for op in &ops {
+        common::operation_reaches(&app, who, op, "running", Duration::from_secs(30)).await.expect("in flight");
+    }
+    worker.signal(15);
+    let (status, worker) = tokio::task::spawn_blocking(move || (worker.child.wait().unwrap(), worker)).await.unwrap();
+    assert!(status.success(), "exit 0; log:\n{}", worker.log());
+    for op in &ops {
+        assert_eq!(common::operation(&app, who, op).await["status"], "succeeded", "finished within the grace period");
+    }
+    let client = common::redis_client(&redis).await;
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    assert!(common::stream_event_ids(&client, &stream).await.is_empty(), "acknowledged (and removed)");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn the_stream_stays_bounded_however_many_jobs_run() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (_sandbox, market) = common::sandbox(Settings::default()).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let worker =
+        common::test_worker(&app, &redis, &market, WorkerSettings { concurrency: 32, ..fast() }, 5, Metrics::new())
+            .await;
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    let client = common::redis_client(&redis).await;
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let who = principal();
+    let mut longest = 0;
+    for round in 0..4 {
+        let mut ops = Vec::new();
+        for _ in 0..25 {
+            ops.push(create_store(&app, who, "good").await.1);
+        }
+        for op in &ops {
+            common::operation_reaches(&app, who, op, "succeeded", Duration::from_secs(30)).await.expect("done");
+        }
+        let len: u64 = {
+            use fred::prelude::StreamsInterface;
+            client.xlen(&stream).await.unwrap()
+        };
+        longest = longest.max(len);
+        assert_eq!(len, 0, "round {round}: processed entries do not stay in the stream");
+    }
+    assert_eq!(longest, 0);
+    shutdown.cancel();
+}
