@@ -21,20 +21,21 @@ pub fn redact(text: &str) -> String {
 }
 
 fn redact_word(word: &str) -> String {
+    let mut word = word.to_owned();
+    if let Some(scheme_end) = word.find("://") {
+        let rest = &word[scheme_end + 3..];
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@') {
+            word = format!("{}://[redacted]@{}", &word[..scheme_end], &rest[at + 1..]);
+        }
+    }
     let lower = word.to_ascii_lowercase();
     for marker in ["password=", "passwd=", "pwd=", "token=", "secret=", "api_key=", "apikey=", "key="] {
         if let Some(pos) = lower.find(marker) {
             return format!("{}[redacted]", &word[..pos + marker.len()]);
         }
     }
-    if let Some(scheme_end) = word.find("://") {
-        let rest = &word[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        if let Some(at) = rest[..authority_end].rfind('@') {
-            return format!("{}://[redacted]@{}", &word[..scheme_end], &rest[at + 1..]);
-        }
-    }
-    word.to_owned()
+    word
 }
 
 #[cfg(test)]

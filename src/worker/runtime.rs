@@ -226,14 +226,16 @@ impl Worker {
         tracing::info!(consumer = self.0.consumer.name(), queues = ?self.0.queues, concurrency = self.0.settings.concurrency, "Worker started");
         let jobs = TaskTracker::new();
         let abandon = CancellationToken::new();
-        let loops = TaskTracker::new();
-        loops.spawn(self.clone().read_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
-        loops.spawn(self.clone().reclaim_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
-        loops.spawn(self.clone().heartbeat_loop(shutdown.clone(), jobs.clone()));
-        loops.close();
+        let readers = TaskTracker::new();
+        readers.spawn(self.clone().read_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
+        readers.spawn(self.clone().reclaim_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
+        readers.close();
+        // The heartbeat outlives the readers: jobs finishing during shutdown must not look dead meanwhile.
+        let heartbeat_stop = CancellationToken::new();
+        let heartbeat = tokio::spawn(self.clone().heartbeat_loop(heartbeat_stop.clone()));
 
         shutdown.cancelled().await;
-        loops.wait().await;
+        readers.wait().await;
         jobs.close();
         tracing::info!(in_flight = jobs.len(), ?grace, "Worker stopping: no more reads, letting jobs finish");
         if tokio::time::timeout(grace, jobs.wait()).await.is_err() {
@@ -241,6 +243,8 @@ impl Worker {
             abandon.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(5), jobs.wait()).await;
         }
+        heartbeat_stop.cancel();
+        let _ = heartbeat.await;
         tracing::info!("Worker stopped");
         Ok(())
     }
@@ -381,16 +385,12 @@ impl Worker {
         Ok(())
     }
 
-    async fn heartbeat_loop(self, shutdown: CancellationToken, jobs: TaskTracker) {
+    async fn heartbeat_loop(self, stop: CancellationToken) {
         let every = self.0.settings.visibility / 3;
-        // Keeps beating until the last job is done, so that jobs finishing during shutdown are not taken over.
         loop {
             tokio::select! {
+                _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
-                _ = jobs.wait(), if shutdown.is_cancelled() && jobs.is_closed() => return,
-            }
-            if shutdown.is_cancelled() && jobs.is_closed() && jobs.is_empty() {
-                return;
             }
             let snapshot: Vec<(String, Vec<String>)> = self
                 .0
