@@ -24,18 +24,16 @@ pub struct VerifyCredentials {
 }
 
 impl Handler for VerifyCredentials {
-    fn handle<'a, 't>(&'a self, job: &'a mut Job<'t>) -> BoxFuture<'a, Result<serde_json::Value, JobError>>
-    where
-        't: 'a,
-    {
+    fn handle<'a>(&'a self, job: &'a mut Job) -> BoxFuture<'a, Result<serde_json::Value, JobError>> {
         Box::pin(async move {
             let JobPayload::StoreVerifyCredentials { store_id, credentials_version } = job.payload.clone();
             let token = job.operation_id.unwrap_or(job.event_id).to_string();
+            let workspace_id = job.workspace_id.0;
             let outcome = stores::verify_tx(
-                job.tx,
+                job.tx().await?,
                 &self.sealer,
                 self.marketplace.as_ref(),
-                job.workspace_id.0,
+                workspace_id,
                 store_id,
                 credentials_version,
                 &token,

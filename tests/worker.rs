@@ -385,3 +385,36 @@ async fn the_stream_stays_bounded_however_many_jobs_run() {
     assert_eq!(longest, 0);
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_worker_killed_after_its_commit_and_before_its_ack_causes_no_second_effect() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (sandbox, market) = common::sandbox(Settings::default()).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let who = principal();
+    let (_, op_id) = create_store(&app, who, "good").await;
+    let mut vars = process_vars(&app, &redis, &market);
+    vars.insert("FAILPOINTS".into(), "worker::before_ack=sleep(60000)".into());
+    let mut victim = Process::spawn(&["worker"], &vars);
+    common::operation_reaches(&app, who, &op_id, "succeeded", Duration::from_secs(30)).await.expect("committed");
+    victim.kill();
+    let metrics = Metrics::new();
+    let settings = WorkerSettings { visibility: Duration::from_secs(1), ..fast() };
+    tokio::spawn(
+        common::test_worker(&app, &redis, &market, settings, 5, metrics.clone())
+            .await
+            .run(shutdown.clone(), Duration::from_secs(5)),
+    );
+    let client = common::redis_client(&redis).await;
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    common::eventually(Duration::from_secs(30), || async {
+        common::stream_event_ids(&client, &stream).await.is_empty().then_some(())
+    })
+    .await
+    .expect("the unacknowledged entry was taken over and acknowledged");
+    assert_eq!(metrics.jobs.with_label_values(&["stores", "skipped"]).get(), 1, "the repeat was skipped");
+    assert_eq!(sandbox.stats().calls, 1, "one marketplace call in all");
+    shutdown.cancel();
+}

@@ -10,6 +10,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::backoff::Backoff;
+use chrono::{DateTime, Utc};
+
 use crate::db::WorkspaceTx;
 use crate::ids::WorkspaceId;
 use crate::outbox::JobPayload;
@@ -35,10 +37,10 @@ impl From<sqlx::Error> for JobError {
 }
 
 /// One job being run.
-pub struct Job<'t> {
+pub struct Job {
     /// The outbox event id (the job id).
     pub event_id: Uuid,
-    /// Its workspace; `tx` is scoped to it.
+    /// Its workspace; [`Job::tx`] is scoped to it.
     pub workspace_id: WorkspaceId,
     /// The operation it advances, if any.
     pub operation_id: Option<Uuid>,
@@ -48,15 +50,28 @@ pub struct Job<'t> {
     pub payload: JobPayload,
     /// W3C trace context from the request that caused it.
     pub traceparent: String,
-    /// The workspace transaction the job's effects are written in; the runtime commits it with the operation's
-    /// outcome, then acknowledges the entry.
-    pub tx: &'t mut WorkspaceTx,
+    /// When its event was committed, if the entry says.
+    pub enqueued_at: Option<DateTime<Utc>>,
     /// Cancelled when the job times out or the worker stops past its grace period.
     pub cancel: CancellationToken,
+    pub(crate) tx: Option<WorkspaceTx>,
     pub(crate) pool: PgPool,
 }
 
-impl Job<'_> {
+impl Job {
+    /// The workspace transaction the job's effects are written in, opened on first use (a job that never touches
+    /// PostgreSQL never pays for one). It holds the job's lock, so two deliveries of one job never run their
+    /// transactions at once. The runtime commits it with the operation's outcome, then acknowledges the entry; if
+    /// the handler fails, it rolls back.
+    pub async fn tx(&mut self) -> Result<&mut WorkspaceTx, sqlx::Error> {
+        if self.tx.is_none() {
+            let mut tx = crate::db::begin_workspace(&self.pool, self.workspace_id).await?;
+            super::record::lock_job_tx(&mut tx, self.event_id).await?;
+            self.tx = Some(tx);
+        }
+        Ok(self.tx.as_mut().expect("just opened"))
+    }
+
     /// Records progress on the operation (visible to clients at once, outside the job's transaction).
     pub async fn progress(&self, progress: serde_json::Value) -> Result<(), sqlx::Error> {
         let Some(operation) = self.operation_id else { return Ok(()) };
@@ -74,9 +89,7 @@ impl Job<'_> {
 /// operation has finished, and runs one job id at a time).
 pub trait Handler: Send + Sync + 'static {
     /// Runs the job; the value becomes the operation's `result`.
-    fn handle<'a, 't>(&'a self, job: &'a mut Job<'t>) -> BoxFuture<'a, Result<serde_json::Value, JobError>>
-    where
-        't: 'a;
+    fn handle<'a>(&'a self, job: &'a mut Job) -> BoxFuture<'a, Result<serde_json::Value, JobError>>;
 
     /// Runs before dead-lettering (default 5).
     fn max_attempts(&self) -> u32 {

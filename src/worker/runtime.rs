@@ -7,9 +7,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use futures_util::FutureExt;
 use sqlx::PgPool;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -123,6 +124,8 @@ struct Inner {
     metrics: Metrics,
     permits: Arc<Semaphore>,
     in_flight: Mutex<HashMap<String, HashSet<String>>>,
+    acks: mpsc::UnboundedSender<(String, String)>,
+    ack_queue: Mutex<Option<mpsc::UnboundedReceiver<(String, String)>>>,
 }
 
 /// Builds a [`Worker`].
@@ -166,7 +169,10 @@ impl WorkerBuilder {
         anyhow::ensure!(!queues.is_empty(), "a worker needs at least one handler");
         anyhow::ensure!(self.settings.concurrency > 0, "concurrency must be at least 1");
         self.metrics.worker_concurrency_limit.set(self.settings.concurrency as i64);
+        let (acks, ack_queue) = mpsc::unbounded_channel();
         Ok(Worker(Arc::new(Inner {
+            acks,
+            ack_queue: Mutex::new(Some(ack_queue)),
             pool: self.pool,
             consumer: self.consumer,
             queues,
@@ -230,6 +236,9 @@ impl Worker {
         readers.spawn(self.clone().read_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
         readers.spawn(self.clone().reclaim_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
         readers.close();
+        let ack_queue = self.0.ack_queue.lock().expect("ack queue lock").take().context("a worker runs once")?;
+        let ack_stop = CancellationToken::new();
+        let acker = tokio::spawn(self.clone().ack_loop(ack_queue, ack_stop.clone()));
         // The heartbeat outlives the readers: jobs finishing during shutdown must not look dead meanwhile.
         let heartbeat_stop = CancellationToken::new();
         let heartbeat = tokio::spawn(self.clone().heartbeat_loop(heartbeat_stop.clone()));
@@ -243,6 +252,8 @@ impl Worker {
             abandon.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(5), jobs.wait()).await;
         }
+        ack_stop.cancel();
+        let _ = acker.await;
         heartbeat_stop.cancel();
         let _ = heartbeat.await;
         tracing::info!("Worker stopped");
@@ -385,6 +396,50 @@ impl Worker {
         Ok(())
     }
 
+    /// Acknowledges (and deletes) finished entries in batches: one script call for everything finished since the
+    /// last one. On `stop`, flushes what is left.
+    async fn ack_loop(self, mut queue: mpsc::UnboundedReceiver<(String, String)>, stop: CancellationToken) {
+        loop {
+            let first = tokio::select! {
+                next = queue.recv() => match next { Some(a) => a, None => return },
+                _ = stop.cancelled() => match queue.try_recv() { Ok(a) => a, Err(_) => return },
+            };
+            let mut batch: HashMap<String, Vec<String>> = HashMap::new();
+            batch.entry(first.0).or_default().push(first.1);
+            let mut size = 1;
+            while size < 1000 {
+                match queue.try_recv() {
+                    Ok((q, id)) => {
+                        batch.entry(q).or_default().push(id);
+                        size += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            for (q, ids) in batch {
+                let mut last_error = None;
+                for attempt in 0..3 {
+                    match self.0.consumer.ack(&q, &ids).await {
+                        Ok(_) => {
+                            last_error = None;
+                            break;
+                        }
+                        Err(e) => {
+                            last_error = Some(e);
+                            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                        }
+                    }
+                }
+                if let Some(e) = last_error {
+                    tracing::warn!(queue = %q, count = ids.len(), error = %redact(&e.to_string()), "XACK failed; the entries will be taken over and skipped");
+                }
+                for id in &ids {
+                    self.untrack(&q, id);
+                }
+            }
+        }
+    }
+
     async fn heartbeat_loop(self, stop: CancellationToken) {
         let every = self.0.settings.visibility / 3;
         loop {
@@ -447,23 +502,11 @@ impl Worker {
         };
         fail::fail_point!("worker::before_ack");
         if outcome.acknowledges() {
-            let ids = [entry.id.clone()];
-            let mut acked = false;
-            for attempt in 0..3 {
-                match self.0.consumer.ack(queue, &ids).await {
-                    Ok(_) => {
-                        acked = true;
-                        break;
-                    }
-                    Err(e) if attempt == 2 => {
-                        tracing::warn!(queue, entry_id = %entry.id, error = %redact(&e.to_string()), "XACK failed; the entry will be taken over and skipped");
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-            let _ = acked;
+            // Acknowledged in batches by the ack loop; the heartbeat keeps the entry until then.
+            let _ = self.0.acks.send((queue.to_owned(), entry.id.clone()));
+        } else {
+            self.untrack(queue, &entry.id);
         }
-        self.untrack(queue, &entry.id);
         let m = &self.0.metrics;
         m.jobs.with_label_values(&[queue, outcome.label()]).inc();
         m.job_duration.with_label_values(&[queue, outcome.label()]).observe(started.elapsed().as_secs_f64());
@@ -488,33 +531,31 @@ impl Worker {
             self.0.metrics.job_dead_letters.with_label_values(&["no_handler"]).inc();
             return Ok(Outcome::DeadLettered);
         };
-        if let Some(operation) = d.operation_id
-            && !record::start(pool, d.workspace_id, operation, d.attempt).await?
-        {
-            return Ok(Outcome::Skipped);
-        }
-        let mut tx = db::begin_workspace(pool, d.workspace_id).await?;
-        record::lock_job_tx(&mut tx, d.event_id).await?;
-        if let Some(operation) = d.operation_id
-            && record::finished_tx(&mut tx, operation).await?
-        {
-            tx.rollback().await?;
-            return Ok(Outcome::Skipped);
-        }
         let cancel = abandon.child_token();
+        let mut job = Job {
+            event_id: d.event_id,
+            workspace_id: d.workspace_id,
+            operation_id: d.operation_id,
+            attempt: d.attempt,
+            payload,
+            traceparent: d.traceparent.clone(),
+            enqueued_at: d.enqueued_at_ms.and_then(chrono::DateTime::from_timestamp_millis),
+            cancel: cancel.clone(),
+            tx: None,
+            pool: pool.clone(),
+        };
+        if let Some(operation) = d.operation_id {
+            if !record::start(pool, d.workspace_id, operation, d.attempt).await? {
+                return Ok(Outcome::Skipped);
+            }
+            // With an operation, the transaction (and the job's lock) comes first: a repeat delivery waits here
+            // for the first run, then sees the operation finished and skips.
+            if record::finished_tx(job.tx().await?, operation).await? {
+                return Ok(Outcome::Skipped);
+            }
+        }
         let timeout = handler.timeout();
         let result = {
-            let mut job = Job {
-                event_id: d.event_id,
-                workspace_id: d.workspace_id,
-                operation_id: d.operation_id,
-                attempt: d.attempt,
-                payload,
-                traceparent: d.traceparent.clone(),
-                tx: &mut tx,
-                cancel: cancel.clone(),
-                pool: pool.clone(),
-            };
             let run = AssertUnwindSafe(handler.handle(&mut job)).catch_unwind();
             tokio::select! {
                 ran = tokio::time::timeout(timeout, run) => Some(match ran {
@@ -529,19 +570,22 @@ impl Worker {
             }
         };
         let Some(result) = result else {
-            tx.rollback().await?;
             return Ok(Outcome::Abandoned);
         };
         match result {
             Ok(value) => {
                 if let Some(operation) = d.operation_id {
-                    record::succeed_tx(&mut tx, operation, &value).await?;
+                    record::succeed_tx(job.tx().await?, operation, &value).await?;
                 }
-                tx.commit().await?;
+                if let Some(tx) = job.tx.take() {
+                    tx.commit().await?;
+                }
                 Ok(Outcome::Succeeded)
             }
             Err(e) => {
-                tx.rollback().await?;
+                if let Some(tx) = job.tx.take() {
+                    tx.rollback().await?;
+                }
                 let error = redact(&e.to_string());
                 let permanent = matches!(e, JobError::Permanent(_));
                 if permanent || d.attempt >= handler.max_attempts() {
