@@ -10,9 +10,10 @@
 //!
 //! Guarantees: an event committed is delivered at least once, whatever process dies when; the stream holds it once
 //! (the de-dup key), however often it is handed off. Several dispatchers cooperate through `SKIP LOCKED` and leases,
-//! with no leader. Ordering: within one workspace and queue, a batch goes out in event-id (creation) order, and
-//! batches of one dispatcher follow each other; across dispatchers, workspaces or failures (a failed event is retried
-//! after newer ones) there is no ordering guarantee, and consumers must not assume one.
+//! with no leader. Ordering: within one workspace and queue, a batch goes out in due order (for fresh events, the
+//! order they were written), and batches of one dispatcher follow each other; across dispatchers, workspaces or
+//! failures (a failed event is retried after newer ones) there is no ordering guarantee, and consumers must not
+//! assume one.
 
 pub mod claim;
 
@@ -120,6 +121,7 @@ impl Dispatcher {
     }
 
     async fn dispatch_workspace(&self, workspace: WorkspaceId) -> anyhow::Result<Settled> {
+        let t0 = std::time::Instant::now();
         let events = claim::claim(&self.pool, workspace, &self.id, self.settings.lease, self.settings.batch_size)
             .await
             .context("Failed to claim events")?;
@@ -128,7 +130,9 @@ impl Dispatcher {
         }
         self.metrics.outbox_batch_size.observe(events.len() as f64);
         let messages: Vec<Message> = events.iter().map(Self::message).collect();
+        let t1 = std::time::Instant::now();
         let results = self.producer.publish(&messages).await;
+        let t2 = std::time::Instant::now();
         fail::fail_point!("dispatcher::after_xadd");
 
         let backoff = Backoff { base: self.settings.backoff_base, max: self.settings.backoff_max };
@@ -167,6 +171,13 @@ impl Dispatcher {
         let settled = claim::settle(&self.pool, workspace, &self.id, &delivered, &failures, self.settings.max_attempts)
             .await
             .context("Failed to record the outcome of a batch")?;
+        tracing::debug!(
+            events = events.len(),
+            claim_ms = (t1 - t0).as_secs_f64() * 1e3,
+            publish_ms = (t2 - t1).as_secs_f64() * 1e3,
+            settle_ms = t2.elapsed().as_secs_f64() * 1e3,
+            "Batch relayed"
+        );
         for event in &events {
             if delivered.iter().any(|(id, _)| *id == event.id) {
                 self.metrics.outbox_dispatched.with_label_values(&[&event.queue]).inc();

@@ -1,25 +1,41 @@
-//! Publishing jobs: `XADD` de-duplicated by event id, in one atomic script per event, pipelined per batch.
+//! Publishing jobs: `XADD` de-duplicated by event id, atomically, in chunks of up to [`CHUNK`] events per script
+//! call, pipelined.
 //!
-//! The script reads the event's de-dup key; if it is set, the event is already in the stream and the script returns
-//! the stored entry id. Otherwise it `XADD`s with an auto id (explicit ids must grow, a UUID cannot be one) and sets
-//! the de-dup key to the new id with a TTL. Both keys carry the queue's hash tag, so the script stays in one slot.
+//! For each event the script reads its de-dup key; if it is set, the event is already in the stream and the script
+//! returns the stored entry id. Otherwise it `XADD`s with an auto id (explicit ids must grow, a UUID cannot be one)
+//! and sets the de-dup key to the new id with a TTL. All keys of a call belong to one queue and carry its hash tag,
+//! so a call stays in one Redis Cluster slot. A chunk that fails half-way is safe to run again: the events it had
+//! added are found by their de-dup keys.
+
+use std::collections::HashMap;
 
 use fred::prelude::{ClientLike, LuaInterface};
-use fred::types::Value;
-use fred::types::{ClusterHash, CustomCommand};
+use fred::types::{ClusterHash, CustomCommand, Value};
 use uuid::Uuid;
 
 use super::RedisClient;
 use super::keys::Keys;
 
+/// Events per script call: large enough to amortize the call, small enough to keep Redis responsive.
+pub const CHUNK: usize = 100;
+
+// KEYS[1] = the stream, KEYS[2..] = one de-dup key per event. ARGV[1] = de-dup TTL (ms); then, per event, the
+// number of field/value arguments followed by them.
 const PUBLISH_SCRIPT: &str = r#"
-local existing = redis.call('GET', KEYS[2])
-if existing then
-  return existing
+local ids = {}
+local pos = 2
+for i = 2, #KEYS do
+  local n = tonumber(ARGV[pos])
+  pos = pos + 1
+  local id = redis.call('GET', KEYS[i])
+  if not id then
+    id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, pos, pos + n - 1))
+    redis.call('SET', KEYS[i], id, 'PX', ARGV[1])
+  end
+  ids[#ids + 1] = id
+  pos = pos + n
 end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
-redis.call('SET', KEYS[2], id, 'PX', ARGV[1])
-return id
+return ids
 "#;
 
 /// One job to publish.
@@ -67,10 +83,8 @@ impl Producer {
         Self { client, keys, dedup_ttl_ms: dedup_ttl.as_millis().max(1) as u64, sha }
     }
 
-    fn args(&self, m: &Message) -> (Vec<String>, Vec<String>) {
-        let keys = vec![self.keys.stream(&m.queue), self.keys.dedup(&m.queue, &m.event_id, m.redrive)];
-        let mut args = vec![
-            self.dedup_ttl_ms.to_string(),
+    fn fields(m: &Message) -> Vec<String> {
+        let mut fields = vec![
             "event_id".into(),
             m.event_id.to_string(),
             "workspace_id".into(),
@@ -89,58 +103,101 @@ impl Producer {
             m.redrive.to_string(),
         ];
         if let Some(op) = m.operation_id {
-            args.extend(["operation_id".to_owned(), op.to_string()]);
+            fields.extend(["operation_id".to_owned(), op.to_string()]);
         }
-        (keys, args)
+        fields
+    }
+
+    /// The EVALSHA arguments for one chunk of one queue's messages.
+    fn command(&self, queue: &str, chunk: &[&Message]) -> Vec<String> {
+        let mut command = Vec::with_capacity(3 + chunk.len() * 20);
+        command.push(self.sha.clone());
+        command.push((chunk.len() + 1).to_string());
+        command.push(self.keys.stream(queue));
+        command.extend(chunk.iter().map(|m| self.keys.dedup(queue, &m.event_id, m.redrive)));
+        command.push(self.dedup_ttl_ms.to_string());
+        for m in chunk {
+            let fields = Self::fields(m);
+            command.push(fields.len().to_string());
+            command.extend(fields);
+        }
+        command
     }
 
     /// Publishes `messages` in one pipeline. Each result is the stream entry id (new, or the one an earlier
-    /// delivery of the same event got) or that message's error. Safe to repeat: the de-dup key makes it so.
+    /// delivery of the same event got) or the error of its chunk. Safe to repeat: the de-dup keys make it so.
     pub async fn publish(&self, messages: &[Message]) -> Vec<Result<String, fred::error::Error>> {
-        let mut results = self.publish_with(&self.sha, messages).await;
+        let mut results = self.publish_once(messages).await;
         if results.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
             // First use on this server (or after a restart or SCRIPT FLUSH): load and run the batch again.
             if let Err(e) = self.client.script_load::<String, _>(PUBLISH_SCRIPT).await {
                 return messages.iter().map(|_| Err(e.clone())).collect();
             }
-            results = self.publish_with(&self.sha, messages).await;
+            results = self.publish_once(messages).await;
         }
         results
     }
 
-    async fn publish_with(&self, sha: &str, messages: &[Message]) -> Vec<Result<String, fred::error::Error>> {
+    async fn publish_once(&self, messages: &[Message]) -> Vec<Result<String, fred::error::Error>> {
+        // Chunks per queue, remembering where each message's answer goes.
+        let mut by_queue: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, m) in messages.iter().enumerate() {
+            by_queue.entry(m.queue.as_str()).or_default().push(i);
+        }
+        let chunks: Vec<(&str, Vec<usize>)> = by_queue
+            .into_iter()
+            .flat_map(|(queue, idx)| idx.chunks(CHUNK).map(|c| (queue, c.to_vec())).collect::<Vec<_>>())
+            .collect();
         // Pipelines take no typed EVALSHA in fred, so it goes as a custom command routed by its first key.
         let evalsha = CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false);
         let pipeline = self.client.pipeline();
-        for m in messages {
-            let (keys, args) = self.args(m);
-            let mut command: Vec<String> = Vec::with_capacity(2 + keys.len() + args.len());
-            command.push(sha.to_owned());
-            command.push(keys.len().to_string());
-            command.extend(keys);
-            command.extend(args);
-            if let Err(e) = pipeline.custom::<Value, _>(evalsha.clone(), command).await {
+        let mut results: Vec<Result<String, fred::error::Error>> = messages
+            .iter()
+            .map(|_| Err(fred::error::Error::new(fred::error::ErrorKind::Unknown, "not sent")))
+            .collect();
+        for (queue, idx) in &chunks {
+            let chunk: Vec<&Message> = idx.iter().map(|&i| &messages[i]).collect();
+            if let Err(e) = pipeline.custom::<Value, _>(evalsha.clone(), self.command(queue, &chunk)).await {
                 return messages.iter().map(|_| Err(e.clone())).collect();
             }
         }
-        let results = pipeline.try_all::<Value>().await;
-        if results.len() != messages.len() {
-            let e = results
+        let replies = pipeline.try_all::<Value>().await;
+        if replies.len() != chunks.len() {
+            let e = replies
                 .into_iter()
                 .find_map(Result::err)
                 .unwrap_or_else(|| fred::error::Error::new(fred::error::ErrorKind::Unknown, "short pipeline reply"));
             return messages.iter().map(|_| Err(e.clone())).collect();
         }
-        results
-            .into_iter()
-            .map(|r| {
-                r.and_then(|v| {
-                    v.as_string().ok_or_else(|| {
-                        fred::error::Error::new(fred::error::ErrorKind::Protocol, "publish script returned no entry id")
+        for ((_, idx), reply) in chunks.iter().zip(replies) {
+            let ids: Result<Vec<String>, fred::error::Error> = reply.and_then(|v| match v {
+                Value::Array(items) if items.len() == idx.len() => items
+                    .iter()
+                    .map(|i| {
+                        i.as_string().ok_or_else(|| {
+                            fred::error::Error::new(
+                                fred::error::ErrorKind::Protocol,
+                                "publish script returned no entry id",
+                            )
+                        })
                     })
-                })
-            })
-            .collect()
+                    .collect(),
+                _ => Err(fred::error::Error::new(fred::error::ErrorKind::Protocol, "unexpected publish script reply")),
+            });
+            match ids {
+                Ok(ids) => {
+                    for (&i, id) in idx.iter().zip(ids) {
+                        results[i] = Ok(id);
+                    }
+                }
+                Err(e) => {
+                    for &i in idx {
+                        results[i] = Err(e.clone());
+                    }
+                }
+            }
+        }
+        results
     }
 
     /// The client, for status checks.

@@ -1,0 +1,466 @@
+//! Conveyor's benchmarks, run with `cargo bench --bench conveyor -- <scenario>[,<scenario>…]` (scripts/bench runs
+//! them beside BullMQ's reference on the same Redis and prints the ratios). Each scenario prints one JSON line.
+//!
+//! - `idempotency`: idempotent creates per second and replays per second over HTTP at 32 concurrent clients, and
+//!   the same SQL run by `pgbench` with 32 clients against the same database.
+//! - `dispatch`: drains a backlog of N outbox events spread over 100 workspaces into the streams; events per second.
+//! - `dispatch-latency`: commits events at RATE/s for SECONDS while a dispatcher runs; commit to `XADD` p50/p99.
+//! - `worker`: drains N prefilled jobs with a no-op handler at concurrency CONC; jobs per second.
+//! - `latency`: commits jobs at RATE/s for SECONDS through dispatcher and worker; commit to handler start p50/p99.
+//! - `worker-memory`: peak resident memory of a real `conveyor worker` process at concurrency CONC draining N jobs.
+//!
+//! Environment: N (default 100000), CONC (100), RATE (1000), SECONDS (10), and the test harness's database and
+//! Redis variables.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use conveyor::db;
+use conveyor::ids::WorkspaceId;
+use conveyor::metrics::Metrics;
+use conveyor::outbox::{self, JobPayload, NewEvent};
+use conveyor::stream::keys::Keys;
+use conveyor::stream::producer::{Message, Producer};
+use conveyor::worker::handler::BoxFuture;
+use conveyor::worker::{Handler, Job, JobError, Worker, WorkerSettings};
+use serde_json::json;
+use sha2::Digest;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn emit(value: serde_json::Value) {
+    let mut v = value;
+    v["system"] = json!("conveyor");
+    println!("{v}");
+}
+
+fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    Some(sorted[((p / 100.0 * sorted.len() as f64) as usize).min(sorted.len() - 1)])
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// The same uuid from a label in Rust and in SQL: the first 32 hex digits of sha256(label).
+fn derived_uuid(label: &str) -> Uuid {
+    let digest = sha2::Sha256::digest(label.as_bytes());
+    Uuid::from_slice(&digest[..16]).unwrap()
+}
+
+const SQL_UUID: &str = "left(encode(sha256(convert_to";
+
+fn pgbench(db: &common::TestDb, script: &str, clients: u64, seconds: u64) -> f64 {
+    let path = std::env::temp_dir().join(format!("conveyor-bench-{}.sql", Uuid::new_v4().simple()));
+    std::fs::write(&path, script).unwrap();
+    let out = std::process::Command::new("pgbench")
+        .args(["-n", "-c", &clients.to_string(), "-j", "2", "-T", &seconds.to_string(), "-f"])
+        .arg(&path)
+        .arg(&db.app_url)
+        .output()
+        .expect("pgbench is installed (postgresql-contrib)");
+    let _ = std::fs::remove_file(&path);
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("tps = ").and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()))
+        .unwrap_or_else(|| panic!("pgbench failed: {}{}", text, String::from_utf8_lossy(&out.stderr)))
+}
+
+async fn idempotency() {
+    let clients = 32u64;
+    let seconds = env("SECONDS", 10);
+    let app = Arc::new(common::TestApp::spawn().await);
+    let body = common::store_body("bench");
+    // Creates: every request a new key.
+    let run = |replay: bool| {
+        let app = app.clone();
+        let body = body.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(seconds);
+            let mut tasks = Vec::new();
+            for client in 0..clients {
+                let (app, body) = (app.clone(), body.clone());
+                tasks.push(tokio::spawn(async move {
+                    let principal = conveyor::auth::Principal {
+                        workspace_id: WorkspaceId(derived_uuid(&format!("ws{}", client + 1))),
+                        user_id: conveyor::ids::UserId(derived_uuid(&format!("user{}", client + 1))),
+                    };
+                    let token = app.token(principal);
+                    let replay_key = derived_uuid(&format!("replay{}", client + 1)).to_string();
+                    let mut done = 0u64;
+                    while Instant::now() < deadline {
+                        let key = if replay { replay_key.clone() } else { Uuid::new_v4().to_string() };
+                        let resp = app
+                            .http
+                            .post(app.url("/v1/stores"))
+                            .bearer_auth(&token)
+                            .header("idempotency-key", key)
+                            .json(&body)
+                            .send()
+                            .await
+                            .unwrap();
+                        assert_eq!(resp.status(), 202);
+                        assert_eq!(resp.headers().contains_key("idempotent-replayed"), replay);
+                        done += 1;
+                    }
+                    done
+                }));
+            }
+            let mut total = 0;
+            for t in tasks {
+                total += t.await.unwrap();
+            }
+            total as f64 / seconds as f64
+        }
+    };
+    let creates = run(false).await;
+    // Replays: one record per client, created once, then replayed.
+    for client in 1..=clients {
+        let principal = conveyor::auth::Principal {
+            workspace_id: WorkspaceId(derived_uuid(&format!("ws{client}"))),
+            user_id: conveyor::ids::UserId(derived_uuid(&format!("user{client}"))),
+        };
+        let key = derived_uuid(&format!("replay{client}")).to_string();
+        let resp = app.send_with_key(reqwest::Method::POST, "/v1/stores", principal, Some(&key), Some(&body)).await;
+        assert_eq!(resp.status(), 202);
+    }
+    let replays = run(true).await;
+
+    let uuid = |label: &str| format!("{SQL_UUID}('{label}' || :client_id, 'UTF8')), 'hex'), 32)::uuid");
+    let (ws, user, replay_key) = (uuid("ws"), uuid("user"), uuid("replay"));
+    let create_sql = format!(
+        r#"SELECT gen_random_uuid() AS k, gen_random_uuid() AS sid, gen_random_uuid() AS oid, gen_random_uuid() AS eid \gset
+BEGIN;
+SELECT set_config('app.workspace_id', ({ws})::text, true);
+SELECT request_fingerprint, status FROM idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :'k' AND expires_at > now();
+SELECT pg_try_advisory_xact_lock(hashtextextended('conveyor-idempotency:' || :'k', 0));
+SELECT request_fingerprint, status FROM idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :'k' AND expires_at > now();
+INSERT INTO idempotency_requests (workspace_id, user_id, http_method, request_path, idempotency_key, request_fingerprint, fingerprint_key_id, expires_at) VALUES ({ws}, {user}, 'POST', '/v1/stores', :'k', sha256('x'), 't1', now() + interval '48 hours');
+INSERT INTO stores (id, workspace_id, name, platform, created_by) VALUES (:'sid', {ws}, 'Main shop', 'sandbox', {user}) RETURNING id, name, platform, status, status_detail, created_at, updated_at, verified_at;
+INSERT INTO store_credentials (store_id, workspace_id, key_id, nonce, ciphertext) VALUES (:'sid', {ws}, 'k1', substr(sha256('n'), 1, 12), sha256('c'));
+INSERT INTO operations (id, workspace_id, kind, subject_id, created_by) VALUES (:'oid', {ws}, 'store.verify_credentials', :'sid', {user}) RETURNING id, kind, status, subject_id, progress, result, error, created_at, updated_at;
+INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent) VALUES (:'eid', {ws}, 'stores', 'store.verify_credentials', '{{"store_id": "x", "credentials_version": 1}}', :'oid', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01');
+SELECT pg_notify('conveyor_outbox', '');
+UPDATE idempotency_requests SET status = 'completed', response_status = 202, response_headers = '[]', response_body = '{{}}', completed_at = now() WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :'k' AND status = 'in_progress';
+COMMIT;
+"#
+    );
+    let replay_sql = format!(
+        r#"BEGIN;
+SELECT set_config('app.workspace_id', ({ws})::text, true);
+SELECT request_fingerprint, fingerprint_key_id, status, response_status, response_headers, response_body FROM idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = {replay_key} AND expires_at > now();
+ROLLBACK;
+"#
+    );
+    let pg_creates = pgbench(&app.db, &create_sql, clients, seconds);
+    let pg_replays = pgbench(&app.db, &replay_sql, clients, seconds);
+    emit(json!({
+        "scenario": "idempotency", "clients": clients, "seconds": seconds,
+        "creates_per_s": creates.round(), "pgbench_creates_per_s": pg_creates.round(),
+        "creates_ratio": round(creates / pg_creates),
+        "replays_per_s": replays.round(), "pgbench_replays_per_s": pg_replays.round(),
+        "replays_ratio": round(replays / pg_replays),
+    }));
+}
+
+/// Commits `per_workspace` events in each of `workspaces` workspaces, in batches of 1000 per transaction.
+async fn backlog(app: &common::TestApp, workspaces: usize, per_workspace: usize) {
+    for _ in 0..workspaces {
+        let ws = WorkspaceId(Uuid::new_v4());
+        let mut left = per_workspace;
+        while left > 0 {
+            let n = left.min(1000);
+            let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+            sqlx::query(
+                "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
+                 SELECT gen_random_uuid(), $1, 'stores', 'store.verify_credentials',
+                        jsonb_build_object('store_id', gen_random_uuid(), 'credentials_version', 1)
+                 FROM generate_series(1, $2)",
+            )
+            .bind(ws.0)
+            .bind(n as i32)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            tx.commit().await.unwrap();
+            left -= n;
+        }
+    }
+}
+
+async fn dispatch() {
+    let n = env("N", 100_000) as usize;
+    let app = common::TestApp::spawn().await;
+    backlog(&app, 100, n / 100).await;
+    sqlx::query("ANALYZE outbox_events").execute(&mut app.db.owner().await).await.unwrap();
+    let concurrency = env("DISPATCH_CONCURRENCY", 4);
+    let batch = env("DISPATCH_BATCH", 500);
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
+        v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), concurrency.to_string());
+        v.insert("CONVEYOR_DISPATCH_BATCH".into(), batch.to_string());
+    })
+    .await;
+    let started = Instant::now();
+    let mut dispatched = 0;
+    loop {
+        match dispatcher.dispatch_once().await.unwrap() {
+            conveyor::dispatcher::DispatchOutcome::Idle => break,
+            conveyor::dispatcher::DispatchOutcome::Worked(s) => dispatched += s.dispatched,
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(dispatched as usize, n / 100 * 100);
+    emit(
+        json!({ "scenario": "dispatch", "n": dispatched, "workspaces": 100, "per_s": (dispatched as f64 / elapsed).round() }),
+    );
+}
+
+/// Commits one event per transaction at `rate`/s for `seconds`, over 10 workspaces.
+async fn steady_commits(app: &common::TestApp, rate: u64, seconds: u64) -> usize {
+    let total = (rate * seconds) as usize;
+    let workspaces: Vec<WorkspaceId> = (0..10).map(|_| WorkspaceId(Uuid::new_v4())).collect();
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let due = started + Duration::from_secs_f64(i as f64 / rate as f64);
+        tokio::time::sleep_until(due).await;
+        let (pool, ws) = (app.db.pool.clone(), workspaces[i % workspaces.len()]);
+        tasks.push(tokio::spawn(async move {
+            let mut tx = db::begin_workspace(&pool, ws).await.unwrap();
+            let payload = JobPayload::StoreVerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
+            outbox::enqueue_tx(&mut tx, NewEvent { workspace_id: ws, payload, operation_id: None, traceparent: None })
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    total
+}
+
+async fn dispatch_latency() {
+    let (rate, seconds) = (env("RATE", 1000), env("SECONDS", 10));
+    let app = common::TestApp::spawn().await;
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
+        v.insert("CONVEYOR_DISPATCH_POLL".into(), "1s".into());
+    })
+    .await;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(dispatcher.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let total = steady_commits(&app, rate, seconds).await;
+    // Commit (the enqueue transaction's start, under a millisecond before its commit) to the XADD (the entry id's
+    // millisecond timestamp), for every event.
+    let drained = common::eventually(Duration::from_secs(60), || async {
+        let rows: Vec<(String, i64)> = sqlx::query_as("SELECT status, events FROM conveyor_outbox_backlog()")
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+        rows.iter().all(|(status, n)| status == "dead_letter" || *n == 0).then_some(())
+    })
+    .await;
+    assert!(drained.is_some(), "the dispatcher kept up");
+    let mut owner = app.db.owner().await;
+    let latencies: Vec<(f64,)> = sqlx::query_as(
+        "SELECT (split_part(stream_id, '-', 1)::bigint - (extract(epoch FROM created_at) * 1000))::float8
+         FROM outbox_events WHERE status = 'dispatched'",
+    )
+    .fetch_all(&mut owner)
+    .await
+    .unwrap();
+    shutdown.cancel();
+    let mut ms: Vec<f64> = latencies.into_iter().map(|(l,)| l.max(0.0)).collect();
+    ms.sort_by(f64::total_cmp);
+    emit(json!({
+        "scenario": "dispatch-latency", "rate_per_s": rate, "seconds": seconds, "sent": total, "received": ms.len(),
+        "p50_ms": percentile(&ms, 50.0), "p99_ms": percentile(&ms, 99.0), "max_ms": ms.last(),
+    }));
+}
+
+/// A handler that does nothing but note when it started.
+struct Noop {
+    started: Option<Arc<Mutex<Vec<f64>>>>,
+}
+
+impl Handler for Noop {
+    fn handle<'a>(&'a self, job: &'a mut Job) -> BoxFuture<'a, Result<serde_json::Value, JobError>> {
+        Box::pin(async move {
+            if let (Some(started), Some(enqueued)) = (&self.started, job.enqueued_at) {
+                let ms = (chrono::Utc::now() - enqueued).num_microseconds().unwrap_or(0) as f64 / 1000.0;
+                started.lock().unwrap().push(ms);
+            }
+            Ok(serde_json::Value::Null)
+        })
+    }
+}
+
+async fn noop_worker(app: &common::TestApp, concurrency: usize, started: Option<Arc<Mutex<Vec<f64>>>>) -> Worker {
+    let redis = common::redis_url();
+    let client = conveyor::stream::connect(&redis, Duration::from_secs(5)).await.unwrap();
+    let blocking = conveyor::stream::connect(&redis, Duration::from_secs(10)).await.unwrap();
+    let consumer =
+        conveyor::stream::consumer::Consumer::new(client, blocking, Keys::new(&app.redis_prefix), "bench".into());
+    Worker::builder(app.db.pool.clone(), consumer)
+        .handler("store.verify_credentials", Noop { started })
+        .settings(WorkerSettings { concurrency, ..WorkerSettings::default() })
+        .metrics(Metrics::new())
+        .build()
+        .unwrap()
+}
+
+/// Publishes `n` jobs (no operation) straight into the stream, 1000 per pipeline.
+async fn prefill(app: &common::TestApp, n: usize) {
+    let client = conveyor::stream::connect(&common::redis_url(), Duration::from_secs(10)).await.unwrap();
+    let producer = Producer::new(client, Keys::new(&app.redis_prefix), Duration::from_secs(3600));
+    let ws = Uuid::new_v4();
+    let mut left = n;
+    while left > 0 {
+        let batch: Vec<Message> = (0..left.min(1000))
+            .map(|_| Message {
+                queue: "stores".into(),
+                event_id: Uuid::now_v7(),
+                workspace_id: ws,
+                event_type: "store.verify_credentials".into(),
+                payload: json!({"store_id": Uuid::now_v7(), "credentials_version": 1}).to_string(),
+                operation_id: None,
+                attempt: 1,
+                enqueued_at_ms: chrono::Utc::now().timestamp_millis(),
+                traceparent: conveyor::telemetry::new_traceparent(),
+                redrive: 0,
+            })
+            .collect();
+        for r in producer.publish(&batch).await {
+            r.unwrap();
+        }
+        left -= batch.len();
+    }
+}
+
+async fn stream_len(app: &common::TestApp) -> u64 {
+    use fred::prelude::StreamsInterface;
+    let client = common::redis_client(&common::redis_url()).await;
+    client.xlen(Keys::new(&app.redis_prefix).stream("stores")).await.unwrap()
+}
+
+async fn worker() {
+    let (n, conc) = (env("N", 100_000) as usize, env("CONC", 100) as usize);
+    let app = common::TestApp::spawn().await;
+    let worker = noop_worker(&app, conc, None).await;
+    worker.ensure_groups().await.unwrap();
+    prefill(&app, n).await;
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let handle = tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(10)));
+    let client = common::redis_client(&common::redis_url()).await;
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    loop {
+        use fred::prelude::StreamsInterface;
+        let len: u64 = client.xlen(&stream).await.unwrap();
+        if len == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    emit(json!({ "scenario": "worker", "n": n, "concurrency": conc, "per_s": (n as f64 / elapsed).round() }));
+}
+
+async fn latency() {
+    let (rate, seconds, conc) = (env("RATE", 1000), env("SECONDS", 10), env("CONC", 100) as usize);
+    let app = common::TestApp::spawn().await;
+    let started = Arc::new(Mutex::new(Vec::new()));
+    let worker = noop_worker(&app, conc, Some(started.clone())).await;
+    worker.ensure_groups().await.unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(10)));
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |_| {}).await;
+    tokio::spawn(dispatcher.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let total = steady_commits(&app, rate, seconds).await;
+    common::eventually(Duration::from_secs(60), || async { (started.lock().unwrap().len() >= total).then_some(()) })
+        .await;
+    shutdown.cancel();
+    let mut ms = started.lock().unwrap().clone();
+    ms.sort_by(f64::total_cmp);
+    emit(json!({
+        "scenario": "latency", "rate_per_s": rate, "seconds": seconds, "concurrency": conc, "sent": total,
+        "received": ms.len(), "p50_ms": percentile(&ms, 50.0).map(round), "p99_ms": percentile(&ms, 99.0).map(round),
+        "max_ms": ms.last().copied().map(round),
+    }));
+}
+
+async fn worker_memory() {
+    let (n, conc) = (env("N", 100_000) as usize, env("CONC", 100));
+    let app = common::TestApp::spawn().await;
+    let (_sandbox, market) = common::sandbox(Default::default()).await;
+    noop_worker(&app, 1, None).await.ensure_groups().await.unwrap();
+    prefill(&app, n).await;
+    let mut vars: HashMap<String, String> = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_MARKETPLACE_URL".into(), market);
+    vars.insert("CONVEYOR_WORKER_CONCURRENCY".into(), conc.to_string());
+    vars.insert("CONVEYOR_DATABASE_MAX_CONNECTIONS".into(), "32".into());
+    vars.insert("RUST_LOG".into(), "warn".into());
+    let mut process = common::Process::spawn(&["worker"], &vars);
+    let started = Instant::now();
+    let mut peak_kib = 0u64;
+    let status = format!("/proc/{}/status", process.child.id());
+    loop {
+        if let Ok(s) = std::fs::read_to_string(&status) {
+            let hwm = s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok());
+            peak_kib = peak_kib.max(hwm.unwrap_or(0));
+        }
+        if stream_len(&app).await == 0 || started.elapsed() > Duration::from_secs(300) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    process.kill();
+    emit(json!({
+        "scenario": "worker-memory", "n": n, "concurrency": conc, "handler": "store.verify_credentials (store gone)",
+        "peak_rss_mib": round(peak_kib as f64 / 1024.0), "per_s": (n as f64 / elapsed).round(),
+    }));
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let which = args
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "idempotency,dispatch,dispatch-latency,worker,latency,worker-memory".into());
+    if std::env::var("RUST_LOG").is_ok() {
+        conveyor::telemetry::init_logging(false);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        for scenario in which.split(',') {
+            match scenario {
+                "idempotency" => idempotency().await,
+                "dispatch" => dispatch().await,
+                "dispatch-latency" => dispatch_latency().await,
+                "worker" => worker().await,
+                "latency" => latency().await,
+                "worker-memory" => worker_memory().await,
+                other => panic!("unknown scenario {other}"),
+            }
+        }
+    });
+}
