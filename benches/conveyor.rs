@@ -65,7 +65,7 @@ fn pgbench(db: &common::TestDb, script: &str, clients: u64, seconds: u64) -> f64
     let path = std::env::temp_dir().join(format!("conveyor-bench-{}.sql", Uuid::new_v4().simple()));
     std::fs::write(&path, script).unwrap();
     let out = std::process::Command::new("pgbench")
-        .args(["-n", "-c", &clients.to_string(), "-j", "2", "-T", &seconds.to_string(), "-f"])
+        .args(["-n", "-M", "prepared", "-c", &clients.to_string(), "-j", "2", "-T", &seconds.to_string(), "-f"])
         .arg(&path)
         .arg(&db.app_url)
         .output()
@@ -137,22 +137,24 @@ async fn idempotency() {
     }
     let replays = run(true).await;
 
-    let uuid = |label: &str| format!("{SQL_UUID}('{label}' || :client_id, 'UTF8')), 'hex'), 32)::uuid");
+    // pgbench's client ids count from 0, the HTTP clients' labels from 1.
+    let uuid =
+        |label: &str| format!("{SQL_UUID}('{label}' || (:client_id::int + 1)::text, 'UTF8')), 'hex'), 32)::uuid");
     let (ws, user, replay_key) = (uuid("ws"), uuid("user"), uuid("replay"));
     let create_sql = format!(
         r#"SELECT gen_random_uuid() AS k, gen_random_uuid() AS sid, gen_random_uuid() AS oid, gen_random_uuid() AS eid \gset
 BEGIN;
 SELECT set_config('app.workspace_id', ({ws})::text, true);
-SELECT request_fingerprint, status FROM idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :'k' AND expires_at > now();
-SELECT pg_try_advisory_xact_lock(hashtextextended('conveyor-idempotency:' || :'k', 0));
-SELECT request_fingerprint, status FROM idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :'k' AND expires_at > now();
-INSERT INTO idempotency_requests (workspace_id, user_id, http_method, request_path, idempotency_key, request_fingerprint, fingerprint_key_id, expires_at) VALUES ({ws}, {user}, 'POST', '/v1/stores', :'k', sha256('x'), 't1', now() + interval '48 hours');
-INSERT INTO stores (id, workspace_id, name, platform, created_by) VALUES (:'sid', {ws}, 'Main shop', 'sandbox', {user}) RETURNING id, name, platform, status, status_detail, created_at, updated_at, verified_at;
-INSERT INTO store_credentials (store_id, workspace_id, key_id, nonce, ciphertext) VALUES (:'sid', {ws}, 'k1', substr(sha256('n'), 1, 12), sha256('c'));
-INSERT INTO operations (id, workspace_id, kind, subject_id, created_by) VALUES (:'oid', {ws}, 'store.verify_credentials', :'sid', {user}) RETURNING id, kind, status, subject_id, progress, result, error, created_at, updated_at;
-INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent) VALUES (:'eid', {ws}, 'stores', 'store.verify_credentials', '{{"store_id": "x", "credentials_version": 1}}', :'oid', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01');
+SELECT request_fingerprint, status FROM idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :k::uuid AND expires_at > now();
+SELECT pg_try_advisory_xact_lock(hashtextextended('conveyor-idempotency:' || :k::text, 0));
+SELECT request_fingerprint, status FROM idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :k::uuid AND expires_at > now();
+INSERT INTO idempotency_requests (workspace_id, user_id, http_method, request_path, idempotency_key, request_fingerprint, fingerprint_key_id, expires_at) VALUES ({ws}, {user}, 'POST', '/v1/stores', :k::uuid, sha256('x'), 't1', now() + interval '48 hours');
+INSERT INTO stores (id, workspace_id, name, platform, created_by) VALUES (:sid::uuid, {ws}, 'Main shop', 'sandbox', {user}) RETURNING id, name, platform, status, status_detail, created_at, updated_at, verified_at;
+INSERT INTO store_credentials (store_id, workspace_id, key_id, nonce, ciphertext) VALUES (:sid::uuid, {ws}, 'k1', substr(sha256('n'), 1, 12), sha256('c'));
+INSERT INTO operations (id, workspace_id, kind, subject_id, created_by) VALUES (:oid::uuid, {ws}, 'store.verify_credentials', :sid::uuid, {user}) RETURNING id, kind, status, subject_id, progress, result, error, created_at, updated_at;
+INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent) VALUES (:eid::uuid, {ws}, 'stores', 'store.verify_credentials', '{{"store_id": "x", "credentials_version": 1}}', :oid::uuid, '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01');
 SELECT pg_notify('conveyor_outbox', '');
-UPDATE idempotency_requests SET status = 'completed', response_status = 202, response_headers = '[]', response_body = '{{}}', completed_at = now() WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :'k' AND status = 'in_progress';
+UPDATE idempotency_requests SET status = 'completed', response_status = 202, response_headers = '[]', response_body = '{{}}', completed_at = now() WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :k::uuid AND status = 'in_progress';
 COMMIT;
 "#
     );
@@ -226,29 +228,36 @@ async fn dispatch() {
     );
 }
 
-/// Commits one event per transaction at `rate`/s for `seconds`, over 10 workspaces.
-async fn steady_commits(app: &common::TestApp, rate: u64, seconds: u64) -> usize {
+/// Commits one event per transaction at `rate`/s for `seconds`, over 10 workspaces. Returns, per event, its id and
+/// the wall-clock time (ms since the epoch) at which its commit returned.
+async fn steady_commits(app: &common::TestApp, rate: u64, seconds: u64) -> Vec<(Uuid, f64)> {
     let total = (rate * seconds) as usize;
     let workspaces: Vec<WorkspaceId> = (0..10).map(|_| WorkspaceId(Uuid::new_v4())).collect();
+    let pool = db::connect(&app.db.app_url, 32).await.unwrap();
     let started = tokio::time::Instant::now();
     let mut tasks = Vec::with_capacity(total);
     for i in 0..total {
         let due = started + Duration::from_secs_f64(i as f64 / rate as f64);
         tokio::time::sleep_until(due).await;
-        let (pool, ws) = (app.db.pool.clone(), workspaces[i % workspaces.len()]);
+        let (pool, ws) = (pool.clone(), workspaces[i % workspaces.len()]);
         tasks.push(tokio::spawn(async move {
             let mut tx = db::begin_workspace(&pool, ws).await.unwrap();
             let payload = JobPayload::StoreVerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
-            outbox::enqueue_tx(&mut tx, NewEvent { workspace_id: ws, payload, operation_id: None, traceparent: None })
-                .await
-                .unwrap();
+            let id = outbox::enqueue_tx(
+                &mut tx,
+                NewEvent { workspace_id: ws, payload, operation_id: None, traceparent: None },
+            )
+            .await
+            .unwrap();
             tx.commit().await.unwrap();
+            (id, chrono::Utc::now().timestamp_micros() as f64 / 1000.0)
         }));
     }
+    let mut committed = Vec::with_capacity(total);
     for t in tasks {
-        t.await.unwrap();
+        committed.push(t.await.unwrap());
     }
-    total
+    committed
 }
 
 async fn dispatch_latency() {
@@ -261,9 +270,8 @@ async fn dispatch_latency() {
     let shutdown = CancellationToken::new();
     tokio::spawn(dispatcher.run(shutdown.clone()));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let total = steady_commits(&app, rate, seconds).await;
-    // Commit (the enqueue transaction's start, under a millisecond before its commit) to the XADD (the entry id's
-    // millisecond timestamp), for every event.
+    let committed = steady_commits(&app, rate, seconds).await;
+    let total = committed.len();
     let drained = common::eventually(Duration::from_secs(60), || async {
         let rows: Vec<(String, i64)> = sqlx::query_as("SELECT status, events FROM conveyor_outbox_backlog()")
             .fetch_all(&app.db.pool)
@@ -273,15 +281,18 @@ async fn dispatch_latency() {
     })
     .await;
     assert!(drained.is_some(), "the dispatcher kept up");
+    // Commit (when the enqueue transaction's COMMIT returned) to XADD (the entry id's millisecond timestamp).
     let mut owner = app.db.owner().await;
-    let latencies: Vec<(f64,)> = sqlx::query_as(
-        "SELECT (split_part(stream_id, '-', 1)::bigint - (extract(epoch FROM created_at) * 1000))::float8
-         FROM outbox_events WHERE status = 'dispatched'",
-    )
-    .fetch_all(&mut owner)
-    .await
-    .unwrap();
+    let rows: Vec<(Uuid, String)> =
+        sqlx::query_as("SELECT id, stream_id FROM outbox_events WHERE status = 'dispatched'")
+            .fetch_all(&mut owner)
+            .await
+            .unwrap();
+    let added: HashMap<Uuid, f64> =
+        rows.into_iter().map(|(id, sid)| (id, sid.split('-').next().unwrap().parse::<f64>().unwrap())).collect();
+    let latencies: Vec<(f64,)> = committed.iter().filter_map(|(id, at)| added.get(id).map(|x| (x - at,))).collect();
     shutdown.cancel();
+    // The entry id has millisecond resolution: a latency under a millisecond can read as slightly negative.
     let mut ms: Vec<f64> = latencies.into_iter().map(|(l,)| l.max(0.0)).collect();
     ms.sort_by(f64::total_cmp);
     emit(json!({
@@ -391,7 +402,7 @@ async fn latency() {
     let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |_| {}).await;
     tokio::spawn(dispatcher.run(shutdown.clone()));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let total = steady_commits(&app, rate, seconds).await;
+    let total = steady_commits(&app, rate, seconds).await.len();
     common::eventually(Duration::from_secs(60), || async { (started.lock().unwrap().len() >= total).then_some(()) })
         .await;
     shutdown.cancel();

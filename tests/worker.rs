@@ -121,7 +121,7 @@ async fn one_event_delivered_twice_makes_one_marketplace_effect_and_one_success(
     .expect("the hand-off was marked");
     let event_id = app.db.rows("outbox_events", who.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
     let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-    assert!(conveyor::worker::record::redrive_tx(&mut tx, event_id).await.unwrap());
+    assert!(conveyor::worker::record::redrive_tx(&mut tx, who.workspace_id, event_id).await.unwrap());
     tx.commit().await.unwrap();
     common::eventually(Duration::from_secs(20), || async {
         let events = app.db.rows("outbox_events", who.workspace_id).await;

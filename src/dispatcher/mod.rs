@@ -227,6 +227,26 @@ impl Dispatcher {
         let mut listener =
             PgListener::connect_with(&self.pool).await.context("Failed to open the LISTEN connection")?;
         listener.listen(NOTIFY_CHANNEL).await.context("Failed to LISTEN")?;
+        // The listener runs in a task of its own, so that its `recv` is never cancelled half-way by the select below;
+        // it forwards a wake-up per notification (or per failure, which the poll then covers).
+        let (wake_tx, mut wake) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let listen_stop = shutdown.clone();
+        let poll = self.settings.poll_interval;
+        let listening = tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    _ = listen_stop.cancelled() => return,
+                    next = listener.recv() => next,
+                };
+                if let Err(e) = next {
+                    tracing::warn!(error = ?e, "LISTEN connection failed; it reconnects, polling meanwhile");
+                    tokio::time::sleep(poll).await;
+                }
+                if wake_tx.send(()).is_err() {
+                    return;
+                }
+            }
+        });
         tracing::info!(id = %self.id, "Dispatcher started");
         let mut last_backlog = tokio::time::Instant::now() - Duration::from_secs(60);
         while !shutdown.is_cancelled() {
@@ -244,14 +264,11 @@ impl Dispatcher {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(self.settings.poll_interval) => {}
-                notification = listener.recv() => {
-                    if let Err(e) = notification {
-                        tracing::warn!(error = ?e, "LISTEN connection failed; it reconnects, polling meanwhile");
-                        tokio::time::sleep(self.settings.poll_interval).await;
-                    }
-                }
+                // One pass serves every notification that arrived meanwhile.
+                Some(()) = wake.recv() => while wake.try_recv().is_ok() {},
             }
         }
+        listening.abort();
         tracing::info!(id = %self.id, "Dispatcher stopped");
         Ok(())
     }

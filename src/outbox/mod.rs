@@ -13,6 +13,17 @@ pub use event::JobPayload;
 /// The channel the dispatcher `LISTEN`s on; a commit that wrote events notifies it.
 pub const NOTIFY_CHANNEL: &str = "conveyor_outbox";
 
+/// Tells the dispatchers, at commit, that `workspace` has due events (the payload is its id, so they need not
+/// look it up). Several notifications of one transaction with the same payload arrive as one.
+pub async fn notify_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(NOTIFY_CHANNEL)
+        .bind(workspace.0.to_string())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// An event to enqueue.
 #[derive(Clone, Debug)]
 pub struct NewEvent {
@@ -57,6 +68,6 @@ pub async fn enqueue_tx(tx: &mut WorkspaceTx, event: NewEvent) -> Result<Uuid, s
     .bind(event.traceparent)
     .execute(&mut **tx)
     .await?;
-    sqlx::query("SELECT pg_notify($1, '')").bind(NOTIFY_CHANNEL).execute(&mut **tx).await?;
+    notify_tx(tx, event.workspace_id).await?;
     Ok(id)
 }

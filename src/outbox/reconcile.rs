@@ -9,7 +9,6 @@ use std::time::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::NOTIFY_CHANNEL;
 use crate::db;
 use crate::ids::WorkspaceId;
 
@@ -48,7 +47,7 @@ pub async fn redrive_stalled(pool: &PgPool, stalled_for: Duration, limit: i64) -
         .await?
         .rows_affected();
         if moved > 0 {
-            sqlx::query("SELECT pg_notify($1, '')").bind(NOTIFY_CHANNEL).execute(&mut *tx).await?;
+            super::notify_tx(&mut tx, WorkspaceId(workspace)).await?;
             tracing::warn!(workspace = %workspace, events = moved, "Re-driven stalled jobs from PostgreSQL");
         }
         tx.commit().await?;

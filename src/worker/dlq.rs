@@ -9,7 +9,6 @@ use uuid::Uuid;
 
 use crate::db;
 use crate::ids::WorkspaceId;
-use crate::outbox::NOTIFY_CHANNEL;
 
 /// A dead-lettered job.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -71,7 +70,7 @@ pub async fn replay(pool: &PgPool, id: Uuid) -> Result<bool, sqlx::Error> {
         .execute(&mut *tx)
         .await?;
     }
-    sqlx::query("SELECT pg_notify($1, '')").bind(NOTIFY_CHANNEL).execute(&mut *tx).await?;
+    crate::outbox::notify_tx(&mut tx, WorkspaceId(dead.workspace_id)).await?;
     tx.commit().await?;
     Ok(moved == 1)
 }

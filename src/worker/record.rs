@@ -8,7 +8,6 @@ use uuid::Uuid;
 
 use crate::db::{self, WorkspaceTx};
 use crate::ids::WorkspaceId;
-use crate::outbox::NOTIFY_CHANNEL;
 
 /// Marks the operation `running` for attempt `attempt`. False when it has already finished (a repeat delivery).
 pub async fn start(pool: &PgPool, workspace: WorkspaceId, operation: Uuid, attempt: u32) -> Result<bool, sqlx::Error> {
@@ -128,7 +127,7 @@ pub async fn dead_letter(
 }
 
 /// Sends a `dispatched` event through the outbox again (new re-drive generation), e.g. after Redis lost its entry.
-pub async fn redrive_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<bool, sqlx::Error> {
+pub async fn redrive_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, event_id: Uuid) -> Result<bool, sqlx::Error> {
     let moved = sqlx::query(
         "UPDATE outbox_events
          SET status = 'pending', next_attempt_at = now(), redrive_count = redrive_count + 1,
@@ -139,7 +138,7 @@ pub async fn redrive_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<bool, sq
     .execute(&mut **tx)
     .await?
     .rows_affected();
-    sqlx::query("SELECT pg_notify($1, '')").bind(NOTIFY_CHANNEL).execute(&mut **tx).await?;
+    crate::outbox::notify_tx(tx, workspace).await?;
     Ok(moved == 1)
 }
 

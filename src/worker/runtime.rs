@@ -387,7 +387,7 @@ impl Worker {
         for entry_id in reclaimed.deleted {
             if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.pool, queue, &entry_id).await? {
                 let mut tx = db::begin_workspace(&self.0.pool, workspace).await?;
-                if record::redrive_tx(&mut tx, event_id).await? {
+                if record::redrive_tx(&mut tx, workspace, event_id).await? {
                     tracing::warn!(queue, event_id = %event_id, "Stream entry lost by Redis; re-driven from PostgreSQL");
                 }
                 tx.commit().await?;

@@ -441,7 +441,9 @@ pub async fn test_dispatcher(
         conveyor::stream::keys::Keys::new(&app.redis_prefix),
         settings.dedup_ttl,
     );
-    Dispatcher::new(app.db.pool.clone(), producer, settings, Metrics::new(), Dispatcher::default_id())
+    // A pool of its own, as a dispatcher process would have.
+    let pool = db::connect(&app.db.app_url, 8).await.unwrap();
+    Dispatcher::new(pool, producer, settings, Metrics::new(), Dispatcher::default_id())
 }
 
 /// A worker with the shipped handlers over the test's database and prefix, on `redis_url`, calling the
