@@ -66,11 +66,19 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(stores::routes())
         .merge(operations::routes())
+        .route("/v1/openapi.json", axum::routing::get(openapi))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), track_metrics))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// The OpenAPI 3 document of this API (tests check that it matches the router).
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+async fn openapi() -> impl axum::response::IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI)
 }
 
 async fn not_found() -> error::ApiError {
