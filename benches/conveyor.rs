@@ -228,9 +228,9 @@ async fn dispatch() {
     );
 }
 
-/// Commits one event per transaction at `rate`/s for `seconds`, over 10 workspaces. Returns, per event, its id and
-/// the wall-clock time (ms since the epoch) at which its commit returned.
-async fn steady_commits(app: &common::TestApp, rate: u64, seconds: u64) -> Vec<(Uuid, f64)> {
+/// Commits one event per transaction at `rate`/s for `seconds`, over 10 workspaces. Returns, per event, its id, the
+/// wall-clock time (ms since the epoch) at which its COMMIT was sent, and the time at which it returned.
+async fn steady_commits(app: &common::TestApp, rate: u64, seconds: u64) -> Vec<(Uuid, f64, f64)> {
     let total = (rate * seconds) as usize;
     let workspaces: Vec<WorkspaceId> = (0..10).map(|_| WorkspaceId(Uuid::new_v4())).collect();
     let pool = db::connect(&app.db.app_url, 32).await.unwrap();
@@ -249,8 +249,9 @@ async fn steady_commits(app: &common::TestApp, rate: u64, seconds: u64) -> Vec<(
             )
             .await
             .unwrap();
+            let sent = chrono::Utc::now().timestamp_micros() as f64 / 1000.0;
             tx.commit().await.unwrap();
-            (id, chrono::Utc::now().timestamp_micros() as f64 / 1000.0)
+            (id, sent, chrono::Utc::now().timestamp_micros() as f64 / 1000.0)
         }));
     }
     let mut committed = Vec::with_capacity(total);
@@ -264,7 +265,9 @@ async fn dispatch_latency() {
     let (rate, seconds) = (env("RATE", 1000), env("SECONDS", 10));
     let app = common::TestApp::spawn().await;
     let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
-        v.insert("CONVEYOR_DISPATCH_POLL".into(), "1s".into());
+        if let Ok(c) = std::env::var("DISPATCH_CONCURRENCY") {
+            v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), c);
+        }
     })
     .await;
     let shutdown = CancellationToken::new();
@@ -290,7 +293,7 @@ async fn dispatch_latency() {
             .unwrap();
     let added: HashMap<Uuid, f64> =
         rows.into_iter().map(|(id, sid)| (id, sid.split('-').next().unwrap().parse::<f64>().unwrap())).collect();
-    let latencies: Vec<(f64,)> = committed.iter().filter_map(|(id, at)| added.get(id).map(|x| (x - at,))).collect();
+    let latencies: Vec<(f64,)> = committed.iter().filter_map(|(id, _, at)| added.get(id).map(|x| (x - at,))).collect();
     shutdown.cancel();
     // The entry id has millisecond resolution: a latency under a millisecond can read as slightly negative.
     let mut ms: Vec<f64> = latencies.into_iter().map(|(l,)| l.max(0.0)).collect();
@@ -301,24 +304,28 @@ async fn dispatch_latency() {
     }));
 }
 
-/// A handler that does nothing but note when it started.
+/// A handler that does nothing but note which job started when (ms since the epoch).
 struct Noop {
-    started: Option<Arc<Mutex<Vec<f64>>>>,
+    started: Option<Arc<Mutex<HashMap<Uuid, f64>>>>,
 }
 
 impl Handler for Noop {
     fn handle<'a>(&'a self, job: &'a mut Job) -> BoxFuture<'a, Result<serde_json::Value, JobError>> {
         Box::pin(async move {
-            if let (Some(started), Some(enqueued)) = (&self.started, job.enqueued_at) {
-                let ms = (chrono::Utc::now() - enqueued).num_microseconds().unwrap_or(0) as f64 / 1000.0;
-                started.lock().unwrap().push(ms);
+            if let Some(started) = &self.started {
+                let now = chrono::Utc::now().timestamp_micros() as f64 / 1000.0;
+                started.lock().unwrap().entry(job.event_id).or_insert(now);
             }
             Ok(serde_json::Value::Null)
         })
     }
 }
 
-async fn noop_worker(app: &common::TestApp, concurrency: usize, started: Option<Arc<Mutex<Vec<f64>>>>) -> Worker {
+async fn noop_worker(
+    app: &common::TestApp,
+    concurrency: usize,
+    started: Option<Arc<Mutex<HashMap<Uuid, f64>>>>,
+) -> Worker {
     let redis = common::redis_url();
     let client = conveyor::stream::connect(&redis, Duration::from_secs(5)).await.unwrap();
     let blocking = conveyor::stream::connect(&redis, Duration::from_secs(10)).await.unwrap();
@@ -394,19 +401,28 @@ async fn worker() {
 async fn latency() {
     let (rate, seconds, conc) = (env("RATE", 1000), env("SECONDS", 10), env("CONC", 100) as usize);
     let app = common::TestApp::spawn().await;
-    let started = Arc::new(Mutex::new(Vec::new()));
+    let started = Arc::new(Mutex::new(HashMap::new()));
     let worker = noop_worker(&app, conc, Some(started.clone())).await;
     worker.ensure_groups().await.unwrap();
     let shutdown = CancellationToken::new();
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(10)));
-    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |_| {}).await;
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
+        if let Ok(c) = std::env::var("DISPATCH_CONCURRENCY") {
+            v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), c);
+        }
+    })
+    .await;
     tokio::spawn(dispatcher.run(shutdown.clone()));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let total = steady_commits(&app, rate, seconds).await.len();
+    let committed = steady_commits(&app, rate, seconds).await;
+    let total = committed.len();
     common::eventually(Duration::from_secs(60), || async { (started.lock().unwrap().len() >= total).then_some(()) })
         .await;
     shutdown.cancel();
-    let mut ms = started.lock().unwrap().clone();
+    // From the moment COMMIT was sent (BullMQ's reference measures from the moment `add` is called).
+    let started = started.lock().unwrap().clone();
+    let mut ms: Vec<f64> =
+        committed.iter().filter_map(|(id, sent, _)| started.get(id).map(|at| (at - sent).max(0.0))).collect();
     ms.sort_by(f64::total_cmp);
     emit(json!({
         "scenario": "latency", "rate_per_s": rate, "seconds": seconds, "concurrency": conc, "sent": total,

@@ -205,8 +205,3 @@ impl Producer {
         &self.client
     }
 }
-
-/// Whether the client's connection is up (used to skip work while Redis is away).
-pub fn is_connected(client: &RedisClient) -> bool {
-    client.is_connected()
-}
