@@ -326,12 +326,20 @@ async fn noop_worker(
     concurrency: usize,
     started: Option<Arc<Mutex<HashMap<Uuid, f64>>>>,
 ) -> Worker {
+    noop_worker_on(app.db.pool.clone(), &app.redis_prefix, concurrency, started).await
+}
+
+async fn noop_worker_on(
+    pool: sqlx::PgPool,
+    prefix: &str,
+    concurrency: usize,
+    started: Option<Arc<Mutex<HashMap<Uuid, f64>>>>,
+) -> Worker {
     let redis = common::redis_url();
     let client = conveyor::stream::connect(&redis, Duration::from_secs(5)).await.unwrap();
     let blocking = conveyor::stream::connect(&redis, Duration::from_secs(10)).await.unwrap();
-    let consumer =
-        conveyor::stream::consumer::Consumer::new(client, blocking, Keys::new(&app.redis_prefix), "bench".into());
-    Worker::builder(app.db.pool.clone(), consumer)
+    let consumer = conveyor::stream::consumer::Consumer::new(client, blocking, Keys::new(prefix), "bench".into());
+    Worker::builder(pool, consumer)
         .handler("store.verify_credentials", Noop { started })
         .settings(WorkerSettings { concurrency, ..WorkerSettings::default() })
         .metrics(Metrics::new())
@@ -402,10 +410,24 @@ async fn latency() {
     let (rate, seconds, conc) = (env("RATE", 1000), env("SECONDS", 10), env("CONC", 100) as usize);
     let app = common::TestApp::spawn().await;
     let started = Arc::new(Mutex::new(HashMap::new()));
-    let worker = noop_worker(&app, conc, Some(started.clone())).await;
-    worker.ensure_groups().await.unwrap();
     let shutdown = CancellationToken::new();
-    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(10)));
+    // The worker runs on a runtime of its own, as a worker process would, not behind the load generator's tasks.
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let worker_thread = {
+        let (url, prefix, started, shutdown) =
+            (app.db.app_url.clone(), app.redis_prefix.clone(), started.clone(), shutdown.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let pool = db::connect(&url, 4).await.unwrap();
+                let worker = noop_worker_on(pool, &prefix, conc, Some(started)).await;
+                worker.ensure_groups().await.unwrap();
+                ready_tx.send(()).unwrap();
+                worker.run(shutdown, Duration::from_secs(10)).await.unwrap();
+            })
+        })
+    };
+    ready.recv().unwrap();
     let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
         if let Ok(c) = std::env::var("DISPATCH_CONCURRENCY") {
             v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), c);
@@ -419,6 +441,7 @@ async fn latency() {
     common::eventually(Duration::from_secs(60), || async { (started.lock().unwrap().len() >= total).then_some(()) })
         .await;
     shutdown.cancel();
+    worker_thread.join().unwrap();
     // From the moment COMMIT was sent (BullMQ's reference measures from the moment `add` is called).
     let started = started.lock().unwrap().clone();
     let mut ms: Vec<f64> =
