@@ -446,9 +446,25 @@ async fn latency() {
     let started = started.lock().unwrap().clone();
     let mut ms: Vec<f64> =
         committed.iter().filter_map(|(id, sent, _)| started.get(id).map(|at| (at - sent).max(0.0))).collect();
+    let mut commit: Vec<f64> = committed.iter().map(|(_, sent, done)| done - sent).collect();
+    commit.sort_by(f64::total_cmp);
+    // Where the time goes: the XADD (the entry id's millisecond) to the handler's start.
+    let rows: Vec<(Uuid, String)> =
+        sqlx::query_as("SELECT id, stream_id FROM outbox_events WHERE stream_id IS NOT NULL")
+            .fetch_all(&mut app.db.owner().await)
+            .await
+            .unwrap();
+    let mut from_xadd: Vec<f64> = rows
+        .iter()
+        .filter_map(|(id, sid)| Some(started.get(id)? - sid.split('-').next()?.parse::<f64>().ok()?))
+        .collect();
+    from_xadd.sort_by(f64::total_cmp);
     ms.sort_by(f64::total_cmp);
     emit(json!({
         "scenario": "latency", "rate_per_s": rate, "seconds": seconds, "concurrency": conc, "sent": total,
+        "commit_p50_ms": percentile(&commit, 50.0).map(round), "commit_p99_ms": percentile(&commit, 99.0).map(round),
+        "xadd_to_start_p50_ms": percentile(&from_xadd, 50.0).map(round),
+        "xadd_to_start_p99_ms": percentile(&from_xadd, 99.0).map(round),
         "received": ms.len(), "p50_ms": percentile(&ms, 50.0).map(round), "p99_ms": percentile(&ms, 99.0).map(round),
         "max_ms": ms.last().copied().map(round),
     }));

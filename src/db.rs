@@ -26,10 +26,17 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Er
 
 /// Begins a transaction scoped to `workspace`: row-level security shows and accepts only its rows.
 pub async fn begin_workspace(pool: &PgPool, workspace: WorkspaceId) -> Result<WorkspaceTx, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SELECT set_config('app.workspace_id', $1, true)")
-        .bind(workspace.0.to_string())
-        .execute(&mut *tx)
-        .await?;
-    Ok(tx)
+    begin_workspace_then(pool, workspace, "").await
+}
+
+/// Like [`begin_workspace`], then runs `then` (fixed SQL, no parameters) in the same round trip, after the
+/// workspace is set, so row-level security applies to it.
+pub async fn begin_workspace_then(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    then: &'static str,
+) -> Result<WorkspaceTx, sqlx::Error> {
+    // One round trip for BEGIN and the setting. A typed UUID renders as 36 hex digits and hyphens: nothing to quote.
+    let statement = format!("BEGIN; SELECT set_config('app.workspace_id', '{}', true); {then}", workspace.0);
+    pool.begin_with(sqlx::AssertSqlSafe(statement)).await
 }

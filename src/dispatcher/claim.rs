@@ -48,13 +48,15 @@ pub async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<WorkspaceId
     Ok(rows.into_iter().map(|(id,)| WorkspaceId(id)).collect())
 }
 
-/// Makes the dispatcher's own transactions skip the wait for their WAL flush. Safe: a claim or a mark lost in a
-/// PostgreSQL crash only sends the event through the relay again, where its de-dup key finds it already in the
-/// stream. The business transaction that wrote the event stays fully synchronous.
-async fn relaxed_commit(tx: &mut db::WorkspaceTx) -> Result<(), sqlx::Error> {
-    sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut **tx).await?;
-    Ok(())
-}
+/// The dispatcher's own transactions skip the wait for their WAL flush. Safe: a claim or a mark lost in a PostgreSQL
+/// crash only sends the event through the relay again, where its de-dup key finds it already in the stream. The
+/// business transaction that wrote the event stays fully synchronous.
+const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
+
+/// Sent with the claim transaction's BEGIN: events whose lease expired (their dispatcher died) become due again.
+const RELAXED_COMMIT_AND_EXPIRE_LEASES: &str = "SET LOCAL synchronous_commit = off;
+     UPDATE outbox_events SET status = 'pending', locked_by = NULL, locked_until = NULL
+     WHERE status = 'dispatching' AND locked_until <= now();";
 
 /// Claims up to `limit` due events of `workspace` in due order (`next_attempt_at`, then id: for fresh events, the
 /// order they were written), skipping rows another dispatcher has locked, and leases them to `me` for `lease`.
@@ -67,14 +69,7 @@ pub async fn claim(
     lease: Duration,
     limit: i64,
 ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-    let mut tx = db::begin_workspace(pool, workspace).await?;
-    relaxed_commit(&mut tx).await?;
-    sqlx::query(
-        "UPDATE outbox_events SET status = 'pending', locked_by = NULL, locked_until = NULL
-         WHERE status = 'dispatching' AND locked_until <= now()",
-    )
-    .execute(&mut *tx)
-    .await?;
+    let mut tx = db::begin_workspace_then(pool, workspace, RELAXED_COMMIT_AND_EXPIRE_LEASES).await?;
     // The subquery walks the partial index (workspace_id, next_attempt_at, id) in order and stops at `limit`;
     // `= ANY(ARRAY(...))` keeps the update an index lookup per claimed id.
     let mut events = sqlx::query_as::<_, ClaimedEvent>(
@@ -136,8 +131,7 @@ pub async fn settle(
     max_attempts: i32,
 ) -> Result<Settled, sqlx::Error> {
     let mut settled = Settled::default();
-    let mut tx = db::begin_workspace(pool, workspace).await?;
-    relaxed_commit(&mut tx).await?;
+    let mut tx = db::begin_workspace_then(pool, workspace, RELAXED_COMMIT).await?;
     if !delivered.is_empty() {
         let ids: Vec<Uuid> = delivered.iter().map(|(id, _)| *id).collect();
         let stream_ids: Vec<&str> = delivered.iter().map(|(_, sid)| sid.as_str()).collect();
