@@ -132,7 +132,7 @@ pub async fn run(config: Config, role: Role) -> anyhow::Result<()> {
             producer,
             config.dispatcher.clone(),
             state.metrics.clone(),
-            Dispatcher::default_id(),
+            crate::ids::instance_name(),
         );
         spawn("dispatcher", Box::pin(dispatcher.run(shutdown.clone())));
     }
@@ -178,7 +178,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         .await
         .context("Failed to open the blocking Redis connection")?;
     let consumer =
-        Consumer::new(state.redis.clone(), blocking, Keys::new(&config.redis_prefix), Dispatcher::default_id());
+        Consumer::new(state.redis.clone(), blocking, Keys::new(&config.redis_prefix), crate::ids::instance_name());
     let marketplace = Arc::new(HttpMarketplace::new(marketplace_url, config.job_timeout));
     let settings = WorkerSettings {
         concurrency: config.worker_concurrency,

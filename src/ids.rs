@@ -32,3 +32,10 @@ id_type!(
     /// An authenticated user (the JWT `sub`).
     UserId
 );
+
+/// This process's name among its peers: host, process id and a random suffix. Dispatchers hold leases under it
+/// (`locked_by`) and workers consume under it, so it must differ between processes, restarts included.
+pub fn instance_name() -> String {
+    let host = std::env::var("HOSTNAME").or_else(|_| std::fs::read_to_string("/etc/hostname")).unwrap_or_default();
+    format!("{}-{}-{}", host.trim(), std::process::id(), &Uuid::new_v4().simple().to_string()[..8])
+}

@@ -62,12 +62,6 @@ impl Dispatcher {
         Self { pool, producer, settings, metrics, id }
     }
 
-    /// A unique dispatcher name: host, process id and a random suffix.
-    pub fn default_id() -> String {
-        let host = std::env::var("HOSTNAME").or_else(|_| std::fs::read_to_string("/etc/hostname")).unwrap_or_default();
-        format!("{}-{}-{}", host.trim(), std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
-    }
-
     /// One pass over every workspace with due events.
     pub async fn dispatch_once(&self) -> anyhow::Result<DispatchOutcome> {
         let workspaces = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)

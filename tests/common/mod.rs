@@ -443,7 +443,7 @@ pub async fn test_dispatcher(
     );
     // A pool of its own, as a dispatcher process would have.
     let pool = db::connect(&app.db.app_url, 8).await.unwrap();
-    Dispatcher::new(pool, producer, settings, Metrics::new(), Dispatcher::default_id())
+    Dispatcher::new(pool, producer, settings, Metrics::new(), conveyor::ids::instance_name())
 }
 
 /// A worker with the shipped handlers over the test's database and prefix, on `redis_url`, calling the
