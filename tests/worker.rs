@@ -168,7 +168,7 @@ async fn a_worker_killed_mid_job_is_replaced_and_a_live_long_job_is_not_stolen()
 
     // A job longer than the visibility time-out, on a live worker, is not taken by another one.
     sandbox.set(Settings { latency_ms: 5000, ..Settings::default() });
-    let settings = WorkerSettings { visibility: Duration::from_millis(1500), ..fast() };
+    let settings = WorkerSettings { visibility: Duration::from_millis(2500), ..fast() };
     let (m1, m2) = (Metrics::new(), Metrics::new());
     let w1 = common::test_worker(&app, &redis, &market, settings.clone(), 5, m1.clone()).await;
     tokio::spawn(w1.run(shutdown.clone(), Duration::from_secs(10)));
