@@ -358,3 +358,24 @@ async fn sigterm_stops_the_dispatcher_cleanly_with_no_lease_left_behind() {
     assert!(status.0.success(), "exit 0 on SIGTERM; log:\n{}", status.1.log());
     assert_eq!(count_status(&app, &[ws], "dispatching").await, 0, "no lease left held");
 }
+
+#[tokio::test]
+async fn one_dispatcher_relays_a_workspaces_events_in_the_order_they_were_written() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let ws = WorkspaceId(Uuid::new_v4());
+    let mut written = Vec::new();
+    for _ in 0..8 {
+        written.extend(enqueue(&app, ws, 5).await);
+    }
+    // Small batches, so that order must hold across batches too.
+    let d = dispatcher(&app, &redis, |v| {
+        v.insert("CONVEYOR_DISPATCH_BATCH".into(), "7".into());
+    })
+    .await;
+    while d.dispatch_once().await.unwrap() != DispatchOutcome::Idle {}
+    let client = common::redis_client(&redis).await;
+    let relayed = common::stream_event_ids(&client, &stream_key(&app)).await;
+    let written: Vec<String> = written.iter().map(Uuid::to_string).collect();
+    assert_eq!(relayed, written);
+}

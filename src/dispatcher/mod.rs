@@ -141,6 +141,7 @@ impl Dispatcher {
                         .outbox_dispatch_latency
                         .with_label_values(&[&event.queue])
                         .observe(latency.as_secs_f64());
+                    self.metrics.outbox_dispatched.with_label_values(&[&event.queue]).inc();
                     delivered.push((event.id, stream_id));
                 }
                 Err(e) => {
@@ -153,6 +154,10 @@ impl Dispatcher {
                     };
                     self.metrics.outbox_dispatch_errors.with_label_values(&[reason]).inc();
                     let attempt = event.attempt_count + 1;
+                    if attempt >= self.settings.max_attempts {
+                        // The same rule `settle` applies: this failure dead-letters the event.
+                        self.metrics.outbox_dead_letters.with_label_values(&[&event.queue]).inc();
+                    }
                     failures.push(Failure {
                         id: event.id,
                         attempt,
@@ -172,14 +177,7 @@ impl Dispatcher {
             settle_ms = t2.elapsed().as_secs_f64() * 1e3,
             "Batch relayed"
         );
-        for event in &events {
-            if delivered.iter().any(|(id, _)| *id == event.id) {
-                self.metrics.outbox_dispatched.with_label_values(&[&event.queue]).inc();
-            }
-        }
         if settled.dead_lettered > 0 {
-            let queue = &events[0].queue;
-            self.metrics.outbox_dead_letters.with_label_values(&[queue]).inc_by(settled.dead_lettered);
             tracing::error!(workspace = %workspace, count = settled.dead_lettered, "Outbox events dead-lettered");
         }
         if let Some(f) = failures.first() {
