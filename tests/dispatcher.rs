@@ -379,3 +379,115 @@ async fn one_dispatcher_relays_a_workspaces_events_in_the_order_they_were_writte
     let written: Vec<String> = written.iter().map(Uuid::to_string).collect();
     assert_eq!(relayed, written);
 }
+
+#[tokio::test]
+async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leaves_no_workspace_set() {
+    use conveyor::dispatcher::claim;
+    let app = TestApp::spawn().await;
+    let (a, b, c) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    let (in_a, in_b, in_c) = (enqueue(&app, a, 3).await, enqueue(&app, b, 5).await, enqueue(&app, c, 2).await);
+
+    let claimed = claim::claim(&app.db.pool, &[a, b], "me", Duration::from_secs(30), 4).await.unwrap();
+    let of =
+        |ws: WorkspaceId| -> Vec<Uuid> { claimed.iter().filter(|e| e.workspace_id == ws.0).map(|e| e.id).collect() };
+    assert_eq!(of(a), in_a, "all of a's, in the order written");
+    assert_eq!(of(b), in_b[..4].to_vec(), "b's first four: the batch is per workspace");
+    assert!(of(c).is_empty(), "c was not named");
+    assert_eq!(count_status(&app, &[c], "pending").await, in_c.len());
+    assert_eq!(count_status(&app, &[b], "pending").await, 1);
+
+    // Inside a caller's transaction, the call leaves no workspace behind: the next statement sees nothing.
+    let mut conn = app.db.app_connection().await;
+    let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+    let again: Vec<(String,)> = sqlx::query_as("SELECT tid::text FROM conveyor_claim_outbox($1, 'me', 30, 10)")
+        .bind(vec![c.0])
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), in_c.len());
+    let (visible,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut *tx).await.unwrap();
+    assert_eq!(visible, 0, "no workspace is set after the call");
+    tx.rollback().await.unwrap();
+
+    // The mark is fenced per event: a stale row version (or another holder) marks nothing.
+    let delivered: Vec<claim::Delivered> = claimed
+        .iter()
+        .map(|e| claim::Delivered {
+            workspace: WorkspaceId(e.workspace_id),
+            tid: e.tid.clone(),
+            id: e.id,
+            stream_id: "1-1".into(),
+        })
+        .collect();
+    let by_other = claim::settle(&app.db.pool, "someone-else", &delivered, &[], 10).await.unwrap();
+    assert_eq!((by_other.dispatched, by_other.lost_lease), (0, delivered.len() as u64));
+    let mine = claim::settle(&app.db.pool, "me", &delivered, &[], 10).await.unwrap();
+    assert_eq!((mine.dispatched, mine.lost_lease), (delivered.len() as u64, 0));
+    assert_eq!(count_status(&app, &[a, b], "dispatched").await, delivered.len());
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_it() {
+    use conveyor::dispatcher::claim;
+    let app = TestApp::spawn().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let ids = enqueue(&app, ws, 2).await;
+    let first = claim::claim(&app.db.pool, &[ws], "dead", Duration::from_millis(1), 10).await.unwrap();
+    assert_eq!(first.len(), 2);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = claim::claim(&app.db.pool, &[ws], "alive", Duration::from_secs(30), 10).await.unwrap();
+    assert_eq!(second.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "the expired leases, taken over");
+    let delivered = |events: &[claim::ClaimedEvent]| -> Vec<claim::Delivered> {
+        events
+            .iter()
+            .map(|e| claim::Delivered { workspace: ws, tid: e.tid.clone(), id: e.id, stream_id: "1-1".into() })
+            .collect()
+    };
+    let late = claim::settle(&app.db.pool, "dead", &delivered(&first), &[], 10).await.unwrap();
+    assert_eq!((late.dispatched, late.lost_lease), (0, 2), "the old holder's mark is fenced off");
+    let settled = claim::settle(&app.db.pool, "alive", &delivered(&second), &[], 10).await.unwrap();
+    assert_eq!(settled.dispatched, 2);
+}
+
+#[tokio::test]
+async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_was_empty() {
+    use conveyor::dispatcher::claim;
+    let app = TestApp::spawn().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    // One connection, so that its cached plans are the ones under test: made on an empty table, then reused.
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&app.db.app_url).await.unwrap();
+    for _ in 0..8 {
+        let events = claim::claim(&pool, &[ws], "me", Duration::from_secs(30), 10).await.unwrap();
+        assert!(events.is_empty());
+        claim::settle(&pool, "me", &[], &[], 10).await.unwrap();
+    }
+    let seq_scans = || async {
+        let mut owner = app.db.owner().await;
+        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut owner).await.unwrap();
+        let (n,): (i64,) = sqlx::query_as("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'outbox_events'")
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
+        n
+    };
+    for _ in 0..20 {
+        enqueue(&app, ws, 100).await;
+    }
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
+    let before = seq_scans().await;
+    let mut relayed = 0;
+    loop {
+        let events = claim::claim(&pool, &[ws], "me", Duration::from_secs(30), 100).await.unwrap();
+        if events.is_empty() {
+            break;
+        }
+        let delivered: Vec<claim::Delivered> = events
+            .iter()
+            .map(|e| claim::Delivered { workspace: ws, tid: e.tid.clone(), id: e.id, stream_id: "1-1".into() })
+            .collect();
+        relayed += claim::settle(&pool, "me", &delivered, &[], 10).await.unwrap().dispatched;
+    }
+    assert_eq!(relayed, 2000);
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
+    assert_eq!(seq_scans().await, before, "no claim or mark read the whole table");
+}

@@ -13,6 +13,8 @@ use crate::ids::WorkspaceId;
 /// A claimed event, leased to this dispatcher.
 #[derive(Debug, sqlx::FromRow)]
 pub struct ClaimedEvent {
+    /// The claimed row version's physical address (`ctid`), which the mark goes by.
+    pub tid: String,
     /// Event id (job id).
     pub id: Uuid,
     /// Tenant.
@@ -53,49 +55,53 @@ pub async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<WorkspaceId
 /// business transaction that wrote the event stays fully synchronous.
 const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 
-/// Sent with the claim transaction's BEGIN: events whose lease expired (their dispatcher died) become due again.
-const RELAXED_COMMIT_AND_EXPIRE_LEASES: &str = "SET LOCAL synchronous_commit = off;
-     UPDATE outbox_events SET status = 'pending', locked_by = NULL, locked_until = NULL
-     WHERE status = 'dispatching' AND locked_until <= now();";
-
-/// Claims up to `limit` due events of `workspace` in due order (`next_attempt_at`, then id: for fresh events, the
-/// order they were written), skipping rows another dispatcher has locked, and leases them to `me` for `lease`.
-/// Events whose lease expired (their dispatcher died) become due again first. Commits before returning, so the
-/// lease is visible to every other dispatcher.
+/// For each of `workspaces`, claims up to `per_workspace` due events in due order (`next_attempt_at`, then id: for
+/// fresh events, the order they were written), skipping rows another dispatcher has locked, and leases them to `me`
+/// for `lease`. Events whose lease expired (their dispatcher died) become due again first. One statement, so one
+/// transaction that commits before returning: the leases are visible to every other dispatcher. It runs as the
+/// application role under row-level security: `conveyor_claim_outbox` is a function of the invoker that sets each
+/// workspace in turn, so each workspace's claim sees that workspace's rows only.
+///
+/// The events come back in due order, which keeps each workspace's events in the order they were written.
 pub async fn claim(
     pool: &PgPool,
-    workspace: WorkspaceId,
+    workspaces: &[WorkspaceId],
     me: &str,
     lease: Duration,
-    limit: i64,
+    per_workspace: i64,
 ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-    let mut tx = db::begin_workspace_then(pool, workspace, RELAXED_COMMIT_AND_EXPIRE_LEASES).await?;
-    // The subquery walks the partial index (workspace_id, next_attempt_at, id) in order and stops at `limit`;
-    // `= ANY(ARRAY(...))` keeps the update an index lookup per claimed id.
+    let ids: Vec<Uuid> = workspaces.iter().map(|w| w.0).collect();
     let mut events = sqlx::query_as::<_, ClaimedEvent>(
-        "UPDATE outbox_events e
-         SET status = 'dispatching', locked_by = $2, locked_until = now() + make_interval(secs => $3)
-         WHERE e.id = ANY(ARRAY(
-             SELECT id FROM outbox_events
-             WHERE status = 'pending' AND next_attempt_at <= now()
-             ORDER BY next_attempt_at, id
-             LIMIT $1
-             FOR UPDATE SKIP LOCKED))
-         RETURNING e.id, e.workspace_id, e.queue, e.event_type, e.event_payload, e.operation_id, e.attempt_count,
-                   e.created_at, e.traceparent, e.redrive_count, e.job_attempts, e.next_attempt_at",
+        "SELECT tid::text AS tid, id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
+                attempt_count, job_attempts, redrive_count, created_at, next_attempt_at
+         FROM conveyor_claim_outbox($1, $2, $3, $4)",
     )
-    .bind(limit)
+    .bind(&ids)
     .bind(me)
     .bind(lease.as_secs_f64())
-    .fetch_all(&mut *tx)
+    .bind(i32::try_from(per_workspace).unwrap_or(i32::MAX))
+    .fetch_all(pool)
     .await?;
-    tx.commit().await?;
     events.sort_by_key(|e| (e.next_attempt_at, e.id));
     Ok(events)
 }
 
+/// An event in the stream: its workspace, id and stream entry id.
+pub struct Delivered {
+    /// Tenant.
+    pub workspace: WorkspaceId,
+    /// The claimed row version ([`ClaimedEvent::tid`]).
+    pub tid: String,
+    /// Event id.
+    pub id: Uuid,
+    /// Stream entry id.
+    pub stream_id: String,
+}
+
 /// A hand-off that failed.
 pub struct Failure {
+    /// Tenant.
+    pub workspace: WorkspaceId,
     /// The event.
     pub id: Uuid,
     /// Its failed hand-offs so far, this one included.
@@ -117,77 +123,97 @@ pub struct Settled {
     pub dead_lettered: u64,
     /// Events no longer leased to us (lease expired and taken): left alone.
     pub lost_lease: u64,
+    /// Workspaces whose batch came back full: they may have more events due.
+    pub full: u64,
 }
 
-/// In one transaction: marks `dispatched` the events whose lease `me` still holds (fenced: `locked_by = me` and
-/// `locked_until > now()`), and returns `failures` to `pending` with their back-off, or to `dead_letter` once they
-/// reach `max_attempts` (failing their operation with a redacted reason).
+/// Marks `dispatched` the events whose lease `me` still holds (fenced: `locked_by = me` and `locked_until > now()`),
+/// all in one statement; then, in one transaction per workspace, returns `failures` to `pending` with their back-off,
+/// or to `dead_letter` once they reach `max_attempts` (failing their operation with a redacted reason).
 pub async fn settle(
     pool: &PgPool,
-    workspace: WorkspaceId,
     me: &str,
-    delivered: &[(Uuid, String)],
+    delivered: &[Delivered],
     failures: &[Failure],
     max_attempts: i32,
 ) -> Result<Settled, sqlx::Error> {
     let mut settled = Settled::default();
-    let mut tx = db::begin_workspace_then(pool, workspace, RELAXED_COMMIT).await?;
     if !delivered.is_empty() {
-        let ids: Vec<Uuid> = delivered.iter().map(|(id, _)| *id).collect();
-        let stream_ids: Vec<&str> = delivered.iter().map(|(_, sid)| sid.as_str()).collect();
-        settled.dispatched = sqlx::query(
-            "UPDATE outbox_events e
-             SET status = 'dispatched', stream_id = v.stream_id, dispatched_at = now(),
-                 locked_by = NULL, locked_until = NULL, last_error = NULL
-             FROM unnest($1::uuid[], $2::text[]) AS v(id, stream_id)
-             WHERE e.id = v.id AND e.status = 'dispatching' AND e.locked_by = $3 AND e.locked_until > now()",
-        )
-        .bind(&ids)
-        .bind(&stream_ids)
-        .bind(me)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        let workspaces: Vec<Uuid> = delivered.iter().map(|d| d.workspace.0).collect();
+        let tids: Vec<&str> = delivered.iter().map(|d| d.tid.as_str()).collect();
+        let ids: Vec<Uuid> = delivered.iter().map(|d| d.id).collect();
+        let stream_ids: Vec<&str> = delivered.iter().map(|d| d.stream_id.as_str()).collect();
+        let (marked,): (i64,) = sqlx::query_as("SELECT conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5)")
+            .bind(me)
+            .bind(&workspaces)
+            .bind(&tids)
+            .bind(&ids)
+            .bind(&stream_ids)
+            .fetch_one(pool)
+            .await?;
+        settled.dispatched = marked as u64;
         settled.lost_lease += delivered.len() as u64 - settled.dispatched;
     }
-    if !failures.is_empty() {
-        let ids: Vec<Uuid> = failures.iter().map(|f| f.id).collect();
-        let delays: Vec<f64> = failures.iter().map(|f| f.delay.as_secs_f64()).collect();
-        let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
-        let rows: Vec<(String, Option<Uuid>)> = sqlx::query_as(
-            "UPDATE outbox_events e
-             SET attempt_count = e.attempt_count + 1,
-                 status = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dead_letter' ELSE 'pending' END,
-                 failure_stage = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dispatch' END,
-                 dead_lettered_at = CASE WHEN e.attempt_count + 1 >= $4 THEN now() END,
-                 next_attempt_at = now() + make_interval(secs => v.delay),
-                 last_error = v.error, locked_by = NULL, locked_until = NULL
-             FROM unnest($1::uuid[], $2::float8[], $3::text[]) AS v(id, delay, error)
-             WHERE e.id = v.id AND e.status = 'dispatching' AND e.locked_by = $5
-             RETURNING e.status, e.operation_id",
+    let mut workspaces: Vec<WorkspaceId> = failures.iter().map(|f| f.workspace).collect();
+    workspaces.sort_by_key(|w| w.0);
+    workspaces.dedup();
+    for workspace in workspaces {
+        let failed: Vec<&Failure> = failures.iter().filter(|f| f.workspace == workspace).collect();
+        let s = record_failures(pool, workspace, me, &failed, max_attempts).await?;
+        settled.retried += s.retried;
+        settled.dead_lettered += s.dead_lettered;
+        settled.lost_lease += s.lost_lease;
+    }
+    Ok(settled)
+}
+
+/// In one transaction of `workspace`: returns `failures` to `pending` with their back-off, or to `dead_letter` once
+/// they reach `max_attempts`, failing their operation with a redacted reason.
+async fn record_failures(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    me: &str,
+    failures: &[&Failure],
+    max_attempts: i32,
+) -> Result<Settled, sqlx::Error> {
+    let mut settled = Settled::default();
+    let mut tx = db::begin_workspace_then(pool, workspace, RELAXED_COMMIT).await?;
+    let ids: Vec<Uuid> = failures.iter().map(|f| f.id).collect();
+    let delays: Vec<f64> = failures.iter().map(|f| f.delay.as_secs_f64()).collect();
+    let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
+    let rows: Vec<(String, Option<Uuid>)> = sqlx::query_as(
+        "UPDATE outbox_events e
+         SET attempt_count = e.attempt_count + 1,
+             status = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dead_letter' ELSE 'pending' END,
+             failure_stage = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dispatch' END,
+             dead_lettered_at = CASE WHEN e.attempt_count + 1 >= $4 THEN now() END,
+             next_attempt_at = now() + make_interval(secs => v.delay),
+             last_error = v.error, locked_by = NULL, locked_until = NULL
+         FROM unnest($1::uuid[], $2::float8[], $3::text[]) AS v(id, delay, error)
+         WHERE e.id = v.id AND e.status = 'dispatching' AND e.locked_by = $5
+         RETURNING e.status, e.operation_id",
+    )
+    .bind(&ids)
+    .bind(&delays)
+    .bind(&errors)
+    .bind(max_attempts)
+    .bind(me)
+    .fetch_all(&mut *tx)
+    .await?;
+    let dead_operations: Vec<Uuid> =
+        rows.iter().filter(|(status, _)| status == "dead_letter").filter_map(|(_, op)| *op).collect();
+    settled.dead_lettered = rows.iter().filter(|(status, _)| status == "dead_letter").count() as u64;
+    settled.retried = rows.len() as u64 - settled.dead_lettered;
+    settled.lost_lease += failures.len() as u64 - rows.len() as u64;
+    if !dead_operations.is_empty() {
+        sqlx::query(
+            "UPDATE operations SET status = 'failed', error = 'the job could not be handed to a worker',
+                    finished_at = now(), updated_at = now()
+             WHERE id = ANY($1) AND status IN ('queued', 'running')",
         )
-        .bind(&ids)
-        .bind(&delays)
-        .bind(&errors)
-        .bind(max_attempts)
-        .bind(me)
-        .fetch_all(&mut *tx)
+        .bind(&dead_operations)
+        .execute(&mut *tx)
         .await?;
-        let dead_operations: Vec<Uuid> =
-            rows.iter().filter(|(status, _)| status == "dead_letter").filter_map(|(_, op)| *op).collect();
-        settled.dead_lettered = rows.iter().filter(|(status, _)| status == "dead_letter").count() as u64;
-        settled.retried = rows.len() as u64 - settled.dead_lettered;
-        settled.lost_lease += failures.len() as u64 - rows.len() as u64;
-        if !dead_operations.is_empty() {
-            sqlx::query(
-                "UPDATE operations SET status = 'failed', error = 'the job could not be handed to a worker',
-                        finished_at = now(), updated_at = now()
-                 WHERE id = ANY($1) AND status IN ('queued', 'running')",
-            )
-            .bind(&dead_operations)
-            .execute(&mut *tx)
-            .await?;
-        }
     }
     tx.commit().await?;
     Ok(settled)

@@ -1,12 +1,13 @@
 //! The dispatcher: relays committed outbox events into Redis Streams (seed sections 3 and 4).
 //!
 //! One pass ([`Dispatcher::dispatch_once`]): find the workspaces with due events through the narrow
-//! `SECURITY DEFINER` function; per workspace, in workspace-scoped transactions under RLS, claim a batch
-//! (`FOR UPDATE SKIP LOCKED`, leased to this dispatcher with `locked_by`/`locked_until`), publish it in one
-//! pipeline (one de-duplicating script per event), then mark the delivered ones `dispatched` with their stream entry
-//! id, fenced by the lease, and return the failed ones to `pending` with exponential back-off, or `dead_letter` past
-//! the maximum. The loop ([`Dispatcher::run`]) repeats passes while there is work, then waits for a notification or
-//! the polling interval.
+//! `SECURITY DEFINER` function; for a group of workspaces at a time, claim a batch of each, every workspace's claim
+//! under RLS for that workspace alone (`FOR UPDATE SKIP LOCKED`, leased to this dispatcher with
+//! `locked_by`/`locked_until`), publish the group's events in one pipeline (one de-duplicating script per ≤100
+//! events), then mark the delivered ones `dispatched` with their stream entry id, fenced by the lease, and return the
+//! failed ones to `pending` with exponential back-off, or `dead_letter` past the maximum. The loop
+//! ([`Dispatcher::run`]) relays the workspaces named by notifications as they come, with no lookup, and sweeps every
+//! workspace at start, every poll interval and while a backlog lasts.
 //!
 //! Guarantees: an event committed is delivered at least once, whatever process dies when; the stream holds it once
 //! (the de-dup key), however often it is handed off. Several dispatchers cooperate through `SKIP LOCKED` and leases,
@@ -17,6 +18,7 @@
 
 pub mod claim;
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -24,6 +26,7 @@ use futures_util::StreamExt;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use crate::backoff::Backoff;
 use crate::config::DispatcherSettings;
@@ -33,10 +36,13 @@ use crate::outbox::NOTIFY_CHANNEL;
 use crate::redact::redact;
 use crate::stream::producer::{Message, Producer};
 use crate::telemetry;
-use claim::{ClaimedEvent, Failure, Settled};
+use claim::{ClaimedEvent, Delivered, Failure, Settled};
 
 /// Workspaces looked at per pass.
 const WORKSPACES_PER_PASS: i32 = 1000;
+
+/// At most this many workspaces are claimed (and marked) together, in one statement each.
+const WORKSPACES_PER_CLAIM: usize = 32;
 
 /// What one pass did.
 #[derive(Debug, PartialEq, Eq)]
@@ -62,18 +68,28 @@ impl Dispatcher {
         Self { pool, producer, settings, metrics, id }
     }
 
-    /// One pass over every workspace with due events.
+    /// One pass over every workspace with due events (a sweep): the workspaces come from the `SECURITY DEFINER`
+    /// function, then each gets one batch relayed, as in [`Dispatcher::relay`].
     pub async fn dispatch_once(&self) -> anyhow::Result<DispatchOutcome> {
         let workspaces = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
             .await
             .context("Failed to list workspaces with due events")?;
+        // A sweep meets backlogs: small groups, many of them, so that one group's claim, publish and mark overlap
+        // with the others' (with one big group per slot, every slot would wait on PostgreSQL, then all on Redis).
+        let per_group = workspaces.len().div_ceil(self.settings.concurrency.max(1) * 8).clamp(1, WORKSPACES_PER_CLAIM);
+        self.relay(workspaces, per_group).await
+    }
+
+    /// Relays one batch of each of `workspaces`: in groups of `per_group`, each group claimed in one statement,
+    /// published in one pipeline and marked in one statement, `concurrency` groups at a time.
+    async fn relay(&self, workspaces: Vec<WorkspaceId>, per_group: usize) -> anyhow::Result<DispatchOutcome> {
         if workspaces.is_empty() {
             return Ok(DispatchOutcome::Idle);
         }
-        let mut total = Settled::default();
-        let mut results = futures_util::stream::iter(workspaces)
-            .map(|ws| self.dispatch_workspace(ws))
+        let mut results = futures_util::stream::iter(workspaces.chunks(per_group).map(<[_]>::to_vec))
+            .map(|group| self.dispatch_group(group))
             .buffer_unordered(self.settings.concurrency);
+        let mut total = Settled::default();
         let mut first_error = None;
         while let Some(result) = results.next().await {
             match result {
@@ -82,6 +98,7 @@ impl Dispatcher {
                     total.retried += s.retried;
                     total.dead_lettered += s.dead_lettered;
                     total.lost_lease += s.lost_lease;
+                    total.full += s.full;
                 }
                 Err(e) => {
                     self.metrics.outbox_dispatch_errors.with_label_values(&["database"]).inc();
@@ -114,15 +131,21 @@ impl Dispatcher {
         }
     }
 
-    async fn dispatch_workspace(&self, workspace: WorkspaceId) -> anyhow::Result<Settled> {
+    /// Claims, publishes and settles one batch of each of `workspaces`.
+    async fn dispatch_group(&self, workspaces: Vec<WorkspaceId>) -> anyhow::Result<Settled> {
         let t0 = std::time::Instant::now();
-        let events = claim::claim(&self.pool, workspace, &self.id, self.settings.lease, self.settings.batch_size)
+        let events = claim::claim(&self.pool, &workspaces, &self.id, self.settings.lease, self.settings.batch_size)
             .await
             .context("Failed to claim events")?;
         if events.is_empty() {
             return Ok(Settled::default());
         }
         self.metrics.outbox_batch_size.observe(events.len() as f64);
+        let mut per_workspace: HashMap<Uuid, i64> = HashMap::new();
+        for event in &events {
+            *per_workspace.entry(event.workspace_id).or_default() += 1;
+        }
+        let full = per_workspace.values().filter(|&&n| n >= self.settings.batch_size).count() as u64;
         let messages: Vec<Message> = events.iter().map(Self::message).collect();
         let t1 = std::time::Instant::now();
         let results = self.producer.publish(&messages).await;
@@ -142,7 +165,12 @@ impl Dispatcher {
                         .with_label_values(&[&event.queue])
                         .observe(latency.as_secs_f64());
                     self.metrics.outbox_dispatched.with_label_values(&[&event.queue]).inc();
-                    delivered.push((event.id, stream_id));
+                    delivered.push(Delivered {
+                        workspace: WorkspaceId(event.workspace_id),
+                        tid: event.tid.clone(),
+                        id: event.id,
+                        stream_id,
+                    });
                 }
                 Err(e) => {
                     let reason = if e.is_canceled()
@@ -159,6 +187,7 @@ impl Dispatcher {
                         self.metrics.outbox_dead_letters.with_label_values(&[&event.queue]).inc();
                     }
                     failures.push(Failure {
+                        workspace: WorkspaceId(event.workspace_id),
                         id: event.id,
                         attempt,
                         delay: backoff.delay(attempt as u32),
@@ -167,9 +196,10 @@ impl Dispatcher {
                 }
             }
         }
-        let settled = claim::settle(&self.pool, workspace, &self.id, &delivered, &failures, self.settings.max_attempts)
+        let mut settled = claim::settle(&self.pool, &self.id, &delivered, &failures, self.settings.max_attempts)
             .await
             .context("Failed to record the outcome of a batch")?;
+        settled.full = full;
         tracing::debug!(
             events = events.len(),
             claim_ms = (t1 - t0).as_secs_f64() * 1e3,
@@ -178,13 +208,16 @@ impl Dispatcher {
             "Batch relayed"
         );
         if settled.dead_lettered > 0 {
-            tracing::error!(workspace = %workspace, count = settled.dead_lettered, "Outbox events dead-lettered");
+            tracing::error!(count = settled.dead_lettered, "Outbox events dead-lettered");
         }
         if let Some(f) = failures.first() {
-            tracing::warn!(workspace = %workspace, failed = failures.len(), attempt = f.attempt, error = %f.error, "Hand-off failed; backing off");
+            tracing::warn!(workspace = %f.workspace, failed = failures.len(), attempt = f.attempt, error = %f.error, "Hand-off failed; backing off");
         }
         if settled.lost_lease > 0 {
-            tracing::warn!(workspace = %workspace, count = settled.lost_lease, "Lease lost before marking; another dispatcher will finish them");
+            tracing::warn!(
+                count = settled.lost_lease,
+                "Lease lost before marking; another dispatcher will finish them"
+            );
         }
         Ok(settled)
     }
@@ -209,8 +242,11 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Passes until `shutdown`: back to back while there is work, else on a notification or every poll interval.
-    /// A batch in hand is always finished (and so its leases settled) before the loop looks at `shutdown`.
+    /// Relays until `shutdown`. A notification names the workspace that committed events, and the next pass relays
+    /// the workspaces named since the last one, with no lookup. A sweep ([`Dispatcher::dispatch_once`]) runs at
+    /// start, every poll interval (events backing off, expired leases, a notification lost with the LISTEN
+    /// connection) and right after any pass that left more behind (a full batch, a lost lease). A batch in hand is
+    /// always finished (and so its leases settled) before the loop looks at `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         match crate::stream::admin::check_server(self.producer.client()).await {
             Ok(check) => tracing::info!(version = %check.version, policy = ?check.maxmemory_policy, "Redis checked"),
@@ -220,8 +256,8 @@ impl Dispatcher {
             PgListener::connect_with(&self.pool).await.context("Failed to open the LISTEN connection")?;
         listener.listen(NOTIFY_CHANNEL).await.context("Failed to LISTEN")?;
         // The listener runs in a task of its own, so that its `recv` is never cancelled half-way by the select below;
-        // it forwards a wake-up per notification (or per failure, which the poll then covers).
-        let (wake_tx, mut wake) = tokio::sync::mpsc::unbounded_channel::<()>();
+        // it forwards the workspace of each notification, or `None` (sweep) for one it cannot read or a failure.
+        let (wake_tx, mut wake) = tokio::sync::mpsc::unbounded_channel::<Option<WorkspaceId>>();
         let listen_stop = shutdown.clone();
         let poll = self.settings.poll_interval;
         let listening = tokio::spawn(async move {
@@ -230,17 +266,24 @@ impl Dispatcher {
                     _ = listen_stop.cancelled() => return,
                     next = listener.recv() => next,
                 };
-                if let Err(e) = next {
-                    tracing::warn!(error = ?e, "LISTEN connection failed; it reconnects, polling meanwhile");
-                    tokio::time::sleep(poll).await;
-                }
-                if wake_tx.send(()).is_err() {
+                let workspace = match next {
+                    Ok(notification) => notification.payload().parse().ok().map(WorkspaceId),
+                    Err(e) => {
+                        tracing::warn!(error = ?e, "LISTEN connection failed; it reconnects, polling meanwhile");
+                        tokio::time::sleep(poll).await;
+                        None
+                    }
+                };
+                if wake_tx.send(workspace).is_err() {
                     return;
                 }
             }
         });
         tracing::info!(id = %self.id, "Dispatcher started");
         let mut last_backlog = tokio::time::Instant::now() - Duration::from_secs(60);
+        let mut last_sweep = tokio::time::Instant::now();
+        let mut sweep = true;
+        let mut named: HashSet<WorkspaceId> = HashSet::new();
         while !shutdown.is_cancelled() {
             if last_backlog.elapsed() >= Duration::from_secs(5) {
                 if let Err(e) = self.observe_backlog().await {
@@ -248,20 +291,46 @@ impl Dispatcher {
                 }
                 last_backlog = tokio::time::Instant::now();
             }
-            match self.dispatch_once().await {
-                Ok(DispatchOutcome::Worked(settled)) if settled.dispatched > 0 || settled.lost_lease > 0 => continue,
-                Ok(_) => {}
+            sweep |= last_sweep.elapsed() >= poll;
+            let pass = if sweep {
+                sweep = false;
+                named.clear();
+                last_sweep = tokio::time::Instant::now();
+                self.dispatch_once().await
+            } else {
+                // Named workspaces are a trickle (an event or a few each): as few statements as can be.
+                self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM).await
+            };
+            match pass {
+                Ok(DispatchOutcome::Worked(settled)) => sweep = settled.full > 0 || settled.lost_lease > 0,
+                Ok(DispatchOutcome::Idle) => {}
                 Err(e) => tracing::warn!(error = ?e, "Dispatch pass failed; retrying after the poll interval"),
+            }
+            // Notifications that arrived during the pass.
+            while let Ok(workspace) = wake.try_recv() {
+                note(&mut named, &mut sweep, workspace);
+            }
+            if sweep || !named.is_empty() {
+                continue;
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(self.settings.poll_interval) => {}
-                // One pass serves every notification that arrived meanwhile.
-                Some(()) = wake.recv() => while wake.try_recv().is_ok() {},
+                _ = tokio::time::sleep(poll.saturating_sub(last_sweep.elapsed())) => {}
+                Some(workspace) = wake.recv() => note(&mut named, &mut sweep, workspace),
             }
         }
         listening.abort();
         tracing::info!(id = %self.id, "Dispatcher stopped");
         Ok(())
+    }
+}
+
+/// Records what a notification asks for: relay its workspace, or sweep when it named none.
+fn note(named: &mut HashSet<WorkspaceId>, sweep: &mut bool, workspace: Option<WorkspaceId>) {
+    match workspace {
+        Some(workspace) => {
+            named.insert(workspace);
+        }
+        None => *sweep = true,
     }
 }

@@ -55,9 +55,10 @@ pub struct NewEvent {
 /// ```
 pub async fn enqueue_tx(tx: &mut WorkspaceTx, event: NewEvent) -> Result<Uuid, sqlx::Error> {
     let id = Uuid::now_v7();
+    // The notification rides in the insert's round trip (see `notify_tx`).
     sqlx::query(
         "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+         SELECT $1, $2, $3, $4, $5, $6, $7 FROM (SELECT pg_notify($8, $2::text)) AS notified",
     )
     .bind(id)
     .bind(event.workspace_id.0)
@@ -66,8 +67,8 @@ pub async fn enqueue_tx(tx: &mut WorkspaceTx, event: NewEvent) -> Result<Uuid, s
     .bind(event.payload.body())
     .bind(event.operation_id)
     .bind(event.traceparent)
+    .bind(NOTIFY_CHANNEL)
     .execute(&mut **tx)
     .await?;
-    notify_tx(tx, event.workspace_id).await?;
     Ok(id)
 }
