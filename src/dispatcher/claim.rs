@@ -123,7 +123,8 @@ pub struct Settled {
     pub dead_lettered: u64,
     /// Events no longer leased to us (lease expired and taken): left alone.
     pub lost_lease: u64,
-    /// Workspaces whose batch came back full: they may have more events due.
+    /// Signs that more is due at once: workspaces whose batch came back full, plus one for a sweep that met more
+    /// workspaces than it looks at.
     pub full: u64,
 }
 

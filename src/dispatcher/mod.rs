@@ -74,10 +74,16 @@ impl Dispatcher {
         let workspaces = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
             .await
             .context("Failed to list workspaces with due events")?;
+        let truncated = workspaces.len() >= WORKSPACES_PER_PASS as usize;
         // A sweep meets backlogs: small groups, many of them, so that one group's claim, publish and mark overlap
         // with the others' (with one big group per slot, every slot would wait on PostgreSQL, then all on Redis).
         let per_group = workspaces.len().div_ceil(self.settings.concurrency.max(1) * 8).clamp(1, WORKSPACES_PER_CLAIM);
-        self.relay(workspaces, per_group).await
+        let mut outcome = self.relay(workspaces, per_group).await?;
+        if let DispatchOutcome::Worked(settled) = &mut outcome {
+            // More workspaces are due than one pass looks at: the rest count as left behind.
+            settled.full += u64::from(truncated);
+        }
+        Ok(outcome)
     }
 
     /// Relays one batch of each of `workspaces`: in groups of `per_group`, each group claimed in one statement,
@@ -292,9 +298,10 @@ impl Dispatcher {
                 last_backlog = tokio::time::Instant::now();
             }
             sweep |= last_sweep.elapsed() >= poll;
+            // Named workspaces stay named through a sweep: it may not reach them all, and a claim that finds nothing
+            // costs little.
             let pass = if sweep {
                 sweep = false;
-                named.clear();
                 last_sweep = tokio::time::Instant::now();
                 self.dispatch_once().await
             } else {
