@@ -491,3 +491,56 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
     assert_eq!(seq_scans().await, before, "no claim or mark read the whole table");
 }
+
+#[tokio::test]
+async fn a_commit_wakes_the_dispatcher_long_before_its_poll_and_a_silent_insert_waits_for_the_poll() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    // Polling an hour apart: whatever is relayed within the test's time came through a notification or the start-up
+    // sweep.
+    let d = dispatcher(&app, &redis, |v| {
+        v.insert("CONVEYOR_DISPATCH_POLL".into(), "1h".into());
+    })
+    .await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    common::run_dispatcher(d, &shutdown);
+    tokio::time::sleep(Duration::from_millis(500)).await; // past the start-up sweep
+
+    let ws = WorkspaceId(Uuid::new_v4());
+    // An event written without a notification (as by a process that bypassed `enqueue_tx`) waits for the poll.
+    let silent = insert_without_notification(&app, ws).await;
+    // A committed `enqueue_tx` names its workspace in a notification; the dispatcher relays that workspace, the silent
+    // event included, at once.
+    let ids = enqueue(&app, ws, 3).await;
+    let relayed = common::eventually(Duration::from_secs(20), || async {
+        (count_status(&app, &[ws], "dispatched").await == 4).then_some(())
+    })
+    .await;
+    assert!(relayed.is_some(), "the notification woke the dispatcher");
+    let mut expected = ids.clone();
+    expected.push(silent);
+    assert_stream_holds_each_once(&app, &redis, &expected).await;
+
+    let other = WorkspaceId(Uuid::new_v4());
+    insert_without_notification(&app, other).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(count_status(&app, &[other], "pending").await, 1, "no notification, no poll yet: still pending");
+    shutdown.cancel();
+}
+
+/// Writes a pending event of `workspace` with no notification.
+async fn insert_without_notification(app: &TestApp, workspace: WorkspaceId) -> Uuid {
+    let id = Uuid::now_v7();
+    let mut tx = db::begin_workspace(&app.db.pool, workspace).await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
+         VALUES ($1, $2, 'stores', 'store.verify_credentials', '{}')",
+    )
+    .bind(id)
+    .bind(workspace.0)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    id
+}
