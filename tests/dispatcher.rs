@@ -410,15 +410,7 @@ async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leave
     tx.rollback().await.unwrap();
 
     // The mark is fenced per event: a stale row version (or another holder) marks nothing.
-    let delivered: Vec<claim::Delivered> = claimed
-        .iter()
-        .map(|e| claim::Delivered {
-            workspace: WorkspaceId(e.workspace_id),
-            tid: e.tid.clone(),
-            id: e.id,
-            stream_id: "1-1".into(),
-        })
-        .collect();
+    let delivered: Vec<claim::Delivered> = claimed.iter().map(|e| claim::Delivered::new(e, "1-1".into())).collect();
     let by_other = claim::settle(&app.db.pool, "someone-else", &delivered, &[], 10).await.unwrap();
     assert_eq!((by_other.dispatched, by_other.lost_lease), (0, delivered.len() as u64));
     let mine = claim::settle(&app.db.pool, "me", &delivered, &[], 10).await.unwrap();
@@ -438,10 +430,7 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
     let second = claim::claim(&app.db.pool, &[ws], "alive", Duration::from_secs(30), 10).await.unwrap();
     assert_eq!(second.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "the expired leases, taken over");
     let delivered = |events: &[claim::ClaimedEvent]| -> Vec<claim::Delivered> {
-        events
-            .iter()
-            .map(|e| claim::Delivered { workspace: ws, tid: e.tid.clone(), id: e.id, stream_id: "1-1".into() })
-            .collect()
+        events.iter().map(|e| claim::Delivered::new(e, "1-1".into())).collect()
     };
     let late = claim::settle(&app.db.pool, "dead", &delivered(&first), &[], 10).await.unwrap();
     assert_eq!((late.dispatched, late.lost_lease), (0, 2), "the old holder's mark is fenced off");
@@ -481,10 +470,7 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
         if events.is_empty() {
             break;
         }
-        let delivered: Vec<claim::Delivered> = events
-            .iter()
-            .map(|e| claim::Delivered { workspace: ws, tid: e.tid.clone(), id: e.id, stream_id: "1-1".into() })
-            .collect();
+        let delivered: Vec<claim::Delivered> = events.iter().map(|e| claim::Delivered::new(e, "1-1".into())).collect();
         relayed += claim::settle(&pool, "me", &delivered, &[], 10).await.unwrap().dispatched;
     }
     assert_eq!(relayed, 2000);

@@ -98,6 +98,13 @@ pub struct Delivered {
     pub stream_id: String,
 }
 
+impl Delivered {
+    /// `event`, now in the stream under `stream_id`.
+    pub fn new(event: &ClaimedEvent, stream_id: String) -> Self {
+        Self { workspace: WorkspaceId(event.workspace_id), tid: event.tid.clone(), id: event.id, stream_id }
+    }
+}
+
 /// A hand-off that failed.
 pub struct Failure {
     /// Tenant.

@@ -171,12 +171,7 @@ impl Dispatcher {
                         .with_label_values(&[&event.queue])
                         .observe(latency.as_secs_f64());
                     self.metrics.outbox_dispatched.with_label_values(&[&event.queue]).inc();
-                    delivered.push(Delivered {
-                        workspace: WorkspaceId(event.workspace_id),
-                        tid: event.tid.clone(),
-                        id: event.id,
-                        stream_id,
-                    });
+                    delivered.push(Delivered::new(event, stream_id));
                 }
                 Err(e) => {
                     let reason = if e.is_canceled()
