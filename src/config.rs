@@ -137,9 +137,9 @@ pub struct DispatcherSettings {
     pub backoff_base: Duration,
     /// Largest back-off delay (`CONVEYOR_DISPATCH_BACKOFF_MAX`, default 10m).
     pub backoff_max: Duration,
-    /// Polling fallback when no notification arrives (`CONVEYOR_DISPATCH_POLL`, default 1s).
+    /// Interval of the sweep over every workspace, beside notifications (`CONVEYOR_DISPATCH_POLL`, default 1s).
     pub poll_interval: Duration,
-    /// Workspaces relayed at once (`CONVEYOR_DISPATCH_CONCURRENCY`, default 4).
+    /// Groups of workspaces relayed at once (`CONVEYOR_DISPATCH_CONCURRENCY`, default 4).
     pub concurrency: usize,
     /// Life of an event's de-dup key in Redis (`CONVEYOR_DISPATCH_DEDUP_TTL`, default 24h); must exceed the longest
     /// time an event can stay undispatched after its first `XADD` (lease plus back-offs).

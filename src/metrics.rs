@@ -26,7 +26,7 @@ pub struct Metrics {
     pub outbox_dead_letters: IntCounterVec,
     /// `conveyor_outbox_dispatch_latency_seconds{queue}`: commit to `XADD` acknowledged.
     pub outbox_dispatch_latency: HistogramVec,
-    /// `conveyor_outbox_batch_size`: events per claimed batch.
+    /// `conveyor_outbox_batch_size`: events per claimed batch (one claim, of one or more workspaces).
     pub outbox_batch_size: Histogram,
     /// `conveyor_outbox_events{queue, status}`: backlog by status (pending, dispatching, dead_letter).
     pub outbox_events: IntGaugeVec,
