@@ -119,8 +119,13 @@ impl TestDb {
     }
 }
 
-/// Drops test databases left by runs more than an hour old (a test process cannot drop its own on exit).
+/// Drops test databases left by runs more than an hour old (a test process cannot drop its own on exit). Not while
+/// `CONVEYOR_TEST_KEEP_STALE` is set, as `scripts/bench` does: dropping a database forces a checkpoint and deletes
+/// its files, and the disk's stalls that follow would land in the measurements.
 async fn sweep_stale_databases(admin: &mut PgConnection, now: u64) {
+    if std::env::var_os("CONVEYOR_TEST_KEEP_STALE").is_some() {
+        return;
+    }
     let names: Vec<(String,)> =
         sqlx::query_as("SELECT datname::text FROM pg_database WHERE datname LIKE 'conveyor\\_test\\_%'")
             .fetch_all(&mut *admin)
