@@ -5,8 +5,6 @@
 //! Processed entries are acknowledged and deleted in one script, so a stream holds only work not yet done: its length
 //! is bounded by the backlog, never by how many jobs ran, and nothing unacknowledged is ever trimmed away.
 
-use std::collections::HashMap;
-
 use fred::prelude::StreamsInterface;
 use fred::types::Value;
 use fred::types::scripts::Script;
@@ -28,7 +26,25 @@ pub struct Entry {
     /// Entry id (`<ms>-<seq>`).
     pub id: String,
     /// Its fields.
-    pub fields: HashMap<String, String>,
+    pub fields: Fields,
+}
+
+/// The field-value pairs of an entry (or of a reply shaped like one), in order. There are few (a job has under a
+/// dozen), so a lookup scans them: cheaper than hashing every name of every entry read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    /// The value of `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// Takes the value of `name` out (it is gone afterwards).
+    pub fn take(&mut self, name: &str) -> Option<String> {
+        let at = self.0.iter().position(|(k, _)| k == name)?;
+        Some(self.0.swap_remove(at).1)
+    }
 }
 
 /// What `XAUTOCLAIM` handed over.
@@ -55,22 +71,22 @@ fn text(v: &Value) -> Option<String> {
     v.as_string()
 }
 
-fn fields_of(v: Value) -> Option<HashMap<String, String>> {
+fn fields_of(v: Value) -> Option<Fields> {
     match v {
         Value::Array(items) => {
-            let mut map = HashMap::with_capacity(items.len() / 2);
+            let mut pairs = Vec::with_capacity(items.len() / 2);
             let mut it = items.into_iter();
             while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                map.insert(text(&k)?, text(&v).unwrap_or_default());
+                pairs.push((text(&k)?, text(&v).unwrap_or_default()));
             }
-            Some(map)
+            Some(Fields(pairs))
         }
-        Value::Map(map) => Some(
+        Value::Map(map) => Some(Fields(
             map.inner()
                 .into_iter()
                 .filter_map(|(k, v)| Some((k.as_str()?.to_string(), text(&v).unwrap_or_default())))
                 .collect(),
-        ),
+        )),
         _ => None,
     }
 }
@@ -236,7 +252,7 @@ impl Consumer {
         if let Value::Array(groups) = groups {
             for g in groups {
                 let Some(fields) = fields_of(g) else { continue };
-                if fields.get("name") == Some(&group) {
+                if fields.get("name") == Some(group.as_str()) {
                     stats.pending = fields.get("pending").and_then(|p| p.parse().ok()).unwrap_or(0);
                     stats.lag = fields.get("lag").and_then(|l| l.parse().ok());
                 }
@@ -266,7 +282,7 @@ mod tests {
         let entries = xread_reply(reply);
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].id, "1-0");
-        assert_eq!(entries[0].fields["event_id"], "e1");
+        assert_eq!(entries[0].fields.get("event_id"), Some("e1"));
         assert_eq!(entries[0].stream, "q");
     }
 }

@@ -100,17 +100,18 @@ struct Delivery {
 }
 
 impl Delivery {
-    fn parse(entry: &Entry) -> Option<Self> {
-        let f = &entry.fields;
+    /// Reads a job from `entry`, taking its larger fields out of it rather than copying them.
+    fn parse(entry: &mut Entry) -> Option<Self> {
+        let f = &mut entry.fields;
         Some(Self {
             event_id: f.get("event_id")?.parse().ok()?,
             workspace_id: WorkspaceId(f.get("workspace_id")?.parse().ok()?),
-            event_type: f.get("type").cloned().unwrap_or_default(),
-            payload: f.get("payload").cloned().unwrap_or_default(),
             operation_id: f.get("operation_id").and_then(|o| o.parse().ok()),
             attempt: f.get("attempt").and_then(|a| a.parse().ok()).unwrap_or(1).max(1),
             enqueued_at_ms: f.get("enqueued_at").and_then(|t| t.parse().ok()),
-            traceparent: f.get("traceparent").cloned().unwrap_or_default(),
+            event_type: f.take("type").unwrap_or_default(),
+            payload: f.take("payload").unwrap_or_default(),
+            traceparent: f.take("traceparent").unwrap_or_default(),
         })
     }
 }
@@ -477,9 +478,9 @@ impl Worker {
     }
 
     /// Runs one entry to its end and acknowledges it when the outcome allows.
-    async fn process(&self, queue: &str, entry: Entry, abandon: CancellationToken) {
+    async fn process(&self, queue: &str, mut entry: Entry, abandon: CancellationToken) {
         let started = Instant::now();
-        let outcome = match Delivery::parse(&entry) {
+        let outcome = match Delivery::parse(&mut entry) {
             None => {
                 tracing::error!(queue, entry_id = %entry.id, "Stream entry is not a Conveyor job (no event or workspace id); dropping it");
                 Outcome::Malformed
