@@ -109,3 +109,8 @@ CREATE FUNCTION conveyor_mark_outbox_dispatched(holder text, workspaces uuid[], 
 -- foreign key's ON DELETE action does not need it either.
 DROP INDEX outbox_events_operation;
 CREATE INDEX outbox_events_operation ON outbox_events (operation_id) WHERE status = 'dispatched';
+
+-- One index on dispatched rows by age was enough: `outbox_events_dispatched (workspace_id, dispatched_at)` serves the
+-- retention job's per-workspace deletes (and, scanned whole, its lookup of workspaces with old rows, which runs once a
+-- maintenance pass). The second, on dispatched_at alone, cost every mark an index entry.
+DROP INDEX outbox_events_dispatched_at;
