@@ -274,17 +274,32 @@ async fn commit_at_rate(pool: &PgPool, workspaces: &[WorkspaceId], rate: u64, se
     committed
 }
 
+/// Runs `task` on a runtime of its own, in a thread of its own, as a process of its own would run it: not behind the
+/// load generator's tasks.
+fn on_own_runtime(task: impl Future<Output = ()> + Send + 'static) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(task))
+}
+
+/// A dispatcher over `app`'s database and prefix, on a runtime of its own, running until `shutdown`
+/// (`DISPATCH_CONCURRENCY` sets its concurrency).
+fn spawn_dispatcher(app: &common::TestApp, shutdown: CancellationToken) -> std::thread::JoinHandle<()> {
+    let (url, prefix) = (app.db.app_url.clone(), app.redis_prefix.clone());
+    on_own_runtime(async move {
+        let dispatcher = common::test_dispatcher_on(&url, &prefix, &common::redis_url(), |v| {
+            if let Ok(c) = std::env::var("DISPATCH_CONCURRENCY") {
+                v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), c);
+            }
+        })
+        .await;
+        dispatcher.run(shutdown).await.unwrap();
+    })
+}
+
 async fn dispatch_latency() {
     let (rate, seconds) = (env("RATE", 1000), env("SECONDS", 10));
     let app = common::TestApp::spawn().await;
-    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
-        if let Ok(c) = std::env::var("DISPATCH_CONCURRENCY") {
-            v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), c);
-        }
-    })
-    .await;
     let shutdown = CancellationToken::new();
-    tokio::spawn(dispatcher.run(shutdown.clone()));
+    let dispatcher = spawn_dispatcher(&app, shutdown.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let committed = steady_commits(&app, rate, seconds).await;
     let total = committed.len();
@@ -308,6 +323,7 @@ async fn dispatch_latency() {
         rows.into_iter().map(|(id, sid)| (id, sid.split('-').next().unwrap().parse::<f64>().unwrap())).collect();
     let latencies: Vec<(f64,)> = committed.iter().filter_map(|(id, _, at)| added.get(id).map(|x| (x - at,))).collect();
     shutdown.cancel();
+    dispatcher.join().unwrap();
     // The entry id has millisecond resolution: a latency under a millisecond can read as slightly negative.
     let mut ms: Vec<f64> = latencies.into_iter().map(|(l,)| l.max(0.0)).collect();
     ms.sort_by(f64::total_cmp);
@@ -425,30 +441,20 @@ async fn latency() {
     let app = common::TestApp::spawn().await;
     let started = Arc::new(Mutex::new(HashMap::new()));
     let shutdown = CancellationToken::new();
-    // The worker runs on a runtime of its own, as a worker process would, not behind the load generator's tasks.
     let (ready_tx, ready) = std::sync::mpsc::channel();
     let worker_thread = {
         let (url, prefix, started, shutdown) =
             (app.db.app_url.clone(), app.redis_prefix.clone(), started.clone(), shutdown.clone());
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-            runtime.block_on(async move {
-                let pool = db::connect(&url, 4).await.unwrap();
-                let worker = noop_worker_on(pool, &prefix, conc, Some(started)).await;
-                worker.ensure_groups().await.unwrap();
-                ready_tx.send(()).unwrap();
-                worker.run(shutdown, Duration::from_secs(10)).await.unwrap();
-            })
+        on_own_runtime(async move {
+            let pool = db::connect(&url, 4).await.unwrap();
+            let worker = noop_worker_on(pool, &prefix, conc, Some(started)).await;
+            worker.ensure_groups().await.unwrap();
+            ready_tx.send(()).unwrap();
+            worker.run(shutdown, Duration::from_secs(10)).await.unwrap();
         })
     };
     ready.recv().unwrap();
-    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
-        if let Ok(c) = std::env::var("DISPATCH_CONCURRENCY") {
-            v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), c);
-        }
-    })
-    .await;
-    tokio::spawn(dispatcher.run(shutdown.clone()));
+    let dispatcher = spawn_dispatcher(&app, shutdown.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let committed = steady_commits(&app, rate, seconds).await;
     let total = committed.len();
@@ -459,6 +465,7 @@ async fn latency() {
     .await;
     shutdown.cancel();
     worker_thread.join().unwrap();
+    dispatcher.join().unwrap();
     // From the moment COMMIT was sent (BullMQ's reference measures from the moment `add` is called).
     let started = started.lock().unwrap().clone();
     let mut ms: Vec<f64> =

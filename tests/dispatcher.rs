@@ -360,6 +360,40 @@ async fn sigterm_stops_the_dispatcher_cleanly_with_no_lease_left_behind() {
 }
 
 #[tokio::test]
+async fn a_dispatcher_stopped_while_its_marks_are_being_recorded_records_them_all_before_it_exits() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let mut vars = process_vars(&app, &redis);
+    // Notified batches only (no sweep after the start-up one), each mark held back for two seconds.
+    vars.insert("CONVEYOR_DISPATCH_POLL".into(), "1h".into());
+    vars.insert("FAILPOINTS".into(), "dispatcher::before_mark=sleep(2000)".into());
+    let mut process = Process::spawn(&["dispatcher"], &vars);
+    let listening = common::eventually(Duration::from_secs(30), || async {
+        process.log().contains("Dispatcher started").then_some(())
+    })
+    .await;
+    assert!(listening.is_some(), "the dispatcher starts; log:\n{}", process.log());
+    tokio::time::sleep(Duration::from_millis(500)).await; // past the start-up sweep
+
+    let ws = WorkspaceId(Uuid::new_v4());
+    let ids = enqueue(&app, ws, 5).await;
+    let client = common::redis_client(&redis).await;
+    let handed_off = common::eventually(Duration::from_secs(20), || async {
+        (common::stream_event_ids(&client, &stream_key(&app)).await.len() == ids.len()).then_some(())
+    })
+    .await;
+    assert!(handed_off.is_some(), "the notified batch is in the stream");
+    assert_eq!(count_status(&app, &[ws], "dispatching").await, 5, "its mark is still being recorded");
+
+    process.signal(15);
+    let (status, process) =
+        tokio::task::spawn_blocking(move || (process.child.wait().unwrap(), process)).await.unwrap();
+    assert!(status.success(), "exit 0 on SIGTERM; log:\n{}", process.log());
+    assert_eq!(count_status(&app, &[ws], "dispatched").await, 5, "every batch handed off was recorded before exit");
+    assert_stream_holds_each_once(&app, &redis, &ids).await;
+}
+
+#[tokio::test]
 async fn one_dispatcher_relays_a_workspaces_events_in_the_order_they_were_written() {
     let app = TestApp::spawn().await;
     let redis = common::redis_url();

@@ -19,13 +19,16 @@
 pub mod claim;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::StreamExt;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::backoff::Backoff;
@@ -78,7 +81,7 @@ impl Dispatcher {
         // A sweep meets backlogs: small groups, many of them, so that one group's claim, publish and mark overlap
         // with the others' (with one big group per slot, every slot would wait on PostgreSQL, then all on Redis).
         let per_group = workspaces.len().div_ceil(self.settings.concurrency.max(1) * 8).clamp(1, WORKSPACES_PER_CLAIM);
-        let mut outcome = self.relay(workspaces, per_group).await?;
+        let mut outcome = self.relay(workspaces, per_group, None).await?;
         if let DispatchOutcome::Worked(settled) = &mut outcome {
             // More workspaces are due than one pass looks at: the rest count as left behind.
             settled.full += u64::from(truncated);
@@ -88,12 +91,17 @@ impl Dispatcher {
 
     /// Relays one batch of each of `workspaces`: in groups of `per_group`, each group claimed in one statement,
     /// published in one pipeline and marked in one statement, `concurrency` groups at a time.
-    async fn relay(&self, workspaces: Vec<WorkspaceId>, per_group: usize) -> anyhow::Result<DispatchOutcome> {
+    async fn relay(
+        &self,
+        workspaces: Vec<WorkspaceId>,
+        per_group: usize,
+        background: Option<&Recorders>,
+    ) -> anyhow::Result<DispatchOutcome> {
         if workspaces.is_empty() {
             return Ok(DispatchOutcome::Idle);
         }
         let mut results = futures_util::stream::iter(workspaces.chunks(per_group).map(<[_]>::to_vec))
-            .map(|group| self.dispatch_group(group))
+            .map(|group| self.dispatch_group(group, background))
             .buffer_unordered(self.settings.concurrency);
         let mut total = Settled::default();
         let mut first_error = None;
@@ -137,14 +145,37 @@ impl Dispatcher {
         }
     }
 
-    /// Claims, publishes and settles one batch of each of `workspaces`.
-    async fn dispatch_group(&self, workspaces: Vec<WorkspaceId>) -> anyhow::Result<Settled> {
+    /// Claims, publishes and records one batch of each of `workspaces`. With `background`, the recording (the mark)
+    /// runs in a task of its own and the [`Settled`] returned counts the full batches only, so that the caller can go
+    /// on to the next batch at once. Safe for the leases: a batch being recorded stays leased, so no claim takes it.
+    /// Safe for order: the batch's `XADD` is done before the next claim.
+    async fn dispatch_group(
+        &self,
+        workspaces: Vec<WorkspaceId>,
+        background: Option<&Recorders>,
+    ) -> anyhow::Result<Settled> {
+        let Some(batch) = self.hand_off(workspaces).await? else {
+            return Ok(Settled::default());
+        };
+        let full = batch.full;
+        let record = batch.record(self.pool.clone(), self.id.clone(), self.settings.max_attempts);
+        match background {
+            None => record.await,
+            Some(recorders) => {
+                recorders.spawn(record).await;
+                Ok(Settled { full, ..Settled::default() })
+            }
+        }
+    }
+
+    /// Claims one batch of each of `workspaces` and publishes it; `None` when nothing was due.
+    async fn hand_off(&self, workspaces: Vec<WorkspaceId>) -> anyhow::Result<Option<HandedOff>> {
         let t0 = std::time::Instant::now();
         let events = claim::claim(&self.pool, &workspaces, &self.id, self.settings.lease, self.settings.batch_size)
             .await
             .context("Failed to claim events")?;
         if events.is_empty() {
-            return Ok(Settled::default());
+            return Ok(None);
         }
         self.metrics.outbox_batch_size.observe(events.len() as f64);
         let mut per_workspace: HashMap<Uuid, i64> = HashMap::new();
@@ -155,13 +186,17 @@ impl Dispatcher {
         let messages: Vec<Message> = events.iter().map(Self::message).collect();
         let t1 = std::time::Instant::now();
         let results = self.producer.publish(&messages).await;
-        let t2 = std::time::Instant::now();
+        tracing::debug!(
+            events = events.len(),
+            claim_ms = (t1 - t0).as_secs_f64() * 1e3,
+            publish_ms = t1.elapsed().as_secs_f64() * 1e3,
+            "Batch handed off"
+        );
         fail::fail_point!("dispatcher::after_xadd");
 
         let backoff = Backoff { base: self.settings.backoff_base, max: self.settings.backoff_max };
         let now = chrono::Utc::now();
-        let mut delivered = Vec::with_capacity(events.len());
-        let mut failures = Vec::new();
+        let mut batch = HandedOff { delivered: Vec::with_capacity(events.len()), failures: Vec::new(), full };
         for (event, result) in events.iter().zip(results) {
             match result {
                 Ok(stream_id) => {
@@ -171,7 +206,7 @@ impl Dispatcher {
                         .with_label_values(&[&event.queue])
                         .observe(latency.as_secs_f64());
                     self.metrics.outbox_dispatched.with_label_values(&[&event.queue]).inc();
-                    delivered.push(Delivered::new(event, stream_id));
+                    batch.delivered.push(Delivered::new(event, stream_id));
                 }
                 Err(e) => {
                     let reason = if e.is_canceled()
@@ -187,7 +222,7 @@ impl Dispatcher {
                         // The same rule `settle` applies: this failure dead-letters the event.
                         self.metrics.outbox_dead_letters.with_label_values(&[&event.queue]).inc();
                     }
-                    failures.push(Failure {
+                    batch.failures.push(Failure {
                         workspace: WorkspaceId(event.workspace_id),
                         id: event.id,
                         attempt,
@@ -197,30 +232,7 @@ impl Dispatcher {
                 }
             }
         }
-        let mut settled = claim::settle(&self.pool, &self.id, &delivered, &failures, self.settings.max_attempts)
-            .await
-            .context("Failed to record the outcome of a batch")?;
-        settled.full = full;
-        tracing::debug!(
-            events = events.len(),
-            claim_ms = (t1 - t0).as_secs_f64() * 1e3,
-            publish_ms = (t2 - t1).as_secs_f64() * 1e3,
-            settle_ms = t2.elapsed().as_secs_f64() * 1e3,
-            "Batch relayed"
-        );
-        if settled.dead_lettered > 0 {
-            tracing::error!(count = settled.dead_lettered, "Outbox events dead-lettered");
-        }
-        if let Some(f) = failures.first() {
-            tracing::warn!(workspace = %f.workspace, failed = failures.len(), attempt = f.attempt, error = %f.error, "Hand-off failed; backing off");
-        }
-        if settled.lost_lease > 0 {
-            tracing::warn!(
-                count = settled.lost_lease,
-                "Lease lost before marking; another dispatcher will finish them"
-            );
-        }
-        Ok(settled)
+        Ok(Some(batch))
     }
 
     /// Refreshes the backlog gauges (counts per queue and status, oldest pending age).
@@ -246,8 +258,9 @@ impl Dispatcher {
     /// Relays until `shutdown`. A notification names the workspace that committed events, and the next pass relays
     /// the workspaces named since the last one, with no lookup. A sweep ([`Dispatcher::dispatch_once`]) runs at
     /// start, every poll interval (events backing off, expired leases, a notification lost with the LISTEN
-    /// connection) and right after any pass that left more behind (a full batch, a lost lease). A batch in hand is
-    /// always finished (and so its leases settled) before the loop looks at `shutdown`.
+    /// connection) and right after any pass that left more behind (a full batch, a lost lease). The marks of named
+    /// passes are recorded in the background while the next pass runs (the relay's latency path is claim and `XADD`
+    /// only); every batch handed off is recorded, and so its leases settled, before `run` returns.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         match crate::stream::admin::check_server(self.producer.client()).await {
             Ok(check) => tracing::info!(version = %check.version, policy = ?check.maxmemory_policy, "Redis checked"),
@@ -285,6 +298,8 @@ impl Dispatcher {
         let mut last_sweep = tokio::time::Instant::now();
         let mut sweep = true;
         let mut named: HashSet<WorkspaceId> = HashSet::new();
+        // Named passes are the latency path: their marks are recorded in the background, while the next pass runs.
+        let recorders = Recorders::new(self.settings.concurrency * 2, self.metrics.clone());
         while !shutdown.is_cancelled() {
             if last_backlog.elapsed() >= Duration::from_secs(5) {
                 if let Err(e) = self.observe_backlog().await {
@@ -301,7 +316,7 @@ impl Dispatcher {
                 self.dispatch_once().await
             } else {
                 // Named workspaces are a trickle (an event or a few each): as few statements as can be.
-                self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM).await
+                self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM, Some(&recorders)).await
             };
             match pass {
                 Ok(DispatchOutcome::Worked(settled)) => sweep = settled.full > 0 || settled.lost_lease > 0,
@@ -322,8 +337,80 @@ impl Dispatcher {
             }
         }
         listening.abort();
+        recorders.finish().await;
         tracing::info!(id = %self.id, "Dispatcher stopped");
         Ok(())
+    }
+}
+
+/// A batch handed to Redis (or refused by it), not yet recorded in PostgreSQL.
+struct HandedOff {
+    delivered: Vec<Delivered>,
+    failures: Vec<Failure>,
+    /// Workspaces whose batch came back full.
+    full: u64,
+}
+
+impl HandedOff {
+    /// Records the batch: marks the delivered events `dispatched` (fenced by the lease of `me`), backs off or
+    /// dead-letters the failed ones.
+    async fn record(self, pool: PgPool, me: String, max_attempts: i32) -> anyhow::Result<Settled> {
+        fail::fail_point!("dispatcher::before_mark");
+        let started = std::time::Instant::now();
+        let mut settled = claim::settle(&pool, &me, &self.delivered, &self.failures, max_attempts)
+            .await
+            .context("Failed to record the outcome of a batch")?;
+        settled.full = self.full;
+        tracing::debug!(
+            events = self.delivered.len() + self.failures.len(),
+            settle_ms = started.elapsed().as_secs_f64() * 1e3,
+            "Batch recorded"
+        );
+        if settled.dead_lettered > 0 {
+            tracing::error!(count = settled.dead_lettered, "Outbox events dead-lettered");
+        }
+        if let Some(f) = self.failures.first() {
+            tracing::warn!(workspace = %f.workspace, failed = self.failures.len(), attempt = f.attempt, error = %f.error, "Hand-off failed; backing off");
+        }
+        if settled.lost_lease > 0 {
+            tracing::warn!(
+                count = settled.lost_lease,
+                "Lease lost before marking; another dispatcher will finish them"
+            );
+        }
+        Ok(settled)
+    }
+}
+
+/// Batches being recorded in the background, at most as many at once as it has slots; a new one waits for a slot.
+struct Recorders {
+    tasks: TaskTracker,
+    slots: Arc<Semaphore>,
+    metrics: Metrics,
+}
+
+impl Recorders {
+    fn new(slots: usize, metrics: Metrics) -> Self {
+        Self { tasks: TaskTracker::new(), slots: Arc::new(Semaphore::new(slots)), metrics }
+    }
+
+    async fn spawn(&self, record: impl Future<Output = anyhow::Result<Settled>> + Send + 'static) {
+        let slot = self.slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let metrics = self.metrics.clone();
+        self.tasks.spawn(async move {
+            let _slot = slot;
+            if let Err(e) = record.await {
+                // The leases expire and the events go out again, where their de-dup keys find them in the stream.
+                metrics.outbox_dispatch_errors.with_label_values(&["database"]).inc();
+                tracing::warn!(error = ?e, "Recording a relayed batch failed; it is relayed again after its lease");
+            }
+        });
+    }
+
+    /// Waits for every recording started.
+    async fn finish(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 }
 

@@ -436,6 +436,17 @@ pub async fn test_dispatcher(
     redis_url: &str,
     tweak: impl FnOnce(&mut HashMap<String, String>),
 ) -> conveyor::dispatcher::Dispatcher {
+    test_dispatcher_on(&app.db.app_url, &app.redis_prefix, redis_url, tweak).await
+}
+
+/// A dispatcher over the database at `app_url` (the application role) and the key prefix `redis_prefix`: what
+/// [`test_dispatcher`] builds, for a runtime that does not hold the [`TestApp`].
+pub async fn test_dispatcher_on(
+    app_url: &str,
+    redis_prefix: &str,
+    redis_url: &str,
+    tweak: impl FnOnce(&mut HashMap<String, String>),
+) -> conveyor::dispatcher::Dispatcher {
     use conveyor::dispatcher::Dispatcher;
     let mut vars = HashMap::new();
     tweak(&mut vars);
@@ -443,11 +454,11 @@ pub async fn test_dispatcher(
     let client = conveyor::stream::connect(redis_url, Duration::from_millis(500)).await.unwrap();
     let producer = conveyor::stream::producer::Producer::new(
         client,
-        conveyor::stream::keys::Keys::new(&app.redis_prefix),
+        conveyor::stream::keys::Keys::new(redis_prefix),
         settings.dedup_ttl,
     );
     // A pool of its own, as a dispatcher process would have.
-    let pool = db::connect(&app.db.app_url, 8).await.unwrap();
+    let pool = db::connect(app_url, 8).await.unwrap();
     Dispatcher::new(pool, producer, settings, Metrics::new(), conveyor::ids::instance_name())
 }
 
