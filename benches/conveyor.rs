@@ -33,6 +33,10 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// The allocator of the `conveyor` binary, so that what runs here in-process allocates as the shipped processes do.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -411,6 +415,16 @@ async fn stream_len(app: &common::TestApp) -> u64 {
     client.xlen(Keys::new(&app.redis_prefix).stream("stores")).await.unwrap()
 }
 
+/// CPU time (user and system) this process has used so far, in seconds, from `/proc/self/stat` (clock ticks of 10 ms).
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // The fields after the command name, which is in parentheses and may hold spaces: utime and stime are the 12th
+    // and 13th of them.
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
 async fn worker() {
     let (n, conc) = (env("N", 100_000) as usize, env("CONC", 100) as usize);
     let app = common::TestApp::spawn().await;
@@ -419,6 +433,7 @@ async fn worker() {
     prefill(&app, n).await;
     let shutdown = CancellationToken::new();
     let started = Instant::now();
+    let cpu_before = process_cpu_seconds();
     let handle = tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(10)));
     let client = common::redis_client(&common::redis_url()).await;
     let stream = Keys::new(&app.redis_prefix).stream("stores");
@@ -431,9 +446,13 @@ async fn worker() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds() - cpu_before;
     shutdown.cancel();
     handle.await.unwrap().unwrap();
-    emit(json!({ "scenario": "worker", "n": n, "concurrency": conc, "per_s": (n as f64 / elapsed).round() }));
+    emit(json!({
+        "scenario": "worker", "n": n, "concurrency": conc, "per_s": (n as f64 / elapsed).round(),
+        "cpu_us_per_job": round(cpu * 1e6 / n as f64),
+    }));
 }
 
 async fn latency() {

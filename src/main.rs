@@ -11,6 +11,11 @@ use conveyor::config::{self, Config, Env, MigrateConfig};
 use conveyor::worker::dlq;
 use uuid::Uuid;
 
+/// mimalloc instead of glibc's malloc: a worker allocates and frees many small buffers per job (Redis frames,
+/// strings, task state), where glibc's malloc took about 15% of a drain's CPU.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "conveyor", version, about = "Transactional outbox, idempotent writes and Redis Streams workers")]
 struct Cli {
@@ -86,8 +91,27 @@ enum DlqCommand {
     },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    no_transparent_huge_pages();
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(start()),
+        Err(e) => {
+            eprintln!("conveyor: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Opts this process out of transparent huge pages, before any thread starts. Where the kernel applies them to every
+/// mapping (`/sys/kernel/mm/transparent_hugepage/enabled` = `always`), the allocator's first touch of its arena
+/// would be backed by a 2 MiB page: a worker's resident memory went from 17 to 29 MiB that way. Elsewhere it changes
+/// nothing. Best effort: a kernel without the switch just says no.
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_thp_disable(true);
+}
+
+async fn start() -> ExitCode {
     let cli = Cli::parse();
     // With the `failpoints` feature, FAILPOINTS=name=action;... arms crash points for tests; without it, nothing.
     #[cfg(feature = "failpoints")]
