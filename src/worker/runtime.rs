@@ -521,14 +521,14 @@ impl Worker {
                 let reason =
                     format!("undecodable payload ({:?} error) for type `{}`", e.classify(), redact(&d.event_type));
                 tracing::error!(event_id = %d.event_id, reason = %reason, "Dead-lettering an undecodable job");
-                record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &reason).await?;
+                Box::pin(record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &reason)).await?;
                 self.0.metrics.job_dead_letters.with_label_values(&["undecodable"]).inc();
                 return Ok(Outcome::DeadLettered);
             }
         };
         let Some(handler) = self.0.handlers.get(&d.event_type).cloned() else {
             let reason = format!("no handler registered for type `{}`", d.event_type);
-            record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &reason).await?;
+            Box::pin(record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &reason)).await?;
             self.0.metrics.job_dead_letters.with_label_values(&["no_handler"]).inc();
             return Ok(Outcome::DeadLettered);
         };
@@ -546,12 +546,12 @@ impl Worker {
             pool: pool.clone(),
         };
         if let Some(operation) = d.operation_id {
-            if !record::start(pool, d.workspace_id, operation, d.attempt).await? {
+            if !Box::pin(record::start(pool, d.workspace_id, operation, d.attempt)).await? {
                 return Ok(Outcome::Skipped);
             }
             // With an operation, the transaction (and the job's lock) comes first: a repeat delivery waits here
             // for the first run, then sees the operation finished and skips.
-            if record::finished_tx(job.tx().await?, operation).await? {
+            if Box::pin(async { record::finished_tx(job.tx().await?, operation).await }).await? {
                 return Ok(Outcome::Skipped);
             }
         }
@@ -576,29 +576,29 @@ impl Worker {
         match result {
             Ok(value) => {
                 if let Some(operation) = d.operation_id {
-                    record::succeed_tx(job.tx().await?, operation, &value).await?;
+                    Box::pin(async { record::succeed_tx(job.tx().await?, operation, &value).await }).await?;
                 }
                 if let Some(tx) = job.tx.take() {
-                    tx.commit().await?;
+                    Box::pin(tx.commit()).await?;
                 }
                 Ok(Outcome::Succeeded)
             }
             Err(e) => {
                 if let Some(tx) = job.tx.take() {
-                    tx.rollback().await?;
+                    Box::pin(tx.rollback()).await?;
                 }
                 let error = redact(&e.to_string());
                 let permanent = matches!(e, JobError::Permanent(_));
                 if permanent || d.attempt >= handler.max_attempts() {
                     tracing::error!(event_id = %d.event_id, attempt = d.attempt, error = %error, "Job failed for good; dead-lettered");
-                    record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &error).await?;
+                    Box::pin(record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &error)).await?;
                     let reason = if permanent { "permanent" } else { "exhausted" };
                     self.0.metrics.job_dead_letters.with_label_values(&[reason]).inc();
                     Ok(Outcome::DeadLettered)
                 } else {
                     let delay = handler.backoff().delay(d.attempt);
                     tracing::warn!(event_id = %d.event_id, attempt = d.attempt, ?delay, error = %error, "Job failed; retrying after back-off");
-                    record::retry(pool, d.workspace_id, d.event_id, d.operation_id, delay, &error).await?;
+                    Box::pin(record::retry(pool, d.workspace_id, d.event_id, d.operation_id, delay, &error)).await?;
                     self.0.metrics.job_retries.with_label_values(&[&d.event_type]).inc();
                     Ok(Outcome::Retried)
                 }
