@@ -21,8 +21,6 @@ return acked
 /// One stream entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
-    /// The stream it came from.
-    pub stream: String,
     /// Entry id (`<ms>-<seq>`).
     pub id: String,
     /// Its fields.
@@ -92,7 +90,7 @@ fn fields_of(v: Value) -> Option<Fields> {
 }
 
 /// Parses `[[id, [field, value, ...]], ...]`; entries without fields (deleted) are skipped.
-fn entries_of(stream: &str, v: Value) -> Vec<Entry> {
+fn entries_of(v: Value) -> Vec<Entry> {
     let Value::Array(items) = v else { return Vec::new() };
     items
         .into_iter()
@@ -103,7 +101,7 @@ fn entries_of(stream: &str, v: Value) -> Vec<Entry> {
             }
             let fields = fields_of(pair.pop()?)?;
             let id = text(&pair.pop()?)?;
-            Some(Entry { stream: stream.to_owned(), id, fields })
+            Some(Entry { id, fields })
         })
         .collect()
 }
@@ -114,19 +112,11 @@ fn xread_reply(v: Value) -> Vec<Entry> {
         Value::Array(streams) => streams
             .into_iter()
             .flat_map(|s| match s {
-                Value::Array(mut pair) if pair.len() == 2 => {
-                    let entries = pair.pop().unwrap_or(Value::Null);
-                    let name = pair.pop().and_then(|n| text(&n)).unwrap_or_default();
-                    entries_of(&name, entries)
-                }
+                Value::Array(mut pair) if pair.len() == 2 => entries_of(pair.pop().unwrap_or(Value::Null)),
                 _ => Vec::new(),
             })
             .collect(),
-        Value::Map(map) => map
-            .inner()
-            .into_iter()
-            .flat_map(|(k, v)| entries_of(&k.as_str().map(|s| s.to_string()).unwrap_or_default(), v))
-            .collect(),
+        Value::Map(map) => map.inner().into_values().flat_map(entries_of).collect(),
         _ => Vec::new(),
     }
 }
@@ -239,7 +229,7 @@ impl Consumer {
         } else {
             Vec::new()
         };
-        let entries = if parts.len() >= 2 { entries_of(&stream, parts.remove(1)) } else { Vec::new() };
+        let entries = if parts.len() >= 2 { entries_of(parts.remove(1)) } else { Vec::new() };
         Ok(Reclaimed { entries, deleted })
     }
 
@@ -283,6 +273,5 @@ mod tests {
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].id, "1-0");
         assert_eq!(entries[0].fields.get("event_id"), Some("e1"));
-        assert_eq!(entries[0].stream, "q");
     }
 }

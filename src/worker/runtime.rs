@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures_util::FutureExt;
+use prometheus::{Histogram, IntCounter};
 use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -70,6 +71,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    const ALL: [Outcome; 7] = [
+        Self::Succeeded,
+        Self::Skipped,
+        Self::Retried,
+        Self::DeadLettered,
+        Self::Malformed,
+        Self::Abandoned,
+        Self::Failed,
+    ];
+
     fn label(self) -> &'static str {
         match self {
             Self::Succeeded => "succeeded",
@@ -86,6 +97,38 @@ impl Outcome {
         !matches!(self, Self::Abandoned | Self::Failed)
     }
 }
+
+/// A queue this worker consumes, with its metrics looked up once: a labelled lookup per job costs a hash of the
+/// labels and a lock.
+struct Queue {
+    name: String,
+    /// Enqueue to start.
+    wait: Histogram,
+    /// Jobs and their duration, by [`Outcome`] (in the order of [`Outcome::ALL`]).
+    ended: [(IntCounter, Histogram); Outcome::ALL.len()],
+}
+
+impl Queue {
+    fn new(name: &str, metrics: &Metrics) -> Self {
+        Self {
+            name: name.to_owned(),
+            wait: metrics.job_queue_wait.with_label_values(&[name]),
+            ended: Outcome::ALL.map(|o| {
+                let labels = [name, o.label()];
+                (metrics.jobs.with_label_values(&labels), metrics.job_duration.with_label_values(&labels))
+            }),
+        }
+    }
+
+    fn ended(&self, outcome: Outcome, took: Duration) {
+        let (count, duration) = &self.ended[outcome as usize];
+        count.inc();
+        duration.observe(took.as_secs_f64());
+    }
+}
+
+/// An entry whose job ended and which the ack loop acknowledges: its queue and entry id.
+type Finished = (Arc<Queue>, String);
 
 /// The fields of a job entry (CONTRACT.md §3).
 struct Delivery {
@@ -119,14 +162,14 @@ impl Delivery {
 struct Inner {
     pool: PgPool,
     consumer: Consumer,
-    queues: Vec<String>,
+    queues: Vec<Arc<Queue>>,
     handlers: HashMap<String, Arc<dyn Handler>>,
     settings: WorkerSettings,
     metrics: Metrics,
     permits: Arc<Semaphore>,
     in_flight: Mutex<HashMap<String, HashSet<String>>>,
-    acks: mpsc::UnboundedSender<(String, String)>,
-    ack_queue: Mutex<Option<mpsc::UnboundedReceiver<(String, String)>>>,
+    acks: mpsc::UnboundedSender<Finished>,
+    ack_queue: Mutex<Option<mpsc::UnboundedReceiver<Finished>>>,
 }
 
 /// Builds a [`Worker`].
@@ -159,12 +202,12 @@ impl WorkerBuilder {
 
     /// The worker. Fails on a handler for a job type no queue carries.
     pub fn build(self) -> anyhow::Result<Worker> {
-        let mut queues: Vec<String> = Vec::new();
+        let mut queues: Vec<Arc<Queue>> = Vec::new();
         for event_type in self.handlers.keys() {
             let queue = JobPayload::queue_of(event_type)
                 .ok_or_else(|| anyhow::anyhow!("no queue carries job type `{event_type}`"))?;
-            if !queues.iter().any(|q| q == queue) {
-                queues.push(queue.to_owned());
+            if !queues.iter().any(|q| q.name == queue) {
+                queues.push(Arc::new(Queue::new(queue, &self.metrics)));
             }
         }
         anyhow::ensure!(!queues.is_empty(), "a worker needs at least one handler");
@@ -203,14 +246,14 @@ impl Worker {
     }
 
     /// The queues it consumes.
-    pub fn queues(&self) -> &[String] {
-        &self.0.queues
+    pub fn queues(&self) -> impl Iterator<Item = &str> {
+        self.0.queues.iter().map(|q| q.name.as_str())
     }
 
     /// Creates the consumer groups (and streams) if missing.
     pub async fn ensure_groups(&self) -> Result<(), fred::error::Error> {
         for queue in &self.0.queues {
-            self.0.consumer.ensure_group(queue).await?;
+            self.0.consumer.ensure_group(&queue.name).await?;
         }
         Ok(())
     }
@@ -230,7 +273,7 @@ impl Worker {
                 }
             }
         }
-        tracing::info!(consumer = self.0.consumer.name(), queues = ?self.0.queues, concurrency = self.0.settings.concurrency, "Worker started");
+        tracing::info!(consumer = self.0.consumer.name(), queues = ?self.queues().collect::<Vec<_>>(), concurrency = self.0.settings.concurrency, "Worker started");
         let jobs = TaskTracker::new();
         let abandon = CancellationToken::new();
         let readers = TaskTracker::new();
@@ -266,16 +309,18 @@ impl Worker {
         in_flight.entry(queue.to_owned()).or_default().extend(ids);
     }
 
-    fn untrack(&self, queue: &str, id: &str) {
-        if let Some(ids) = self.0.in_flight.lock().expect("in-flight lock").get_mut(queue) {
-            ids.remove(id);
+    fn untrack<'a>(&self, queue: &str, ids: impl IntoIterator<Item = &'a String>) {
+        if let Some(tracked) = self.0.in_flight.lock().expect("in-flight lock").get_mut(queue) {
+            for id in ids {
+                tracked.remove(id);
+            }
         }
     }
 
     fn spawn_job(
         &self,
         jobs: &TaskTracker,
-        queue: String,
+        queue: Arc<Queue>,
         entry: Entry,
         permit: OwnedSemaphorePermit,
         abandon: CancellationToken,
@@ -284,7 +329,7 @@ impl Worker {
         worker.0.metrics.worker_jobs_in_flight.inc();
         jobs.spawn(async move {
             let _permit = permit;
-            worker.process(&queue, entry, abandon).await;
+            worker.process(queue, entry, abandon).await;
             worker.0.metrics.worker_jobs_in_flight.dec();
         });
     }
@@ -301,20 +346,20 @@ impl Worker {
     /// Starts jobs for `entries`, each as soon as a slot is free (the first takes `first`).
     async fn start_jobs(
         &self,
-        queue: &str,
+        queue: &Arc<Queue>,
         entries: Vec<Entry>,
         first: OwnedSemaphorePermit,
         jobs: &TaskTracker,
         abandon: &CancellationToken,
     ) {
-        self.track(queue, entries.iter().map(|e| e.id.clone()));
+        self.track(&queue.name, entries.iter().map(|e| e.id.clone()));
         let mut first = Some(first);
         for entry in entries {
             let permit = match first.take() {
                 Some(p) => p,
                 None => self.0.permits.clone().acquire_owned().await.expect("the semaphore is never closed"),
             };
-            self.spawn_job(jobs, queue.to_owned(), entry, permit, abandon.clone());
+            self.spawn_job(jobs, queue.clone(), entry, permit, abandon.clone());
         }
     }
 
@@ -329,16 +374,16 @@ impl Worker {
             turn += 1;
             let block = if self.0.queues.len() > 1 { block_ms.min(100) } else { block_ms };
             drop(first);
-            match self.0.consumer.read(&queue, free as u64, block).await {
+            match self.0.consumer.read(&queue.name, free as u64, block).await {
                 Ok(entries) if entries.is_empty() => {}
                 Ok(entries) => {
                     let first = self.0.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
                     self.start_jobs(&queue, entries, first, &jobs, &abandon).await;
                 }
                 Err(e) => {
-                    tracing::warn!(queue = %queue, error = %redact(&e.to_string()), "XREADGROUP failed; retrying");
+                    tracing::warn!(queue = %queue.name, error = %redact(&e.to_string()), "XREADGROUP failed; retrying");
                     if e.details().contains("NOGROUP") || e.to_string().contains("NOGROUP") {
-                        let _ = self.0.consumer.ensure_group(&queue).await;
+                        let _ = self.0.consumer.ensure_group(&queue.name).await;
                     }
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
@@ -358,7 +403,7 @@ impl Worker {
             }
             for queue in self.0.queues.clone() {
                 if let Err(e) = self.reclaim(&queue, min_idle, &jobs, &abandon).await {
-                    tracing::warn!(queue = %queue, error = ?e, "Reclaiming idle entries failed");
+                    tracing::warn!(queue = %queue.name, error = ?e, "Reclaiming idle entries failed");
                 }
             }
             self.observe_streams().await;
@@ -367,29 +412,30 @@ impl Worker {
 
     async fn reclaim(
         &self,
-        queue: &str,
+        queue: &Arc<Queue>,
         min_idle: u64,
         jobs: &TaskTracker,
         abandon: &CancellationToken,
     ) -> anyhow::Result<()> {
         let Ok(first) = self.0.permits.clone().try_acquire_owned() else { return Ok(()) };
         let count = 1 + self.0.permits.available_permits().min(99) as u64;
-        let reclaimed = self.0.consumer.reclaim(queue, min_idle, count).await?;
+        let name = queue.name.as_str();
+        let reclaimed = self.0.consumer.reclaim(name, min_idle, count).await?;
         if !reclaimed.entries.is_empty() {
             tracing::info!(
-                queue,
+                queue = name,
                 count = reclaimed.entries.len(),
                 "Took over entries idle past the visibility time-out"
             );
-            self.0.metrics.worker_reclaims.with_label_values(&[queue]).inc_by(reclaimed.entries.len() as u64);
+            self.0.metrics.worker_reclaims.with_label_values(&[name]).inc_by(reclaimed.entries.len() as u64);
         }
         self.start_jobs(queue, reclaimed.entries, first, jobs, abandon).await;
         // Pending entries whose data Redis no longer has: the job is re-driven from PostgreSQL.
         for entry_id in reclaimed.deleted {
-            if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.pool, queue, &entry_id).await? {
+            if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.pool, name, &entry_id).await? {
                 let mut tx = db::begin_workspace(&self.0.pool, workspace).await?;
                 if record::redrive_tx(&mut tx, workspace, event_id).await? {
-                    tracing::warn!(queue, event_id = %event_id, "Stream entry lost by Redis; re-driven from PostgreSQL");
+                    tracing::warn!(queue = name, event_id = %event_id, "Stream entry lost by Redis; re-driven from PostgreSQL");
                 }
                 tx.commit().await?;
             }
@@ -399,28 +445,31 @@ impl Worker {
 
     /// Acknowledges (and deletes) finished entries in batches: one script call for everything finished since the
     /// last one. On `stop`, flushes what is left.
-    async fn ack_loop(self, mut queue: mpsc::UnboundedReceiver<(String, String)>, stop: CancellationToken) {
+    async fn ack_loop(self, mut queue: mpsc::UnboundedReceiver<Finished>, stop: CancellationToken) {
         loop {
             let first = tokio::select! {
                 next = queue.recv() => match next { Some(a) => a, None => return },
                 _ = stop.cancelled() => match queue.try_recv() { Ok(a) => a, Err(_) => return },
             };
-            let mut batch: HashMap<String, Vec<String>> = HashMap::new();
-            batch.entry(first.0).or_default().push(first.1);
-            let mut size = 1;
-            while size < 1000 {
-                match queue.try_recv() {
-                    Ok((q, id)) => {
-                        batch.entry(q).or_default().push(id);
-                        size += 1;
-                    }
-                    Err(_) => break,
+            // By queue: a worker has a queue or a few, so a short list.
+            let mut batch: Vec<(Arc<Queue>, Vec<String>)> = Vec::new();
+            let mut next = Some(first);
+            let mut size = 0;
+            while let Some((q, id)) = next.take() {
+                match batch.iter_mut().find(|(b, _)| Arc::ptr_eq(b, &q)) {
+                    Some((_, ids)) => ids.push(id),
+                    None => batch.push((q, vec![id])),
+                }
+                size += 1;
+                if size < 1000 {
+                    next = queue.try_recv().ok();
                 }
             }
             for (q, ids) in batch {
+                let q = q.name.as_str();
                 let mut last_error = None;
                 for attempt in 0..3 {
-                    match self.0.consumer.ack(&q, &ids).await {
+                    match self.0.consumer.ack(q, &ids).await {
                         Ok(_) => {
                             last_error = None;
                             break;
@@ -434,9 +483,7 @@ impl Worker {
                 if let Some(e) = last_error {
                     tracing::warn!(queue = %q, count = ids.len(), error = %redact(&e.to_string()), "XACK failed; the entries will be taken over and skipped");
                 }
-                for id in &ids {
-                    self.untrack(&q, id);
-                }
+                self.untrack(q, &ids);
             }
         }
     }
@@ -465,7 +512,7 @@ impl Worker {
     }
 
     async fn observe_streams(&self) {
-        for queue in &self.0.queues {
+        for queue in self.queues() {
             if let Ok(stats) = self.0.consumer.stats(queue).await {
                 let m = &self.0.metrics;
                 m.stream_length.with_label_values(&[queue]).set(stats.length as i64);
@@ -478,17 +525,17 @@ impl Worker {
     }
 
     /// Runs one entry to its end and acknowledges it when the outcome allows.
-    async fn process(&self, queue: &str, mut entry: Entry, abandon: CancellationToken) {
+    async fn process(&self, queue: Arc<Queue>, mut entry: Entry, abandon: CancellationToken) {
         let started = Instant::now();
         let outcome = match Delivery::parse(&mut entry) {
             None => {
-                tracing::error!(queue, entry_id = %entry.id, "Stream entry is not a Conveyor job (no event or workspace id); dropping it");
+                tracing::error!(queue = %queue.name, entry_id = %entry.id, "Stream entry is not a Conveyor job (no event or workspace id); dropping it");
                 Outcome::Malformed
             }
             Some(delivery) => {
                 if let Some(enqueued) = delivery.enqueued_at_ms {
                     let wait = (chrono::Utc::now().timestamp_millis() - enqueued).max(0) as f64 / 1000.0;
-                    self.0.metrics.job_queue_wait.with_label_values(&[queue]).observe(wait);
+                    queue.wait.observe(wait);
                 }
                 let span = tracing::info_span!("job", event_id = %delivery.event_id, r#type = %delivery.event_type,
                     attempt = delivery.attempt, traceparent = %delivery.traceparent);
@@ -502,15 +549,13 @@ impl Worker {
             }
         };
         fail::fail_point!("worker::before_ack");
+        queue.ended(outcome, started.elapsed());
         if outcome.acknowledges() {
             // Acknowledged in batches by the ack loop; the heartbeat keeps the entry until then.
-            let _ = self.0.acks.send((queue.to_owned(), entry.id.clone()));
+            let _ = self.0.acks.send((queue, entry.id));
         } else {
-            self.untrack(queue, &entry.id);
+            self.untrack(&queue.name, [&entry.id]);
         }
-        let m = &self.0.metrics;
-        m.jobs.with_label_values(&[queue, outcome.label()]).inc();
-        m.job_duration.with_label_values(&[queue, outcome.label()]).observe(started.elapsed().as_secs_f64());
     }
 
     async fn execute(&self, d: &Delivery, abandon: &CancellationToken) -> anyhow::Result<Outcome> {
