@@ -183,6 +183,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
     let settings = WorkerSettings {
         concurrency: config.worker_concurrency,
         visibility: config.worker_visibility,
+        keepalive: config.operation_keepalive,
         ..WorkerSettings::default()
     };
     Worker::builder(state.pool.clone(), consumer)

@@ -122,6 +122,9 @@ pub struct Config {
     pub maintenance_interval: Duration,
     /// An unfinished operation without progress for this long is re-driven (`CONVEYOR_RECONCILE_AFTER`, 5m).
     pub reconcile_after: Duration,
+    /// How often a running job shows its operation is alive (`CONVEYOR_OPERATION_KEEPALIVE`, default 1m); the
+    /// reconciler's wait must be at least twice as long.
+    pub operation_keepalive: Duration,
 }
 
 /// The outbox relay's settings (`CONVEYOR_DISPATCH_*`, `CONVEYOR_OUTBOX_RETENTION`).
@@ -311,6 +314,17 @@ impl Config {
             Some("1" | "true") => true,
             Some(_) => return Err(invalid("CONVEYOR_LOG_JSON", "must be true or false")),
         };
+        let reconcile_after = duration(src, "CONVEYOR_RECONCILE_AFTER", Duration::from_secs(300))?;
+        let operation_keepalive = duration(src, "CONVEYOR_OPERATION_KEEPALIVE", Duration::from_secs(60))?;
+        if operation_keepalive.is_zero() {
+            return Err(invalid("CONVEYOR_OPERATION_KEEPALIVE", "must be more than zero"));
+        }
+        if reconcile_after < operation_keepalive * 2 {
+            return Err(invalid(
+                "CONVEYOR_RECONCILE_AFTER",
+                "must be at least twice CONVEYOR_OPERATION_KEEPALIVE, or running jobs would be re-driven",
+            ));
+        }
         Ok(Self {
             database_url: postgres_url(src, "CONVEYOR_DATABASE_URL")?,
             redis_url: Secret::new(redis_url),
@@ -333,7 +347,8 @@ impl Config {
             job_timeout: duration(src, "CONVEYOR_JOB_TIMEOUT", Duration::from_secs(60))?,
             job_max_attempts: positive(src, "CONVEYOR_JOB_MAX_ATTEMPTS", 5)?,
             maintenance_interval: duration(src, "CONVEYOR_MAINTENANCE_INTERVAL", Duration::from_secs(30))?,
-            reconcile_after: duration(src, "CONVEYOR_RECONCILE_AFTER", Duration::from_secs(300))?,
+            reconcile_after,
+            operation_keepalive,
         })
     }
 }
@@ -455,6 +470,9 @@ mod tests {
             ("CONVEYOR_IDEMPOTENCY_TTL", "23h"),
             ("CONVEYOR_MAX_BODY_BYTES", "-1"),
             ("CONVEYOR_MARKETPLACE_URL", "ftp://x"),
+            ("CONVEYOR_OPERATION_KEEPALIVE", "0s"),
+            // Shorter than two keep-alives (default 1 min): running jobs would be re-driven.
+            ("CONVEYOR_RECONCILE_AFTER", "90s"),
         ];
         for (name, value) in cases {
             assert!(error_with(name, Some(value)).contains(name), "{name}={value}");

@@ -297,6 +297,7 @@ async fn work_in_flight_survives_a_redis_that_loses_everything() {
     let (sandbox, market) = common::sandbox(Settings { latency_ms: 1500, ..Settings::default() }).await;
     let mut vars = process_vars(&app, &redis.url(), &market);
     vars.insert("CONVEYOR_RECONCILE_AFTER".into(), "3s".into());
+    vars.insert("CONVEYOR_OPERATION_KEEPALIVE".into(), "1s".into());
     vars.insert("CONVEYOR_MAINTENANCE_INTERVAL".into(), "500ms".into());
     vars.insert("CONVEYOR_REDIS_COMMAND_TIMEOUT".into(), "1s".into());
     let platform = Process::spawn(&["all"], &{
@@ -322,6 +323,28 @@ async fn work_in_flight_survives_a_redis_that_loses_everything() {
     for op in &ops {
         assert_eq!(stats.calls_by_key.get(op).copied().unwrap_or(0).min(1), 1);
     }
+}
+
+#[tokio::test]
+async fn a_job_running_longer_than_the_reconcilers_wait_keeps_its_operation_alive_and_is_not_redriven() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    // The marketplace takes 5 s; the reconciler re-drives operations quiet for 2 s, looking every 300 ms.
+    let (sandbox, market) = common::sandbox(Settings { latency_ms: 5000, ..Settings::default() }).await;
+    let mut vars = process_vars(&app, &redis, &market);
+    vars.insert("CONVEYOR_RECONCILE_AFTER".into(), "2s".into());
+    vars.insert("CONVEYOR_OPERATION_KEEPALIVE".into(), "500ms".into());
+    vars.insert("CONVEYOR_MAINTENANCE_INTERVAL".into(), "300ms".into());
+    vars.insert("CONVEYOR_HTTP_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    let platform = Process::spawn(&["all"], &vars);
+    let who = principal();
+    let (_, op) = create_store(&app, who, "good").await;
+    let done = common::operation_reaches(&app, who, &op, "succeeded", Duration::from_secs(60)).await;
+    assert!(done.is_some(), "the long job completes; log:\n{}", platform.log());
+    let events = app.db.rows("outbox_events", who.workspace_id).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["redrive_count"], 0, "never re-driven while it ran; log:\n{}", platform.log());
+    assert_eq!(sandbox.stats().effects, 1);
 }
 
 #[tokio::test]

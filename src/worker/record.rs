@@ -26,6 +26,16 @@ pub async fn start(pool: &PgPool, workspace: WorkspaceId, operation: Uuid, attem
     Ok(started == 1)
 }
 
+/// Shows that the running operation's job is alive (`updated_at = now()`), outside the job's transaction.
+pub async fn keep_alive(pool: &PgPool, workspace: WorkspaceId, operation: Uuid) -> Result<(), sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    sqlx::query("UPDATE operations SET updated_at = now() WHERE id = $1 AND status = 'running'")
+        .bind(operation)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
 /// Serializes runs of one job id: a duplicate delivery waits here until the first run's transaction ends.
 pub async fn lock_job_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('conveyor-job:' || $1::text, 0))")

@@ -38,6 +38,10 @@ pub struct WorkerSettings {
     pub block: Duration,
     /// How often idle entries of dead consumers are looked for.
     pub reclaim_interval: Duration,
+    /// How often a running job with an operation refreshes the operation's `updated_at`, so that the reconciler,
+    /// which re-drives operations without progress, leaves a long job alone (`CONVEYOR_OPERATION_KEEPALIVE`,
+    /// default 1 min).
+    pub keepalive: Duration,
 }
 
 impl Default for WorkerSettings {
@@ -47,6 +51,7 @@ impl Default for WorkerSettings {
             visibility: Duration::from_secs(5),
             block: Duration::from_secs(1),
             reclaim_interval: Duration::from_secs(1),
+            keepalive: Duration::from_secs(60),
         }
     }
 }
@@ -601,8 +606,18 @@ impl Worker {
             }
         }
         let timeout = handler.timeout();
+        // Boxed, and only for a job with an operation: the job's own future stays small.
+        let keepalive = d
+            .operation_id
+            .map(|operation| Box::pin(keep_alive(pool.clone(), d.workspace_id, operation, self.0.settings.keepalive)));
         let result = {
             let run = AssertUnwindSafe(handler.handle(&mut job)).catch_unwind();
+            let keeping = async {
+                match keepalive {
+                    Some(k) => k.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 ran = tokio::time::timeout(timeout, run) => Some(match ran {
                     Ok(Ok(result)) => result,
@@ -613,6 +628,7 @@ impl Worker {
                     }
                 }),
                 _ = abandon.cancelled() => None,
+                never = keeping => match never {},
             }
         };
         let Some(result) = result else {
@@ -648,6 +664,22 @@ impl Worker {
                     Ok(Outcome::Retried)
                 }
             }
+        }
+    }
+}
+
+/// Refreshes the operation's `updated_at` every `every` while its job runs, so that the reconciler, which re-drives
+/// operations without progress, leaves a long job alone. Never ends: the job's end drops it.
+async fn keep_alive(
+    pool: PgPool,
+    workspace: WorkspaceId,
+    operation: Uuid,
+    every: Duration,
+) -> std::convert::Infallible {
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = record::keep_alive(&pool, workspace, operation).await {
+            tracing::warn!(operation = %operation, error = %redact(&e.to_string()), "Could not refresh a running operation");
         }
     }
 }
