@@ -27,20 +27,24 @@ pub struct Entry {
     pub fields: Fields,
 }
 
+/// Text read from Redis: an immutable UTF-8 slice of the reply's buffer, shared rather than copied.
+pub type Text = fred::bytes_utils::Str;
+
 /// The field-value pairs of an entry (or of a reply shaped like one), in order. There are few (a job has under a
-/// dozen), so a lookup scans them: cheaper than hashing every name of every entry read.
+/// dozen), so a lookup scans them: cheaper than hashing every name of every entry read. Names and values are slices
+/// of the reply ([`Text`]): reading an entry copies none of them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Fields(Vec<(String, String)>);
+pub struct Fields(Vec<(Text, Text)>);
 
 impl Fields {
     /// The value of `name`.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.0.iter().find(|(k, _)| &**k == name).map(|(_, v)| &**v)
     }
 
     /// Takes the value of `name` out (it is gone afterwards).
-    pub fn take(&mut self, name: &str) -> Option<String> {
-        let at = self.0.iter().position(|(k, _)| k == name)?;
+    pub fn take(&mut self, name: &str) -> Option<Text> {
+        let at = self.0.iter().position(|(k, _)| &**k == name)?;
         Some(self.0.swap_remove(at).1)
     }
 }
@@ -75,14 +79,14 @@ fn fields_of(v: Value) -> Option<Fields> {
             let mut pairs = Vec::with_capacity(items.len() / 2);
             let mut it = items.into_iter();
             while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                pairs.push((text(&k)?, text(&v).unwrap_or_default()));
+                pairs.push((k.into_bytes_str()?, v.into_bytes_str().unwrap_or_default()));
             }
             Some(Fields(pairs))
         }
         Value::Map(map) => Some(Fields(
             map.inner()
                 .into_iter()
-                .filter_map(|(k, v)| Some((k.as_str()?.to_string(), text(&v).unwrap_or_default())))
+                .filter_map(|(k, v)| Some((Text::from(k.as_str()?), v.into_bytes_str().unwrap_or_default())))
                 .collect(),
         )),
         _ => None,

@@ -24,7 +24,7 @@ use crate::ids::WorkspaceId;
 use crate::metrics::Metrics;
 use crate::outbox::JobPayload;
 use crate::redact::redact;
-use crate::stream::consumer::{Consumer, Entry};
+use crate::stream::consumer::{Consumer, Entry, Text};
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -139,16 +139,16 @@ type Finished = (Arc<Queue>, String);
 struct Delivery {
     event_id: Uuid,
     workspace_id: WorkspaceId,
-    event_type: String,
-    payload: String,
+    event_type: Text,
+    payload: Text,
     operation_id: Option<Uuid>,
     attempt: u32,
     enqueued_at_ms: Option<i64>,
-    traceparent: String,
+    traceparent: Text,
 }
 
 impl Delivery {
-    /// Reads a job from `entry`, taking its larger fields out of it rather than copying them.
+    /// Reads a job from `entry`, taking its text fields out of it rather than copying them.
     fn parse(entry: &mut Entry) -> Option<Self> {
         let f = &mut entry.fields;
         Some(Self {
@@ -576,7 +576,7 @@ impl Worker {
                 return Ok(Outcome::DeadLettered);
             }
         };
-        let Some(handler) = self.0.handlers.get(&d.event_type).cloned() else {
+        let Some(handler) = self.0.handlers.get(&*d.event_type).cloned() else {
             let reason = format!("no handler registered for type `{}`", d.event_type);
             Box::pin(record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &reason)).await?;
             self.0.metrics.job_dead_letters.with_label_values(&["no_handler"]).inc();
@@ -589,7 +589,7 @@ impl Worker {
             operation_id: d.operation_id,
             attempt: d.attempt,
             payload,
-            traceparent: d.traceparent.clone(),
+            traceparent: d.traceparent.to_string(),
             enqueued_at: d.enqueued_at_ms.and_then(chrono::DateTime::from_timestamp_millis),
             cancel: cancel.clone(),
             tx: None,
@@ -660,7 +660,7 @@ impl Worker {
                     let delay = handler.backoff().delay(d.attempt);
                     tracing::warn!(event_id = %d.event_id, attempt = d.attempt, ?delay, error = %error, "Job failed; retrying after back-off");
                     Box::pin(record::retry(pool, d.workspace_id, d.event_id, d.operation_id, delay, &error)).await?;
-                    self.0.metrics.job_retries.with_label_values(&[&d.event_type]).inc();
+                    self.0.metrics.job_retries.with_label_values(&[&*d.event_type]).inc();
                     Ok(Outcome::Retried)
                 }
             }
