@@ -284,16 +284,21 @@ async fn commit_at_rate(pool: &PgPool, workspaces: &[WorkspaceId], rate: u64, se
 }
 
 /// Runs `task` on a runtime of its own, in a thread of its own, as a process of its own would run it: not behind the
-/// load generator's tasks.
-fn on_own_runtime(task: impl Future<Output = ()> + Send + 'static) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(task))
+/// load generator's tasks. `one_thread` as the `conveyor dispatcher` process (see `src/main.rs`).
+fn on_own_runtime(one_thread: bool, task: impl Future<Output = ()> + Send + 'static) -> std::thread::JoinHandle<()> {
+    let mut builder = match one_thread {
+        true => tokio::runtime::Builder::new_current_thread(),
+        false => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = builder.enable_all().build().unwrap();
+    std::thread::spawn(move || runtime.block_on(task))
 }
 
 /// A dispatcher over `app`'s database and prefix, on a runtime of its own, running until `shutdown`
 /// (`DISPATCH_CONCURRENCY` sets its concurrency).
 fn spawn_dispatcher(app: &common::TestApp, shutdown: CancellationToken) -> std::thread::JoinHandle<()> {
     let (url, prefix) = (app.db.app_url.clone(), app.redis_prefix.clone());
-    on_own_runtime(async move {
+    on_own_runtime(true, async move {
         let dispatcher = common::test_dispatcher_on(&url, &prefix, &common::redis_url(), |v| {
             v.insert("CONVEYOR_DISPATCH_DEDUP_TTL".into(), BENCH_DEDUP_TTL.into());
             if let Ok(c) = std::env::var("DISPATCH_CONCURRENCY") {
@@ -470,7 +475,7 @@ async fn latency() {
     let worker_thread = {
         let (url, prefix, started, shutdown) =
             (app.db.app_url.clone(), app.redis_prefix.clone(), started.clone(), shutdown.clone());
-        on_own_runtime(async move {
+        on_own_runtime(false, async move {
             let pool = db::connect(&url, 4).await.unwrap();
             let worker = noop_worker_on(pool, &prefix, conc, Some(started)).await;
             worker.ensure_groups().await.unwrap();

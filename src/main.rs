@@ -93,8 +93,16 @@ enum DlqCommand {
 
 fn main() -> ExitCode {
     no_transparent_huge_pages();
-    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime.block_on(start()),
+    let cli = Cli::parse();
+    // The dispatcher is one loop that waits on PostgreSQL and Redis in turn: on one thread, a notification reaches it
+    // with no wake-up across threads. dispatch-latency, six alternating runs: p50 0.72 against 0.86 ms, p99 5.5
+    // against 6.9 ms (medians).
+    let mut builder = match cli.command {
+        Command::Dispatcher => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    match builder.enable_all().build() {
+        Ok(runtime) => runtime.block_on(start(cli)),
         Err(e) => {
             eprintln!("conveyor: cannot start the async runtime: {e}");
             ExitCode::FAILURE
@@ -111,8 +119,7 @@ fn no_transparent_huge_pages() {
     let _ = nix::sys::prctl::set_thp_disable(true);
 }
 
-async fn start() -> ExitCode {
-    let cli = Cli::parse();
+async fn start(cli: Cli) -> ExitCode {
     // With the `failpoints` feature, FAILPOINTS=name=action;... arms crash points for tests; without it, nothing.
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
