@@ -217,6 +217,7 @@ impl WorkerBuilder {
         }
         anyhow::ensure!(!queues.is_empty(), "a worker needs at least one handler");
         anyhow::ensure!(self.settings.concurrency > 0, "concurrency must be at least 1");
+        anyhow::ensure!(!self.settings.keepalive.is_zero(), "the operation keep-alive must be longer than zero");
         self.metrics.worker_concurrency_limit.set(self.settings.concurrency as i64);
         let (acks, ack_queue) = mpsc::unbounded_channel();
         Ok(Worker(Arc::new(Inner {
@@ -681,5 +682,45 @@ async fn keep_alive(
         if let Err(e) = record::keep_alive(&pool, workspace, operation).await {
             tracing::warn!(operation = %operation, error = %redact(&e.to_string()), "Could not refresh a running operation");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::keys::Keys;
+    use crate::worker::handler::BoxFuture;
+
+    struct Nothing;
+
+    impl Handler for Nothing {
+        fn handle<'a>(&'a self, _job: &'a mut Job) -> BoxFuture<'a, Result<serde_json::Value, JobError>> {
+            Box::pin(async { Ok(serde_json::Value::Null) })
+        }
+    }
+
+    #[tokio::test]
+    async fn settings_a_worker_cannot_run_with_are_refused_when_it_is_built() {
+        // Nothing connects: a lazy pool and clients that were never initialised.
+        let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://127.0.0.1:1/none").unwrap();
+        let client = || fred::prelude::Builder::default_centralized().build().unwrap();
+        let build = |settings: WorkerSettings| {
+            let consumer = Consumer::new(client(), client(), Keys::new("t"), "c".into());
+            Worker::builder(pool.clone(), consumer)
+                .handler("store.verify_credentials", Nothing)
+                .settings(settings)
+                .build()
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(build(WorkerSettings::default()), Ok(()));
+        let no_slots = build(WorkerSettings { concurrency: 0, ..WorkerSettings::default() });
+        assert!(no_slots.unwrap_err().contains("concurrency"));
+        let no_keepalive = build(WorkerSettings { keepalive: Duration::ZERO, ..WorkerSettings::default() });
+        assert!(no_keepalive.unwrap_err().contains("keep-alive"));
+        let unknown = Worker::builder(pool.clone(), Consumer::new(client(), client(), Keys::new("t"), "c".into()))
+            .handler("no.such_type", Nothing)
+            .build();
+        assert!(unknown.err().unwrap().to_string().contains("no.such_type"));
     }
 }
