@@ -24,5 +24,3 @@ CREATE FUNCTION conveyor_outbox_retention_workspaces(older_than interval, max_wo
         LIMIT greatest(1, least(max_workspaces, 10000))
     $$;
 REVOKE ALL ON FUNCTION conveyor_outbox_retention_workspaces(interval, integer) FROM PUBLIC;
-
-CREATE INDEX outbox_events_dispatched_at ON outbox_events (dispatched_at) WHERE status = 'dispatched';

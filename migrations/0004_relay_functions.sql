@@ -110,7 +110,8 @@ CREATE FUNCTION conveyor_mark_outbox_dispatched(holder text, workspaces uuid[], 
 DROP INDEX outbox_events_operation;
 CREATE INDEX outbox_events_operation ON outbox_events (operation_id) WHERE status = 'dispatched';
 
--- One index on dispatched rows by age was enough: `outbox_events_dispatched (workspace_id, dispatched_at)` serves the
+-- One index on dispatched rows by age is enough: `outbox_events_dispatched (workspace_id, dispatched_at)` serves the
 -- retention job's per-workspace deletes (and, scanned whole, its lookup of workspaces with old rows, which runs once a
--- maintenance pass). The second, on dispatched_at alone, cost every mark an index entry.
-DROP INDEX outbox_events_dispatched_at;
+-- maintenance pass). A second one, on dispatched_at alone, existed in an early version of 0002 and cost every mark an
+-- index entry; the landed 0002 no longer creates it, so this only drops it where a database still has it.
+DROP INDEX IF EXISTS outbox_events_dispatched_at;
