@@ -415,6 +415,36 @@ async fn one_dispatcher_relays_a_workspaces_events_in_the_order_they_were_writte
 }
 
 #[tokio::test]
+async fn notified_batches_go_out_in_the_order_they_were_written_while_earlier_marks_are_still_being_recorded() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    // The loop, not a sweep: notified batches of two, marked in the background while the next one is claimed.
+    let d = dispatcher(&app, &redis, |v| {
+        v.insert("CONVEYOR_DISPATCH_POLL".into(), "1h".into());
+        v.insert("CONVEYOR_DISPATCH_BATCH".into(), "2".into());
+    })
+    .await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    common::run_dispatcher(d, &shutdown);
+    tokio::time::sleep(Duration::from_millis(500)).await; // past the start-up sweep
+    let ws = WorkspaceId(Uuid::new_v4());
+    let mut written = Vec::new();
+    for _ in 0..30 {
+        written.extend(enqueue(&app, ws, 1).await);
+    }
+    let relayed = common::eventually(Duration::from_secs(30), || async {
+        (count_status(&app, &[ws], "dispatched").await == written.len()).then_some(())
+    })
+    .await;
+    assert!(relayed.is_some(), "every notified event relayed and marked");
+    let client = common::redis_client(&redis).await;
+    let in_stream = common::stream_event_ids(&client, &stream_key(&app)).await;
+    let written: Vec<String> = written.iter().map(Uuid::to_string).collect();
+    assert_eq!(in_stream, written);
+    shutdown.cancel();
+}
+
+#[tokio::test]
 async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leaves_no_workspace_set() {
     use conveyor::dispatcher::claim;
     let app = TestApp::spawn().await;
