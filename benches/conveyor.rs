@@ -7,6 +7,8 @@
 //! - `dispatch-latency`: commits events at RATE/s for SECONDS while a dispatcher runs; commit to `XADD` p50/p99.
 //! - `worker`: drains N prefilled jobs with a no-op handler at concurrency CONC; jobs per second.
 //! - `latency`: commits jobs at RATE/s for SECONDS through dispatcher and worker; commit to handler start p50/p99.
+//! - `commit`: the same enqueue transactions at the same rate with nothing relaying them: the durable commit's own
+//!   p50/p99 on this machine, the floor under `latency`'s figure measured from the moment COMMIT is sent.
 //! - `worker-memory`: peak resident memory of a real `conveyor worker` process at concurrency CONC draining N jobs.
 //!
 //! Environment: N (default 100000), CONC (100), RATE (1000), SECONDS (10), and the test harness's database and
@@ -285,20 +287,24 @@ async fn commit_at_rate(pool: &PgPool, workspaces: &[WorkspaceId], rate: u64, se
 
 /// Runs `task` on a runtime of its own, in a thread of its own, as a process of its own would run it: not behind the
 /// load generator's tasks. `one_thread` as the `conveyor dispatcher` process (see `src/main.rs`).
-fn on_own_runtime(one_thread: bool, task: impl Future<Output = ()> + Send + 'static) -> std::thread::JoinHandle<()> {
+fn on_own_runtime(
+    name: &str,
+    one_thread: bool,
+    task: impl Future<Output = ()> + Send + 'static,
+) -> std::thread::JoinHandle<()> {
     let mut builder = match one_thread {
         true => tokio::runtime::Builder::new_current_thread(),
         false => tokio::runtime::Builder::new_multi_thread(),
     };
-    let runtime = builder.enable_all().build().unwrap();
-    std::thread::spawn(move || runtime.block_on(task))
+    let runtime = builder.thread_name(name).enable_all().build().unwrap();
+    std::thread::Builder::new().name(name.into()).spawn(move || runtime.block_on(task)).unwrap()
 }
 
 /// A dispatcher over `app`'s database and prefix, on a runtime of its own, running until `shutdown`
 /// (`DISPATCH_CONCURRENCY` sets its concurrency).
 fn spawn_dispatcher(app: &common::TestApp, shutdown: CancellationToken) -> std::thread::JoinHandle<()> {
     let (url, prefix) = (app.db.app_url.clone(), app.redis_prefix.clone());
-    on_own_runtime(true, async move {
+    on_own_runtime("dispatcher", true, async move {
         let dispatcher = common::test_dispatcher_on(&url, &prefix, &common::redis_url(), |v| {
             v.insert("CONVEYOR_DISPATCH_DEDUP_TTL".into(), BENCH_DEDUP_TTL.into());
             if let Ok(c) = std::env::var("DISPATCH_CONCURRENCY") {
@@ -342,9 +348,12 @@ async fn dispatch_latency() {
     // The entry id has millisecond resolution: a latency under a millisecond can read as slightly negative.
     let mut ms: Vec<f64> = latencies.into_iter().map(|(l,)| l.max(0.0)).collect();
     ms.sort_by(f64::total_cmp);
+    let mut commit: Vec<f64> = committed.iter().map(|(_, sent, done)| done - sent).collect();
+    commit.sort_by(f64::total_cmp);
     emit(json!({
         "scenario": "dispatch-latency", "rate_per_s": rate, "seconds": seconds, "warmup_s": env("WARMUP_SECONDS", 2),
         "sent": total, "received": ms.len(),
+        "commit_p50_ms": percentile(&commit, 50.0).map(round), "commit_p99_ms": percentile(&commit, 99.0).map(round),
         "p50_ms": percentile(&ms, 50.0), "p99_ms": percentile(&ms, 99.0), "max_ms": ms.last(),
     }));
 }
@@ -475,7 +484,7 @@ async fn latency() {
     let worker_thread = {
         let (url, prefix, started, shutdown) =
             (app.db.app_url.clone(), app.redis_prefix.clone(), started.clone(), shutdown.clone());
-        on_own_runtime(false, async move {
+        on_own_runtime("worker", std::env::var("WORKER_ONE_THREAD").is_ok(), async move {
             let pool = db::connect(&url, 4).await.unwrap();
             let worker = noop_worker_on(pool, &prefix, conc, Some(started)).await;
             worker.ensure_groups().await.unwrap();
@@ -528,6 +537,19 @@ async fn latency() {
         "committed_to_start_p99_ms": percentile(&from_commit, 99.0).map(round),
         "received": ms.len(), "p50_ms": percentile(&ms, 50.0).map(round), "p99_ms": percentile(&ms, 99.0).map(round),
         "max_ms": ms.last().copied().map(round),
+    }));
+}
+
+async fn commit() {
+    let (rate, seconds) = (env("RATE", 1000), env("SECONDS", 10));
+    let app = common::TestApp::spawn().await;
+    let committed = steady_commits(&app, rate, seconds).await;
+    let mut commit: Vec<f64> = committed.iter().map(|(_, sent, done)| done - sent).collect();
+    commit.sort_by(f64::total_cmp);
+    emit(json!({
+        "scenario": "commit", "rate_per_s": rate, "seconds": seconds, "warmup_s": env("WARMUP_SECONDS", 2),
+        "sent": commit.len(), "commit_p50_ms": percentile(&commit, 50.0).map(round),
+        "commit_p99_ms": percentile(&commit, 99.0).map(round), "max_ms": commit.last().copied().map(round),
     }));
 }
 
@@ -585,6 +607,7 @@ fn main() {
                 "dispatch-latency" => dispatch_latency().await,
                 "worker" => worker().await,
                 "latency" => latency().await,
+                "commit" => commit().await,
                 "worker-memory" => worker_memory().await,
                 other => panic!("unknown scenario {other}"),
             }

@@ -441,3 +441,32 @@ async fn a_worker_killed_after_its_commit_and_before_its_ack_causes_no_second_ef
     assert_eq!(sandbox.stats().calls, 1, "one marketplace call in all");
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_job_that_fails_before_its_dispatcher_has_recorded_the_hand_off_is_still_retried() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (sandbox, market) = common::sandbox(Settings { error_rate: 1.0, ..Settings::default() }).await;
+    // A dispatcher process that records every hand-off a second and a half after its XADD: each run fails (and
+    // asks for its retry) while the event is still `dispatching`.
+    let mut vars = process_vars(&app, &redis, &market);
+    vars.insert("FAILPOINTS".into(), "dispatcher::before_mark=sleep(1500)".into());
+    let _dispatcher = Process::spawn(&["dispatcher"], &vars);
+    let metrics = Metrics::new();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(
+        common::test_worker(&app, &redis, &market, fast(), 3, metrics.clone())
+            .await
+            .run(shutdown.clone(), Duration::from_secs(5)),
+    );
+    let who = principal();
+    let (_, op_id) = create_store(&app, who, "good").await;
+
+    let failed = common::operation_reaches(&app, who, &op_id, "failed", Duration::from_secs(60)).await;
+    assert!(failed.is_some(), "every run was retried until the last, then dead-lettered");
+    assert_eq!(sandbox.stats().calls, 3, "three runs");
+    assert_eq!(metrics.job_retries.with_label_values(&["store.verify_credentials"]).get(), 2);
+    let event = &app.db.rows("outbox_events", who.workspace_id).await[0];
+    assert_eq!((event["status"].as_str(), &event["job_attempts"]), (Some("dead_letter"), &json!(3)));
+    shutdown.cancel();
+}

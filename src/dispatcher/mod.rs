@@ -375,7 +375,7 @@ impl HandedOff {
         if settled.lost_lease > 0 {
             tracing::warn!(
                 count = settled.lost_lease,
-                "Lease lost before marking; another dispatcher will finish them"
+                "Lease lost before marking (expired and taken by another dispatcher, or the job already ran and asked for a retry)"
             );
         }
         Ok(settled)

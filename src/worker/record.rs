@@ -68,11 +68,17 @@ pub async fn succeed_tx(tx: &mut WorkspaceTx, operation: Uuid, result: &serde_js
 
 /// Schedules another run after `delay`: the outbox event goes back to `pending` with a new re-drive generation
 /// (so its next hand-off gets past the de-dup key), and the operation back to `queued` with the redacted error.
-/// False when the event is no longer `dispatched` (another delivery is already under way).
+///
+/// Fenced by the delivery's generation (`redrive`), not by the event's status: the dispatcher records a hand-off after
+/// its `XADD`, so a job that fails fast can find its event still `dispatching` (or, if its dispatcher died, `pending`
+/// again). Any status but `dead_letter` with the same generation means this delivery is the current one; a lease still
+/// held on it is simply lost (its holder's mark no longer matches, and its `XADD` found the old de-dup key). False,
+/// and nothing changes, when the generation has moved on (another delivery is already under way).
 pub async fn retry(
     pool: &PgPool,
     workspace: WorkspaceId,
     event_id: Uuid,
+    redrive: i32,
     operation: Option<Uuid>,
     delay: Duration,
     error: &str,
@@ -81,16 +87,18 @@ pub async fn retry(
     let moved = sqlx::query(
         "UPDATE outbox_events
          SET status = 'pending', next_attempt_at = now() + make_interval(secs => $2), job_attempts = job_attempts + 1,
-             redrive_count = redrive_count + 1, last_error = $3, stream_id = NULL, dispatched_at = NULL
-         WHERE id = $1 AND status = 'dispatched'",
+             redrive_count = redrive_count + 1, last_error = $3, stream_id = NULL, dispatched_at = NULL,
+             locked_by = NULL, locked_until = NULL
+         WHERE id = $1 AND redrive_count = $4 AND status <> 'dead_letter'",
     )
     .bind(event_id)
     .bind(delay.as_secs_f64())
     .bind(error)
+    .bind(redrive)
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    if let Some(operation) = operation {
+    if let Some(operation) = operation.filter(|_| moved == 1) {
         sqlx::query(
             "UPDATE operations SET status = 'queued', error = $2, updated_at = now()
              WHERE id = $1 AND status IN ('queued', 'running')",

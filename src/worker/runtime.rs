@@ -143,6 +143,8 @@ struct Delivery {
     payload: Text,
     operation_id: Option<Uuid>,
     attempt: u32,
+    /// The event's re-drive generation when it was handed off.
+    redrive: i32,
     enqueued_at_ms: Option<i64>,
     traceparent: Text,
 }
@@ -156,6 +158,7 @@ impl Delivery {
             workspace_id: WorkspaceId(f.get("workspace_id")?.parse().ok()?),
             operation_id: f.get("operation_id").and_then(|o| o.parse().ok()),
             attempt: f.get("attempt").and_then(|a| a.parse().ok()).unwrap_or(1).max(1),
+            redrive: f.get("redrive").and_then(|r| r.parse().ok()).unwrap_or(0),
             enqueued_at_ms: f.get("enqueued_at").and_then(|t| t.parse().ok()),
             event_type: f.take("type").unwrap_or_default(),
             payload: f.take("payload").unwrap_or_default(),
@@ -660,7 +663,11 @@ impl Worker {
                 } else {
                     let delay = handler.backoff().delay(d.attempt);
                     tracing::warn!(event_id = %d.event_id, attempt = d.attempt, ?delay, error = %error, "Job failed; retrying after back-off");
-                    Box::pin(record::retry(pool, d.workspace_id, d.event_id, d.operation_id, delay, &error)).await?;
+                    let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
+                    if !Box::pin(record::retry(pool, workspace, event, d.redrive, operation, delay, &error)).await? {
+                        tracing::warn!(event_id = %d.event_id, redrive = d.redrive, "A newer delivery of this job is under way; not scheduling a retry");
+                        return Ok(Outcome::Skipped);
+                    }
                     self.0.metrics.job_retries.with_label_values(&[&*d.event_type]).inc();
                     Ok(Outcome::Retried)
                 }
