@@ -151,6 +151,15 @@ pub struct DispatcherSettings {
     pub retention: Duration,
 }
 
+impl DispatcherSettings {
+    /// What is left of a de-dup key's life once its hand-off is recorded as dispatched: four leases (never more than
+    /// [`DispatcherSettings::dedup_ttl`]). Only a dispatcher that held an expired lease can still `XADD` that
+    /// generation then, and it does so within moments of resuming.
+    pub fn dedup_ttl_once_recorded(&self) -> Duration {
+        (self.lease * 4).min(self.dedup_ttl)
+    }
+}
+
 /// Where variables come from: the process environment, or a map in tests.
 pub trait Source {
     /// The value of `name`, if set and not empty.

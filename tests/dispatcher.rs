@@ -157,6 +157,15 @@ async fn a_dispatcher_killed_between_xadd_and_marking_is_finished_by_another_wit
     assert!(added.is_some(), "the first dispatcher XADDed; log:\n{}", first.log());
     first.kill();
     assert_eq!(count_status(&app, &[ws], "dispatching").await, ids.len(), "XADDed but never marked");
+    let keys = Keys::new(&app.redis_prefix);
+    let life = |id: Uuid| {
+        let (client, key) = (client.clone(), keys.dedup("stores", &id, 0));
+        async move {
+            use fred::prelude::KeysInterface;
+            client.pttl::<i64, _>(key).await.unwrap()
+        }
+    };
+    assert!(life(ids[0]).await > 30 * 60 * 1000, "an unrecorded hand-off keeps its de-dup key for the full hour");
 
     let second = Process::spawn(&["dispatcher"], &vars);
     let done = common::eventually(Duration::from_secs(30), || async {
@@ -165,6 +174,16 @@ async fn a_dispatcher_killed_between_xadd_and_marking_is_finished_by_another_wit
     .await;
     assert!(done.is_some(), "the lease expired and another dispatcher finished; log:\n{}", second.log());
     assert_stream_holds_each_once(&app, &redis, &ids).await;
+    // Recorded: the keys live four leases more (8 s), not the hour.
+    let shortened = common::eventually(Duration::from_secs(10), || async {
+        let mut lives = Vec::new();
+        for id in &ids {
+            lives.push(life(*id).await);
+        }
+        lives.iter().all(|&ms| ms > 0 && ms <= 8000).then_some(())
+    })
+    .await;
+    assert!(shortened.is_some(), "recorded hand-offs' de-dup keys are shortened; log:\n{}", second.log());
     // The recorded stream ids are those of the first (and only) XADD.
     let entries: Vec<(String, HashMap<String, String>)> = {
         use fred::prelude::StreamsInterface;

@@ -96,12 +96,23 @@ pub struct Delivered {
     pub id: Uuid,
     /// Stream entry id.
     pub stream_id: String,
+    /// Its queue (stream).
+    pub queue: String,
+    /// Its re-drive generation, which names its de-dup key.
+    pub redrive: i32,
 }
 
 impl Delivered {
     /// `event`, now in the stream under `stream_id`.
     pub fn new(event: &ClaimedEvent, stream_id: String) -> Self {
-        Self { workspace: WorkspaceId(event.workspace_id), tid: event.tid.clone(), id: event.id, stream_id }
+        Self {
+            workspace: WorkspaceId(event.workspace_id),
+            tid: event.tid.clone(),
+            id: event.id,
+            stream_id,
+            queue: event.queue.clone(),
+            redrive: event.redrive_count,
+        }
     }
 }
 

@@ -158,7 +158,7 @@ impl Dispatcher {
             return Ok(Settled::default());
         };
         let full = batch.full;
-        let record = batch.record(self.pool.clone(), self.id.clone(), self.settings.max_attempts);
+        let record = batch.record(self.pool.clone(), self.producer.clone(), self.id.clone(), self.settings.clone());
         match background {
             None => record.await,
             Some(recorders) => {
@@ -353,14 +353,32 @@ struct HandedOff {
 
 impl HandedOff {
     /// Records the batch: marks the delivered events `dispatched` (fenced by the lease of `me`), backs off or
-    /// dead-letters the failed ones.
-    async fn record(self, pool: PgPool, me: String, max_attempts: i32) -> anyhow::Result<Settled> {
+    /// dead-letters the failed ones. Then, when every delivered event was marked, shortens their de-dup keys to
+    /// [`DispatcherSettings::dedup_ttl_once_recorded`]: no dispatcher sends a generation recorded as dispatched
+    /// again, so the key only has to outlive a straggler that lost its lease, and Redis holds keys for the last few
+    /// minutes of traffic instead of the last day's. If any lease was lost, the keys keep their full life (the
+    /// event is someone else's to record).
+    async fn record(
+        self,
+        pool: PgPool,
+        producer: Producer,
+        me: String,
+        settings: DispatcherSettings,
+    ) -> anyhow::Result<Settled> {
         fail::fail_point!("dispatcher::before_mark");
         let started = std::time::Instant::now();
-        let mut settled = claim::settle(&pool, &me, &self.delivered, &self.failures, max_attempts)
+        let mut settled = claim::settle(&pool, &me, &self.delivered, &self.failures, settings.max_attempts)
             .await
             .context("Failed to record the outcome of a batch")?;
         settled.full = self.full;
+        if settled.lost_lease == 0 && !self.delivered.is_empty() {
+            let keys: Vec<(&str, Uuid, i32)> =
+                self.delivered.iter().map(|d| (d.queue.as_str(), d.id, d.redrive)).collect();
+            if let Err(e) = producer.expire_dedup(&keys, settings.dedup_ttl_once_recorded()).await {
+                // Harmless: the keys expire after their full life instead.
+                tracing::warn!(error = %redact(&e.to_string()), "Could not shorten the de-dup keys of a recorded batch");
+            }
+        }
         tracing::debug!(
             events = self.delivered.len() + self.failures.len(),
             settle_ms = started.elapsed().as_secs_f64() * 1e3,

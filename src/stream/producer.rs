@@ -38,6 +38,9 @@ end
 return ids
 "#;
 
+// KEYS = de-dup keys of one queue, ARGV[1] = their new time to live (ms).
+const EXPIRE_SCRIPT: &str = "for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end return #KEYS";
+
 /// One job to publish.
 #[derive(Clone, Debug)]
 pub struct Message {
@@ -122,6 +125,37 @@ impl Producer {
             command.extend(fields);
         }
         command
+    }
+
+    /// Shortens the de-dup keys of `handed_off` (queue, event id, re-drive generation) to expire after `ttl`: one
+    /// script call per queue and chunk, in one pipeline (one command per key would cost the client more than the
+    /// keys cost Redis).
+    pub async fn expire_dedup(
+        &self,
+        handed_off: &[(&str, Uuid, i32)],
+        ttl: std::time::Duration,
+    ) -> Result<(), fred::error::Error> {
+        let mut by_queue: HashMap<&str, Vec<String>> = HashMap::new();
+        for (queue, id, redrive) in handed_off {
+            by_queue.entry(queue).or_default().push(self.keys.dedup(queue, id, *redrive));
+        }
+        if by_queue.is_empty() {
+            return Ok(());
+        }
+        let ms = ttl.as_millis().max(1).to_string();
+        // EVAL, not EVALSHA: the script is short, and a restarted Redis needs no reload.
+        let eval = CustomCommand::new("EVAL", ClusterHash::Offset(2), false);
+        let pipeline = self.client.pipeline();
+        for keys in by_queue.values() {
+            for chunk in keys.chunks(CHUNK) {
+                let mut args = Vec::with_capacity(chunk.len() + 3);
+                args.extend([EXPIRE_SCRIPT.to_owned(), chunk.len().to_string()]);
+                args.extend(chunk.iter().cloned());
+                args.push(ms.clone());
+                pipeline.custom::<Value, _>(eval.clone(), args).await?;
+            }
+        }
+        pipeline.try_all::<Value>().await.into_iter().try_for_each(|r| r.map(drop))
     }
 
     /// Publishes `messages` in one pipeline. Each result is the stream entry id (new, or the one an earlier
