@@ -484,7 +484,7 @@ async fn latency() {
     let worker_thread = {
         let (url, prefix, started, shutdown) =
             (app.db.app_url.clone(), app.redis_prefix.clone(), started.clone(), shutdown.clone());
-        on_own_runtime("worker", std::env::var("WORKER_ONE_THREAD").is_ok(), async move {
+        on_own_runtime("worker", false, async move {
             let pool = db::connect(&url, 4).await.unwrap();
             let worker = noop_worker_on(pool, &prefix, conc, Some(started)).await;
             worker.ensure_groups().await.unwrap();
