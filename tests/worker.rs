@@ -470,3 +470,59 @@ async fn a_job_that_fails_before_its_dispatcher_has_recorded_the_hand_off_is_sti
     assert_eq!((event["status"].as_str(), &event["job_attempts"]), (Some("dead_letter"), &json!(3)));
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_stale_delivery_does_not_dead_letter_the_newer_generation_of_its_event() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (_sandbox, market) = common::sandbox(Settings::default()).await;
+    let who = principal();
+    // An event already re-driven once (generation 1, waiting out a back-off), and a leftover entry of its
+    // generation 0 whose payload cannot be decoded: what the worker decides about the old entry must not touch
+    // the new generation.
+    let id = Uuid::now_v7();
+    let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, redrive_count, next_attempt_at)
+         VALUES ($1, $2, 'stores', 'store.verify_credentials', '{\"store_id\": 42}', 1, now() + interval '1 hour')",
+    )
+    .bind(id)
+    .bind(who.workspace_id.0)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let metrics = Metrics::new();
+    let worker = common::test_worker(&app, &redis, &market, fast(), 5, metrics.clone()).await;
+    worker.ensure_groups().await.unwrap();
+    let client = common::redis_client(&redis).await;
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    {
+        use fred::prelude::StreamsInterface;
+        let (event, workspace) = (id.to_string(), who.workspace_id.0.to_string());
+        let fields = vec![
+            ("event_id", event.as_str()),
+            ("workspace_id", workspace.as_str()),
+            ("type", "store.verify_credentials"),
+            ("payload", "{\"store_id\": 42}"),
+            ("attempt", "1"),
+            ("redrive", "0"),
+        ];
+        let _: String = client.xadd(&stream, false, None, "*", fields).await.unwrap();
+    }
+    let shutdown = CancellationToken::new();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    common::eventually(Duration::from_secs(20), || async {
+        common::stream_event_ids(&client, &stream).await.is_empty().then_some(())
+    })
+    .await
+    .expect("the stale entry was settled and acknowledged");
+    assert_eq!(metrics.jobs.with_label_values(&["stores", "skipped"]).get(), 1);
+    let event = &app.db.rows("outbox_events", who.workspace_id).await[0];
+    assert_eq!(
+        (event["status"].as_str(), &event["redrive_count"], &event["job_attempts"]),
+        (Some("pending"), &json!(1), &json!(0)),
+        "the newer generation is untouched"
+    );
+    shutdown.cancel();
+}

@@ -112,26 +112,31 @@ pub async fn retry(
     Ok(moved == 1)
 }
 
-/// Dead-letters the job: the outbox event keeps the redacted reason, the operation fails with it.
+/// Dead-letters the job: the outbox event keeps the redacted reason, the operation fails with it. Fenced by the
+/// delivery's generation, like [`retry`]: false, and nothing changes, when a newer delivery exists or the event is
+/// already dead-lettered.
 pub async fn dead_letter(
     pool: &PgPool,
     workspace: WorkspaceId,
     event_id: Uuid,
+    redrive: i32,
     operation: Option<Uuid>,
     error: &str,
-) -> Result<(), sqlx::Error> {
+) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
-    sqlx::query(
+    let moved = sqlx::query(
         "UPDATE outbox_events
          SET status = 'dead_letter', failure_stage = 'job', dead_lettered_at = now(), last_error = $2,
              job_attempts = job_attempts + 1, locked_by = NULL, locked_until = NULL
-         WHERE id = $1",
+         WHERE id = $1 AND redrive_count = $3 AND status <> 'dead_letter'",
     )
     .bind(event_id)
     .bind(error)
+    .bind(redrive)
     .execute(&mut *tx)
-    .await?;
-    if let Some(operation) = operation {
+    .await?
+    .rows_affected();
+    if let Some(operation) = operation.filter(|_| moved == 1) {
         sqlx::query(
             "UPDATE operations SET status = 'failed', error = $2, finished_at = now(), updated_at = now()
              WHERE id = $1 AND status IN ('queued', 'running')",
@@ -141,7 +146,8 @@ pub async fn dead_letter(
         .execute(&mut *tx)
         .await?;
     }
-    tx.commit().await
+    tx.commit().await?;
+    Ok(moved == 1)
 }
 
 /// Sends a `dispatched` event through the outbox again (new re-drive generation), e.g. after Redis lost its entry.

@@ -575,16 +575,12 @@ impl Worker {
                 let reason =
                     format!("undecodable payload ({:?} error) for type `{}`", e.classify(), redact(&d.event_type));
                 tracing::error!(event_id = %d.event_id, reason = %reason, "Dead-lettering an undecodable job");
-                Box::pin(record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &reason)).await?;
-                self.0.metrics.job_dead_letters.with_label_values(&["undecodable"]).inc();
-                return Ok(Outcome::DeadLettered);
+                return Box::pin(self.dead_letter(d, &reason, "undecodable")).await;
             }
         };
         let Some(handler) = self.0.handlers.get(&*d.event_type).cloned() else {
             let reason = format!("no handler registered for type `{}`", d.event_type);
-            Box::pin(record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &reason)).await?;
-            self.0.metrics.job_dead_letters.with_label_values(&["no_handler"]).inc();
-            return Ok(Outcome::DeadLettered);
+            return Box::pin(self.dead_letter(d, &reason, "no_handler")).await;
         };
         let cancel = abandon.child_token();
         let mut job = Job {
@@ -656,16 +652,14 @@ impl Worker {
                 let permanent = matches!(e, JobError::Permanent(_));
                 if permanent || d.attempt >= handler.max_attempts() {
                     tracing::error!(event_id = %d.event_id, attempt = d.attempt, error = %error, "Job failed for good; dead-lettered");
-                    Box::pin(record::dead_letter(pool, d.workspace_id, d.event_id, d.operation_id, &error)).await?;
                     let reason = if permanent { "permanent" } else { "exhausted" };
-                    self.0.metrics.job_dead_letters.with_label_values(&[reason]).inc();
-                    Ok(Outcome::DeadLettered)
+                    Box::pin(self.dead_letter(d, &error, reason)).await
                 } else {
                     let delay = handler.backoff().delay(d.attempt);
                     tracing::warn!(event_id = %d.event_id, attempt = d.attempt, ?delay, error = %error, "Job failed; retrying after back-off");
                     let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
                     if !Box::pin(record::retry(pool, workspace, event, d.redrive, operation, delay, &error)).await? {
-                        tracing::warn!(event_id = %d.event_id, redrive = d.redrive, "A newer delivery of this job is under way; not scheduling a retry");
+                        tracing::warn!(event_id = %d.event_id, redrive = d.redrive, "A newer delivery of this job exists; not scheduling a retry");
                         return Ok(Outcome::Skipped);
                     }
                     self.0.metrics.job_retries.with_label_values(&[&*d.event_type]).inc();
@@ -673,6 +667,18 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Dead-letters the delivered job with `reason` (redacted), counted under `why`; skipped when the delivery's
+    /// generation is no longer the event's (a newer delivery exists, and it decides).
+    async fn dead_letter(&self, d: &Delivery, reason: &str, why: &str) -> anyhow::Result<Outcome> {
+        let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
+        if !record::dead_letter(&self.0.pool, workspace, event, d.redrive, operation, reason).await? {
+            tracing::warn!(event_id = %d.event_id, redrive = d.redrive, "A newer delivery of this job exists; not dead-lettering it");
+            return Ok(Outcome::Skipped);
+        }
+        self.0.metrics.job_dead_letters.with_label_values(&[why]).inc();
+        Ok(Outcome::DeadLettered)
     }
 }
 
