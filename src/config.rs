@@ -147,17 +147,14 @@ pub struct DispatcherSettings {
     /// Life of an event's de-dup key in Redis (`CONVEYOR_DISPATCH_DEDUP_TTL`, default 24h); must exceed the longest
     /// time an event can stay undispatched after its first `XADD` (lease plus back-offs).
     pub dedup_ttl: Duration,
+    /// What is left of a de-dup key's life once its hand-off is recorded as dispatched
+    /// (`CONVEYOR_DISPATCH_DEDUP_TTL_RECORDED`, default 15m, or the whole `dedup_ttl` if that is shorter). No dispatcher
+    /// sends a recorded generation again, except a straggler that lost its lease, or one whose claim and mark a
+    /// PostgreSQL crash took back (the relay commits them asynchronously): the key must outlive a lease plus
+    /// PostgreSQL's recovery. At least four leases.
+    pub dedup_ttl_recorded: Duration,
     /// How long dispatched events are kept for troubleshooting (`CONVEYOR_OUTBOX_RETENTION`, default 7d).
     pub retention: Duration,
-}
-
-impl DispatcherSettings {
-    /// What is left of a de-dup key's life once its hand-off is recorded as dispatched: four leases (never more than
-    /// [`DispatcherSettings::dedup_ttl`]). Only a dispatcher that held an expired lease can still `XADD` that
-    /// generation then, and it does so within moments of resuming.
-    pub fn dedup_ttl_once_recorded(&self) -> Duration {
-        (self.lease * 4).min(self.dedup_ttl)
-    }
 }
 
 /// Where variables come from: the process environment, or a map in tests.
@@ -365,7 +362,7 @@ impl Config {
 impl DispatcherSettings {
     /// Reads the `CONVEYOR_DISPATCH_*` variables.
     pub fn from_source(src: &dyn Source) -> Result<Self, ConfigError> {
-        let settings = Self {
+        let mut settings = Self {
             batch_size: number(src, "CONVEYOR_DISPATCH_BATCH", 500)?,
             lease: duration(src, "CONVEYOR_DISPATCH_LEASE", Duration::from_secs(30))?,
             max_attempts: number(src, "CONVEYOR_DISPATCH_MAX_ATTEMPTS", 12)?,
@@ -374,6 +371,7 @@ impl DispatcherSettings {
             poll_interval: duration(src, "CONVEYOR_DISPATCH_POLL", Duration::from_secs(1))?,
             concurrency: number(src, "CONVEYOR_DISPATCH_CONCURRENCY", 4)?,
             dedup_ttl: duration(src, "CONVEYOR_DISPATCH_DEDUP_TTL", Duration::from_secs(24 * 3600))?,
+            dedup_ttl_recorded: Duration::ZERO,
             retention: duration(src, "CONVEYOR_OUTBOX_RETENTION", Duration::from_secs(7 * 24 * 3600))?,
         };
         if !(1..=10_000).contains(&settings.batch_size) {
@@ -393,6 +391,17 @@ impl DispatcherSettings {
         }
         if settings.dedup_ttl < settings.lease * 4 {
             return Err(invalid("CONVEYOR_DISPATCH_DEDUP_TTL", "must be at least four leases long"));
+        }
+        let recorded = "CONVEYOR_DISPATCH_DEDUP_TTL_RECORDED";
+        settings.dedup_ttl_recorded = match src.get(recorded) {
+            None => Duration::from_secs(15 * 60).min(settings.dedup_ttl),
+            Some(_) => duration(src, recorded, Duration::ZERO)?,
+        };
+        if settings.dedup_ttl_recorded < settings.lease * 4 {
+            return Err(invalid(recorded, "must be at least four leases long"));
+        }
+        if settings.dedup_ttl_recorded > settings.dedup_ttl {
+            return Err(invalid(recorded, "must not exceed CONVEYOR_DISPATCH_DEDUP_TTL"));
         }
         Ok(settings)
     }
@@ -452,6 +461,7 @@ mod tests {
         assert_eq!(config.idempotency_keys.len(), 2);
         assert_eq!(config.idempotency_keys[0].id, "k1", "the first key signs");
         assert_eq!(config.redis_prefix, "conveyor");
+        assert_eq!(config.dispatcher.dedup_ttl_recorded, Duration::from_secs(15 * 60));
     }
 
     #[test]
@@ -480,6 +490,9 @@ mod tests {
             ("CONVEYOR_MAX_BODY_BYTES", "-1"),
             ("CONVEYOR_MARKETPLACE_URL", "ftp://x"),
             ("CONVEYOR_OPERATION_KEEPALIVE", "0s"),
+            // Shorter than four leases (default 30 s), then longer than the de-dup key's whole life (24 h).
+            ("CONVEYOR_DISPATCH_DEDUP_TTL_RECORDED", "1m"),
+            ("CONVEYOR_DISPATCH_DEDUP_TTL_RECORDED", "25h"),
             // Shorter than two keep-alives (default 1 min): running jobs would be re-driven.
             ("CONVEYOR_RECONCILE_AFTER", "90s"),
         ];

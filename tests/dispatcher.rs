@@ -146,6 +146,7 @@ async fn a_dispatcher_killed_between_xadd_and_marking_is_finished_by_another_wit
     let mut vars = process_vars(&app, &redis);
     vars.insert("CONVEYOR_DISPATCH_LEASE".into(), "2s".into());
     vars.insert("CONVEYOR_DISPATCH_DEDUP_TTL".into(), "1h".into());
+    vars.insert("CONVEYOR_DISPATCH_DEDUP_TTL_RECORDED".into(), "8s".into());
     let mut crashing = vars.clone();
     crashing.insert("FAILPOINTS".into(), "dispatcher::after_xadd=sleep(60000)".into());
     let mut first = Process::spawn(&["dispatcher"], &crashing);
@@ -174,7 +175,7 @@ async fn a_dispatcher_killed_between_xadd_and_marking_is_finished_by_another_wit
     .await;
     assert!(done.is_some(), "the lease expired and another dispatcher finished; log:\n{}", second.log());
     assert_stream_holds_each_once(&app, &redis, &ids).await;
-    // Recorded: the keys live four leases more (8 s), not the hour.
+    // Recorded: the keys live CONVEYOR_DISPATCH_DEDUP_TTL_RECORDED (8 s) more, not the hour.
     let shortened = common::eventually(Duration::from_secs(10), || async {
         let mut lives = Vec::new();
         for id in &ids {
@@ -519,6 +520,37 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
     assert_eq!((late.dispatched, late.lost_lease), (0, 2), "the old holder's mark is fenced off");
     let settled = claim::settle(&app.db.pool, "alive", &delivered(&second), &[], 10).await.unwrap();
     assert_eq!(settled.dispatched, 2);
+}
+
+#[tokio::test]
+async fn a_late_failure_of_an_old_generation_is_not_recorded_on_the_same_dispatchers_newer_claim() {
+    use conveyor::dispatcher::claim;
+    let app = TestApp::spawn().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let ids = enqueue(&app, ws, 1).await;
+    let claimed = claim::claim(&app.db.pool, &[ws], "me", Duration::from_secs(30), 10).await.unwrap();
+    assert_eq!((claimed.len(), claimed[0].redrive_count), (1, 0));
+    // Meanwhile its job ran and asked for a retry (generation 1), and this dispatcher claimed that generation too.
+    let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let moved = sqlx::query("UPDATE outbox_events SET redrive_count = 1 WHERE id = $1")
+        .bind(ids[0])
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(moved.rows_affected(), 1);
+    tx.commit().await.unwrap();
+    let stale = claim::Failure {
+        workspace: ws,
+        id: ids[0],
+        attempt: 1,
+        delay: Duration::from_secs(1),
+        error: "XADD failed: timed out".into(),
+        redrive: 0,
+    };
+    let settled = claim::settle(&app.db.pool, "me", &[], &[stale], 10).await.unwrap();
+    assert_eq!((settled.retried, settled.lost_lease), (0, 1), "the generation-0 failure is fenced off");
+    let event = &events(&app, ws).await[0];
+    assert_eq!((event["status"].as_str(), &event["attempt_count"]), (Some("dispatching"), &serde_json::json!(0)));
 }
 
 #[tokio::test]

@@ -128,6 +128,8 @@ pub struct Failure {
     pub delay: Duration,
     /// Redacted reason.
     pub error: String,
+    /// The re-drive generation that was claimed: a failure is recorded only on it.
+    pub redrive: i32,
 }
 
 /// What [`settle`] changed.
@@ -200,6 +202,7 @@ async fn record_failures(
     let ids: Vec<Uuid> = failures.iter().map(|f| f.id).collect();
     let delays: Vec<f64> = failures.iter().map(|f| f.delay.as_secs_f64()).collect();
     let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
+    let redrives: Vec<i32> = failures.iter().map(|f| f.redrive).collect();
     let rows: Vec<(String, Option<Uuid>)> = sqlx::query_as(
         "UPDATE outbox_events e
          SET attempt_count = e.attempt_count + 1,
@@ -208,8 +211,8 @@ async fn record_failures(
              dead_lettered_at = CASE WHEN e.attempt_count + 1 >= $4 THEN now() END,
              next_attempt_at = now() + make_interval(secs => v.delay),
              last_error = v.error, locked_by = NULL, locked_until = NULL
-         FROM unnest($1::uuid[], $2::float8[], $3::text[]) AS v(id, delay, error)
-         WHERE e.id = v.id AND e.status = 'dispatching' AND e.locked_by = $5
+         FROM unnest($1::uuid[], $2::float8[], $3::text[], $6::int[]) AS v(id, delay, error, redrive)
+         WHERE e.id = v.id AND e.status = 'dispatching' AND e.locked_by = $5 AND e.redrive_count = v.redrive
          RETURNING e.status, e.operation_id",
     )
     .bind(&ids)
@@ -217,6 +220,7 @@ async fn record_failures(
     .bind(&errors)
     .bind(max_attempts)
     .bind(me)
+    .bind(&redrives)
     .fetch_all(&mut *tx)
     .await?;
     let dead_operations: Vec<Uuid> =

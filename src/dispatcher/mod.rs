@@ -228,6 +228,7 @@ impl Dispatcher {
                         attempt,
                         delay: backoff.delay(attempt as u32),
                         error: redact(&format!("XADD failed: {e}")),
+                        redrive: event.redrive_count,
                     });
                 }
             }
@@ -353,11 +354,11 @@ struct HandedOff {
 
 impl HandedOff {
     /// Records the batch: marks the delivered events `dispatched` (fenced by the lease of `me`), backs off or
-    /// dead-letters the failed ones. Then, when every delivered event was marked, shortens their de-dup keys to
-    /// [`DispatcherSettings::dedup_ttl_once_recorded`]: no dispatcher sends a generation recorded as dispatched
-    /// again, so the key only has to outlive a straggler that lost its lease, and Redis holds keys for the last few
-    /// minutes of traffic instead of the last day's. If any lease was lost, the keys keep their full life (the
-    /// event is someone else's to record).
+    /// dead-letters the failed ones. Then shortens the delivered events' de-dup keys to
+    /// [`DispatcherSettings::dedup_ttl_recorded`], so that Redis holds keys for the last minutes of traffic instead
+    /// of the last day's. That holds for an event whose lease this dispatcher lost as well: another dispatcher has
+    /// claimed it again (and sends it within moments), or will at its next sweep, or a failed run of its job moved it
+    /// to a new generation, which has a key of its own.
     async fn record(
         self,
         pool: PgPool,
@@ -371,10 +372,10 @@ impl HandedOff {
             .await
             .context("Failed to record the outcome of a batch")?;
         settled.full = self.full;
-        if settled.lost_lease == 0 && !self.delivered.is_empty() {
+        if !self.delivered.is_empty() {
             let keys: Vec<(&str, Uuid, i32)> =
                 self.delivered.iter().map(|d| (d.queue.as_str(), d.id, d.redrive)).collect();
-            if let Err(e) = producer.expire_dedup(&keys, settings.dedup_ttl_once_recorded()).await {
+            if let Err(e) = producer.expire_dedup(&keys, settings.dedup_ttl_recorded).await {
                 // Harmless: the keys expire after their full life instead.
                 tracing::warn!(error = %redact(&e.to_string()), "Could not shorten the de-dup keys of a recorded batch");
             }

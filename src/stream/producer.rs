@@ -39,7 +39,8 @@ return ids
 "#;
 
 // KEYS = de-dup keys of one queue, ARGV[1] = their new time to live (ms).
-const EXPIRE_SCRIPT: &str = "for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end return #KEYS";
+// LT: a key is only ever shortened (Redis 7.0+).
+const EXPIRE_SCRIPT: &str = "for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1], 'LT') end return #KEYS";
 
 /// One job to publish.
 #[derive(Clone, Debug)]
@@ -127,7 +128,8 @@ impl Producer {
         command
     }
 
-    /// Shortens the de-dup keys of `handed_off` (queue, event id, re-drive generation) to expire after `ttl`: one
+    /// Shortens the de-dup keys of `handed_off` (queue, event id, re-drive generation) to expire after `ttl`, if they
+    /// would live longer: one
     /// script call per queue and chunk, in one pipeline (one command per key would cost the client more than the
     /// keys cost Redis).
     pub async fn expire_dedup(

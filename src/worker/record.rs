@@ -73,12 +73,13 @@ pub async fn succeed_tx(tx: &mut WorkspaceTx, operation: Uuid, result: &serde_js
 /// its `XADD`, so a job that fails fast can find its event still `dispatching` (or, if its dispatcher died, `pending`
 /// again). Any status but `dead_letter` with the same generation means this delivery is the current one; a lease still
 /// held on it is simply lost (its holder's mark no longer matches, and its `XADD` found the old de-dup key). False,
-/// and nothing changes, when the generation has moved on (another delivery is already under way).
+/// and nothing changes, when the generation has moved on (another delivery is already under way). `redrive` is
+/// `None` for an entry that carries no generation: it is taken for the current one.
 pub async fn retry(
     pool: &PgPool,
     workspace: WorkspaceId,
     event_id: Uuid,
-    redrive: i32,
+    redrive: Option<i32>,
     operation: Option<Uuid>,
     delay: Duration,
     error: &str,
@@ -89,7 +90,7 @@ pub async fn retry(
          SET status = 'pending', next_attempt_at = now() + make_interval(secs => $2), job_attempts = job_attempts + 1,
              redrive_count = redrive_count + 1, last_error = $3, stream_id = NULL, dispatched_at = NULL,
              locked_by = NULL, locked_until = NULL
-         WHERE id = $1 AND redrive_count = $4 AND status <> 'dead_letter'",
+         WHERE id = $1 AND redrive_count = coalesce($4, redrive_count) AND status <> 'dead_letter'",
     )
     .bind(event_id)
     .bind(delay.as_secs_f64())
@@ -114,12 +115,13 @@ pub async fn retry(
 
 /// Dead-letters the job: the outbox event keeps the redacted reason, the operation fails with it. Fenced by the
 /// delivery's generation, like [`retry`]: false, and nothing changes, when a newer delivery exists or the event is
-/// already dead-lettered.
+/// already dead-lettered. An event no longer in the outbox (purged) has no generation to protect: its operation
+/// fails.
 pub async fn dead_letter(
     pool: &PgPool,
     workspace: WorkspaceId,
     event_id: Uuid,
-    redrive: i32,
+    redrive: Option<i32>,
     operation: Option<Uuid>,
     error: &str,
 ) -> Result<bool, sqlx::Error> {
@@ -128,7 +130,7 @@ pub async fn dead_letter(
         "UPDATE outbox_events
          SET status = 'dead_letter', failure_stage = 'job', dead_lettered_at = now(), last_error = $2,
              job_attempts = job_attempts + 1, locked_by = NULL, locked_until = NULL
-         WHERE id = $1 AND redrive_count = $3 AND status <> 'dead_letter'",
+         WHERE id = $1 AND redrive_count = coalesce($3, redrive_count) AND status <> 'dead_letter'",
     )
     .bind(event_id)
     .bind(error)
@@ -136,7 +138,13 @@ pub async fn dead_letter(
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    if let Some(operation) = operation.filter(|_| moved == 1) {
+    // An event already purged (its entry outlived the outbox's retention) still fails its operation.
+    let gone = moved == 0
+        && sqlx::query_scalar::<_, bool>("SELECT NOT EXISTS (SELECT 1 FROM outbox_events WHERE id = $1)")
+            .bind(event_id)
+            .fetch_one(&mut *tx)
+            .await?;
+    if let Some(operation) = operation.filter(|_| moved == 1 || gone) {
         sqlx::query(
             "UPDATE operations SET status = 'failed', error = $2, finished_at = now(), updated_at = now()
              WHERE id = $1 AND status IN ('queued', 'running')",
@@ -147,7 +155,7 @@ pub async fn dead_letter(
         .await?;
     }
     tx.commit().await?;
-    Ok(moved == 1)
+    Ok(moved == 1 || gone)
 }
 
 /// Sends a `dispatched` event through the outbox again (new re-drive generation), e.g. after Redis lost its entry.

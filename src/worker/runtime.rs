@@ -143,8 +143,8 @@ struct Delivery {
     payload: Text,
     operation_id: Option<Uuid>,
     attempt: u32,
-    /// The event's re-drive generation when it was handed off.
-    redrive: i32,
+    /// The event's re-drive generation when it was handed off (an entry without one is taken for the current one).
+    redrive: Option<i32>,
     enqueued_at_ms: Option<i64>,
     traceparent: Text,
 }
@@ -158,7 +158,7 @@ impl Delivery {
             workspace_id: WorkspaceId(f.get("workspace_id")?.parse().ok()?),
             operation_id: f.get("operation_id").and_then(|o| o.parse().ok()),
             attempt: f.get("attempt").and_then(|a| a.parse().ok()).unwrap_or(1).max(1),
-            redrive: f.get("redrive").and_then(|r| r.parse().ok()).unwrap_or(0),
+            redrive: f.get("redrive").and_then(|r| r.parse().ok()),
             enqueued_at_ms: f.get("enqueued_at").and_then(|t| t.parse().ok()),
             event_type: f.take("type").unwrap_or_default(),
             payload: f.take("payload").unwrap_or_default(),
@@ -659,7 +659,7 @@ impl Worker {
                     tracing::warn!(event_id = %d.event_id, attempt = d.attempt, ?delay, error = %error, "Job failed; retrying after back-off");
                     let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
                     if !Box::pin(record::retry(pool, workspace, event, d.redrive, operation, delay, &error)).await? {
-                        tracing::warn!(event_id = %d.event_id, redrive = d.redrive, "A newer delivery of this job exists; not scheduling a retry");
+                        tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not scheduling a retry");
                         return Ok(Outcome::Skipped);
                     }
                     self.0.metrics.job_retries.with_label_values(&[&*d.event_type]).inc();
@@ -674,7 +674,7 @@ impl Worker {
     async fn dead_letter(&self, d: &Delivery, reason: &str, why: &str) -> anyhow::Result<Outcome> {
         let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
         if !record::dead_letter(&self.0.pool, workspace, event, d.redrive, operation, reason).await? {
-            tracing::warn!(event_id = %d.event_id, redrive = d.redrive, "A newer delivery of this job exists; not dead-lettering it");
+            tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not dead-lettering it");
             return Ok(Outcome::Skipped);
         }
         self.0.metrics.job_dead_letters.with_label_values(&[why]).inc();
