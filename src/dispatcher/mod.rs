@@ -19,16 +19,14 @@
 pub mod claim;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::StreamExt;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
-use tokio::sync::Semaphore;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::backoff::Backoff;
@@ -95,7 +93,7 @@ impl Dispatcher {
         &self,
         workspaces: Vec<WorkspaceId>,
         per_group: usize,
-        background: Option<&Recorders>,
+        background: Option<&Recorder>,
     ) -> anyhow::Result<DispatchOutcome> {
         if workspaces.is_empty() {
             return Ok(DispatchOutcome::Idle);
@@ -146,23 +144,24 @@ impl Dispatcher {
     }
 
     /// Claims, publishes and records one batch of each of `workspaces`. With `background`, the recording (the mark)
-    /// runs in a task of its own and the [`Settled`] returned counts the full batches only, so that the caller can go
+    /// goes to the background [`Recorder`] and the [`Settled`] returned counts the full batches only, so that the caller can go
     /// on to the next batch at once. Safe for the leases: a batch being recorded stays leased, so no claim takes it.
     /// Safe for order: the batch's `XADD` is done before the next claim.
     async fn dispatch_group(
         &self,
         workspaces: Vec<WorkspaceId>,
-        background: Option<&Recorders>,
+        background: Option<&Recorder>,
     ) -> anyhow::Result<Settled> {
         let Some(batch) = self.hand_off(workspaces).await? else {
             return Ok(Settled::default());
         };
-        let full = batch.full;
-        let record = batch.record(self.pool.clone(), self.producer.clone(), self.id.clone(), self.settings.clone());
         match background {
-            None => record.await,
-            Some(recorders) => {
-                recorders.spawn(record).await;
+            None => {
+                batch.record(self.pool.clone(), self.producer.clone(), self.id.clone(), self.settings.clone()).await
+            }
+            Some(recorder) => {
+                let full = batch.full;
+                recorder.send(batch).await;
                 Ok(Settled { full, ..Settled::default() })
             }
         }
@@ -260,8 +259,9 @@ impl Dispatcher {
     /// the workspaces named since the last one, with no lookup. A sweep ([`Dispatcher::dispatch_once`]) runs at
     /// start, every poll interval (events backing off, expired leases, a notification lost with the LISTEN
     /// connection) and right after any pass that left more behind (a full batch, a lost lease). The marks of named
-    /// passes are recorded in the background while the next pass runs (the relay's latency path is claim and `XADD`
-    /// only); every batch handed off is recorded, and so its leases settled, before `run` returns.
+    /// passes are recorded in the background, several passes together, while the next passes run (the relay's latency
+    /// path is claim and `XADD` only); every batch handed off is recorded, and so its leases settled, before `run`
+    /// returns.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         match crate::stream::admin::check_server(self.producer.client()).await {
             Ok(check) => tracing::info!(version = %check.version, policy = ?check.maxmemory_policy, "Redis checked"),
@@ -272,7 +272,7 @@ impl Dispatcher {
         listener.listen(NOTIFY_CHANNEL).await.context("Failed to LISTEN")?;
         // The listener runs in a task of its own, so that its `recv` is never cancelled half-way by the select below;
         // it forwards the workspace of each notification, or `None` (sweep) for one it cannot read or a failure.
-        let (wake_tx, mut wake) = tokio::sync::mpsc::unbounded_channel::<Option<WorkspaceId>>();
+        let (wake_tx, mut wake) = mpsc::unbounded_channel::<Option<WorkspaceId>>();
         let listen_stop = shutdown.clone();
         let poll = self.settings.poll_interval;
         let listening = tokio::spawn(async move {
@@ -300,7 +300,7 @@ impl Dispatcher {
         let mut sweep = true;
         let mut named: HashSet<WorkspaceId> = HashSet::new();
         // Named passes are the latency path: their marks are recorded in the background, while the next pass runs.
-        let recorders = Recorders::new(self.settings.concurrency * 2, self.metrics.clone());
+        let recorder = Recorder::start(&self, self.settings.concurrency * 2);
         while !shutdown.is_cancelled() {
             if last_backlog.elapsed() >= Duration::from_secs(5) {
                 if let Err(e) = self.observe_backlog().await {
@@ -317,7 +317,7 @@ impl Dispatcher {
                 self.dispatch_once().await
             } else {
                 // Named workspaces are a trickle (an event or a few each): as few statements as can be.
-                self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM, Some(&recorders)).await
+                self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM, Some(&recorder)).await
             };
             match pass {
                 Ok(DispatchOutcome::Worked(settled)) => sweep = settled.full > 0 || settled.lost_lease > 0,
@@ -338,7 +338,7 @@ impl Dispatcher {
             }
         }
         listening.abort();
-        recorders.finish().await;
+        recorder.finish().await;
         tracing::info!(id = %self.id, "Dispatcher stopped");
         Ok(())
     }
@@ -392,7 +392,8 @@ impl HandedOff {
             tracing::warn!(workspace = %f.workspace, failed = self.failures.len(), attempt = f.attempt, error = %f.error, "Hand-off failed; backing off");
         }
         if settled.lost_lease > 0 {
-            tracing::warn!(
+            // Not a warning: routine when a job fails fast, before its hand-off is recorded.
+            tracing::info!(
                 count = settled.lost_lease,
                 "Lease lost before marking (expired and taken by another dispatcher, or the job already ran and asked for a retry)"
             );
@@ -401,35 +402,54 @@ impl HandedOff {
     }
 }
 
-/// Batches being recorded in the background, at most as many at once as it has slots; a new one waits for a slot.
-struct Recorders {
-    tasks: TaskTracker,
-    slots: Arc<Semaphore>,
-    metrics: Metrics,
+/// Records the batches of named passes in the background, several at a time. At a trickle every notified pass hands
+/// off an event or two, and recording each batch on its own cost PostgreSQL a statement per pass, beside the claim;
+/// here one task takes a batch, waits [`RECORD_LINGER`] for the passes that follow, and records all that have come
+/// with one mark. The wait is off the latency path (the events are in the stream already) and far inside their lease.
+/// At most `capacity` batches wait; a pass that finds the queue full waits for room (back-pressure on the relay when
+/// PostgreSQL is slow).
+struct Recorder {
+    queue: mpsc::Sender<HandedOff>,
+    task: tokio::task::JoinHandle<()>,
 }
 
-impl Recorders {
-    fn new(slots: usize, metrics: Metrics) -> Self {
-        Self { tasks: TaskTracker::new(), slots: Arc::new(Semaphore::new(slots)), metrics }
-    }
+/// How long the background recorder waits for more batches before it records what it has.
+const RECORD_LINGER: Duration = Duration::from_millis(10);
 
-    async fn spawn(&self, record: impl Future<Output = anyhow::Result<Settled>> + Send + 'static) {
-        let slot = self.slots.clone().acquire_owned().await.expect("the semaphore is never closed");
-        let metrics = self.metrics.clone();
-        self.tasks.spawn(async move {
-            let _slot = slot;
-            if let Err(e) = record.await {
-                // The leases expire and the events go out again, where their de-dup keys find them in the stream.
-                metrics.outbox_dispatch_errors.with_label_values(&["database"]).inc();
-                tracing::warn!(error = ?e, "Recording a relayed batch failed; it is relayed again after its lease");
+impl Recorder {
+    fn start(dispatcher: &Dispatcher, capacity: usize) -> Self {
+        let (queue, mut batches) = mpsc::channel::<HandedOff>(capacity.max(1));
+        let (pool, producer, me, settings) =
+            (dispatcher.pool.clone(), dispatcher.producer.clone(), dispatcher.id.clone(), dispatcher.settings.clone());
+        let metrics = dispatcher.metrics.clone();
+        let task = tokio::spawn(async move {
+            while let Some(mut merged) = batches.recv().await {
+                tokio::time::sleep(RECORD_LINGER).await;
+                while let Ok(next) = batches.try_recv() {
+                    merged.delivered.extend(next.delivered);
+                    merged.failures.extend(next.failures);
+                }
+                if let Err(e) = merged.record(pool.clone(), producer.clone(), me.clone(), settings.clone()).await {
+                    // The leases expire and the events go out again, where their de-dup keys find them in the stream.
+                    metrics.outbox_dispatch_errors.with_label_values(&["database"]).inc();
+                    tracing::warn!(error = ?e, "Recording relayed batches failed; they are relayed again after their lease");
+                }
             }
         });
+        Self { queue, task }
     }
 
-    /// Waits for every recording started.
-    async fn finish(&self) {
-        self.tasks.close();
-        self.tasks.wait().await;
+    async fn send(&self, batch: HandedOff) {
+        // The task ends only once the queue is closed, by `finish`.
+        let _ = self.queue.send(batch).await;
+    }
+
+    /// Records every batch sent, then stops.
+    async fn finish(self) {
+        drop(self.queue);
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "The background recorder failed");
+        }
     }
 }
 
