@@ -523,7 +523,7 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
 }
 
 #[tokio::test]
-async fn a_late_failure_of_an_old_generation_is_not_recorded_on_the_same_dispatchers_newer_claim() {
+async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatchers_newer_claim() {
     use conveyor::dispatcher::claim;
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
@@ -551,6 +551,27 @@ async fn a_late_failure_of_an_old_generation_is_not_recorded_on_the_same_dispatc
     assert_eq!((settled.retried, settled.lost_lease), (0, 1), "the generation-0 failure is fenced off");
     let event = &events(&app, ws).await[0];
     assert_eq!((event["status"].as_str(), &event["attempt_count"]), (Some("dispatching"), &serde_json::json!(0)));
+
+    // Nor does a late mark, even one that names the row's current version.
+    let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let (tid,): (String,) = sqlx::query_as("SELECT ctid::text FROM outbox_events WHERE id = $1")
+        .bind(ids[0])
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mark = |redrive| claim::Delivered {
+        workspace: ws,
+        tid: tid.clone(),
+        id: ids[0],
+        stream_id: "1-1".into(),
+        queue: "stores".into(),
+        redrive,
+    };
+    let late = claim::settle(&app.db.pool, "me", &[mark(0)], &[], 10).await.unwrap();
+    assert_eq!((late.dispatched, late.lost_lease), (0, 1), "the generation-0 mark is fenced off");
+    let current = claim::settle(&app.db.pool, "me", &[mark(1)], &[], 10).await.unwrap();
+    assert_eq!(current.dispatched, 1, "the generation-1 mark lands");
 }
 
 #[tokio::test]

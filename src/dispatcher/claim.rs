@@ -163,12 +163,14 @@ pub async fn settle(
         let workspaces: Vec<Uuid> = delivered.iter().map(|d| d.workspace.0).collect();
         let tids: Vec<&str> = delivered.iter().map(|d| d.tid.as_str()).collect();
         let ids: Vec<Uuid> = delivered.iter().map(|d| d.id).collect();
+        let redrives: Vec<i32> = delivered.iter().map(|d| d.redrive).collect();
         let stream_ids: Vec<&str> = delivered.iter().map(|d| d.stream_id.as_str()).collect();
-        let (marked,): (i64,) = sqlx::query_as("SELECT conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5)")
+        let (marked,): (i64,) = sqlx::query_as("SELECT conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5, $6)")
             .bind(me)
             .bind(&workspaces)
             .bind(&tids)
             .bind(&ids)
+            .bind(&redrives)
             .bind(&stream_ids)
             .fetch_one(pool)
             .await?;
