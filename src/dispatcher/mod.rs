@@ -300,7 +300,7 @@ impl Dispatcher {
         let mut sweep = true;
         let mut named: HashSet<WorkspaceId> = HashSet::new();
         // Named passes are the latency path: their marks are recorded in the background, while the next pass runs.
-        let recorder = Recorder::start(&self, self.settings.concurrency * 2);
+        let recorder = Recorder::start(&self, RECORD_QUEUE);
         while !shutdown.is_cancelled() {
             if last_backlog.elapsed() >= Duration::from_secs(5) {
                 if let Err(e) = self.observe_backlog().await {
@@ -407,7 +407,7 @@ impl HandedOff {
 /// here one task takes a batch, waits [`RECORD_LINGER`] for the passes that follow, and records all that have come
 /// with one mark. The wait is off the latency path (the events are in the stream already) and far inside their lease.
 /// At most `capacity` batches wait; a pass that finds the queue full waits for room (back-pressure on the relay when
-/// PostgreSQL is slow).
+/// PostgreSQL is slow). Named passes are small: a batch per workspace named since the last pass.
 struct Recorder {
     queue: mpsc::Sender<HandedOff>,
     task: tokio::task::JoinHandle<()>,
@@ -415,6 +415,10 @@ struct Recorder {
 
 /// How long the background recorder waits for more batches before it records what it has.
 const RECORD_LINGER: Duration = Duration::from_millis(10);
+
+/// Batches that may wait for the background recorder. Far more than the passes of one linger (a trickle of a
+/// thousand events a second is some ten passes), so that a full queue means PostgreSQL is slow, not that it lingers.
+const RECORD_QUEUE: usize = 1024;
 
 impl Recorder {
     fn start(dispatcher: &Dispatcher, capacity: usize) -> Self {
