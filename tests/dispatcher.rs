@@ -44,6 +44,24 @@ async fn count_status(app: &TestApp, workspaces: &[WorkspaceId], status: &str) -
     n
 }
 
+/// Runs a dispatcher (with `CONVEYOR_DISPATCH_*` set by `tweak`) that relays notified workspaces only: its sweep
+/// polls an hour apart, and it returns once past the start-up sweep. Cancel the token to stop it.
+async fn run_notified_only(
+    app: &TestApp,
+    redis_url: &str,
+    tweak: impl FnOnce(&mut HashMap<String, String>),
+) -> tokio_util::sync::CancellationToken {
+    let d = dispatcher(app, redis_url, |v| {
+        tweak(v);
+        v.insert("CONVEYOR_DISPATCH_POLL".into(), "1h".into());
+    })
+    .await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    common::run_dispatcher(d, &shutdown);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown
+}
+
 fn stream_key(app: &TestApp) -> String {
     Keys::new(&app.redis_prefix).stream("stores")
 }
@@ -439,14 +457,10 @@ async fn notified_batches_go_out_in_the_order_they_were_written_while_earlier_ma
     let app = TestApp::spawn().await;
     let redis = common::redis_url();
     // The loop, not a sweep: notified batches of two, marked in the background while the next one is claimed.
-    let d = dispatcher(&app, &redis, |v| {
-        v.insert("CONVEYOR_DISPATCH_POLL".into(), "1h".into());
+    let shutdown = run_notified_only(&app, &redis, |v| {
         v.insert("CONVEYOR_DISPATCH_BATCH".into(), "2".into());
     })
     .await;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    common::run_dispatcher(d, &shutdown);
-    tokio::time::sleep(Duration::from_millis(500)).await; // past the start-up sweep
     let ws = WorkspaceId(Uuid::new_v4());
     let mut written = Vec::new();
     for _ in 0..30 {
@@ -618,15 +632,8 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
 async fn a_commit_wakes_the_dispatcher_long_before_its_poll_and_a_silent_insert_waits_for_the_poll() {
     let app = TestApp::spawn().await;
     let redis = common::redis_url();
-    // Polling an hour apart: whatever is relayed within the test's time came through a notification or the start-up
-    // sweep.
-    let d = dispatcher(&app, &redis, |v| {
-        v.insert("CONVEYOR_DISPATCH_POLL".into(), "1h".into());
-    })
-    .await;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    common::run_dispatcher(d, &shutdown);
-    tokio::time::sleep(Duration::from_millis(500)).await; // past the start-up sweep
+    // Whatever is relayed within the test's time came through a notification.
+    let shutdown = run_notified_only(&app, &redis, |_| {}).await;
 
     let ws = WorkspaceId(Uuid::new_v4());
     // An event written without a notification (as by a process that bypassed `enqueue_tx`) waits for the poll.

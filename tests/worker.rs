@@ -497,19 +497,7 @@ async fn a_stale_delivery_does_not_dead_letter_the_newer_generation_of_its_event
     worker.ensure_groups().await.unwrap();
     let client = common::redis_client(&redis).await;
     let stream = Keys::new(&app.redis_prefix).stream("stores");
-    {
-        use fred::prelude::StreamsInterface;
-        let (event, workspace) = (id.to_string(), who.workspace_id.0.to_string());
-        let fields = vec![
-            ("event_id", event.as_str()),
-            ("workspace_id", workspace.as_str()),
-            ("type", "store.verify_credentials"),
-            ("payload", "{\"store_id\": 42}"),
-            ("attempt", "1"),
-            ("redrive", "0"),
-        ];
-        let _: String = client.xadd(&stream, false, None, "*", fields).await.unwrap();
-    }
+    add_undecodable_entry(&client, &stream, id, who.workspace_id, None).await;
     let shutdown = CancellationToken::new();
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
     common::eventually(Duration::from_secs(20), || async {
@@ -524,5 +512,55 @@ async fn a_stale_delivery_does_not_dead_letter_the_newer_generation_of_its_event
         (Some("pending"), &json!(1), &json!(0)),
         "the newer generation is untouched"
     );
+    shutdown.cancel();
+}
+
+/// Adds to `stream` a generation-0 job entry for `event` whose payload cannot be decoded.
+async fn add_undecodable_entry(
+    client: &conveyor::stream::RedisClient,
+    stream: &str,
+    event: Uuid,
+    workspace: conveyor::ids::WorkspaceId,
+    operation: Option<&str>,
+) {
+    use fred::prelude::StreamsInterface;
+    let (event, workspace) = (event.to_string(), workspace.0.to_string());
+    let mut fields = vec![
+        ("event_id", event.as_str()),
+        ("workspace_id", workspace.as_str()),
+        ("type", "store.verify_credentials"),
+        ("payload", "{\"store_id\": 42}"),
+        ("attempt", "1"),
+        ("redrive", "0"),
+    ];
+    fields.extend(operation.map(|o| ("operation_id", o)));
+    let _: String = client.xadd(stream, false, None, "*", fields).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_job_dead_lettered_after_its_event_was_purged_still_fails_its_operation() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (_sandbox, market) = common::sandbox(Settings::default()).await;
+    let who = principal();
+    // No dispatcher: the operation stays queued, and its event is deleted as the retention job would delete it,
+    // while an entry for it (undecodable, so dead-lettered at once) is still in the stream.
+    let (_, op_id) = create_store(&app, who, "good").await;
+    let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let (event,): (Uuid,) = sqlx::query_as("DELETE FROM outbox_events RETURNING id").fetch_one(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    let metrics = Metrics::new();
+    let worker = common::test_worker(&app, &redis, &market, fast(), 5, metrics.clone()).await;
+    worker.ensure_groups().await.unwrap();
+    let client = common::redis_client(&redis).await;
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    add_undecodable_entry(&client, &stream, event, who.workspace_id, Some(&op_id)).await;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+
+    let failed = common::operation_reaches(&app, who, &op_id, "failed", Duration::from_secs(20)).await;
+    let failed = failed.expect("the operation failed, though its event was gone");
+    assert!(failed["error"].as_str().unwrap().contains("undecodable"), "{failed}");
+    assert_eq!(metrics.job_dead_letters.with_label_values(&["undecodable"]).get(), 1);
     shutdown.cancel();
 }

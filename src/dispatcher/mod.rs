@@ -144,9 +144,9 @@ impl Dispatcher {
     }
 
     /// Claims, publishes and records one batch of each of `workspaces`. With `background`, the recording (the mark)
-    /// goes to the background [`Recorder`] and the [`Settled`] returned counts the full batches only, so that the caller can go
-    /// on to the next batch at once. Safe for the leases: a batch being recorded stays leased, so no claim takes it.
-    /// Safe for order: the batch's `XADD` is done before the next claim.
+    /// goes to the background [`Recorder`] and the [`Settled`] returned counts the full batches only, so that the
+    /// caller can go on to the next batch at once. Safe for the leases: a batch being recorded stays leased, so no
+    /// claim takes it. Safe for order: the batch's `XADD` is done before the next claim.
     async fn dispatch_group(
         &self,
         workspaces: Vec<WorkspaceId>,
@@ -156,9 +156,7 @@ impl Dispatcher {
             return Ok(Settled::default());
         };
         match background {
-            None => {
-                batch.record(self.pool.clone(), self.producer.clone(), self.id.clone(), self.settings.clone()).await
-            }
+            None => batch.record(&self.pool, &self.producer, &self.id, &self.settings).await,
             Some(recorder) => {
                 let full = batch.full;
                 recorder.send(batch).await;
@@ -300,7 +298,7 @@ impl Dispatcher {
         let mut sweep = true;
         let mut named: HashSet<WorkspaceId> = HashSet::new();
         // Named passes are the latency path: their marks are recorded in the background, while the next pass runs.
-        let recorder = Recorder::start(&self, RECORD_QUEUE);
+        let recorder = Recorder::start(&self);
         while !shutdown.is_cancelled() {
             if last_backlog.elapsed() >= Duration::from_secs(5) {
                 if let Err(e) = self.observe_backlog().await {
@@ -361,14 +359,14 @@ impl HandedOff {
     /// to a new generation, which has a key of its own.
     async fn record(
         self,
-        pool: PgPool,
-        producer: Producer,
-        me: String,
-        settings: DispatcherSettings,
+        pool: &PgPool,
+        producer: &Producer,
+        me: &str,
+        settings: &DispatcherSettings,
     ) -> anyhow::Result<Settled> {
         fail::fail_point!("dispatcher::before_mark");
         let started = std::time::Instant::now();
-        let mut settled = claim::settle(&pool, &me, &self.delivered, &self.failures, settings.max_attempts)
+        let mut settled = claim::settle(pool, me, &self.delivered, &self.failures, settings.max_attempts)
             .await
             .context("Failed to record the outcome of a batch")?;
         settled.full = self.full;
@@ -406,8 +404,8 @@ impl HandedOff {
 /// off an event or two, and recording each batch on its own cost PostgreSQL a statement per pass, beside the claim;
 /// here one task takes a batch, waits [`RECORD_LINGER`] for the passes that follow, and records all that have come
 /// with one mark. The wait is off the latency path (the events are in the stream already) and far inside their lease.
-/// At most `capacity` batches wait; a pass that finds the queue full waits for room (back-pressure on the relay when
-/// PostgreSQL is slow). Named passes are small: a batch per workspace named since the last pass.
+/// At most [`RECORD_QUEUE`] batches wait; a pass that finds the queue full waits for room (back-pressure on the relay
+/// when PostgreSQL is slow). Named passes are small: a batch per workspace named since the last pass.
 struct Recorder {
     queue: mpsc::Sender<HandedOff>,
     task: tokio::task::JoinHandle<()>,
@@ -421,8 +419,8 @@ const RECORD_LINGER: Duration = Duration::from_millis(10);
 const RECORD_QUEUE: usize = 1024;
 
 impl Recorder {
-    fn start(dispatcher: &Dispatcher, capacity: usize) -> Self {
-        let (queue, mut batches) = mpsc::channel::<HandedOff>(capacity.max(1));
+    fn start(dispatcher: &Dispatcher) -> Self {
+        let (queue, mut batches) = mpsc::channel::<HandedOff>(RECORD_QUEUE);
         let (pool, producer, me, settings) =
             (dispatcher.pool.clone(), dispatcher.producer.clone(), dispatcher.id.clone(), dispatcher.settings.clone());
         let metrics = dispatcher.metrics.clone();
@@ -433,7 +431,7 @@ impl Recorder {
                     merged.delivered.extend(next.delivered);
                     merged.failures.extend(next.failures);
                 }
-                if let Err(e) = merged.record(pool.clone(), producer.clone(), me.clone(), settings.clone()).await {
+                if let Err(e) = merged.record(&pool, &producer, &me, &settings).await {
                     // The leases expire and the events go out again, where their de-dup keys find them in the stream.
                     metrics.outbox_dispatch_errors.with_label_values(&["database"]).inc();
                     tracing::warn!(error = ?e, "Recording relayed batches failed; they are relayed again after their lease");

@@ -129,9 +129,8 @@ impl Producer {
     }
 
     /// Shortens the de-dup keys of `handed_off` (queue, event id, re-drive generation) to expire after `ttl`, if they
-    /// would live longer: one
-    /// script call per queue and chunk, in one pipeline (one command per key would cost the client more than the
-    /// keys cost Redis).
+    /// would live longer: one script call per queue and chunk, in one pipeline (one command per key would cost the
+    /// client more than the keys cost Redis).
     pub async fn expire_dedup(
         &self,
         handed_off: &[(&str, Uuid, i32)],
