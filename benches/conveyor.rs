@@ -23,12 +23,12 @@ use std::time::{Duration, Instant};
 
 use conveyor::db;
 use conveyor::ids::WorkspaceId;
+use conveyor::jobs::VerifyCredentials;
 use conveyor::metrics::Metrics;
-use conveyor::outbox::{self, JobPayload, NewEvent};
+use conveyor::outbox::{self, EnqueueOptions};
 use conveyor::stream::keys::Keys;
 use conveyor::stream::producer::{Message, Producer};
-use conveyor::worker::handler::BoxFuture;
-use conveyor::worker::{Handler, Job, JobError, Worker, WorkerSettings};
+use conveyor::worker::{Handler, JobContext, JobError, Worker, WorkerSettings};
 use serde_json::json;
 use sha2::Digest;
 use sqlx::PgPool;
@@ -266,13 +266,8 @@ async fn commit_at_rate(pool: &PgPool, workspaces: &[WorkspaceId], rate: u64, se
         let (pool, ws) = (pool.clone(), workspaces[i % workspaces.len()]);
         tasks.push(tokio::spawn(async move {
             let mut tx = db::begin_workspace(&pool, ws).await.unwrap();
-            let payload = JobPayload::StoreVerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
-            let id = outbox::enqueue_tx(
-                &mut tx,
-                NewEvent { workspace_id: ws, payload, operation_id: None, traceparent: None },
-            )
-            .await
-            .unwrap();
+            let payload = VerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
+            let id = outbox::enqueue_tx(&mut tx, &payload, EnqueueOptions::new()).await.unwrap().id.0;
             let sent = chrono::Utc::now().timestamp_micros() as f64 / 1000.0;
             tx.commit().await.unwrap();
             (id, sent, chrono::Utc::now().timestamp_micros() as f64 / 1000.0)
@@ -363,15 +358,13 @@ struct Noop {
     started: Option<Arc<Mutex<HashMap<Uuid, f64>>>>,
 }
 
-impl Handler for Noop {
-    fn handle<'a>(&'a self, job: &'a mut Job) -> BoxFuture<'a, Result<serde_json::Value, JobError>> {
-        Box::pin(async move {
-            if let Some(started) = &self.started {
-                let now = chrono::Utc::now().timestamp_micros() as f64 / 1000.0;
-                started.lock().unwrap().entry(job.event_id).or_insert(now);
-            }
-            Ok(serde_json::Value::Null)
-        })
+impl Handler<VerifyCredentials> for Noop {
+    async fn handle(&self, _job: VerifyCredentials, cx: &mut JobContext) -> Result<serde_json::Value, JobError> {
+        if let Some(started) = &self.started {
+            let now = chrono::Utc::now().timestamp_micros() as f64 / 1000.0;
+            started.lock().unwrap().entry(cx.id().0).or_insert(now);
+        }
+        Ok(serde_json::Value::Null)
     }
 }
 
@@ -394,7 +387,7 @@ async fn noop_worker_on(
     let blocking = conveyor::stream::connect(&redis, Duration::from_secs(10)).await.unwrap();
     let consumer = conveyor::stream::consumer::Consumer::new(client, blocking, Keys::new(prefix), "bench".into());
     Worker::builder(pool, consumer)
-        .handler("store.verify_credentials", Noop { started })
+        .handle::<VerifyCredentials>(Noop { started })
         .settings(WorkerSettings { concurrency, ..WorkerSettings::default() })
         .metrics(Metrics::new())
         .build()
@@ -420,6 +413,7 @@ async fn prefill(app: &common::TestApp, n: usize) {
                 enqueued_at_ms: chrono::Utc::now().timestamp_millis(),
                 traceparent: conveyor::telemetry::new_traceparent(),
                 redrive: 0,
+                options: Default::default(),
             })
             .collect();
         for r in producer.publish(&batch).await {

@@ -13,10 +13,9 @@ use crate::adapters::marketplace::HttpMarketplace;
 use crate::auth::TokenKeys;
 use crate::config::Config;
 use crate::dispatcher::Dispatcher;
-use crate::domain::stores;
 use crate::http::{self, AppState, Shared};
 use crate::idempotency::Fingerprinter;
-use crate::jobs::VerifyCredentials;
+use crate::jobs::{VerifyCredentials, VerifyCredentialsHandler};
 use crate::maintenance::Maintenance;
 use crate::metrics::Metrics;
 use crate::sealing::Sealer;
@@ -187,15 +186,12 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         ..WorkerSettings::default()
     };
     Worker::builder(state.pool.clone(), consumer)
-        .handler(
-            stores::VERIFY_KIND,
-            VerifyCredentials {
-                sealer: state.sealer.clone(),
-                marketplace,
-                max_attempts: config.job_max_attempts,
-                timeout: config.job_timeout,
-            },
-        )
+        .handle::<VerifyCredentials>(VerifyCredentialsHandler {
+            sealer: state.sealer.clone(),
+            marketplace,
+            max_attempts: config.job_max_attempts,
+            timeout: config.job_timeout,
+        })
         .settings(settings)
         .metrics(state.metrics.clone())
         .build()

@@ -359,6 +359,13 @@ impl Config {
     }
 }
 
+impl Default for DispatcherSettings {
+    /// The documented defaults (every `CONVEYOR_DISPATCH_*` variable unset).
+    fn default() -> Self {
+        Self::from_source(&HashMap::<String, String>::new()).expect("the defaults are valid")
+    }
+}
+
 impl DispatcherSettings {
     /// Reads the `CONVEYOR_DISPATCH_*` variables.
     pub fn from_source(src: &dyn Source) -> Result<Self, ConfigError> {

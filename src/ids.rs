@@ -32,6 +32,10 @@ id_type!(
     /// An authenticated user (the JWT `sub`).
     UserId
 );
+id_type!(
+    /// A job: the id of its outbox event (a UUIDv7), which is also its id in the queue.
+    JobId
+);
 
 /// This process's name among its peers: host, process id and a random suffix. Dispatchers hold leases under it
 /// (`locked_by`) and workers consume under it, so it must differ between processes, restarts included.

@@ -1,20 +1,22 @@
-//! Conveyor: idempotent write requests, a transactional outbox relayed into Redis Streams, and Rust workers.
+//! Conveyor: a job platform on PostgreSQL and Redis Streams. Jobs are enqueued in the caller's own transaction (the
+//! transactional outbox), relayed into Redis Streams by a dispatcher, and run by Rust workers with exactly-once
+//! effects; tenants are walled off by row-level security.
 //!
 //! ```text
-//! client ──HTTP──▶ http ── one PostgreSQL transaction (db::begin_workspace sets app.workspace_id for RLS) ──┐
-//!                  auth      domain::* writes the resource, operations::create_tx the user-visible operation, │
-//!                             outbox::enqueue_tx the pending event (+ pg_notify) ── COMMIT ──────────────────┘
-//! dispatcher ◀── LISTEN/NOTIFY + polling: claims due events per workspace (SKIP LOCKED, leased),
-//!                XADDs them through stream (de-duplicated by event id), marks them dispatched (fenced)
-//! worker ◀────── XREADGROUP: runs the handler in a workspace transaction, XACKs after commit,
-//!                retries with back-off, reclaims dead consumers' entries, dead-letters what keeps failing
-//! maintenance ── retention of outbox and idempotency rows; re-drives work Redis lost
+//! service ── one PostgreSQL transaction (begin_workspace sets app.workspace_id for RLS) ──────────────────┐
+//!             business rows + enqueue_tx / enqueue_many_tx (an outbox_events row per job, + pg_notify)   │
+//!             COMMIT ────────────────────────────────────────────────────────────────────────────────────┘
+//! Dispatcher ◀─ LISTEN/NOTIFY + sweeps + a timer for the next delayed job: claims due jobs per workspace by
+//!               priority (SKIP LOCKED, leased), XADDs them (de-duplicated by job id), marks them dispatched
+//! Worker ◀────── XREADGROUP: the kind's Handler in a workspace transaction, completion recorded in it, XACK after
+//!               commit; retries with back-off through the outbox, dead letters, cancellation, reclaim of dead consumers
+//! get_job / cancel_job / wait_for_job ── job control, under RLS
 //! ```
 //!
-//! Modules: [`config`] (typed environment), [`db`] (pool, RLS-scoped transactions), [`auth`] (JWT),
-//! [`http`] (axum: router, errors, extractors), [`domain`] (business scenarios), [`operations`],
-//! [`outbox`], [`stream`] (the only Redis code), [`sealing`] (credentials at rest), [`metrics`],
-//! [`migrate`], [`app`] (roles and shutdown).
+//! The library's whole surface is the list below: define a kind ([`JobKind`]), enqueue it ([`enqueue_tx`],
+//! [`enqueue_many_tx`], [`EnqueueOptions`]), run it ([`Worker`], [`Handler`], [`JobContext`]), relay it
+//! ([`Dispatcher`]), control it ([`get_job`], [`cancel_job`], [`wait_for_job`]), and apply Conveyor's schema to a
+//! database ([`migrate`]). The README's library section holds a complete program.
 
 pub mod adapters;
 pub mod app;
@@ -28,6 +30,7 @@ pub mod http;
 pub mod idempotency;
 pub mod ids;
 pub mod jobs;
+mod kind;
 pub mod maintenance;
 pub mod metrics;
 pub mod migrate;
@@ -38,3 +41,15 @@ pub mod sealing;
 pub mod stream;
 pub mod telemetry;
 pub mod worker;
+
+pub use backoff::Backoff;
+pub use config::DispatcherSettings;
+pub use db::{WorkspaceTx, begin_workspace};
+pub use dispatcher::Dispatcher;
+pub use ids::{JobId, UserId, WorkspaceId};
+pub use kind::{JobKind, Priority};
+pub use migrate::migrate;
+pub use outbox::control::{CancelError, JobInfo, JobStatus, WaitError, cancel_job, get_job, wait_for_job};
+pub use outbox::{EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enqueue_tx};
+pub use stream::consumer::Consumer;
+pub use worker::{Handler, JobContext, JobError, Outcome, Worker, WorkerBuilder, WorkerSettings};

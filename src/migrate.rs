@@ -16,6 +16,17 @@ fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// Applies Conveyor's migrations to the database at `owner_url` (as its owner role) and grants the application role
+/// of `app_url` what it needs and no more, after checking that row-level security applies to it. Safe to run again;
+/// what `conveyor migrate` does.
+pub async fn migrate(owner_url: &str, app_url: &str) -> anyhow::Result<()> {
+    let config = MigrateConfig {
+        migration_database_url: crate::config::Secret::new(owner_url.to_owned()),
+        database_url: crate::config::Secret::new(app_url.to_owned()),
+    };
+    run(&config).await
+}
+
 /// Applies every migration and grants the application role. Safe to run again.
 pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     let owner_options: PgConnectOptions = config

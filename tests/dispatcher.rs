@@ -10,7 +10,8 @@ use common::{Process, TestApp, TestRedis, principal, store_body};
 use conveyor::db;
 use conveyor::dispatcher::{DispatchOutcome, Dispatcher};
 use conveyor::ids::WorkspaceId;
-use conveyor::outbox::{self, JobPayload, NewEvent};
+use conveyor::jobs::VerifyCredentials;
+use conveyor::outbox::{self, EnqueueOptions};
 use conveyor::stream::keys::Keys;
 use reqwest::Method;
 use uuid::Uuid;
@@ -19,9 +20,8 @@ async fn enqueue(app: &TestApp, workspace: WorkspaceId, n: usize) -> Vec<Uuid> {
     let mut tx = db::begin_workspace(&app.db.pool, workspace).await.unwrap();
     let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
-        let payload = JobPayload::StoreVerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
-        let event = NewEvent { workspace_id: workspace, payload, operation_id: None, traceparent: None };
-        ids.push(outbox::enqueue_tx(&mut tx, event).await.unwrap());
+        let payload = VerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
+        ids.push(outbox::enqueue_tx(&mut tx, &payload, EnqueueOptions::new()).await.unwrap().id.0);
     }
     tx.commit().await.unwrap();
     ids

@@ -39,6 +39,16 @@ pub struct ClaimedEvent {
     pub job_attempts: i32,
     /// When it became due.
     pub next_attempt_at: DateTime<Utc>,
+    /// 0 high, 1 normal, 2 low.
+    pub priority: i16,
+    /// The job's own limit of runs, if set.
+    pub max_attempts: Option<i32>,
+    /// The job's own time-out, if set.
+    pub timeout_ms: Option<i64>,
+    /// The job's own back-off base, if set.
+    pub backoff_ms: Option<i64>,
+    /// The job's own back-off cap, if set.
+    pub backoff_max_ms: Option<i64>,
 }
 
 /// Which workspaces have due events (pending and due, or leased with an expired lease), most overdue first.
@@ -50,19 +60,25 @@ pub async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<WorkspaceId
     Ok(rows.into_iter().map(|(id,)| WorkspaceId(id)).collect())
 }
 
+/// When the earliest pending job becomes due (a time only, from a `SECURITY DEFINER` function).
+pub async fn next_due_at(pool: &PgPool) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar("SELECT conveyor_next_due_at()").fetch_one(pool).await
+}
+
 /// The dispatcher's own transactions skip the wait for their WAL flush. Safe: a claim or a mark lost in a PostgreSQL
 /// crash only sends the event through the relay again, where its de-dup key finds it already in the stream. The
 /// business transaction that wrote the event stays fully synchronous.
 const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 
-/// For each of `workspaces`, claims up to `per_workspace` due events in due order (`next_attempt_at`, then id: for
-/// fresh events, the order they were written), skipping rows another dispatcher has locked, and leases them to `me`
+/// For each of `workspaces`, claims up to `per_workspace` due events by priority, then in due order
+/// (`next_attempt_at`, then id: for fresh events, the order they were written), skipping rows another dispatcher has locked, and leases them to `me`
 /// for `lease`. Events whose lease expired (their dispatcher died) become due again first. One statement, so one
 /// transaction that commits before returning: the leases are visible to every other dispatcher. It runs as the
 /// application role under row-level security: `conveyor_claim_outbox` is a function of the invoker that sets each
 /// workspace in turn, so each workspace's claim sees that workspace's rows only.
 ///
-/// The events come back in due order, which keeps each workspace's events in the order they were written.
+/// The events come back by priority, then in due order, which keeps each workspace's events of one priority in the
+/// order they were written.
 pub async fn claim(
     pool: &PgPool,
     workspaces: &[WorkspaceId],
@@ -73,8 +89,9 @@ pub async fn claim(
     let ids: Vec<Uuid> = workspaces.iter().map(|w| w.0).collect();
     let mut events = sqlx::query_as::<_, ClaimedEvent>(
         "SELECT tid::text AS tid, id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
-                attempt_count, job_attempts, redrive_count, created_at, next_attempt_at
-         FROM conveyor_claim_outbox($1, $2, $3, $4)",
+                attempt_count, job_attempts, redrive_count, created_at, next_attempt_at, priority, max_attempts,
+                timeout_ms, backoff_ms, backoff_max_ms
+         FROM conveyor_claim_jobs($1, $2, $3, $4)",
     )
     .bind(&ids)
     .bind(me)
@@ -82,7 +99,7 @@ pub async fn claim(
     .bind(i32::try_from(per_workspace).unwrap_or(i32::MAX))
     .fetch_all(pool)
     .await?;
-    events.sort_by_key(|e| (e.next_attempt_at, e.id));
+    events.sort_by_key(|e| (e.priority, e.next_attempt_at, e.id));
     Ok(events)
 }
 
@@ -244,7 +261,7 @@ async fn record_failures(
     Ok(settled)
 }
 
-/// Deletes dispatched events older than `retention`, at most `batch` per statement and `max_batches` in all.
+/// Deletes dispatched and finished (completed, canceled) events older than `retention`, at most `batch` per statement and `max_batches` in all.
 pub async fn purge_dispatched(
     pool: &PgPool,
     retention: Duration,
@@ -255,7 +272,7 @@ pub async fn purge_dispatched(
     let mut batches = 0;
     let retention_secs = retention.as_secs_f64();
     let workspaces: Vec<(Uuid,)> = sqlx::query_as(
-        "SELECT workspace_id FROM conveyor_outbox_retention_workspaces(make_interval(secs => $1), 1000)",
+        "SELECT workspace_id FROM conveyor_outbox_retention_workspaces_v2(make_interval(secs => $1), 1000)",
     )
     .bind(retention_secs)
     .fetch_all(pool)
@@ -270,6 +287,9 @@ pub async fn purge_dispatched(
                 "DELETE FROM outbox_events WHERE id IN (
                      SELECT id FROM outbox_events
                      WHERE status = 'dispatched' AND dispatched_at <= now() - make_interval(secs => $1)
+                     UNION ALL
+                     SELECT id FROM outbox_events
+                     WHERE status IN ('completed', 'canceled') AND finished_at <= now() - make_interval(secs => $1)
                      LIMIT $2)",
             )
             .bind(retention_secs)

@@ -22,6 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use anyhow::Context;
+use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -35,7 +36,7 @@ use crate::ids::WorkspaceId;
 use crate::metrics::Metrics;
 use crate::outbox::NOTIFY_CHANNEL;
 use crate::redact::redact;
-use crate::stream::producer::{Message, Producer};
+use crate::stream::producer::{JobOptions, Message, Producer};
 use crate::telemetry;
 use claim::{ClaimedEvent, Delivered, Failure, Settled};
 
@@ -64,6 +65,16 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// A dispatcher with the default settings over `pool` (the application role) and the Redis at `redis_url`, whose
+    /// keys start with `prefix`, named after this process.
+    pub async fn connect(pool: PgPool, redis_url: &str, prefix: &str) -> anyhow::Result<Self> {
+        let settings = DispatcherSettings::default();
+        let redis =
+            crate::stream::connect(redis_url, Duration::from_secs(5)).await.context("Failed to connect to Redis")?;
+        let producer = Producer::new(redis, crate::stream::keys::Keys::new(prefix), settings.dedup_ttl);
+        Ok(Self::new(pool, producer, settings, Metrics::new(), crate::ids::instance_name()))
+    }
+
     /// A dispatcher named `id` (unique per process: it is the lease holder, `locked_by`).
     pub fn new(pool: PgPool, producer: Producer, settings: DispatcherSettings, metrics: Metrics, id: String) -> Self {
         Self { pool, producer, settings, metrics, id }
@@ -140,6 +151,11 @@ impl Dispatcher {
             enqueued_at_ms: event.created_at.timestamp_millis(),
             traceparent: event.traceparent.clone().unwrap_or_else(telemetry::new_traceparent),
             redrive: event.redrive_count,
+            options: JobOptions {
+                max_attempts: event.max_attempts,
+                timeout_ms: event.timeout_ms,
+                backoff_ms: event.backoff_ms.zip(event.backoff_max_ms),
+            },
         }
     }
 
@@ -269,8 +285,8 @@ impl Dispatcher {
             PgListener::connect_with(&self.pool).await.context("Failed to open the LISTEN connection")?;
         listener.listen(NOTIFY_CHANNEL).await.context("Failed to LISTEN")?;
         // The listener runs in a task of its own, so that its `recv` is never cancelled half-way by the select below;
-        // it forwards the workspace of each notification, or `None` (sweep) for one it cannot read or a failure.
-        let (wake_tx, mut wake) = mpsc::unbounded_channel::<Option<WorkspaceId>>();
+        // it forwards what each notification asks for, or a sweep for one it cannot read or a failure.
+        let (wake_tx, mut wake) = mpsc::unbounded_channel::<Wake>();
         let listen_stop = shutdown.clone();
         let poll = self.settings.poll_interval;
         let listening = tokio::spawn(async move {
@@ -279,15 +295,15 @@ impl Dispatcher {
                     _ = listen_stop.cancelled() => return,
                     next = listener.recv() => next,
                 };
-                let workspace = match next {
-                    Ok(notification) => notification.payload().parse().ok().map(WorkspaceId),
+                let wake = match next {
+                    Ok(notification) => Wake::parse(notification.payload()),
                     Err(e) => {
                         tracing::warn!(error = ?e, "LISTEN connection failed; it reconnects, polling meanwhile");
                         tokio::time::sleep(poll).await;
-                        None
+                        Wake::default()
                     }
                 };
-                if wake_tx.send(workspace).is_err() {
+                if wake_tx.send(wake).is_err() {
                     return;
                 }
             }
@@ -297,6 +313,9 @@ impl Dispatcher {
         let mut last_sweep = tokio::time::Instant::now();
         let mut sweep = true;
         let mut named: HashSet<WorkspaceId> = HashSet::new();
+        // The earliest time a pending job becomes due, as far as this dispatcher knows: read after each sweep, lowered
+        // by notifications of delayed jobs. The loop sleeps until then (or the poll), so a delayed job fires on time.
+        let mut next_due: Option<DateTime<Utc>> = None;
         // Named passes are the latency path: their marks are recorded in the background, while the next pass runs.
         let recorder = Recorder::start(&self);
         while !shutdown.is_cancelled() {
@@ -306,13 +325,21 @@ impl Dispatcher {
                 }
                 last_backlog = tokio::time::Instant::now();
             }
-            sweep |= last_sweep.elapsed() >= poll;
+            sweep |= last_sweep.elapsed() >= poll || next_due.is_some_and(|d| d <= Utc::now());
             // Named workspaces stay named through a sweep: it may not reach them all, and a claim that finds nothing
             // costs little.
             let pass = if sweep {
                 sweep = false;
                 last_sweep = tokio::time::Instant::now();
-                self.dispatch_once().await
+                let pass = self.dispatch_once().await;
+                next_due = match claim::next_due_at(&self.pool).await {
+                    Ok(due) => due.filter(|d| *d > Utc::now()),
+                    Err(e) => {
+                        tracing::warn!(error = ?e, "Could not read when the next job is due; polling");
+                        None
+                    }
+                };
+                pass
             } else {
                 // Named workspaces are a trickle (an event or a few each): as few statements as can be.
                 self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM, Some(&recorder)).await
@@ -323,16 +350,20 @@ impl Dispatcher {
                 Err(e) => tracing::warn!(error = ?e, "Dispatch pass failed; retrying after the poll interval"),
             }
             // Notifications that arrived during the pass.
-            while let Ok(workspace) = wake.try_recv() {
-                note(&mut named, &mut sweep, workspace);
+            while let Ok(w) = wake.try_recv() {
+                w.note(&mut named, &mut sweep, &mut next_due);
             }
             if sweep || !named.is_empty() {
                 continue;
             }
+            let mut until = poll.saturating_sub(last_sweep.elapsed());
+            if let Some(due) = next_due {
+                until = until.min((due - Utc::now()).to_std().unwrap_or_default());
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(poll.saturating_sub(last_sweep.elapsed())) => {}
-                Some(workspace) = wake.recv() => note(&mut named, &mut sweep, workspace),
+                _ = tokio::time::sleep(until) => {}
+                Some(w) = wake.recv() => w.note(&mut named, &mut sweep, &mut next_due),
             }
         }
         listening.abort();
@@ -455,12 +486,55 @@ impl Recorder {
     }
 }
 
-/// Records what a notification asks for: relay its workspace, or sweep when it named none.
-fn note(named: &mut HashSet<WorkspaceId>, sweep: &mut bool, workspace: Option<WorkspaceId>) {
-    match workspace {
-        Some(workspace) => {
-            named.insert(workspace);
+/// What a notification asks for: relay its workspace (and wake when its delayed job is due), or sweep when it named
+/// none or could not be read.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Wake {
+    workspace: Option<WorkspaceId>,
+    due: Option<DateTime<Utc>>,
+}
+
+impl Wake {
+    /// Reads `<workspace>` or `<workspace>@<ms since the epoch>` (see [`crate::outbox::NOTIFY_CHANNEL`]).
+    fn parse(payload: &str) -> Self {
+        let (workspace, due) = match payload.split_once('@') {
+            Some((w, ms)) => (w, ms.parse().ok().and_then(DateTime::from_timestamp_millis)),
+            None => (payload, None),
+        };
+        Self { workspace: workspace.parse().ok().map(WorkspaceId), due }
+    }
+
+    fn note(self, named: &mut HashSet<WorkspaceId>, sweep: &mut bool, next_due: &mut Option<DateTime<Utc>>) {
+        match self.workspace {
+            Some(workspace) => {
+                named.insert(workspace);
+            }
+            None => *sweep = true,
         }
-        None => *sweep = true,
+        if let Some(due) = self.due {
+            *next_due = Some(next_due.map_or(due, |d| d.min(due)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notification_names_its_workspace_and_when_its_delayed_job_is_due() {
+        let ws = uuid::Uuid::now_v7();
+        assert_eq!(Wake::parse(&ws.to_string()), Wake { workspace: Some(WorkspaceId(ws)), due: None });
+        let at = DateTime::from_timestamp_millis(1_800_000_000_123).unwrap();
+        assert_eq!(
+            Wake::parse(&format!("{ws}@1800000000123")),
+            Wake { workspace: Some(WorkspaceId(ws)), due: Some(at) }
+        );
+        assert_eq!(Wake::parse("garbage"), Wake::default());
+        let (mut named, mut sweep, mut due) = (HashSet::new(), false, Some(at + chrono::Duration::seconds(1)));
+        Wake::parse(&format!("{ws}@1800000000123")).note(&mut named, &mut sweep, &mut due);
+        assert_eq!((named.len(), sweep, due), (1, false, Some(at)), "the earlier due time wins");
+        Wake::parse("garbage").note(&mut named, &mut sweep, &mut due);
+        assert!(sweep);
     }
 }

@@ -13,15 +13,16 @@ use uuid::Uuid;
 use super::ValidationError;
 use crate::auth::Principal;
 use crate::db::WorkspaceTx;
+use crate::jobs::VerifyCredentials;
 use crate::operations::{self, Operation};
-use crate::outbox::{self, JobPayload, NewEvent};
+use crate::outbox::{self, EnqueueError, EnqueueOptions};
 use crate::sealing::Sealer;
 
 /// Marketplaces Conveyor can verify credentials against.
 pub const PLATFORMS: &[&str] = &["sandbox"];
 
-/// The operation kind (and event type) of a verification.
-pub const VERIFY_KIND: &str = "store.verify_credentials";
+/// The operation kind (and job kind) of a verification.
+pub const VERIFY_KIND: &str = <VerifyCredentials as crate::JobKind>::KIND;
 
 /// Submitted credentials: an object of string values. Never printed, never echoed, stored sealed only.
 #[derive(Clone, Deserialize)]
@@ -152,13 +153,17 @@ async fn queue_verification_tx(
 ) -> Result<Operation, sqlx::Error> {
     let operation =
         operations::create_tx(tx, principal.workspace_id, principal.user_id, VERIFY_KIND, Some(store_id)).await?;
-    let event = NewEvent {
-        workspace_id: principal.workspace_id,
-        payload: JobPayload::StoreVerifyCredentials { store_id, credentials_version },
-        operation_id: Some(operation.id),
-        traceparent,
-    };
-    outbox::enqueue_tx(tx, event).await?;
+    let mut options = EnqueueOptions::new().operation(operation.id);
+    if let Some(traceparent) = traceparent {
+        options = options.traceparent(traceparent);
+    }
+    outbox::enqueue_tx(tx, &VerifyCredentials { store_id, credentials_version }, options).await.map_err(
+        |e| match e {
+            EnqueueError::Database(e) => e,
+            // A fixed kind with valid options and a payload of ids: none of these can happen.
+            other => sqlx::Error::Protocol(other.to_string()),
+        },
+    )?;
     Ok(operation)
 }
 

@@ -143,6 +143,14 @@ impl Consumer {
         Self { client, blocking, keys, consumer, ack_script: Script::from_lua(ACK_SCRIPT) }
     }
 
+    /// Connects to Redis at `url` with two clients (one for blocking reads) and names the consumer after this process
+    /// ([`crate::ids::instance_name`]); keys start with `prefix`.
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, fred::error::Error> {
+        let client = super::connect(url, std::time::Duration::from_secs(5)).await?;
+        let blocking = super::connect(url, std::time::Duration::from_secs(10)).await?;
+        Ok(Self::new(client, blocking, Keys::new(prefix), crate::ids::instance_name()))
+    }
+
     /// This consumer's name.
     pub fn name(&self) -> &str {
         &self.consumer
@@ -164,8 +172,19 @@ impl Consumer {
         }
     }
 
-    /// Reads up to `count` new entries of `queue`, waiting up to `block_ms` for some.
+    /// Reads up to `count` new entries of `queue`, waiting up to `block_ms` for some. A group that Redis lost (it
+    /// restarted empty, or someone deleted the stream) is created again, and the read answers nothing.
     pub async fn read(&self, queue: &str, count: u64, block_ms: u64) -> Result<Vec<Entry>, fred::error::Error> {
+        match self.read_group(queue, count, block_ms).await {
+            Err(e) if e.details().contains("NOGROUP") || e.to_string().contains("NOGROUP") => {
+                self.ensure_group(queue).await?;
+                Ok(Vec::new())
+            }
+            read => read,
+        }
+    }
+
+    async fn read_group(&self, queue: &str, count: u64, block_ms: u64) -> Result<Vec<Entry>, fred::error::Error> {
         let reply: Value = self
             .blocking
             .xreadgroup(

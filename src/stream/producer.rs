@@ -65,6 +65,19 @@ pub struct Message {
     pub traceparent: String,
     /// Re-drive generation (0 until the reconciler re-drives it).
     pub redrive: i32,
+    /// The job's own options (runs, time-out, back-off base and cap, in ms), where it set them.
+    pub options: JobOptions,
+}
+
+/// A job's own options, carried in its entry where set (the kind's defaults apply to the others).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobOptions {
+    /// Runs before dead-lettering.
+    pub max_attempts: Option<i32>,
+    /// Longest run, ms.
+    pub timeout_ms: Option<i64>,
+    /// Back-off base and cap, ms.
+    pub backoff_ms: Option<(i64, i64)>,
 }
 
 /// Publishes jobs into their queues' streams.
@@ -108,6 +121,15 @@ impl Producer {
         ];
         if let Some(op) = m.operation_id {
             fields.extend(["operation_id".to_owned(), op.to_string()]);
+        }
+        if let Some(a) = m.options.max_attempts {
+            fields.extend(["max_attempts".to_owned(), a.to_string()]);
+        }
+        if let Some(t) = m.options.timeout_ms {
+            fields.extend(["timeout_ms".to_owned(), t.to_string()]);
+        }
+        if let Some((base, max)) = m.options.backoff_ms {
+            fields.extend(["backoff_ms".to_owned(), base.to_string(), "backoff_max_ms".to_owned(), max.to_string()]);
         }
         fields
     }

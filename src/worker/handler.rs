@@ -1,20 +1,21 @@
-//! What a job handler implements, and what it gets: the job, its workspace transaction, a cancellation token and a
-//! way to report progress.
+//! What a job handler implements, and what it gets: the decoded payload and a [`JobContext`] (the job's workspace
+//! transaction, progress, cancellation, attempt, id).
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::backoff::Backoff;
-use chrono::{DateTime, Utc};
-
 use crate::db::WorkspaceTx;
-use crate::ids::WorkspaceId;
-use crate::outbox::JobPayload;
+use crate::ids::{JobId, WorkspaceId};
+use crate::kind::JobKind;
+use crate::outbox::transitions;
 
 /// A boxed future borrowing for `'a`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -28,6 +29,21 @@ pub enum JobError {
     /// Retrying cannot help: dead-letter at once.
     #[error("{0}")]
     Permanent(String),
+    /// The job was canceled ([`JobContext::progress`] says so); the handler stopped.
+    #[error("the job was canceled")]
+    Canceled,
+}
+
+impl JobError {
+    /// A failure worth retrying, from anything printable.
+    pub fn retryable(e: impl std::fmt::Display) -> Self {
+        Self::Retryable(e.to_string())
+    }
+
+    /// A failure retrying cannot fix, from anything printable.
+    pub fn permanent(e: impl std::fmt::Display) -> Self {
+        Self::Permanent(e.to_string())
+    }
 }
 
 impl From<sqlx::Error> for JobError {
@@ -36,73 +52,188 @@ impl From<sqlx::Error> for JobError {
     }
 }
 
-/// One job being run.
-pub struct Job {
-    /// The outbox event id (the job id).
-    pub event_id: Uuid,
-    /// Its workspace; [`Job::tx`] is scoped to it.
-    pub workspace_id: WorkspaceId,
-    /// The operation it advances, if any.
-    pub operation_id: Option<Uuid>,
-    /// 1 on the first run.
-    pub attempt: u32,
-    /// What to do.
-    pub payload: JobPayload,
-    /// W3C trace context from the request that caused it.
-    pub traceparent: String,
-    /// When its event was committed, if the entry says.
-    pub enqueued_at: Option<DateTime<Utc>>,
-    /// Cancelled when the job times out or the worker stops past its grace period.
-    pub cancel: CancellationToken,
+/// What a running job knows about itself, and its way to PostgreSQL.
+pub struct JobContext {
+    pub(crate) id: JobId,
+    pub(crate) workspace: WorkspaceId,
+    pub(crate) operation: Option<Uuid>,
+    pub(crate) attempt: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) traceparent: String,
+    pub(crate) enqueued_at: Option<DateTime<Utc>>,
+    pub(crate) cancel: CancellationToken,
     pub(crate) tx: Option<WorkspaceTx>,
     pub(crate) pool: PgPool,
+    /// Connections of their own for progress, so that jobs holding every connection of `pool` cannot starve it.
+    pub(crate) control: PgPool,
 }
 
-impl Job {
+impl JobContext {
+    /// The job's id (its outbox event's id).
+    pub fn id(&self) -> JobId {
+        self.id
+    }
+
+    /// Its workspace: [`JobContext::tx`] is scoped to it.
+    pub fn workspace_id(&self) -> WorkspaceId {
+        self.workspace
+    }
+
+    /// The user-visible operation it advances, if any.
+    pub fn operation_id(&self) -> Option<Uuid> {
+        self.operation
+    }
+
+    /// This run's number: 1 on the first run.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Runs it gets before it is dead-lettered.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The token to pass to external systems as their idempotency key, so that however often the job runs they act
+    /// once: the operation id when there is one, else the job id.
+    pub fn idempotency_token(&self) -> String {
+        self.operation.unwrap_or(self.id.0).to_string()
+    }
+
+    /// W3C trace context of the request that caused the job.
+    pub fn traceparent(&self) -> &str {
+        &self.traceparent
+    }
+
+    /// When the job was committed, if its entry says.
+    pub fn enqueued_at(&self) -> Option<DateTime<Utc>> {
+        self.enqueued_at
+    }
+
+    /// Cancelled when the job is canceled, when it times out, and when the worker stops past its grace period.
+    /// A long handler should `select!` on it, or check [`JobContext::is_canceled`] between steps.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Whether [`JobContext::cancellation`] has fired.
+    pub fn is_canceled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
     /// The workspace transaction the job's effects are written in, opened on first use (a job that never touches
     /// PostgreSQL never pays for one). It holds the job's lock, so two deliveries of one job never run their
-    /// transactions at once. The runtime commits it with the operation's outcome, then acknowledges the entry; if
-    /// the handler fails, it rolls back.
+    /// transactions at once. The runtime commits it with the job's outcome (and its operation's), then acknowledges
+    /// the entry; if the handler fails or the job is canceled, it rolls back.
     pub async fn tx(&mut self) -> Result<&mut WorkspaceTx, sqlx::Error> {
         if self.tx.is_none() {
-            let mut tx = crate::db::begin_workspace(&self.pool, self.workspace_id).await?;
-            super::record::lock_job_tx(&mut tx, self.event_id).await?;
+            let mut tx = crate::db::begin_workspace(&self.pool, self.workspace).await?;
+            transitions::lock_job_tx(&mut tx, self.id.0).await?;
             self.tx = Some(tx);
         }
         Ok(self.tx.as_mut().expect("just opened"))
     }
 
-    /// Records progress on the operation (visible to clients at once, outside the job's transaction).
-    pub async fn progress(&self, progress: serde_json::Value) -> Result<(), sqlx::Error> {
-        let Some(operation) = self.operation_id else { return Ok(()) };
-        let mut tx = crate::db::begin_workspace(&self.pool, self.workspace_id).await?;
-        sqlx::query("UPDATE operations SET progress = $2, updated_at = now() WHERE id = $1 AND status = 'running'")
-            .bind(operation)
-            .bind(progress)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await
+    /// Records progress, visible at once (outside the job's transaction): on the operation when the job has one,
+    /// else on the job. Answers [`JobError::Canceled`] once the job has been canceled: return it to stop.
+    pub async fn progress(&self, progress: serde_json::Value) -> Result<(), JobError> {
+        let live = transitions::progress(&self.control, self.workspace, self.id.0, self.operation, &progress).await?;
+        if !live || self.is_canceled() {
+            return Err(JobError::Canceled);
+        }
+        Ok(())
     }
 }
 
-/// A job handler: must be re-entrant, since delivery is at least once (the runtime already skips jobs whose
-/// operation has finished, and runs one job id at a time).
-pub trait Handler: Send + Sync + 'static {
-    /// Runs the job; the value becomes the operation's `result`.
-    fn handle<'a>(&'a self, job: &'a mut Job) -> BoxFuture<'a, Result<serde_json::Value, JobError>>;
+/// Runs jobs of kind `K`. Delivery is at least once, so a handler must be re-entrant: the runtime already skips
+/// jobs that ended, runs one job id at a time and commits [`JobContext::tx`] with the outcome, and external systems
+/// get [`JobContext::idempotency_token`].
+///
+/// ```
+/// use conveyor::{Handler, JobContext, JobError, JobKind};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct SendReceipt { order_id: uuid::Uuid }
+/// # impl JobKind for SendReceipt { const KIND: &'static str = "orders.send_receipt"; const QUEUE: &'static str = "emails"; }
+///
+/// struct Receipts;
+///
+/// impl Handler<SendReceipt> for Receipts {
+///     async fn handle(&self, job: SendReceipt, cx: &mut JobContext) -> Result<serde_json::Value, JobError> {
+///         sqlx::query("UPDATE orders SET receipt_sent = true WHERE id = $1")
+///             .bind(job.order_id)
+///             .execute(&mut **cx.tx().await?)
+///             .await?;
+///         Ok(serde_json::json!({ "sent": true }))
+///     }
+/// }
+/// ```
+pub trait Handler<K: JobKind>: Send + Sync + 'static {
+    /// Runs one job; the value becomes its result (and its operation's).
+    fn handle(&self, job: K, cx: &mut JobContext) -> impl Future<Output = Result<serde_json::Value, JobError>> + Send;
 
-    /// Runs before dead-lettering (default 5).
+    /// Runs before dead-lettering, for jobs that did not set their own (default: the kind's).
     fn max_attempts(&self) -> u32 {
-        5
+        K::MAX_ATTEMPTS
     }
 
-    /// Longest run before the job is cancelled and retried (default 60 s).
+    /// Longest run, for jobs that did not set their own (default: the kind's).
     fn timeout(&self) -> Duration {
-        Duration::from_secs(60)
+        K::TIMEOUT
     }
 
-    /// Back-off between runs (default 1 s doubling to 5 min, with jitter).
+    /// Back-off between runs, for jobs that did not set their own (default: the kind's).
     fn backoff(&self) -> Backoff {
-        Backoff { base: Duration::from_secs(1), max: Duration::from_secs(300) }
+        K::BACKOFF
+    }
+}
+
+/// A registered handler with its kind erased: what the runtime holds, by kind name.
+pub(crate) trait Registered: Send + Sync {
+    fn kind(&self) -> &'static str;
+    fn queue(&self) -> &'static str;
+    fn max_attempts(&self) -> u32;
+    fn timeout(&self) -> Duration;
+    fn backoff(&self) -> Backoff;
+    /// Decodes `payload` and starts the handler on it; an error when the payload does not decode.
+    fn run<'a>(
+        &'a self,
+        payload: &str,
+        cx: &'a mut JobContext,
+    ) -> Result<BoxFuture<'a, Result<serde_json::Value, JobError>>, serde_json::Error>;
+}
+
+/// A handler of `K`.
+pub(crate) struct Typed<K, H> {
+    pub(crate) handler: H,
+    pub(crate) kind: PhantomData<fn() -> K>,
+}
+
+impl<K: JobKind, H: Handler<K>> Registered for Typed<K, H> {
+    fn kind(&self) -> &'static str {
+        K::KIND
+    }
+
+    fn queue(&self) -> &'static str {
+        K::QUEUE
+    }
+
+    fn max_attempts(&self) -> u32 {
+        self.handler.max_attempts()
+    }
+
+    fn timeout(&self) -> Duration {
+        self.handler.timeout()
+    }
+
+    fn backoff(&self) -> Backoff {
+        self.handler.backoff()
+    }
+
+    fn run<'a>(
+        &'a self,
+        payload: &str,
+        cx: &'a mut JobContext,
+    ) -> Result<BoxFuture<'a, Result<serde_json::Value, JobError>>, serde_json::Error> {
+        let job: K = serde_json::from_str(payload)?;
+        Ok(Box::pin(self.handler.handle(job, cx)))
     }
 }

@@ -1,16 +1,21 @@
-//! Rust workers: a runtime that other services can embed (see [`Worker::builder`]), the handler contract, and
+//! Rust workers: a runtime that other services embed (see [`Worker::builder`]), the typed handler contract, and
 //! the dead-letter tools.
 //!
-//! Delivery is at least once; effects are exactly once because the runtime skips jobs whose operation has finished,
-//! serializes runs of one job id with an advisory lock, commits the handler's writes with the operation's outcome in
-//! one transaction and acknowledges only after that commit, and handlers pass the operation id to external systems
-//! as their idempotency token. Retries go back through the outbox (PostgreSQL holds the back-off), so a Redis that
-//! forgets everything forgets no retry.
+//! Delivery is at least once; effects are exactly once because the runtime skips jobs that ended, serializes runs of
+//! one job id with an advisory lock, commits the handler's writes with the job's outcome (and its operation's) in one
+//! transaction and acknowledges only after that commit, and handlers pass [`JobContext::idempotency_token`] to
+//! external systems. Retries go back through the outbox (PostgreSQL holds the back-off), so a Redis that forgets
+//! everything forgets no retry.
+//!
+//! A running worker has three roles, one file each: [`reader`] (read entries, take over dead consumers' entries,
+//! start jobs), [`execute`] (one job to its outcome), [`acker`] (acknowledge, heartbeat, hear cancellations).
 
+mod acker;
 pub mod dlq;
+mod execute;
 pub mod handler;
-pub mod record;
+mod reader;
 pub mod runtime;
 
-pub use handler::{Handler, Job, JobError};
+pub use handler::{Handler, JobContext, JobError};
 pub use runtime::{Outcome, Worker, WorkerBuilder, WorkerSettings};

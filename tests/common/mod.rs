@@ -484,10 +484,12 @@ pub async fn test_worker(
     let marketplace =
         Arc::new(conveyor::adapters::marketplace::HttpMarketplace::new(marketplace_url, Duration::from_secs(10)));
     conveyor::worker::Worker::builder(app.db.pool.clone(), consumer)
-        .handler(
-            conveyor::domain::stores::VERIFY_KIND,
-            conveyor::jobs::VerifyCredentials { sealer, marketplace, max_attempts, timeout: Duration::from_secs(30) },
-        )
+        .handle::<conveyor::jobs::VerifyCredentials>(conveyor::jobs::VerifyCredentialsHandler {
+            sealer,
+            marketplace,
+            max_attempts,
+            timeout: Duration::from_secs(30),
+        })
         .settings(settings)
         .metrics(metrics)
         .build()

@@ -1,0 +1,122 @@
+//! Job kinds are types: a serde payload type that names itself, its queue and its defaults. A service defines its
+//! own kinds without touching Conveyor; Conveyor's own jobs (`crate::jobs`) are defined the same way.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::backoff::Backoff;
+
+/// A kind of job: its payload type, with a stable name, the queue its jobs go to and their defaults.
+///
+/// The payload carries what the handler needs to find its data (ids, versions), never secrets: it is stored in
+/// PostgreSQL and copied into Redis. It is encoded as JSON; a payload that no longer decodes (the type changed under
+/// jobs in flight) is dead-lettered with a redacted reason, so evolve payloads compatibly (new fields optional).
+///
+/// ```
+/// use conveyor::JobKind;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct SendReceipt {
+///     order_id: uuid::Uuid,
+/// }
+///
+/// impl JobKind for SendReceipt {
+///     const KIND: &'static str = "orders.send_receipt";
+///     const QUEUE: &'static str = "emails";
+///     const MAX_ATTEMPTS: u32 = 10;
+/// }
+/// ```
+pub trait JobKind: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The kind's name, stored with every job and matched by workers: never rename a kind with jobs in flight.
+    /// Lower-case letters, digits and `_ . : -`, at most 100 characters.
+    const KIND: &'static str;
+    /// The queue (one Redis stream) its jobs go to. Lower-case letters, digits and `_ . -`.
+    const QUEUE: &'static str;
+    /// Runs before a failing job is dead-lettered (default 5). A job may set its own.
+    const MAX_ATTEMPTS: u32 = 5;
+    /// Longest run before the job is canceled and retried (default 60 s). A job may set its own.
+    const TIMEOUT: Duration = Duration::from_secs(60);
+    /// Back-off between runs (default 1 s doubling up to 5 min, with jitter). A job may set its own.
+    const BACKOFF: Backoff = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(300) };
+}
+
+/// What "higher" means: of one workspace's jobs that are due and waiting for the relay, every job of a higher
+/// priority is handed to the workers before any of a lower one (within a priority, in due order). Once in a stream,
+/// jobs are read in the order they arrived: priority orders the backlog that waits in PostgreSQL, not work already
+/// handed over, and it does not reorder jobs of different workspaces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// Ahead of everything else of its workspace.
+    High,
+    /// The default.
+    #[default]
+    Normal,
+    /// After everything else of its workspace.
+    Low,
+}
+
+impl Priority {
+    /// The stored level (0 high, 1 normal, 2 low).
+    pub(crate) fn level(self) -> i16 {
+        match self {
+            Self::High => 0,
+            Self::Normal => 1,
+            Self::Low => 2,
+        }
+    }
+
+    /// From a stored level.
+    pub(crate) fn from_level(level: i16) -> Self {
+        match level {
+            0 => Self::High,
+            2 => Self::Low,
+            _ => Self::Normal,
+        }
+    }
+}
+
+/// Whether `name` is a valid kind name (the check the `job_kinds` table enforces too).
+pub(crate) fn valid_kind_name(name: &str) -> bool {
+    valid_name(name, |c| matches!(c, '_' | '.' | ':' | '-'))
+}
+
+/// Whether `name` is a valid queue name.
+pub(crate) fn valid_queue_name(name: &str) -> bool {
+    valid_name(name, |c| matches!(c, '_' | '.' | '-'))
+}
+
+fn valid_name(name: &str, punctuation: impl Fn(char) -> bool) -> bool {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    first_ok && name.len() <= 100 && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || punctuation(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_documented_alphabet() {
+        assert!(valid_kind_name("store.verify_credentials"));
+        assert!(valid_kind_name("a:b-c"));
+        assert!(!valid_kind_name(""));
+        assert!(!valid_kind_name("Store.verify"));
+        assert!(!valid_kind_name(".x"));
+        assert!(!valid_kind_name(&"x".repeat(101)));
+        assert!(valid_queue_name("stores"));
+        assert!(!valid_queue_name("a:b"), "a colon would break the key layout");
+        assert!(!valid_queue_name("a}b"), "braces would break the hash tag");
+    }
+
+    #[test]
+    fn priorities_round_trip_through_their_levels() {
+        for p in [Priority::High, Priority::Normal, Priority::Low] {
+            assert_eq!(Priority::from_level(p.level()), p);
+        }
+        assert!(Priority::High.level() < Priority::Low.level());
+    }
+}

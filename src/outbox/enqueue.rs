@@ -1,0 +1,430 @@
+//! Enqueueing jobs inside the caller's transaction: one job, or many in one statement.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::NOTIFY_CHANNEL;
+use crate::backoff::Backoff;
+use crate::db::WorkspaceTx;
+use crate::ids::JobId;
+use crate::kind::{self, JobKind, Priority};
+
+/// How to run one job: when, under which de-duplication key, at which priority, how often and how long. Every option
+/// is optional; unset ones take the kind's defaults.
+///
+/// ```
+/// use std::time::Duration;
+/// use conveyor::{EnqueueOptions, Priority};
+///
+/// let options = EnqueueOptions::new()
+///     .delay(Duration::from_secs(30))
+///     .dedup_key("order-42")
+///     .priority(Priority::High)
+///     .max_attempts(3)
+///     .timeout(Duration::from_secs(10));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnqueueOptions {
+    run_at: Option<DateTime<Utc>>,
+    delay: Option<Duration>,
+    dedup_key: Option<String>,
+    priority: Priority,
+    max_attempts: Option<u32>,
+    timeout: Option<Duration>,
+    backoff: Option<Backoff>,
+    operation: Option<Uuid>,
+    traceparent: Option<String>,
+}
+
+impl EnqueueOptions {
+    /// No options: run as soon as committed, the kind's defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Not before `at` (a time in the past means at once). Exclusive with [`EnqueueOptions::delay`].
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+
+    /// Not before `delay` after the transaction's start, by the database's clock. Exclusive with
+    /// [`EnqueueOptions::run_at`].
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// At most one live (queued or running) job of this kind per key and workspace, enforced by the database: while
+    /// one lives, enqueueing another with the same key returns the live job's id and writes nothing. Once it has
+    /// finished (succeeded, failed, canceled), the key is free again. 1 to 256 characters.
+    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
+        self.dedup_key = Some(key.into());
+        self
+    }
+
+    /// See [`Priority`] for what it guarantees.
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Runs before the job is dead-lettered (1 to 1,000), instead of the kind's default.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// Longest run (1 ms to 24 h), instead of the kind's default.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Back-off between runs (base and cap up to 24 h and 7 days, base not above cap), instead of the kind's default.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = Some(backoff);
+        self
+    }
+
+    /// The user-visible operation this job advances: the worker moves it through `running` to its outcome, and
+    /// canceling either cancels both.
+    pub fn operation(mut self, operation: Uuid) -> Self {
+        self.operation = Some(operation);
+        self
+    }
+
+    /// W3C `traceparent` of the request that caused the job, carried to the worker.
+    pub fn traceparent(mut self, traceparent: impl Into<String>) -> Self {
+        self.traceparent = Some(traceparent.into());
+        self
+    }
+
+    /// Checks every option, naming the first that is out of range.
+    fn validate(&self) -> Result<(), EnqueueError> {
+        let invalid = |m: &str| Err(EnqueueError::InvalidOptions(m.to_owned()));
+        if self.run_at.is_some() && self.delay.is_some() {
+            return invalid("run_at and delay exclude each other");
+        }
+        if self.delay.is_some_and(|d| d > Duration::from_secs(10 * 365 * 86_400)) {
+            return invalid("delay must be at most ten years");
+        }
+        if let Some(key) = &self.dedup_key
+            && (key.is_empty() || key.chars().count() > 256)
+        {
+            return invalid("dedup_key must be 1 to 256 characters");
+        }
+        if self.max_attempts.is_some_and(|a| !(1..=1000).contains(&a)) {
+            return invalid("max_attempts must be between 1 and 1000");
+        }
+        if self.timeout.is_some_and(|t| t < Duration::from_millis(1) || t > Duration::from_secs(86_400)) {
+            return invalid("timeout must be between 1 ms and 24 h");
+        }
+        if let Some(b) = self.backoff
+            && (b.base > Duration::from_secs(86_400) || b.max > Duration::from_secs(7 * 86_400) || b.base > b.max)
+        {
+            return invalid(
+                "backoff base must be at most 24 h, its cap at most 7 days, and the base not above the cap",
+            );
+        }
+        if self.traceparent.as_ref().is_some_and(|t| t.len() > 128 || !t.is_ascii()) {
+            return invalid("traceparent must be ASCII, at most 128 characters");
+        }
+        Ok(())
+    }
+
+    /// When the job is due, by this process's clock: a hint for the dispatcher's timer (it checks with the database).
+    fn due_hint(&self) -> Option<DateTime<Utc>> {
+        match (self.run_at, self.delay) {
+            (Some(at), _) if at > Utc::now() => Some(at),
+            (_, Some(d)) if !d.is_zero() => Some(Utc::now() + chrono::Duration::from_std(d).ok()?),
+            _ => None,
+        }
+    }
+}
+
+/// The job an enqueue answered with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id (a UUIDv7): the new job's, or the live job's that holds the de-duplication key.
+    pub id: JobId,
+    /// False when a live job already held the de-duplication key, so nothing was written.
+    pub created: bool,
+}
+
+/// Why an enqueue wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// An option is out of range, or the kind's name or queue is not valid.
+    #[error("invalid enqueue options: {0}")]
+    InvalidOptions(String),
+    /// The payload does not serialize to JSON.
+    #[error("the job payload does not serialize: {0}")]
+    Payload(#[from] serde_json::Error),
+    /// The transaction has no workspace set ([`crate::begin_workspace`] sets one).
+    #[error("the transaction has no workspace set; begin it with conveyor::begin_workspace")]
+    NoWorkspace,
+    /// PostgreSQL failed; the caller's transaction is aborted.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+fn check_kind<K: JobKind>() -> Result<(), EnqueueError> {
+    if !kind::valid_kind_name(K::KIND) {
+        return Err(EnqueueError::InvalidOptions(format!("`{}` is not a valid kind name", K::KIND)));
+    }
+    if !kind::valid_queue_name(K::QUEUE) {
+        return Err(EnqueueError::InvalidOptions(format!("`{}` is not a valid queue name", K::QUEUE)));
+    }
+    Ok(())
+}
+
+/// One job's columns, ready to bind.
+struct Row {
+    id: Uuid,
+    payload: serde_json::Value,
+    run_at: Option<DateTime<Utc>>,
+    delay_secs: f64,
+    dedup_key: Option<String>,
+    priority: i16,
+    max_attempts: Option<i32>,
+    timeout_ms: Option<i64>,
+    backoff_ms: Option<i64>,
+    backoff_max_ms: Option<i64>,
+    operation: Option<Uuid>,
+    traceparent: Option<String>,
+}
+
+impl Row {
+    fn new<K: JobKind>(payload: &K, options: EnqueueOptions) -> Result<Self, EnqueueError> {
+        options.validate()?;
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Ok(Self {
+            id: Uuid::now_v7(),
+            payload: serde_json::to_value(payload)?,
+            run_at: options.run_at,
+            delay_secs: options.delay.unwrap_or_default().as_secs_f64(),
+            dedup_key: options.dedup_key,
+            priority: options.priority.level(),
+            max_attempts: options.max_attempts.map(|a| a as i32),
+            timeout_ms: options.timeout.map(ms),
+            backoff_ms: options.backoff.map(|b| ms(b.base)),
+            backoff_max_ms: options.backoff.map(|b| ms(b.max)),
+            operation: options.operation,
+            traceparent: options.traceparent,
+        })
+    }
+}
+
+/// The notification a commit sends: the workspace (taken from the transaction), and the earliest due time of a
+/// delayed job, if any, as `@<ms since the epoch>`, so that the dispatcher wakes for it.
+fn notification_suffix(due: Option<DateTime<Utc>>) -> String {
+    due.map(|d| format!("@{}", d.timestamp_millis())).unwrap_or_default()
+}
+
+fn no_workspace(e: sqlx::Error) -> EnqueueError {
+    // The row takes the transaction's workspace, so row-level security refusing it (42501), or the NOT NULL of
+    // workspace_id (23502), means the transaction never set one.
+    match &e {
+        sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("23502" | "42501")) => EnqueueError::NoWorkspace,
+        _ => EnqueueError::Database(e),
+    }
+}
+
+/// Writes a job of kind `K` inside the caller's transaction, in the workspace the transaction was begun for, and tells
+/// the dispatchers at commit.
+///
+/// Call it in the transaction that writes the business rows the job belongs to: if that transaction rolls back, the
+/// job never existed; once it commits, the job runs at least once even if this process dies the next instant. Nothing
+/// is written when an option is invalid or the payload does not serialize.
+///
+/// ```no_run
+/// # use conveyor::{JobKind, EnqueueOptions, WorkspaceId};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct SendReceipt { order_id: uuid::Uuid }
+/// # impl JobKind for SendReceipt { const KIND: &'static str = "orders.send_receipt"; const QUEUE: &'static str = "emails"; }
+/// # async fn f(pool: sqlx::PgPool, ws: WorkspaceId, order_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = conveyor::begin_workspace(&pool, ws).await?;
+/// // ... write the order with `&mut *tx` ...
+/// let job = conveyor::enqueue_tx(&mut tx, &SendReceipt { order_id }, EnqueueOptions::new()).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn enqueue_tx<K: JobKind>(
+    tx: &mut WorkspaceTx,
+    payload: &K,
+    options: EnqueueOptions,
+) -> Result<Enqueued, EnqueueError> {
+    check_kind::<K>()?;
+    let suffix = notification_suffix(options.due_hint());
+    let row = Row::new(payload, options)?;
+    // The notification rides in the insert's round trip.
+    let inserted: Option<(Uuid,)> = sqlx::query_as(
+        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
+                                    next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
+                                    backoff_max_ms)
+         SELECT $1, conveyor_current_workspace(), $2, $3, $4, $5, $6,
+                coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14
+         FROM (SELECT pg_notify($15, conveyor_current_workspace()::text || $16)) AS notified
+         ON CONFLICT (workspace_id, event_type, dedup_key)
+             WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
+             DO NOTHING
+         RETURNING id",
+    )
+    .bind(row.id)
+    .bind(K::QUEUE)
+    .bind(K::KIND)
+    .bind(&row.payload)
+    .bind(row.operation)
+    .bind(&row.traceparent)
+    .bind(row.run_at)
+    .bind(row.delay_secs)
+    .bind(&row.dedup_key)
+    .bind(row.priority)
+    .bind(row.max_attempts)
+    .bind(row.timeout_ms)
+    .bind(row.backoff_ms)
+    .bind(row.backoff_max_ms)
+    .bind(NOTIFY_CHANNEL)
+    .bind(&suffix)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(no_workspace)?;
+    if let Some((id,)) = inserted {
+        return Ok(Enqueued { id: JobId(id), created: true });
+    }
+    // The key is held by a live job, committed (the insert waited for it) or of this transaction. A statement of its
+    // own, so that under READ COMMITTED its snapshot sees a job that committed while the insert waited.
+    let key = row.dedup_key.as_deref().unwrap_or_default();
+    let (id,): (Uuid,) = sqlx::query_as(
+        "SELECT id FROM outbox_events
+         WHERE event_type = $1 AND dedup_key = $2 AND status IN ('pending', 'dispatching', 'dispatched')",
+    )
+    .bind(K::KIND)
+    .bind(key)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(Enqueued { id: JobId(id), created: false })
+}
+
+/// Writes many jobs of kind `K` in one statement (thousands per round trip), inside the caller's transaction: they
+/// commit or roll back with it, together. Answers in the order given; a job whose de-duplication key a live job holds
+/// (or an earlier job of the same call) answers that job's id with `created: false`. Nothing is written when any
+/// option is invalid or any payload does not serialize.
+pub async fn enqueue_many_tx<'a, K: JobKind>(
+    tx: &mut WorkspaceTx,
+    jobs: impl IntoIterator<Item = (&'a K, EnqueueOptions)>,
+) -> Result<Vec<Enqueued>, EnqueueError> {
+    check_kind::<K>()?;
+    let mut due: Option<DateTime<Utc>> = None;
+    let mut rows = Vec::new();
+    for (payload, options) in jobs {
+        if let Some(hint) = options.due_hint() {
+            due = Some(due.map_or(hint, |d| d.min(hint)));
+        }
+        rows.push(Row::new(payload, options)?);
+    }
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    fn column<T>(rows: &[Row], f: impl Fn(&Row) -> T) -> Vec<T> {
+        rows.iter().map(f).collect()
+    }
+    let ids: Vec<Uuid> = column(&rows, |r| r.id);
+    let inserted: Vec<(Uuid,)> = sqlx::query_as(
+        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
+                                    next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
+                                    backoff_max_ms)
+         SELECT v.id, conveyor_current_workspace(), $1, $2, v.payload, v.operation_id, v.traceparent,
+                coalesce(v.run_at, now() + make_interval(secs => v.delay)), v.dedup_key, v.priority, v.max_attempts,
+                v.timeout_ms, v.backoff_ms, v.backoff_max_ms
+         FROM (SELECT pg_notify($3, conveyor_current_workspace()::text || $4)) AS notified
+         CROSS JOIN unnest($5::uuid[], $6::jsonb[], $7::uuid[], $8::text[], $9::timestamptz[], $10::float8[],
+                           $11::text[], $12::int2[], $13::int4[], $14::int8[], $15::int8[], $16::int8[])
+                    WITH ORDINALITY AS v(id, payload, operation_id, traceparent, run_at, delay, dedup_key, priority,
+                                         max_attempts, timeout_ms, backoff_ms, backoff_max_ms, n)
+         ORDER BY v.n
+         ON CONFLICT (workspace_id, event_type, dedup_key)
+             WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
+             DO NOTHING
+         RETURNING id",
+    )
+    .bind(K::QUEUE)
+    .bind(K::KIND)
+    .bind(NOTIFY_CHANNEL)
+    .bind(notification_suffix(due))
+    .bind(&ids)
+    .bind(column(&rows, |r| r.payload.clone()))
+    .bind(column(&rows, |r| r.operation))
+    .bind(column(&rows, |r| r.traceparent.clone()))
+    .bind(column(&rows, |r| r.run_at))
+    .bind(column(&rows, |r| r.delay_secs))
+    .bind(column(&rows, |r| r.dedup_key.clone()))
+    .bind(column(&rows, |r| r.priority))
+    .bind(column(&rows, |r| r.max_attempts))
+    .bind(column(&rows, |r| r.timeout_ms))
+    .bind(column(&rows, |r| r.backoff_ms))
+    .bind(column(&rows, |r| r.backoff_max_ms))
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(no_workspace)?;
+    if inserted.len() == rows.len() {
+        return Ok(ids.into_iter().map(|id| Enqueued { id: JobId(id), created: true }).collect());
+    }
+    // Some keys were held: look up the live holder of each key that was not inserted.
+    let created: std::collections::HashSet<Uuid> = inserted.into_iter().map(|(id,)| id).collect();
+    let held: Vec<String> =
+        rows.iter().filter(|r| !created.contains(&r.id)).filter_map(|r| r.dedup_key.clone()).collect();
+    let holders: Vec<(String, Uuid)> = sqlx::query_as(
+        "SELECT dedup_key, id FROM outbox_events
+         WHERE event_type = $1 AND dedup_key = ANY($2) AND status IN ('pending', 'dispatching', 'dispatched')",
+    )
+    .bind(K::KIND)
+    .bind(&held)
+    .fetch_all(&mut **tx)
+    .await?;
+    let holders: std::collections::HashMap<String, Uuid> = holders.into_iter().collect();
+    rows.iter()
+        .map(|r| {
+            if created.contains(&r.id) {
+                return Ok(Enqueued { id: JobId(r.id), created: true });
+            }
+            let key = r.dedup_key.as_deref().unwrap_or_default();
+            let id = holders.get(key).copied().ok_or_else(|| {
+                EnqueueError::Database(sqlx::Error::Protocol(format!("no live job holds de-dup key {key:?}")))
+            })?;
+            Ok(Enqueued { id: JobId(id), created: false })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_range_options_are_refused_by_name() {
+        let refused = |o: EnqueueOptions| o.validate().unwrap_err().to_string();
+        assert!(refused(EnqueueOptions::new().max_attempts(0)).contains("max_attempts"));
+        assert!(refused(EnqueueOptions::new().timeout(Duration::ZERO)).contains("timeout"));
+        assert!(refused(EnqueueOptions::new().dedup_key("")).contains("dedup_key"));
+        assert!(refused(EnqueueOptions::new().dedup_key("k".repeat(257))).contains("dedup_key"));
+        assert!(refused(EnqueueOptions::new().run_at(Utc::now()).delay(Duration::from_secs(1))).contains("run_at"));
+        let inverted = Backoff { base: Duration::from_secs(10), max: Duration::from_secs(1) };
+        assert!(refused(EnqueueOptions::new().backoff(inverted)).contains("backoff"));
+        assert!(
+            EnqueueOptions::new().max_attempts(1).dedup_key("k").timeout(Duration::from_millis(1)).validate().is_ok()
+        );
+    }
+
+    #[test]
+    fn only_a_job_due_later_hints_the_dispatcher() {
+        assert_eq!(EnqueueOptions::new().due_hint(), None);
+        assert_eq!(EnqueueOptions::new().delay(Duration::ZERO).due_hint(), None);
+        assert_eq!(EnqueueOptions::new().run_at(Utc::now() - chrono::Duration::seconds(5)).due_hint(), None);
+        let later = Utc::now() + chrono::Duration::seconds(5);
+        assert_eq!(EnqueueOptions::new().run_at(later).due_hint(), Some(later));
+        assert_eq!(notification_suffix(Some(later)), format!("@{}", later.timestamp_millis()));
+    }
+}

@@ -1,0 +1,443 @@
+//! Every status change of a job (an outbox event) and of its operation after the enqueue, in one place: an operation
+//! through `running` to its outcome, a job's completion, retries through the outbox, dead letters, re-drives and
+//! cancellation. (The relay's own claim and mark are in `dispatcher::claim`.) Each function runs under row-level
+//! security in its job's workspace. The fences, written once here:
+//! - a job's run is current while its delivery's re-drive generation is the event's (`redrive_count`): a retry or a
+//!   dead letter of an older generation changes nothing;
+//! - an end state (completed, canceled, dead-lettered; an operation succeeded, failed or canceled) is never left:
+//!   every update to one matches the live states only, so a cancellation that commits first wins over a run that ends
+//!   later, and the run's transaction rolls back.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::{CANCEL_CHANNEL, DONE_CHANNEL};
+use crate::db::{self, WorkspaceTx};
+use crate::ids::{JobId, WorkspaceId};
+
+/// The statuses of a job that is still to run or running.
+const LIVE: &str = "('pending', 'dispatching', 'dispatched')";
+
+/// Marks the operation `running` for attempt `attempt`. False when it has already finished (a repeat delivery).
+pub async fn start(pool: &PgPool, workspace: WorkspaceId, operation: Uuid, attempt: u32) -> Result<bool, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let started = sqlx::query(
+        "UPDATE operations
+         SET status = 'running', started_at = coalesce(started_at, now()), attempt = $2, updated_at = now()
+         WHERE id = $1 AND status IN ('queued', 'running')",
+    )
+    .bind(operation)
+    .bind(attempt as i32)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(started == 1)
+}
+
+/// Shows that the running operation's job is alive (`updated_at = now()`), outside the job's transaction.
+pub async fn keep_alive(pool: &PgPool, workspace: WorkspaceId, operation: Uuid) -> Result<(), sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    sqlx::query("UPDATE operations SET updated_at = now() WHERE id = $1 AND status = 'running'")
+        .bind(operation)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+/// Serializes runs of one job id: a duplicate delivery waits here until the first run's transaction ends.
+pub async fn lock_job_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('conveyor-job:' || $1::text, 0))")
+        .bind(event_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Whether the operation has reached an end state (so a run would repeat finished work).
+pub async fn finished_tx(tx: &mut WorkspaceTx, operation: Uuid) -> Result<bool, sqlx::Error> {
+    let status: Option<(String,)> =
+        sqlx::query_as("SELECT status FROM operations WHERE id = $1").bind(operation).fetch_optional(&mut **tx).await?;
+    Ok(status.is_none_or(|(s,)| matches!(s.as_str(), "succeeded" | "failed" | "canceled")))
+}
+
+/// Marks the operation `succeeded` with `result`, in the job's transaction. False when it is no longer live
+/// (canceled meanwhile): the caller rolls back.
+pub async fn succeed_tx(
+    tx: &mut WorkspaceTx,
+    operation: Uuid,
+    result: &serde_json::Value,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE operations SET status = 'succeeded', result = $2, error = NULL, progress = NULL,
+                finished_at = now(), updated_at = now()
+         WHERE id = $1 AND status IN ('queued', 'running')",
+    )
+    .bind(operation)
+    .bind(result)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok(done == 1)
+}
+
+/// How recording a job's completion went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// Recorded: the job is `completed`.
+    Recorded,
+    /// The job was canceled meanwhile: the caller rolls back.
+    Canceled,
+    /// A newer generation of the job exists, or it already ended: nothing recorded.
+    Stale,
+    /// The job is no longer in the outbox (purged by retention): nothing to record.
+    Gone,
+}
+
+/// Records the job `completed` with `result` in its own transaction (with the handler's writes), fenced by its
+/// generation and by the live states, and announces it to waiters at commit.
+pub async fn complete_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    job: Uuid,
+    redrive: Option<i32>,
+    result: Option<&serde_json::Value>,
+) -> Result<Completion, sqlx::Error> {
+    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE outbox_events
+         SET status = 'completed', finished_at = now(), result = $3, locked_by = NULL, locked_until = NULL
+         WHERE id = $1 AND redrive_count = coalesce($2, redrive_count) AND status IN {LIVE}"
+    )))
+    .bind(job)
+    .bind(redrive)
+    .bind(result)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if done == 1 {
+        notify_done_tx(tx, workspace).await?;
+        return Ok(Completion::Recorded);
+    }
+    let status: Option<(String,)> =
+        sqlx::query_as("SELECT status FROM outbox_events WHERE id = $1").bind(job).fetch_optional(&mut **tx).await?;
+    Ok(match status {
+        None => Completion::Gone,
+        Some((s,)) if s == "canceled" => Completion::Canceled,
+        Some(_) => Completion::Stale,
+    })
+}
+
+/// A job that ran without a transaction of its own, finished: recorded in batches by [`complete_many`].
+#[derive(Clone, Debug)]
+pub struct Finished {
+    /// Its workspace.
+    pub workspace: WorkspaceId,
+    /// The job.
+    pub job: Uuid,
+    /// The generation that ran (`None`: whichever is current).
+    pub redrive: Option<i32>,
+    /// The handler's result.
+    pub result: serde_json::Value,
+}
+
+/// Records many jobs `completed` in one call (each workspace's statement under row-level security for it), skipping
+/// those canceled, dead-lettered or moved to a newer generation meanwhile; announces them to waiters. Returns how
+/// many it recorded.
+pub async fn complete_many(pool: &PgPool, finished: &[Finished]) -> Result<u64, sqlx::Error> {
+    if finished.is_empty() {
+        return Ok(0);
+    }
+    let workspaces: Vec<Uuid> = finished.iter().map(|f| f.workspace.0).collect();
+    let ids: Vec<Uuid> = finished.iter().map(|f| f.job).collect();
+    let redrives: Vec<Option<i32>> = finished.iter().map(|f| f.redrive).collect();
+    let results: Vec<&serde_json::Value> = finished.iter().map(|f| &f.result).collect();
+    let (done,): (i64,) = sqlx::query_as("SELECT conveyor_complete_jobs($1, $2, $3, $4)")
+        .bind(&workspaces)
+        .bind(&ids)
+        .bind(&redrives)
+        .bind(&results)
+        .fetch_one(pool)
+        .await?;
+    Ok(done as u64)
+}
+
+/// Of the delivered jobs (workspace, id), those that must not run: canceled, completed or dead-lettered. One round
+/// trip for a whole read.
+pub async fn not_to_run(pool: &PgPool, jobs: &[(WorkspaceId, Uuid)]) -> Result<HashSet<Uuid>, sqlx::Error> {
+    if jobs.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let workspaces: Vec<Uuid> = jobs.iter().map(|(w, _)| w.0).collect();
+    let ids: Vec<Uuid> = jobs.iter().map(|(_, id)| *id).collect();
+    let rows: Vec<(Uuid,)> = sqlx::query_as("SELECT id FROM conveyor_jobs_not_to_run($1, $2)")
+        .bind(&workspaces)
+        .bind(&ids)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+/// Records `progress` of a running job: on its operation when it has one, else on the job. False when the job is no
+/// longer live (canceled): the handler should stop.
+pub async fn progress(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    job: Uuid,
+    operation: Option<Uuid>,
+    progress: &serde_json::Value,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let live = match operation {
+        Some(operation) => sqlx::query(
+            "UPDATE operations SET progress = $2, updated_at = now() WHERE id = $1 AND status IN ('queued', 'running')",
+        )
+        .bind(operation),
+        None => sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE outbox_events SET progress = $2 WHERE id = $1 AND status IN {LIVE}"
+        )))
+        .bind(job),
+    }
+    .bind(progress)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(live == 1)
+}
+
+/// How a cancellation ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cancel {
+    /// Canceled now: the job will not run (or, running, is told to stop), and its operation is `canceled`.
+    Canceled,
+    /// It had already ended with this status (`completed`, `canceled`, `dead_letter`; for an operation `succeeded`,
+    /// `failed`, `canceled`).
+    Finished(String),
+    /// No such job (or operation) in the workspace.
+    NotFound,
+}
+
+/// Cancels the job `job` and its operation, if live, in the caller's transaction; at commit the worker running it (if
+/// any) is told, and waiters learn that it ended.
+pub async fn cancel_job_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: JobId) -> Result<Cancel, sqlx::Error> {
+    let canceled: Option<(Option<Uuid>,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE outbox_events
+         SET status = 'canceled', finished_at = now(), locked_by = NULL, locked_until = NULL
+         WHERE id = $1 AND status IN {LIVE}
+         RETURNING operation_id"
+    )))
+    .bind(job.0)
+    .fetch_optional(&mut **tx)
+    .await?;
+    match canceled {
+        Some((operation,)) => {
+            if let Some(operation) = operation {
+                cancel_operation_row_tx(tx, operation).await?;
+            }
+            announce_cancel_tx(tx, workspace, &[job.0]).await?;
+            Ok(Cancel::Canceled)
+        }
+        None => {
+            let status: Option<(String,)> = sqlx::query_as("SELECT status FROM outbox_events WHERE id = $1")
+                .bind(job.0)
+                .fetch_optional(&mut **tx)
+                .await?;
+            Ok(status.map_or(Cancel::NotFound, |(s,)| Cancel::Finished(s)))
+        }
+    }
+}
+
+/// Cancels the operation `operation` and every live job that advances it, in the caller's transaction.
+pub async fn cancel_operation_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    operation: Uuid,
+) -> Result<Cancel, sqlx::Error> {
+    if !cancel_operation_row_tx(tx, operation).await? {
+        let status: Option<(String,)> = sqlx::query_as("SELECT status FROM operations WHERE id = $1")
+            .bind(operation)
+            .fetch_optional(&mut **tx)
+            .await?;
+        return Ok(status.map_or(Cancel::NotFound, |(s,)| Cancel::Finished(s)));
+    }
+    let jobs: Vec<(Uuid,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE outbox_events
+         SET status = 'canceled', finished_at = now(), locked_by = NULL, locked_until = NULL
+         WHERE operation_id = $1 AND status IN {LIVE}
+         RETURNING id"
+    )))
+    .bind(operation)
+    .fetch_all(&mut **tx)
+    .await?;
+    let jobs: Vec<Uuid> = jobs.into_iter().map(|(id,)| id).collect();
+    announce_cancel_tx(tx, workspace, &jobs).await?;
+    Ok(Cancel::Canceled)
+}
+
+async fn cancel_operation_row_tx(tx: &mut WorkspaceTx, operation: Uuid) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE operations SET status = 'canceled', error = NULL, finished_at = now(), updated_at = now()
+         WHERE id = $1 AND status IN ('queued', 'running')",
+    )
+    .bind(operation)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok(done == 1)
+}
+
+/// At commit: tells workers that `jobs` were canceled, and waiters of `workspace` that jobs ended.
+async fn announce_cancel_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, jobs: &[Uuid]) -> Result<(), sqlx::Error> {
+    let ids: Vec<String> = jobs.iter().map(Uuid::to_string).collect();
+    sqlx::query("SELECT pg_notify($1, id) FROM unnest($2::text[]) AS id")
+        .bind(CANCEL_CHANNEL)
+        .bind(&ids)
+        .execute(&mut **tx)
+        .await?;
+    notify_done_tx(tx, workspace).await
+}
+
+/// At commit: tells waiters of `workspace` that some of its jobs ended.
+pub async fn notify_done_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, $2)").bind(DONE_CHANNEL).bind(workspace.0.to_string()).execute(&mut **tx).await?;
+    Ok(())
+}
+
+/// Schedules another run after `delay`: the outbox event goes back to `pending` with a new re-drive generation
+/// (so its next hand-off gets past the de-dup key), and the operation back to `queued` with the redacted error.
+///
+/// Fenced by the delivery's generation (`redrive`), not by the event's status: the dispatcher records a hand-off after
+/// its `XADD`, so a job that fails fast can find its event still `dispatching` (or, if its dispatcher died, `pending`
+/// again). Any live status with the same generation means this delivery is the current one; a lease still
+/// held on it is simply lost (its holder's mark no longer matches, and its `XADD` found the old de-dup key). False,
+/// and nothing changes, when the generation has moved on (another delivery is already under way). `redrive` is
+/// `None` for an entry that carries no generation: it is taken for the current one.
+pub async fn retry(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    event_id: Uuid,
+    redrive: Option<i32>,
+    operation: Option<Uuid>,
+    delay: Duration,
+    error: &str,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let moved = sqlx::query(
+        "UPDATE outbox_events
+         SET status = 'pending', next_attempt_at = now() + make_interval(secs => $2), job_attempts = job_attempts + 1,
+             redrive_count = redrive_count + 1, last_error = $3, stream_id = NULL, dispatched_at = NULL,
+             locked_by = NULL, locked_until = NULL
+         WHERE id = $1 AND redrive_count = coalesce($4, redrive_count)
+           AND status IN ('pending', 'dispatching', 'dispatched')",
+    )
+    .bind(event_id)
+    .bind(delay.as_secs_f64())
+    .bind(error)
+    .bind(redrive)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if moved == 1 {
+        // Wakes the dispatchers when the retry is due, not at their next sweep.
+        let due = chrono::Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(super::NOTIFY_CHANNEL)
+            .bind(format!("{}@{}", workspace.0, due.timestamp_millis()))
+            .execute(&mut *tx)
+            .await?;
+    }
+    if let Some(operation) = operation.filter(|_| moved == 1) {
+        sqlx::query(
+            "UPDATE operations SET status = 'queued', error = $2, updated_at = now()
+             WHERE id = $1 AND status IN ('queued', 'running')",
+        )
+        .bind(operation)
+        .bind(error)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(moved == 1)
+}
+
+/// Dead-letters the job: the outbox event keeps the redacted reason, the operation fails with it. Fenced by the
+/// delivery's generation, like [`retry`]: false, and nothing changes, when a newer delivery exists or the event is
+/// already dead-lettered. An event no longer in the outbox (purged) has no generation to protect: its operation
+/// fails.
+pub async fn dead_letter(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    event_id: Uuid,
+    redrive: Option<i32>,
+    operation: Option<Uuid>,
+    error: &str,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let moved = sqlx::query(
+        "UPDATE outbox_events
+         SET status = 'dead_letter', failure_stage = 'job', dead_lettered_at = now(), last_error = $2,
+             job_attempts = job_attempts + 1, locked_by = NULL, locked_until = NULL
+         WHERE id = $1 AND redrive_count = coalesce($3, redrive_count)
+           AND status IN ('pending', 'dispatching', 'dispatched')",
+    )
+    .bind(event_id)
+    .bind(error)
+    .bind(redrive)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    // An event already purged (its entry outlived the outbox's retention) still fails its operation.
+    let gone = moved == 0
+        && sqlx::query_scalar::<_, bool>("SELECT NOT EXISTS (SELECT 1 FROM outbox_events WHERE id = $1)")
+            .bind(event_id)
+            .fetch_one(&mut *tx)
+            .await?;
+    if moved == 1 || gone {
+        notify_done_tx(&mut tx, workspace).await?;
+    }
+    if let Some(operation) = operation.filter(|_| moved == 1 || gone) {
+        sqlx::query(
+            "UPDATE operations SET status = 'failed', error = $2, finished_at = now(), updated_at = now()
+             WHERE id = $1 AND status IN ('queued', 'running')",
+        )
+        .bind(operation)
+        .bind(error)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(moved == 1 || gone)
+}
+
+/// Sends a `dispatched` event through the outbox again (new re-drive generation), e.g. after Redis lost its entry.
+pub async fn redrive_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, event_id: Uuid) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE outbox_events
+         SET status = 'pending', next_attempt_at = now(), redrive_count = redrive_count + 1,
+             stream_id = NULL, dispatched_at = NULL
+         WHERE id = $1 AND status = 'dispatched'",
+    )
+    .bind(event_id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    crate::outbox::notify_tx(tx, workspace).await?;
+    Ok(moved == 1)
+}
+
+/// The event behind a stream entry id of `queue`, found across workspaces (ids only).
+pub async fn event_by_stream_id(
+    pool: &PgPool,
+    queue: &str,
+    entry_id: &str,
+) -> Result<Option<(Uuid, WorkspaceId)>, sqlx::Error> {
+    let row: Option<(Uuid, Uuid)> = sqlx::query_as("SELECT id, workspace_id FROM conveyor_event_by_stream_id($1, $2)")
+        .bind(queue)
+        .bind(entry_id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.map(|(id, ws)| (id, WorkspaceId(ws))))
+}

@@ -1,0 +1,167 @@
+//! The settling side of a worker: acknowledging finished entries in batches (after recording, in one call, the ends of
+//! jobs that had no transaction of their own), heart-beating running entries so nobody takes them over, and hearing
+//! cancellations of running jobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::runtime::{Done, Queue, Worker};
+use crate::outbox::CANCEL_CHANNEL;
+use crate::outbox::transitions::{self, Finished};
+use crate::redact::redact;
+
+impl Worker {
+    /// Acknowledges (and deletes) finished entries in batches: one call recording the ends of the batch's jobs that
+    /// had no transaction, then one script call per queue. On `stop`, flushes what is left. An end that cannot be
+    /// recorded leaves its entry unacknowledged: the job runs again after the visibility time-out.
+    pub(super) async fn ack_loop(self, mut queue: mpsc::UnboundedReceiver<Done>, stop: CancellationToken) {
+        loop {
+            let first = tokio::select! {
+                next = queue.recv() => match next { Some(a) => a, None => return },
+                _ = stop.cancelled() => match queue.try_recv() { Ok(a) => a, Err(_) => return },
+            };
+            // By queue: a worker has a queue or a few, so a short list.
+            let mut batch: Vec<(Arc<Queue>, Vec<String>)> = Vec::new();
+            let mut finished: Vec<Finished> = Vec::new();
+            let mut finished_entries: Vec<(Arc<Queue>, String)> = Vec::new();
+            let mut next = Some(first);
+            let mut size = 0;
+            while let Some((q, id, end)) = next.take() {
+                match end {
+                    Some(end) => {
+                        finished.push(end);
+                        finished_entries.push((q, id));
+                    }
+                    None => match batch.iter_mut().find(|(b, _)| Arc::ptr_eq(b, &q)) {
+                        Some((_, ids)) => ids.push(id),
+                        None => batch.push((q, vec![id])),
+                    },
+                }
+                size += 1;
+                if size < 1000 {
+                    next = queue.try_recv().ok();
+                }
+            }
+            if !finished.is_empty() {
+                if self.record_ends(&finished).await {
+                    for (q, id) in finished_entries {
+                        match batch.iter_mut().find(|(b, _)| Arc::ptr_eq(b, &q)) {
+                            Some((_, ids)) => ids.push(id),
+                            None => batch.push((q, vec![id])),
+                        }
+                    }
+                } else {
+                    for (q, id) in &finished_entries {
+                        self.untrack(&q.name, [id]);
+                    }
+                }
+            }
+            for (q, ids) in batch {
+                let q = q.name.as_str();
+                let mut last_error = None;
+                for attempt in 0..3 {
+                    match self.0.consumer.ack(q, &ids).await {
+                        Ok(_) => {
+                            last_error = None;
+                            break;
+                        }
+                        Err(e) => {
+                            last_error = Some(e);
+                            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                        }
+                    }
+                }
+                if let Some(e) = last_error {
+                    tracing::warn!(queue = %q, count = ids.len(), error = %redact(&e.to_string()), "XACK failed; the entries will be taken over and skipped");
+                }
+                self.untrack(q, &ids);
+            }
+        }
+    }
+
+    /// Records the ends of jobs that ran without a transaction, trying three times.
+    async fn record_ends(&self, finished: &[Finished]) -> bool {
+        for attempt in 0..3 {
+            match transitions::complete_many(&self.0.pool, finished).await {
+                Ok(_) => return true,
+                Err(e) if attempt == 2 => {
+                    tracing::warn!(count = finished.len(), error = %redact(&e.to_string()), "Could not record finished jobs; they will run again");
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50 << attempt)).await,
+            }
+        }
+        false
+    }
+
+    pub(super) async fn heartbeat_loop(self, stop: CancellationToken) {
+        let every = self.0.settings.visibility / 3;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let snapshot: Vec<(String, Vec<String>)> = self
+                .0
+                .in_flight
+                .lock()
+                .expect("in-flight lock")
+                .iter()
+                .map(|(q, ids)| (q.clone(), ids.iter().cloned().collect()))
+                .collect();
+            for (queue, ids) in snapshot {
+                if let Err(e) = self.0.consumer.heartbeat(&queue, &ids).await {
+                    tracing::warn!(queue = %queue, error = %redact(&e.to_string()), "Heartbeat failed");
+                }
+            }
+        }
+    }
+
+    /// Listens for cancellations (`LISTEN`, one connection of the control pool) and tells the running job. A
+    /// cancellation missed while the connection is down is still honoured: the job's end finds it canceled and rolls
+    /// back, and [`crate::JobContext::progress`] reports it.
+    pub(super) async fn cancel_loop(self, stop: CancellationToken) {
+        let mut listener: Option<PgListener> = None;
+        loop {
+            let Some(l) = listener.as_mut() else {
+                match PgListener::connect_with(&self.0.control).await {
+                    Ok(mut l) => match l.listen(CANCEL_CHANNEL).await {
+                        Ok(()) => listener = Some(l),
+                        Err(e) => tracing::warn!(error = %redact(&e.to_string()), "Cannot LISTEN for cancellations"),
+                    },
+                    Err(e) => tracing::warn!(error = %redact(&e.to_string()), "Cannot connect to hear cancellations"),
+                }
+                if listener.is_none() {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+                continue;
+            };
+            let next = tokio::select! {
+                _ = stop.cancelled() => return,
+                next = l.recv() => next,
+            };
+            match next {
+                Ok(n) => {
+                    if let Ok(job) = n.payload().parse::<Uuid>()
+                        && let Some(c) = self.0.running.lock().expect("running lock").get(&job)
+                    {
+                        tracing::info!(event_id = %job, "Job canceled while running; telling its handler");
+                        c.requested.cancel();
+                        c.token.cancel();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %redact(&e.to_string()), "Cancellation listener failed; reconnecting");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! Running one job to its outcome: decode the entry, skip a job whose operation ended, run the kind's handler with its
+//! time-out, then commit its transaction with the outcome, or retry through the outbox, or dead-letter it.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::handler::{JobContext, JobError};
+use super::runtime::{Cancellation, Outcome, Queue, Worker};
+use crate::backoff::Backoff;
+use crate::ids::{JobId, WorkspaceId};
+use crate::outbox::transitions::{self as record, Completion, Finished};
+use crate::redact::redact;
+use crate::stream::consumer::{Entry, Text};
+
+/// The fields of a job entry (CONTRACT.md §3).
+pub(super) struct Delivery {
+    pub(super) event_id: Uuid,
+    pub(super) workspace_id: WorkspaceId,
+    pub(super) event_type: Text,
+    pub(super) payload: Text,
+    pub(super) operation_id: Option<Uuid>,
+    pub(super) attempt: u32,
+    /// The event's re-drive generation when it was handed off (an entry without one is taken for the current one).
+    pub(super) redrive: Option<i32>,
+    pub(super) enqueued_at_ms: Option<i64>,
+    pub(super) traceparent: Text,
+    /// The job's own options, where it set them.
+    pub(super) max_attempts: Option<u32>,
+    pub(super) timeout: Option<Duration>,
+    pub(super) backoff: Option<Backoff>,
+}
+
+impl Delivery {
+    /// Reads a job from `entry`, taking its text fields out of it rather than copying them.
+    pub(super) fn parse(entry: &mut Entry) -> Option<Self> {
+        let f = &mut entry.fields;
+        let ms = |name: &str| f.get(name).and_then(|v| v.parse::<u64>().ok()).map(Duration::from_millis);
+        let backoff = match (ms("backoff_ms"), ms("backoff_max_ms")) {
+            (Some(base), Some(max)) => Some(Backoff { base, max }),
+            _ => None,
+        };
+        let timeout = ms("timeout_ms").filter(|t| !t.is_zero());
+        Some(Self {
+            event_id: f.get("event_id")?.parse().ok()?,
+            workspace_id: WorkspaceId(f.get("workspace_id")?.parse().ok()?),
+            operation_id: f.get("operation_id").and_then(|o| o.parse().ok()),
+            attempt: f.get("attempt").and_then(|a| a.parse().ok()).unwrap_or(1).max(1),
+            redrive: f.get("redrive").and_then(|r| r.parse().ok()),
+            enqueued_at_ms: f.get("enqueued_at").and_then(|t| t.parse().ok()),
+            max_attempts: f.get("max_attempts").and_then(|a| a.parse().ok()).filter(|&a| a >= 1),
+            timeout,
+            backoff,
+            event_type: f.take("type").unwrap_or_default(),
+            payload: f.take("payload").unwrap_or_default(),
+            traceparent: f.take("traceparent").unwrap_or_default(),
+        })
+    }
+}
+
+impl Worker {
+    /// Runs one entry to its end and acknowledges it when the outcome allows.
+    pub(super) async fn process(&self, queue: Arc<Queue>, mut entry: Entry, abandon: CancellationToken) -> Outcome {
+        let started = Instant::now();
+        let (outcome, finished) = match Delivery::parse(&mut entry) {
+            None => {
+                tracing::error!(queue = %queue.name, entry_id = %entry.id, "Stream entry is not a Conveyor job (no event or workspace id); dropping it");
+                (Outcome::Malformed, None)
+            }
+            Some(delivery) => {
+                if let Some(enqueued) = delivery.enqueued_at_ms {
+                    let wait = (chrono::Utc::now().timestamp_millis() - enqueued).max(0) as f64 / 1000.0;
+                    queue.wait.observe(wait);
+                }
+                let span = tracing::info_span!("job", event_id = %delivery.event_id, r#type = %delivery.event_type,
+                    attempt = delivery.attempt, traceparent = %delivery.traceparent);
+                let cancellation = Cancellation { requested: CancellationToken::new(), token: abandon.child_token() };
+                self.0.running.lock().expect("running lock").insert(delivery.event_id, cancellation.clone());
+                let ran = self.execute(&delivery, &cancellation, &abandon).instrument(span).await;
+                self.0.running.lock().expect("running lock").remove(&delivery.event_id);
+                match ran {
+                    Ok(done) => done,
+                    Err(e) => {
+                        tracing::warn!(event_id = %delivery.event_id, error = ?e, "Job could not be settled; it will run again");
+                        (Outcome::Failed, None)
+                    }
+                }
+            }
+        };
+        fail::fail_point!("worker::before_ack", |_| outcome);
+        queue.ended(outcome, started.elapsed());
+        if outcome.acknowledges() {
+            // Acknowledged in batches by the ack loop; the heartbeat keeps the entry until then.
+            let _ = self.0.acks.send((queue, entry.id, finished));
+        } else {
+            self.untrack(&queue.name, [&entry.id]);
+        }
+        outcome
+    }
+
+    /// Runs the job; with its outcome, the completion the ack loop records when the job had no transaction of its own.
+    async fn execute(
+        &self,
+        d: &Delivery,
+        cancellation: &Cancellation,
+        abandon: &CancellationToken,
+    ) -> anyhow::Result<(Outcome, Option<Finished>)> {
+        let pool = &self.0.pool;
+        let Some(handler) = self.0.handlers.get(&*d.event_type).cloned() else {
+            let reason = format!("no handler registered for kind `{}`", redact(&d.event_type));
+            return Ok((Box::pin(self.dead_letter(d, &reason, "no_handler")).await?, None));
+        };
+        let max_attempts = d.max_attempts.unwrap_or_else(|| handler.max_attempts());
+        let mut cx = JobContext {
+            id: JobId(d.event_id),
+            workspace: d.workspace_id,
+            operation: d.operation_id,
+            attempt: d.attempt,
+            max_attempts,
+            traceparent: d.traceparent.to_string(),
+            enqueued_at: d.enqueued_at_ms.and_then(chrono::DateTime::from_timestamp_millis),
+            cancel: cancellation.token.clone(),
+            tx: None,
+            pool: pool.clone(),
+            control: self.0.control.clone(),
+        };
+        if let Some(operation) = d.operation_id {
+            if !Box::pin(record::start(pool, d.workspace_id, operation, d.attempt)).await? {
+                return Ok((Outcome::Skipped, None));
+            }
+            // With an operation, the transaction (and the job's lock) comes first: a repeat delivery waits here
+            // for the first run, then sees the operation finished and skips.
+            if Box::pin(async { record::finished_tx(cx.tx().await?, operation).await }).await? {
+                return Ok((Outcome::Skipped, None));
+            }
+        }
+        let timeout = d.timeout.unwrap_or_else(|| handler.timeout());
+        // Boxed, and only for a job with an operation: the job's own future stays small.
+        let keepalive = d.operation_id.map(|operation| {
+            Box::pin(keep_alive(self.0.control.clone(), d.workspace_id, operation, self.0.settings.keepalive))
+        });
+        let result = {
+            let token = cancellation.token.clone();
+            let run = async {
+                match handler.run(&d.payload, &mut cx) {
+                    Ok(running) => AssertUnwindSafe(running).catch_unwind().await.map_err(|_| ()).map(Some),
+                    Err(e) => Ok(Some(Err(JobError::Permanent(format!(
+                        "undecodable payload ({:?} error) for kind `{}`",
+                        e.classify(),
+                        redact(&d.event_type)
+                    ))))),
+                }
+            };
+            let keeping = async {
+                match keepalive {
+                    Some(k) => k.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ran = tokio::time::timeout(timeout, run) => Some(match ran {
+                    Ok(Ok(Some(result))) => result,
+                    Ok(Ok(None)) => unreachable!("a started handler always answers"),
+                    Ok(Err(())) => Err(JobError::Retryable("the handler panicked".into())),
+                    Err(_) => {
+                        token.cancel();
+                        Err(JobError::Retryable(format!("timed out after {timeout:?}")))
+                    }
+                }),
+                _ = abandon.cancelled() => None,
+                never = keeping => match never {},
+            }
+        };
+        let Some(result) = result else {
+            return Ok((Outcome::Abandoned, None));
+        };
+        if cancellation.requested.is_cancelled() {
+            // Canceled while it ran: whatever it answered, its writes roll back and it stays canceled.
+            if let Some(tx) = cx.tx.take() {
+                Box::pin(tx.rollback()).await?;
+            }
+            return Ok((Outcome::Canceled, None));
+        }
+        match result {
+            Ok(value) => Box::pin(self.succeed(d, cx, value)).await,
+            Err(e) => {
+                if let Some(tx) = cx.tx.take() {
+                    Box::pin(tx.rollback()).await?;
+                }
+                if matches!(e, JobError::Canceled) {
+                    // The handler stopped because it read a cancellation that this worker has not heard of yet.
+                    return Ok((Outcome::Canceled, None));
+                }
+                let error = redact(&e.to_string());
+                let permanent = matches!(e, JobError::Permanent(_));
+                if permanent || d.attempt >= max_attempts {
+                    tracing::error!(event_id = %d.event_id, attempt = d.attempt, error = %error, "Job failed for good; dead-lettered");
+                    let reason = if error.starts_with("undecodable payload") {
+                        "undecodable"
+                    } else if permanent {
+                        "permanent"
+                    } else {
+                        "exhausted"
+                    };
+                    Ok((Box::pin(self.dead_letter(d, &error, reason)).await?, None))
+                } else {
+                    let backoff = d.backoff.unwrap_or_else(|| handler.backoff());
+                    let delay = backoff.delay(d.attempt);
+                    tracing::warn!(event_id = %d.event_id, attempt = d.attempt, ?delay, error = %error, "Job failed; retrying after back-off");
+                    let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
+                    if !Box::pin(record::retry(pool, workspace, event, d.redrive, operation, delay, &error)).await? {
+                        tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not scheduling a retry");
+                        return Ok((Outcome::Skipped, None));
+                    }
+                    self.0.metrics.job_retries.with_label_values(&[&*d.event_type]).inc();
+                    Ok((Outcome::Retried, None))
+                }
+            }
+        }
+    }
+
+    /// Records a successful run: in the job's transaction when it has one (with the handler's writes and the
+    /// operation's outcome), else through the ack loop's batch. A job canceled meanwhile rolls back.
+    async fn succeed(
+        &self,
+        d: &Delivery,
+        mut cx: JobContext,
+        value: serde_json::Value,
+    ) -> anyhow::Result<(Outcome, Option<Finished>)> {
+        if let Some(operation) = d.operation_id
+            && !record::succeed_tx(cx.tx().await?, operation, &value).await?
+        {
+            // The operation is no longer live: canceled after the run began.
+            if let Some(tx) = cx.tx.take() {
+                tx.rollback().await?;
+            }
+            return Ok((Outcome::Canceled, None));
+        }
+        let Some(mut tx) = cx.tx.take() else {
+            let finished = Finished { workspace: d.workspace_id, job: d.event_id, redrive: d.redrive, result: value };
+            return Ok((Outcome::Succeeded, Some(finished)));
+        };
+        match record::complete_tx(&mut tx, d.workspace_id, d.event_id, d.redrive, Some(&value)).await? {
+            Completion::Canceled => {
+                tx.rollback().await?;
+                Ok((Outcome::Canceled, None))
+            }
+            Completion::Recorded | Completion::Stale | Completion::Gone => {
+                tx.commit().await?;
+                Ok((Outcome::Succeeded, None))
+            }
+        }
+    }
+
+    /// Dead-letters the delivered job with `reason` (redacted), counted under `why`; skipped when the delivery's
+    /// generation is no longer the event's (a newer delivery exists, and it decides).
+    async fn dead_letter(&self, d: &Delivery, reason: &str, why: &str) -> anyhow::Result<Outcome> {
+        let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
+        if !record::dead_letter(&self.0.pool, workspace, event, d.redrive, operation, reason).await? {
+            tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not dead-lettering it");
+            return Ok(Outcome::Skipped);
+        }
+        self.0.metrics.job_dead_letters.with_label_values(&[why]).inc();
+        Ok(Outcome::DeadLettered)
+    }
+}
+
+/// Refreshes the operation's `updated_at` every `every` while its job runs, so that the reconciler, which re-drives
+/// operations without progress, leaves a long job alone. Never ends: the job's end drops it.
+async fn keep_alive(
+    pool: PgPool,
+    workspace: WorkspaceId,
+    operation: Uuid,
+    every: Duration,
+) -> std::convert::Infallible {
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = record::keep_alive(&pool, workspace, operation).await {
+            tracing::warn!(operation = %operation, error = %redact(&e.to_string()), "Could not refresh a running operation");
+        }
+    }
+}

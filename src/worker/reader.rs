@@ -1,0 +1,192 @@
+//! The reading side of a worker: new entries (`XREADGROUP`), entries of dead consumers (`XAUTOCLAIM`), and starting
+//! a job for each as job slots free up, after one look at PostgreSQL for jobs that must not run (canceled, ended).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use super::runtime::{Outcome, Queue, Worker};
+use crate::db;
+use crate::ids::WorkspaceId;
+use crate::outbox::transitions as record;
+use crate::redact::redact;
+use crate::stream::consumer::Entry;
+
+impl Worker {
+    fn spawn_job(
+        &self,
+        jobs: &TaskTracker,
+        queue: Arc<Queue>,
+        entry: Entry,
+        permit: OwnedSemaphorePermit,
+        abandon: CancellationToken,
+    ) {
+        let worker = self.clone();
+        worker.0.metrics.worker_jobs_in_flight.inc();
+        jobs.spawn(async move {
+            let _permit = permit;
+            worker.process(queue, entry, abandon).await;
+            worker.0.metrics.worker_jobs_in_flight.dec();
+        });
+    }
+
+    /// A free job slot, unless `shutdown` comes first.
+    async fn slot(&self, shutdown: &CancellationToken) -> Option<OwnedSemaphorePermit> {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => None,
+            p = self.0.permits.clone().acquire_owned() => Some(p.expect("the semaphore is never closed")),
+        }
+    }
+
+    /// Waits for a free job slot and returns it with the number of slots free now (at least 1).
+    async fn free_slots(&self, shutdown: &CancellationToken) -> Option<(OwnedSemaphorePermit, usize)> {
+        let first = self.slot(shutdown).await?;
+        Some((first, 1 + self.0.permits.available_permits().min(255)))
+    }
+
+    /// Starts jobs for `entries`, each as soon as a slot is free (the first takes `first`). Jobs that must not run
+    /// (canceled or ended) are acknowledged as skipped. Once `shutdown` fires no job starts: the entries left are
+    /// neither run nor acknowledged, and another worker takes them over after the visibility time-out.
+    pub(super) async fn start_jobs(
+        &self,
+        queue: &Arc<Queue>,
+        entries: Vec<Entry>,
+        first: Option<OwnedSemaphorePermit>,
+        jobs: &TaskTracker,
+        abandon: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) {
+        self.track(&queue.name, entries.iter().map(|e| e.id.clone()));
+        let ids: Vec<(WorkspaceId, Uuid)> = entries.iter().filter_map(job_of).collect();
+        let skip = match record::not_to_run(&self.0.pool, &ids).await {
+            Ok(skip) => skip,
+            Err(e) => {
+                tracing::warn!(queue = %queue.name, error = %redact(&e.to_string()), "Cannot check jobs before running them; leaving them for later");
+                self.untrack(&queue.name, entries.iter().map(|e| &e.id));
+                return;
+            }
+        };
+        let mut first = first;
+        let mut entries = entries.into_iter();
+        while let Some(entry) = entries.next() {
+            if job_of(&entry).is_some_and(|(_, id)| skip.contains(&id)) {
+                queue.ended(Outcome::Skipped, Duration::ZERO);
+                let _ = self.0.acks.send((queue.clone(), entry.id, None));
+                continue;
+            }
+            let permit = match first.take() {
+                Some(p) => p,
+                None => match self.slot(shutdown).await {
+                    Some(p) => p,
+                    None => {
+                        let left: Vec<String> = std::iter::once(entry.id).chain(entries.map(|e| e.id)).collect();
+                        tracing::info!(queue = %queue.name, left = left.len(), "Stopping: entries read but not started are left to another worker");
+                        self.untrack(&queue.name, &left);
+                        return;
+                    }
+                },
+            };
+            self.spawn_job(jobs, queue.clone(), entry, permit, abandon.clone());
+        }
+    }
+
+    pub(super) async fn read_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
+        let block_ms = self.0.settings.block.as_millis() as u64;
+        let mut turn = 0usize;
+        // Slots are not held while blocked in XREADGROUP (the reclaimer needs them too); entries read beyond the
+        // free slots wait for one, and are kept alive by the heartbeat meanwhile.
+        while let Some((first, free)) = self.free_slots(&shutdown).await {
+            // Queues take turns, one blocking read each: the blocking connection serves one read at a time.
+            let queue = self.0.queues[turn % self.0.queues.len()].clone();
+            turn += 1;
+            let block = if self.0.queues.len() > 1 { block_ms.min(100) } else { block_ms };
+            drop(first);
+            match self.0.consumer.read(&queue.name, free as u64, block).await {
+                Ok(entries) if entries.is_empty() => {}
+                Ok(entries) => self.start_jobs(&queue, entries, None, &jobs, &abandon, &shutdown).await,
+                Err(e) => {
+                    tracing::warn!(queue = %queue.name, error = %redact(&e.to_string()), "XREADGROUP failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) async fn reclaim_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
+        let min_idle = self.0.settings.visibility.as_millis() as u64;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.0.settings.reclaim_interval) => {}
+            }
+            for queue in self.0.queues.clone() {
+                if let Err(e) = self.reclaim(&queue, min_idle, &jobs, &abandon, &shutdown).await {
+                    tracing::warn!(queue = %queue.name, error = ?e, "Reclaiming idle entries failed");
+                }
+            }
+            self.observe_streams().await;
+        }
+    }
+
+    async fn reclaim(
+        &self,
+        queue: &Arc<Queue>,
+        min_idle: u64,
+        jobs: &TaskTracker,
+        abandon: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let Ok(first) = self.0.permits.clone().try_acquire_owned() else { return Ok(()) };
+        let count = 1 + self.0.permits.available_permits().min(99) as u64;
+        let name = queue.name.as_str();
+        let reclaimed = self.0.consumer.reclaim(name, min_idle, count).await?;
+        if !reclaimed.entries.is_empty() {
+            tracing::info!(
+                queue = name,
+                count = reclaimed.entries.len(),
+                "Took over entries idle past the visibility time-out"
+            );
+            self.0.metrics.worker_reclaims.with_label_values(&[name]).inc_by(reclaimed.entries.len() as u64);
+            self.start_jobs(queue, reclaimed.entries, Some(first), jobs, abandon, shutdown).await;
+        }
+        // Pending entries whose data Redis no longer has: the job is re-driven from PostgreSQL.
+        for entry_id in reclaimed.deleted {
+            if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.pool, name, &entry_id).await? {
+                let mut tx = db::begin_workspace(&self.0.pool, workspace).await?;
+                if record::redrive_tx(&mut tx, workspace, event_id).await? {
+                    tracing::warn!(queue = name, event_id = %event_id, "Stream entry lost by Redis; re-driven from PostgreSQL");
+                }
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn observe_streams(&self) {
+        for queue in self.queues() {
+            if let Ok(stats) = self.0.consumer.stats(queue).await {
+                let m = &self.0.metrics;
+                m.stream_length.with_label_values(&[queue]).set(stats.length as i64);
+                m.stream_pending_entries.with_label_values(&[queue]).set(stats.pending as i64);
+                if let Some(lag) = stats.lag {
+                    m.stream_group_lag.with_label_values(&[queue]).set(lag as i64);
+                }
+            }
+        }
+    }
+}
+
+/// The workspace and job id an entry names, if it names them.
+fn job_of(entry: &Entry) -> Option<(WorkspaceId, Uuid)> {
+    let workspace = entry.fields.get("workspace_id")?.parse().ok()?;
+    let id = entry.fields.get("event_id")?.parse().ok()?;
+    Some((WorkspaceId(workspace), id))
+}

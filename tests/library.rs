@@ -1,0 +1,497 @@
+//! Conveyor as a library: kinds defined outside the crate, enqueue in the caller's transaction with options, job
+//! control, the SQL enqueue function for other languages, bad input. Real PostgreSQL, Redis and processes.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use common::{TestApp, principal};
+use conveyor::{
+    CancelError, Consumer, EnqueueError, EnqueueOptions, Handler, JobContext, JobError, JobId, JobKind, JobStatus,
+    Priority, WaitError, Worker, WorkerSettings, WorkspaceId,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// A kind defined here, outside the crate, as another service would.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Greet {
+    name: String,
+    /// How the handler behaves: "ok", "fail", "slow" (runs until canceled).
+    mode: String,
+}
+
+impl JobKind for Greet {
+    const KIND: &'static str = "test.greet";
+    const QUEUE: &'static str = "greetings";
+    const MAX_ATTEMPTS: u32 = 3;
+    const BACKOFF: conveyor::Backoff =
+        conveyor::Backoff { base: Duration::from_millis(50), max: Duration::from_millis(100) };
+}
+
+fn greet(name: &str, mode: &str) -> Greet {
+    Greet { name: name.into(), mode: mode.into() }
+}
+
+/// Which job started when.
+type Starts = Arc<Mutex<Vec<(JobId, DateTime<Utc>)>>>;
+
+/// When each job started (by this process's clock) and how its runs ended.
+#[derive(Clone, Default)]
+struct Log {
+    starts: Starts,
+    stopped_by_cancel: Arc<Mutex<Vec<JobId>>>,
+}
+
+impl Log {
+    fn starts_of(&self, id: JobId) -> Vec<DateTime<Utc>> {
+        self.starts.lock().unwrap().iter().filter(|(j, _)| *j == id).map(|(_, t)| *t).collect()
+    }
+}
+
+struct Greeter(Log);
+
+impl Handler<Greet> for Greeter {
+    async fn handle(&self, job: Greet, cx: &mut JobContext) -> Result<Value, JobError> {
+        self.0.starts.lock().unwrap().push((cx.id(), Utc::now()));
+        match job.mode.as_str() {
+            "fail" => Err(JobError::retryable("the greeting failed")),
+            "slow" => {
+                // A long job with steps: each step reports progress, which tells it when it was canceled.
+                for step in 0..600 {
+                    tokio::select! {
+                        _ = cx.cancellation().cancelled() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
+                    if let Err(e) = cx.progress(json!({ "step": step })).await {
+                        self.0.stopped_by_cancel.lock().unwrap().push(cx.id());
+                        return Err(e);
+                    }
+                }
+                Ok(json!("slow done"))
+            }
+            _ => {
+                // A business row written in the job's transaction, committed with its completion.
+                sqlx::query("SELECT 1").execute(&mut **cx.tx().await?).await?;
+                Ok(json!({ "greeting": format!("hello {}", job.name), "attempt": cx.attempt() }))
+            }
+        }
+    }
+}
+
+/// A dispatcher and a worker for `Greet` over the app's database and prefix, until `shutdown`.
+async fn platform(app: &TestApp, log: &Log, shutdown: &CancellationToken) {
+    let redis = common::redis_url();
+    common::run_dispatcher(
+        common::test_dispatcher(app, &redis, |v| {
+            v.insert("CONVEYOR_DISPATCH_POLL".into(), "200ms".into());
+        })
+        .await,
+        shutdown,
+    );
+    let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
+        .handle::<Greet>(Greeter(log.clone()))
+        .settings(WorkerSettings { concurrency: 8, ..WorkerSettings::default() })
+        .build()
+        .unwrap();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+}
+
+async fn jobs_in(app: &TestApp, ws: WorkspaceId) -> i64 {
+    app.db.count("outbox_events", ws).await
+}
+
+#[tokio::test]
+async fn a_kind_defined_outside_the_crate_runs_end_to_end_and_its_end_can_be_waited_for() {
+    let app = TestApp::spawn().await;
+    let (log, shutdown) = (Log::default(), CancellationToken::new());
+    platform(&app, &log, &shutdown).await;
+    let ws = principal().workspace_id;
+
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let job = conveyor::enqueue_tx(&mut tx, &greet("ada", "ok"), EnqueueOptions::new()).await.unwrap();
+    assert!(job.created);
+    tx.commit().await.unwrap();
+
+    let done = conveyor::wait_for_job(&app.db.pool, ws, job.id, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(done.status, JobStatus::Succeeded);
+    assert_eq!(done.kind, "test.greet");
+    assert_eq!(done.queue, "greetings");
+    assert_eq!(done.result, Some(json!({ "greeting": "hello ada", "attempt": 1 })));
+    assert!(done.finished_at.is_some());
+    assert_eq!(log.starts_of(job.id).len(), 1);
+    // Another workspace cannot see it.
+    assert!(conveyor::get_job(&app.db.pool, principal().workspace_id, job.id).await.unwrap().is_none());
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_job_without_a_transaction_of_its_own_is_recorded_as_succeeded_too() {
+    #[derive(Serialize, Deserialize)]
+    struct Tick;
+    impl JobKind for Tick {
+        const KIND: &'static str = "test.tick";
+        const QUEUE: &'static str = "ticks";
+    }
+    struct Ticker;
+    impl Handler<Tick> for Ticker {
+        async fn handle(&self, _: Tick, _: &mut JobContext) -> Result<Value, JobError> {
+            Ok(json!("tock"))
+        }
+    }
+    let app = TestApp::spawn().await;
+    let shutdown = CancellationToken::new();
+    let redis = common::redis_url();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
+        .handle::<Tick>(Ticker)
+        .build()
+        .unwrap();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    let ws = principal().workspace_id;
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let jobs: Vec<Tick> = (0..50).map(|_| Tick).collect();
+    let ids = conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|t| (t, EnqueueOptions::new()))).await.unwrap();
+    tx.commit().await.unwrap();
+    for job in ids {
+        let done = conveyor::wait_for_job(&app.db.pool, ws, job.id, Duration::from_secs(30)).await.unwrap();
+        assert_eq!((done.status, done.result), (JobStatus::Succeeded, Some(json!("tock"))));
+    }
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn an_enqueue_rolled_back_with_its_transaction_leaves_nothing_and_ten_thousand_commit_together() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let pool = &app.db.pool;
+
+    let mut tx = conveyor::begin_workspace(pool, ws).await.unwrap();
+    conveyor::enqueue_tx(&mut tx, &greet("a", "ok"), EnqueueOptions::new()).await.unwrap();
+    let jobs: Vec<Greet> = (0..500).map(|i| greet(&i.to_string(), "ok")).collect();
+    conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new()))).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(jobs_in(&app, ws).await, 0);
+
+    let jobs: Vec<Greet> = (0..10_000).map(|i| greet(&i.to_string(), "ok")).collect();
+    let mut tx = conveyor::begin_workspace(pool, ws).await.unwrap();
+    let ids = conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new()))).await.unwrap();
+    assert_eq!(ids.len(), 10_000);
+    assert!(ids.iter().all(|e| e.created));
+    // Nothing is visible to anyone before the commit.
+    assert_eq!(jobs_in(&app, ws).await, 0);
+    tx.commit().await.unwrap();
+    assert_eq!(jobs_in(&app, ws).await, 10_000);
+    // In the order given: the ids are time-ordered and the payloads line up with them.
+    let first = conveyor::get_job(pool, ws, ids[0].id).await.unwrap().unwrap();
+    assert_eq!(first.status, JobStatus::Queued);
+    let mut sorted: Vec<Uuid> = ids.iter().map(|e| e.id.0).collect();
+    sorted.sort();
+    assert_eq!(sorted, ids.iter().map(|e| e.id.0).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn delayed_jobs_never_start_early_and_are_scheduled_until_due() {
+    let app = TestApp::spawn().await;
+    let (log, shutdown) = (Log::default(), CancellationToken::new());
+    platform(&app, &log, &shutdown).await;
+    let ws = principal().workspace_id;
+    let pool = &app.db.pool;
+
+    let mut tx = conveyor::begin_workspace(pool, ws).await.unwrap();
+    let at = Utc::now() + chrono::Duration::milliseconds(1500);
+    let by_time = conveyor::enqueue_tx(&mut tx, &greet("at", "ok"), EnqueueOptions::new().run_at(at)).await.unwrap();
+    let by_delay =
+        conveyor::enqueue_tx(&mut tx, &greet("in", "ok"), EnqueueOptions::new().delay(Duration::from_millis(1200)))
+            .await
+            .unwrap();
+    let (db_now,): (DateTime<Utc>,) = sqlx::query_as("SELECT now()").fetch_one(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    let scheduled = conveyor::get_job(pool, ws, by_time.id).await.unwrap().unwrap();
+    assert_eq!(scheduled.status, JobStatus::Scheduled);
+    assert_eq!(scheduled.run_at.timestamp_micros(), at.timestamp_micros());
+
+    for (job, due) in [(by_time.id, at), (by_delay.id, db_now + chrono::Duration::milliseconds(1200))] {
+        let done = conveyor::wait_for_job(pool, ws, job, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(done.status, JobStatus::Succeeded);
+        let started = log.starts_of(job)[0];
+        assert!(started >= due, "started {started} before it was due at {due}");
+    }
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn sixteen_concurrent_enqueues_with_one_dedup_key_make_one_job_and_the_key_frees_when_it_ends() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let (pool, barrier) = (app.db.pool.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tx = conveyor::begin_workspace(&pool, ws).await.unwrap();
+            barrier.wait().await;
+            let options = EnqueueOptions::new().dedup_key("order-42");
+            let job = conveyor::enqueue_tx(&mut tx, &greet(&i.to_string(), "ok"), options).await.unwrap();
+            tx.commit().await.unwrap();
+            job
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    assert_eq!(jobs_in(&app, ws).await, 1);
+    assert_eq!(answers.iter().filter(|a| a.created).count(), 1);
+    assert!(answers.iter().all(|a| a.id == answers[0].id), "every enqueue answers the live job's id");
+    // Another workspace's key is its own.
+    let other = principal().workspace_id;
+    let mut tx = conveyor::begin_workspace(&app.db.pool, other).await.unwrap();
+    let theirs =
+        conveyor::enqueue_tx(&mut tx, &greet("x", "ok"), EnqueueOptions::new().dedup_key("order-42")).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(theirs.created);
+    // Once the job ends (here: canceled) the key is free again.
+    conveyor::cancel_job(&app.db.pool, ws, answers[0].id).await.unwrap();
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let again =
+        conveyor::enqueue_tx(&mut tx, &greet("y", "ok"), EnqueueOptions::new().dedup_key("order-42")).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(again.created);
+    assert_ne!(again.id, answers[0].id);
+}
+
+#[tokio::test]
+async fn a_bulk_enqueue_answers_the_holder_of_each_held_key() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let held = conveyor::enqueue_tx(&mut tx, &greet("h", "ok"), EnqueueOptions::new().dedup_key("k1")).await.unwrap();
+    let jobs = [greet("a", "ok"), greet("b", "ok"), greet("c", "ok"), greet("d", "ok")];
+    let keys = [Some("k1"), Some("k2"), Some("k2"), None];
+    let answers = conveyor::enqueue_many_tx(
+        &mut tx,
+        jobs.iter()
+            .zip(keys)
+            .map(|(j, k)| (j, k.map_or(EnqueueOptions::new(), |k| EnqueueOptions::new().dedup_key(k)))),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((answers[0].id, answers[0].created), (held.id, false));
+    assert!(answers[1].created);
+    assert_eq!((answers[2].id, answers[2].created), (answers[1].id, false), "the same key twice in one call");
+    assert!(answers[3].created);
+    assert_eq!(jobs_in(&app, ws).await, 3);
+}
+
+#[tokio::test]
+async fn of_a_workspaces_due_jobs_the_higher_priority_is_handed_off_first() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let mut expected = HashMap::new();
+    for (i, priority) in
+        [Priority::Low, Priority::Normal, Priority::High, Priority::Low, Priority::High].iter().enumerate()
+    {
+        let job =
+            conveyor::enqueue_tx(&mut tx, &greet(&i.to_string(), "ok"), EnqueueOptions::new().priority(*priority))
+                .await
+                .unwrap();
+        expected.insert(job.id.0.to_string(), *priority);
+    }
+    tx.commit().await.unwrap();
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |_| {}).await;
+    dispatcher.dispatch_once().await.unwrap();
+    let client = common::redis_client(&common::redis_url()).await;
+    let stream = conveyor::stream::keys::Keys::new(&app.redis_prefix).stream("greetings");
+    let order: Vec<Priority> = common::stream_event_ids(&client, &stream).await.iter().map(|id| expected[id]).collect();
+    assert_eq!(order, [Priority::High, Priority::High, Priority::Normal, Priority::Low, Priority::Low]);
+}
+
+#[tokio::test]
+async fn a_canceled_queued_job_never_runs_and_a_running_one_stops_at_its_next_step() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let pool = &app.db.pool;
+    let mut tx = conveyor::begin_workspace(pool, ws).await.unwrap();
+    let queued = conveyor::enqueue_tx(&mut tx, &greet("q", "ok"), EnqueueOptions::new()).await.unwrap();
+    let slow = conveyor::enqueue_tx(&mut tx, &greet("s", "slow"), EnqueueOptions::new()).await.unwrap();
+    tx.commit().await.unwrap();
+    // The queued job is canceled before any worker exists; then the platform starts.
+    conveyor::cancel_job(pool, ws, queued.id).await.unwrap();
+    let (log, shutdown) = (Log::default(), CancellationToken::new());
+    platform(&app, &log, &shutdown).await;
+
+    let running = common::eventually(Duration::from_secs(30), || async {
+        let job = conveyor::get_job(pool, ws, slow.id).await.unwrap().unwrap();
+        job.progress.is_some().then_some(job)
+    })
+    .await
+    .expect("the slow job reports progress");
+    assert_eq!(running.status, JobStatus::Active);
+    conveyor::cancel_job(pool, ws, slow.id).await.unwrap();
+    let done = conveyor::wait_for_job(pool, ws, slow.id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(done.status, JobStatus::Canceled);
+    common::eventually(Duration::from_secs(10), || async {
+        log.stopped_by_cancel.lock().unwrap().contains(&slow.id).then_some(())
+    })
+    .await
+    .expect("the handler saw its cancellation and stopped");
+
+    // A finished job cannot be canceled; an unknown one is not found.
+    assert!(matches!(conveyor::cancel_job(pool, ws, slow.id).await, Err(CancelError::Finished(JobStatus::Canceled))));
+    assert!(matches!(conveyor::cancel_job(pool, ws, JobId(Uuid::now_v7())).await, Err(CancelError::NotFound)));
+    // Give the relay time to have handed the canceled job over, had it been going to.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(log.starts_of(queued.id).is_empty(), "a canceled queued job never runs");
+    assert_eq!(conveyor::get_job(pool, ws, queued.id).await.unwrap().unwrap().status, JobStatus::Canceled);
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn per_job_attempts_override_the_kinds_and_waiting_times_out_with_where_the_job_is() {
+    let app = TestApp::spawn().await;
+    let (log, shutdown) = (Log::default(), CancellationToken::new());
+    platform(&app, &log, &shutdown).await;
+    let ws = principal().workspace_id;
+    let pool = &app.db.pool;
+    let mut tx = conveyor::begin_workspace(pool, ws).await.unwrap();
+    let once = conveyor::enqueue_tx(&mut tx, &greet("o", "fail"), EnqueueOptions::new().max_attempts(1)).await.unwrap();
+    let thrice = conveyor::enqueue_tx(&mut tx, &greet("t", "fail"), EnqueueOptions::new()).await.unwrap();
+    let later =
+        conveyor::enqueue_tx(&mut tx, &greet("l", "ok"), EnqueueOptions::new().delay(Duration::from_secs(3600)))
+            .await
+            .unwrap();
+    tx.commit().await.unwrap();
+
+    let failed = conveyor::wait_for_job(pool, ws, once.id, Duration::from_secs(30)).await.unwrap();
+    assert_eq!((failed.status, failed.max_attempts), (JobStatus::Failed, Some(1)));
+    assert_eq!(failed.last_error.as_deref(), Some("the greeting failed"));
+    let failed = conveyor::wait_for_job(pool, ws, thrice.id, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(failed.status, JobStatus::Failed);
+    assert_eq!((log.starts_of(once.id).len(), log.starts_of(thrice.id).len()), (1, 3), "the kind allows three");
+
+    match conveyor::wait_for_job(pool, ws, later.id, Duration::from_millis(300)).await {
+        Err(WaitError::TimedOut(job)) => assert_eq!(job.status, JobStatus::Scheduled),
+        other => panic!("expected a time-out, got {other:?}"),
+    }
+    assert!(matches!(
+        conveyor::wait_for_job(pool, ws, JobId(Uuid::now_v7()), Duration::from_secs(1)).await,
+        Err(WaitError::NotFound)
+    ));
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_a_clear_error_and_nothing_is_written() {
+    #[derive(Serialize, Deserialize)]
+    struct Unserializable {
+        // serde_json refuses maps whose keys are not strings.
+        by_pair: HashMap<(i32, i32), i32>,
+    }
+    impl JobKind for Unserializable {
+        const KIND: &'static str = "test.unserializable";
+        const QUEUE: &'static str = "greetings";
+    }
+    #[derive(Serialize, Deserialize)]
+    struct BadlyNamed;
+    impl JobKind for BadlyNamed {
+        const KIND: &'static str = "Bad Kind!";
+        const QUEUE: &'static str = "greetings";
+    }
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let payload = Unserializable { by_pair: HashMap::from([((1, 2), 3)]) };
+    let err = conveyor::enqueue_tx(&mut tx, &payload, EnqueueOptions::new()).await.unwrap_err();
+    assert!(matches!(err, EnqueueError::Payload(_)), "{err}");
+    let err = conveyor::enqueue_tx(&mut tx, &BadlyNamed, EnqueueOptions::new()).await.unwrap_err();
+    assert!(err.to_string().contains("Bad Kind!"), "{err}");
+    let err =
+        conveyor::enqueue_tx(&mut tx, &greet("a", "ok"), EnqueueOptions::new().max_attempts(0)).await.unwrap_err();
+    assert!(err.to_string().contains("max_attempts"), "{err}");
+    let bulk = [greet("a", "ok"), greet("b", "ok")];
+    let options = [EnqueueOptions::new(), EnqueueOptions::new().timeout(Duration::ZERO)];
+    let err = conveyor::enqueue_many_tx(&mut tx, bulk.iter().zip(options)).await.unwrap_err();
+    assert!(err.to_string().contains("timeout"), "{err}");
+    // The transaction is still usable, and holds nothing.
+    tx.commit().await.unwrap();
+    assert_eq!(jobs_in(&app, ws).await, 0);
+
+    // A transaction without a workspace cannot enqueue.
+    let mut bare = app.db.pool.begin().await.unwrap();
+    let err = conveyor::enqueue_tx(&mut bare, &greet("a", "ok"), EnqueueOptions::new()).await.unwrap_err();
+    assert!(matches!(err, EnqueueError::NoWorkspace), "{err}");
+}
+
+/// Runs `sql` through `psql` as the application role, returning stdout or the error psql printed.
+fn psql(app: &TestApp, sql: &str) -> Result<String, String> {
+    let out = std::process::Command::new("psql")
+        .args([&app.db.app_url, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .expect("psql is installed");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
+#[tokio::test]
+async fn another_language_enqueues_with_one_select_in_its_own_transaction_under_rls() {
+    let app = TestApp::spawn().await;
+    let (log, shutdown) = (Log::default(), CancellationToken::new());
+    platform(&app, &log, &shutdown).await;
+    let (ws, other) = (principal().workspace_id, principal().workspace_id);
+    // The worker registers its kinds when it starts.
+    common::eventually(Duration::from_secs(10), || async {
+        psql(&app, "SELECT 1 FROM job_kinds WHERE kind = 'test.greet'").ok().filter(|o| o == "1")
+    })
+    .await
+    .expect("the worker registered its kind");
+
+    let enqueue = format!(
+        "BEGIN; SELECT set_config('app.workspace_id', '{ws}', true);
+         SELECT conveyor_enqueue('test.greet', '{{\"name\": \"psql\", \"mode\": \"ok\"}}', priority => 'high',
+                                 dedup_key => 'from-node');
+         COMMIT;"
+    );
+    let out = psql(&app, &enqueue).unwrap();
+    let id: Uuid = out.lines().last().unwrap().parse().expect("the job id");
+    let done = conveyor::wait_for_job(&app.db.pool, ws, JobId(id), Duration::from_secs(30)).await.unwrap();
+    assert_eq!(done.status, JobStatus::Succeeded);
+    assert_eq!(done.result, Some(json!({ "greeting": "hello psql", "attempt": 1 })));
+    assert_eq!(done.priority, Priority::High);
+
+    // Another workspace's context neither sees the job nor can write into the first workspace.
+    let look = format!(
+        "BEGIN; SELECT set_config('app.workspace_id', '{other}', true);
+         SELECT count(*) FROM outbox_events WHERE id = '{id}'; COMMIT;"
+    );
+    assert_eq!(psql(&app, &look).unwrap().lines().last(), Some("0"));
+    let smuggle = format!(
+        "BEGIN; SELECT set_config('app.workspace_id', '{other}', true);
+         INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
+         VALUES (conveyor_uuid_v7(), '{ws}', 'greetings', 'test.greet', '{{}}'); COMMIT;"
+    );
+    assert!(psql(&app, &smuggle).unwrap_err().contains("row-level security"));
+    // Without a workspace, and with bad arguments: clear errors, nothing written.
+    let bare = psql(&app, "SELECT conveyor_enqueue('test.greet', '{}')").unwrap_err();
+    assert!(bare.contains("no workspace is set"), "{bare}");
+    let in_ws = |call: &str| format!("BEGIN; SELECT set_config('app.workspace_id', '{ws}', true); {call}; COMMIT;");
+    let unknown = psql(&app, &in_ws("SELECT conveyor_enqueue('no.such_kind', '{}')")).unwrap_err();
+    assert!(unknown.contains("unknown job kind no.such_kind"), "{unknown}");
+    let priority = psql(&app, &in_ws("SELECT conveyor_enqueue('test.greet', '{}', priority => 'urgent')")).unwrap_err();
+    assert!(priority.contains("priority must be high, normal or low"), "{priority}");
+    let attempts = psql(&app, &in_ws("SELECT conveyor_enqueue('test.greet', '{}', max_attempts => 0)")).unwrap_err();
+    assert!(attempts.contains("max_attempts must be at least 1"), "{attempts}");
+    assert_eq!(jobs_in(&app, ws).await, 1);
+    assert_eq!(jobs_in(&app, other).await, 0);
+    shutdown.cancel();
+}
