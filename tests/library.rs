@@ -61,6 +61,15 @@ impl Handler<Greet> for Greeter {
         self.0.starts.lock().unwrap().push((cx.id(), Utc::now()));
         match job.mode.as_str() {
             "fail" => Err(JobError::retryable("the greeting failed")),
+            "hold" => {
+                // Holds its transaction (a pooled connection) for the whole run, reporting progress as it goes.
+                sqlx::query("SELECT 1").execute(&mut **cx.tx().await?).await?;
+                for step in 0..6 {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    cx.progress(json!({ "step": step })).await?;
+                }
+                Ok(json!({ "held": cx.attempt() }))
+            }
             "slow" => {
                 // A long job with steps: each step reports progress, which tells it when it was canceled.
                 for step in 0..600 {
@@ -493,5 +502,44 @@ async fn another_language_enqueues_with_one_select_in_its_own_transaction_under_
     assert!(attempts.contains("max_attempts must be at least 1"), "{attempts}");
     assert_eq!(jobs_in(&app, ws).await, 1);
     assert_eq!(jobs_in(&app, other).await, 0);
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn jobs_holding_every_pooled_connection_do_not_starve_their_progress_and_keep_alive() {
+    let app = TestApp::spawn().await;
+    let who = principal();
+    let ws = who.workspace_id;
+    // The pool is exactly as large as the worker's concurrency, and every job holds a connection all along.
+    let pool = conveyor::db::connect(&app.db.app_url, 2).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let redis = common::redis_url();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let worker = Worker::builder(pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
+        .handle::<Greet>(Greeter(Log::default()))
+        .settings(WorkerSettings { concurrency: 2, keepalive: Duration::from_millis(200), ..WorkerSettings::default() })
+        .build()
+        .unwrap();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let mut jobs = Vec::new();
+    for _ in 0..2 {
+        let op = conveyor::operations::create_tx(&mut tx, ws, who.user_id, "test.greet", None).await.unwrap();
+        let options = EnqueueOptions::new().operation(op.id);
+        jobs.push(conveyor::enqueue_tx(&mut tx, &greet("h", "hold"), options).await.unwrap().id);
+    }
+    tx.commit().await.unwrap();
+    // Progress shows while both run, each holding one of the pool's two connections.
+    common::eventually(Duration::from_secs(20), || async {
+        let ops = app.db.rows("operations", ws).await;
+        ops.iter().all(|o| o["status"] == "running" && o["progress"]["step"].as_i64() >= Some(1)).then_some(())
+    })
+    .await
+    .expect("progress of both running jobs is recorded while they hold every pooled connection");
+    for job in jobs {
+        let done = conveyor::wait_for_job(&app.db.pool, ws, job, Duration::from_secs(30)).await.unwrap();
+        assert_eq!((done.status, done.result), (JobStatus::Succeeded, Some(json!({ "held": 1 }))), "first run");
+    }
     shutdown.cancel();
 }

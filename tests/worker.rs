@@ -560,3 +560,54 @@ async fn a_job_dead_lettered_after_its_event_was_purged_still_fails_its_operatio
     assert_eq!(metrics.job_dead_letters.with_label_values(&["undecodable"]).get(), 1);
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn after_sigterm_a_worker_starts_no_job_it_read_beyond_its_free_slots() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (sandbox, market) = common::sandbox(Settings { latency_ms: 1500, ..Settings::default() }).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let who = principal();
+    let mut ops = Vec::new();
+    for _ in 0..4 {
+        ops.push(create_store(&app, who, "good").await.1);
+    }
+    // One slot, and a read that returns three entries more than there are free slots: they wait for the slot.
+    let mut vars = process_vars(&app, &redis, &market);
+    vars.insert("CONVEYOR_WORKER_CONCURRENCY".into(), "1".into());
+    vars.insert("CONVEYOR_SHUTDOWN_GRACE".into(), "4s".into());
+    vars.insert("FAILPOINTS".into(), "worker::read_beyond_free_slots=return(3)".into());
+    let client = common::redis_client(&redis).await;
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    common::eventually(Duration::from_secs(20), || async {
+        (common::stream_event_ids(&client, &stream).await.len() == 4).then_some(())
+    })
+    .await
+    .expect("all four handed off before the worker reads");
+    let mut worker = Process::spawn(&["worker"], &vars);
+    common::eventually(Duration::from_secs(20), || async { (sandbox.stats().calls == 1).then_some(()) })
+        .await
+        .expect("the first job is in flight");
+    worker.signal(15);
+    let (status, worker) = tokio::task::spawn_blocking(move || (worker.child.wait().unwrap(), worker)).await.unwrap();
+    assert!(status.success(), "exit 0; log:\n{}", worker.log());
+    // The job in flight finished; none of the three waiting for the slot started after the signal.
+    assert_eq!(sandbox.stats().calls, 1, "no job started after SIGTERM; log:\n{}", worker.log());
+    let succeeded = {
+        let mut n = 0;
+        for op in &ops {
+            n += usize::from(common::operation(&app, who, op).await["status"] == "succeeded");
+        }
+        n
+    };
+    assert_eq!(succeeded, 1);
+    // Nothing is lost: another worker takes the three over after the visibility time-out.
+    let other = common::test_worker(&app, &redis, &market, fast(), 5, Metrics::new()).await;
+    tokio::spawn(other.run(shutdown.clone(), Duration::from_secs(5)));
+    for op in &ops {
+        common::operation_reaches(&app, who, op, "succeeded", Duration::from_secs(40)).await.expect("taken over");
+    }
+    assert_eq!(sandbox.stats().effects, 4);
+    shutdown.cancel();
+}
