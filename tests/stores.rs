@@ -426,7 +426,9 @@ async fn every_operation_of_the_openapi_document_is_routed_and_every_route_docum
         "POST /v1/stores",
         "GET /v1/stores/{id}",
         "PUT /v1/stores/{id}/authorization",
+        "GET /v1/operations",
         "GET /v1/operations/{id}",
+        "POST /v1/operations/{id}/cancel",
         "GET /v1/openapi.json",
     ];
     routed.sort();

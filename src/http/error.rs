@@ -5,6 +5,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use uuid::Uuid;
 
 use crate::domain::ValidationError;
 
@@ -41,6 +42,10 @@ pub enum ApiError {
     /// The first request with this key is still executing.
     #[error("a request with this Idempotency-Key is still in progress; retry later")]
     IdempotencyRequestInProgress,
+    /// The operation has already ended (succeeded, failed or canceled), so it cannot be canceled; the problem names it
+    /// in `operation_id`.
+    #[error("operation {0} has already finished")]
+    OperationFinished(Uuid),
     /// PostgreSQL or Redis cannot be reached right now.
     #[error("a backing service is unavailable")]
     Unavailable(#[source] anyhow::Error),
@@ -57,6 +62,9 @@ struct Problem<'a> {
     status: u16,
     detail: String,
     code: &'static str,
+    /// The conflicting operation, for the 409s that name one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    operation_id: Option<Uuid>,
 }
 
 impl ApiError {
@@ -71,7 +79,9 @@ impl ApiError {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::IdempotencyKeyReused | Self::IdempotencyRequestInProgress => StatusCode::CONFLICT,
+            Self::IdempotencyKeyReused | Self::IdempotencyRequestInProgress | Self::OperationFinished(_) => {
+                StatusCode::CONFLICT
+            }
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -90,6 +100,7 @@ impl ApiError {
             Self::IdempotencyKeyInvalid => "IDEMPOTENCY_KEY_INVALID",
             Self::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
             Self::IdempotencyRequestInProgress => "IDEMPOTENCY_REQUEST_IN_PROGRESS",
+            Self::OperationFinished(_) => "OPERATION_FINISHED",
             Self::Unavailable(_) => "SERVICE_UNAVAILABLE",
             Self::Internal(_) => "INTERNAL",
         }
@@ -129,6 +140,10 @@ impl IntoResponse for ApiError {
             status: status.as_u16(),
             detail: self.to_string(),
             code: self.code(),
+            operation_id: match self {
+                Self::OperationFinished(id) => Some(id),
+                _ => None,
+            },
         };
         let mut response = (status, serde_json::to_vec(&problem).expect("problem serializes")).into_response();
         let headers = response.headers_mut();
