@@ -1,6 +1,11 @@
-//! `conveyor migrate`: applies `migrations/` as the owner role, then grants the application role what it needs and
-//! no more (DML on the tables, `EXECUTE` on Conveyor's functions), after checking that it is neither superuser,
-//! `BYPASSRLS`, the owner nor a member of the owner, any of which would walk through row-level security.
+//! `conveyor migrate` (and [`migrate`], the same from a program): applies `migrations/` as the owner role, then grants
+//! the application role what it needs and no more (DML on Conveyor's tables, `EXECUTE` on Conveyor's functions),
+//! after checking that it is neither superuser, `BYPASSRLS`, the owner nor a member of the owner, any of which would
+//! walk through row-level security.
+//!
+//! Conveyor keeps its migration history in a table of its own, [`HISTORY_TABLE`], so that a service that applies its
+//! own sqlx migrations to the same database (into sqlx's default `_sqlx_migrations`) never clashes with Conveyor's.
+//! A database migrated by an earlier release, whose history is in `_sqlx_migrations`, has it adopted on the next run.
 
 use anyhow::{Context, bail};
 use sqlx::migrate::Migrator;
@@ -11,6 +16,53 @@ use crate::config::MigrateConfig;
 
 /// The migrations, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The table of Conveyor's migration history.
+pub const HISTORY_TABLE: &str = "conveyor_schema_migrations";
+
+/// Conveyor's tables: the application role gets DML on these and no others (a service sharing the database keeps its
+/// own grants).
+const TABLES: &[&str] =
+    &["idempotency_requests", "operations", "outbox_events", "stores", "store_credentials", "job_kinds"];
+
+/// The embedded migrations, recording their history in [`HISTORY_TABLE`].
+fn migrator() -> Migrator {
+    let mut migrator = Migrator::with_migrations(MIGRATOR.iter().cloned().collect());
+    migrator.dangerous_set_table_name(HISTORY_TABLE);
+    migrator
+}
+
+/// A database migrated by an earlier release kept Conveyor's history in sqlx's default `_sqlx_migrations`: copy the
+/// rows that are Conveyor's (same version and checksum) into [`HISTORY_TABLE`], once, and leave that table alone.
+async fn adopt_old_history(conn: &mut PgConnection) -> anyhow::Result<()> {
+    let (ours, old): (bool, bool) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT to_regclass('{HISTORY_TABLE}') IS NOT NULL, to_regclass('_sqlx_migrations') IS NOT NULL"
+    )))
+    .fetch_one(&mut *conn)
+    .await?;
+    if ours || !old {
+        return Ok(());
+    }
+    let versions: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+    let checksums: Vec<Vec<u8>> = MIGRATOR.iter().map(|m| m.checksum.to_vec()).collect();
+    let mut tx = conn.begin().await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE TABLE {HISTORY_TABLE} (LIKE _sqlx_migrations INCLUDING ALL)")))
+        .execute(&mut *tx)
+        .await?;
+    let adopted = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {HISTORY_TABLE}
+         SELECT m.* FROM _sqlx_migrations m JOIN unnest($1::int8[], $2::bytea[]) AS c(version, checksum)
+              ON c.version = m.version AND c.checksum = m.checksum"
+    )))
+    .bind(&versions)
+    .bind(&checksums)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    tracing::info!(adopted, "Adopted Conveyor's migration history from _sqlx_migrations");
+    Ok(())
+}
 
 fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -39,7 +91,8 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     let app_role = app_options.get_username().to_owned();
 
     let mut conn = PgConnection::connect_with(&owner_options).await.context("Failed to connect as the owner role")?;
-    MIGRATOR.run(&mut conn).await.context("Failed to apply migrations")?;
+    adopt_old_history(&mut conn).await.context("Failed to adopt the migration history of an earlier release")?;
+    migrator().run(&mut conn).await.context("Failed to apply migrations")?;
 
     let (owner, exists, superuser, bypass, member): (String, bool, bool, bool, bool) = sqlx::query_as(
         "SELECT current_user::text,
@@ -66,11 +119,11 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     let role = quote_ident(&app_role);
     let mut tx = conn.begin().await?;
     let database: (String,) = sqlx::query_as("SELECT current_database()::text").fetch_one(&mut *tx).await?;
-    let tables: Vec<(String,)> = sqlx::query_as(
-        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' AND tablename <> '_sqlx_migrations'",
-    )
-    .fetch_all(&mut *tx)
-    .await?;
+    let tables: Vec<(String,)> =
+        sqlx::query_as("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' AND tablename = ANY($1)")
+            .bind(TABLES)
+            .fetch_all(&mut *tx)
+            .await?;
     let functions: Vec<(String,)> = sqlx::query_as(
         "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = 'public' AND p.proname LIKE 'conveyor\\_%'",
@@ -80,7 +133,7 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     let mut grants = vec![
         format!("GRANT CONNECT ON DATABASE {} TO {role}", quote_ident(&database.0)),
         format!("GRANT USAGE ON SCHEMA public TO {role}"),
-        format!("GRANT SELECT ON _sqlx_migrations TO {role}"),
+        format!("GRANT SELECT ON {HISTORY_TABLE} TO {role}"),
     ];
     grants.extend(
         tables.iter().map(|(t,)| format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}", quote_ident(t))),
@@ -100,6 +153,8 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
 /// How many embedded migrations the database has not applied (0 when current).
 pub async fn pending_versions(pool: &PgPool) -> Result<usize, sqlx::Error> {
     let applied: Vec<(i64,)> =
-        sqlx::query_as("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(pool).await?;
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT version FROM {HISTORY_TABLE} WHERE success")))
+            .fetch_all(pool)
+            .await?;
     Ok(MIGRATOR.iter().filter(|m| !applied.iter().any(|(v,)| *v == m.version)).count())
 }

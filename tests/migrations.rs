@@ -1,0 +1,75 @@
+//! Conveyor's schema in a service's own database: its migration history never clashes with the service's own sqlx
+//! migrations, and a database migrated by an earlier release (history in `_sqlx_migrations`) is adopted.
+
+mod common;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::migrate::Migrator;
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+/// An empty database of the test's own: the owner's and the application role's URLs on it.
+async fn empty_database() -> (String, String) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let name = format!("conveyor_test_{now}_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let mut admin = PgConnection::connect(&common::owner_base_url()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
+    let on = |url: String| format!("{}/{name}", url.rsplit_once('/').unwrap().0);
+    (on(common::owner_base_url()), on(common::app_base_url()))
+}
+
+async fn versions(conn: &mut PgConnection, table: &str) -> Vec<i64> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT version FROM {table} ORDER BY version")))
+        .fetch_all(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_services_own_sqlx_migrations_and_conveyors_share_a_database_without_clashing() {
+    let (owner, app) = empty_database().await;
+    conveyor::migrate(&owner, &app).await.unwrap();
+
+    // The service's own migrations, versions 1 and 2 as Conveyor's are: sqlx's default history table is theirs.
+    let dir = std::env::temp_dir().join(format!("service-migrations-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("1_orders.sql"), "CREATE TABLE orders (id uuid PRIMARY KEY, item text NOT NULL);").unwrap();
+    std::fs::write(dir.join("2_order_notes.sql"), "ALTER TABLE orders ADD COLUMN note text;").unwrap();
+    let mut conn = PgConnection::connect(&owner).await.unwrap();
+    Migrator::new(dir.as_path()).await.unwrap().run(&mut conn).await.unwrap();
+
+    // Both run again, in either order, and each keeps its own history.
+    conveyor::migrate(&owner, &app).await.unwrap();
+    Migrator::new(dir.as_path()).await.unwrap().run(&mut conn).await.unwrap();
+    assert_eq!(versions(&mut conn, "_sqlx_migrations").await, [1, 2]);
+    let ours: Vec<i64> = conveyor::migrate::MIGRATOR.iter().map(|m| m.version).collect();
+    assert_eq!(versions(&mut conn, conveyor::migrate::HISTORY_TABLE).await, ours);
+    // Conveyor grants its application role its own tables only.
+    let granted: bool = sqlx::query_scalar("SELECT has_table_privilege($1, 'orders', 'SELECT')")
+        .bind(app.rsplit_once("://").unwrap().1.split(':').next().unwrap())
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(!granted, "the service's table is not Conveyor's to grant");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_database_migrated_by_an_earlier_release_has_its_history_adopted() {
+    let (owner, app) = empty_database().await;
+    // An earlier release recorded Conveyor's history in `_sqlx_migrations`, and had applied up to version 5.
+    let mut conn = PgConnection::connect(&owner).await.unwrap();
+    conveyor::migrate::MIGRATOR.run_to(5, &mut conn).await.unwrap();
+    assert_eq!(versions(&mut conn, "_sqlx_migrations").await, [1, 2, 3, 4, 5]);
+
+    conveyor::migrate(&owner, &app).await.unwrap();
+    let ours: Vec<i64> = conveyor::migrate::MIGRATOR.iter().map(|m| m.version).collect();
+    assert_eq!(versions(&mut conn, conveyor::migrate::HISTORY_TABLE).await, ours, "adopted, then the rest applied");
+    let kinds: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('job_kinds')::text").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(kinds.as_deref(), Some("job_kinds"));
+    // The application role's readiness check reads the new history: nothing pending.
+    let pool = conveyor::db::connect(&app, 2).await.unwrap();
+    assert_eq!(conveyor::migrate::pending_versions(&pool).await.unwrap(), 0);
+}
