@@ -40,6 +40,8 @@ pub mod redact;
 pub mod sealing;
 pub mod stream;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod worker;
 
 pub use backoff::Backoff;

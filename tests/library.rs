@@ -543,3 +543,34 @@ async fn jobs_holding_every_pooled_connection_do_not_starve_their_progress_and_k
     }
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_services_own_test_drains_its_jobs_in_process_step_by_step() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let log = Log::default();
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let mut ok = Vec::new();
+    for name in ["a", "b", "c"] {
+        ok.push(conveyor::enqueue_tx(&mut tx, &greet(name, "ok"), EnqueueOptions::new()).await.unwrap().id);
+    }
+    let failing =
+        conveyor::enqueue_tx(&mut tx, &greet("f", "fail"), EnqueueOptions::new().max_attempts(1)).await.unwrap().id;
+    tx.commit().await.unwrap();
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |_| {}).await;
+    let redis = common::redis_url();
+    let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
+        .handle::<Greet>(Greeter(log.clone()))
+        .build()
+        .unwrap();
+
+    let outcomes = conveyor::testing::drain(&dispatcher, &worker).await.unwrap();
+    let count = |o: conveyor::Outcome| outcomes.iter().filter(|x| **x == o).count();
+    assert_eq!((count(conveyor::Outcome::Succeeded), count(conveyor::Outcome::DeadLettered)), (3, 1));
+    for job in ok {
+        assert_eq!(conveyor::get_job(&app.db.pool, ws, job).await.unwrap().unwrap().status, JobStatus::Succeeded);
+    }
+    assert_eq!(conveyor::get_job(&app.db.pool, ws, failing).await.unwrap().unwrap().status, JobStatus::Failed);
+    // Nothing is left: a second drain runs nothing.
+    assert!(conveyor::testing::drain(&dispatcher, &worker).await.unwrap().is_empty());
+}

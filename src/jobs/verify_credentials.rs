@@ -44,7 +44,8 @@ impl Handler<VerifyCredentials> for VerifyCredentialsHandler {
     async fn handle(&self, job: VerifyCredentials, cx: &mut JobContext) -> Result<serde_json::Value, JobError> {
         let token = cx.idempotency_token();
         let workspace_id = cx.workspace_id().0;
-        let outcome = stores::verify_tx(
+        let canceled = cx.cancellation().clone();
+        let verifying = stores::verify_tx(
             cx.tx().await?,
             &self.sealer,
             self.marketplace.as_ref(),
@@ -52,8 +53,12 @@ impl Handler<VerifyCredentials> for VerifyCredentialsHandler {
             job.store_id,
             job.credentials_version,
             &token,
-        )
-        .await
+        );
+        // A canceled job stops waiting for the marketplace (which, keyed by the token, acts at most once anyway).
+        let outcome = tokio::select! {
+            verified = verifying => verified,
+            _ = canceled.cancelled() => return Err(JobError::Canceled),
+        }
         .map_err(|e| match e {
             VerifyError::Marketplace(MarketplaceError::Transient(m)) => JobError::Retryable(m),
             VerifyError::Marketplace(MarketplaceError::Permanent(m)) => JobError::Permanent(m),

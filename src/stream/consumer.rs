@@ -175,6 +175,20 @@ impl Consumer {
     /// Reads up to `count` new entries of `queue`, waiting up to `block_ms` for some. A group that Redis lost (it
     /// restarted empty, or someone deleted the stream) is created again, and the read answers nothing.
     pub async fn read(&self, queue: &str, count: u64, block_ms: u64) -> Result<Vec<Entry>, fred::error::Error> {
+        self.read_or_create(queue, count, Some(block_ms)).await
+    }
+
+    /// Reads up to `count` new entries of `queue` that are there now, without waiting.
+    pub async fn read_now(&self, queue: &str, count: u64) -> Result<Vec<Entry>, fred::error::Error> {
+        self.read_or_create(queue, count, None).await
+    }
+
+    async fn read_or_create(
+        &self,
+        queue: &str,
+        count: u64,
+        block_ms: Option<u64>,
+    ) -> Result<Vec<Entry>, fred::error::Error> {
         match self.read_group(queue, count, block_ms).await {
             Err(e) if e.details().contains("NOGROUP") || e.to_string().contains("NOGROUP") => {
                 self.ensure_group(queue).await?;
@@ -184,14 +198,19 @@ impl Consumer {
         }
     }
 
-    async fn read_group(&self, queue: &str, count: u64, block_ms: u64) -> Result<Vec<Entry>, fred::error::Error> {
+    async fn read_group(
+        &self,
+        queue: &str,
+        count: u64,
+        block_ms: Option<u64>,
+    ) -> Result<Vec<Entry>, fred::error::Error> {
         let reply: Value = self
             .blocking
             .xreadgroup(
                 self.keys.group(queue),
                 &self.consumer,
                 Some(count),
-                Some(block_ms),
+                block_ms,
                 false,
                 self.keys.stream(queue),
                 ">",

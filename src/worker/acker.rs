@@ -16,71 +16,79 @@ use crate::outbox::transitions::{self, Finished};
 use crate::redact::redact;
 
 impl Worker {
-    /// Acknowledges (and deletes) finished entries in batches: one call recording the ends of the batch's jobs that
-    /// had no transaction, then one script call per queue. On `stop`, flushes what is left. An end that cannot be
-    /// recorded leaves its entry unacknowledged: the job runs again after the visibility time-out.
+    /// Acknowledges (and deletes) finished entries in batches of up to 1,000: whatever has finished since the last
+    /// batch. On `stop`, flushes what is left.
     pub(super) async fn ack_loop(self, mut queue: mpsc::UnboundedReceiver<Done>, stop: CancellationToken) {
         loop {
             let first = tokio::select! {
                 next = queue.recv() => match next { Some(a) => a, None => return },
                 _ = stop.cancelled() => match queue.try_recv() { Ok(a) => a, Err(_) => return },
             };
-            // By queue: a worker has a queue or a few, so a short list.
-            let mut batch: Vec<(Arc<Queue>, Vec<String>)> = Vec::new();
-            let mut finished: Vec<Finished> = Vec::new();
-            let mut finished_entries: Vec<(Arc<Queue>, String)> = Vec::new();
-            let mut next = Some(first);
-            let mut size = 0;
-            while let Some((q, id, end)) = next.take() {
-                match end {
-                    Some(end) => {
-                        finished.push(end);
-                        finished_entries.push((q, id));
-                    }
-                    None => match batch.iter_mut().find(|(b, _)| Arc::ptr_eq(b, &q)) {
-                        Some((_, ids)) => ids.push(id),
-                        None => batch.push((q, vec![id])),
-                    },
-                }
-                size += 1;
-                if size < 1000 {
-                    next = queue.try_recv().ok();
+            let mut batch = vec![first];
+            while batch.len() < 1000 {
+                match queue.try_recv() {
+                    Ok(done) => batch.push(done),
+                    Err(_) => break,
                 }
             }
-            if !finished.is_empty() {
-                if self.record_ends(&finished).await {
-                    for (q, id) in finished_entries {
-                        match batch.iter_mut().find(|(b, _)| Arc::ptr_eq(b, &q)) {
-                            Some((_, ids)) => ids.push(id),
-                            None => batch.push((q, vec![id])),
-                        }
+            self.settle(batch).await;
+        }
+    }
+
+    /// Settles finished entries: one call recording the ends of the jobs that had no transaction, then one script call
+    /// per queue acknowledging (and deleting) the entries. An end that cannot be recorded leaves its entry
+    /// unacknowledged: the job runs again after the visibility time-out.
+    pub(super) async fn settle(&self, done: Vec<Done>) {
+        // By queue: a worker has a queue or a few, so a short list.
+        let mut batch: Vec<(Arc<Queue>, Vec<String>)> = Vec::new();
+        let mut finished: Vec<Finished> = Vec::new();
+        let mut finished_entries: Vec<(Arc<Queue>, String)> = Vec::new();
+        let add = |batch: &mut Vec<(Arc<Queue>, Vec<String>)>, q: Arc<Queue>, id: String| match batch
+            .iter_mut()
+            .find(|(b, _)| Arc::ptr_eq(b, &q))
+        {
+            Some((_, ids)) => ids.push(id),
+            None => batch.push((q, vec![id])),
+        };
+        for (q, id, end) in done {
+            match end {
+                Some(end) => {
+                    finished.push(end);
+                    finished_entries.push((q, id));
+                }
+                None => add(&mut batch, q, id),
+            }
+        }
+        if !finished.is_empty() {
+            if self.record_ends(&finished).await {
+                for (q, id) in finished_entries {
+                    add(&mut batch, q, id);
+                }
+            } else {
+                for (q, id) in &finished_entries {
+                    self.untrack(&q.name, [id]);
+                }
+            }
+        }
+        for (q, ids) in batch {
+            let q = q.name.as_str();
+            let mut last_error = None;
+            for attempt in 0..3 {
+                match self.0.consumer.ack(q, &ids).await {
+                    Ok(_) => {
+                        last_error = None;
+                        break;
                     }
-                } else {
-                    for (q, id) in &finished_entries {
-                        self.untrack(&q.name, [id]);
+                    Err(e) => {
+                        last_error = Some(e);
+                        tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                     }
                 }
             }
-            for (q, ids) in batch {
-                let q = q.name.as_str();
-                let mut last_error = None;
-                for attempt in 0..3 {
-                    match self.0.consumer.ack(q, &ids).await {
-                        Ok(_) => {
-                            last_error = None;
-                            break;
-                        }
-                        Err(e) => {
-                            last_error = Some(e);
-                            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-                        }
-                    }
-                }
-                if let Some(e) = last_error {
-                    tracing::warn!(queue = %q, count = ids.len(), error = %redact(&e.to_string()), "XACK failed; the entries will be taken over and skipped");
-                }
-                self.untrack(q, &ids);
+            if let Some(e) = last_error {
+                tracing::warn!(queue = %q, count = ids.len(), error = %redact(&e.to_string()), "XACK failed; the entries will be taken over and skipped");
             }
+            self.untrack(q, &ids);
         }
     }
 

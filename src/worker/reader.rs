@@ -96,6 +96,46 @@ impl Worker {
         }
     }
 
+    /// One step, for tests and one-shot tools: takes one entry that waits in its queues now (without blocking), runs
+    /// its job to its end and settles it (records the end, acknowledges). `None` when every queue is empty. Fails
+    /// while [`Worker::run`] runs (the two would share the acknowledgements).
+    pub async fn process_one(&self) -> anyhow::Result<Option<Outcome>> {
+        let mut acks = self
+            .0
+            .ack_queue
+            .lock()
+            .expect("ack queue lock")
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("process_one cannot be used while the worker runs"))?;
+        let outcome = self.take_one().await;
+        let mut done = Vec::new();
+        while let Ok(d) = acks.try_recv() {
+            done.push(d);
+        }
+        self.settle(done).await;
+        *self.0.ack_queue.lock().expect("ack queue lock") = Some(acks);
+        outcome
+    }
+
+    async fn take_one(&self) -> anyhow::Result<Option<Outcome>> {
+        self.ensure_groups().await?;
+        for queue in &self.0.queues {
+            let Some(entry) = self.0.consumer.read_now(&queue.name, 1).await?.pop() else { continue };
+            self.track(&queue.name, [entry.id.clone()]);
+            let skip = match job_of(&entry) {
+                Some(job) => record::not_to_run(&self.0.pool, &[job]).await?.contains(&job.1),
+                None => false,
+            };
+            if skip {
+                queue.ended(Outcome::Skipped, Duration::ZERO);
+                let _ = self.0.acks.send((queue.clone(), entry.id, None));
+                return Ok(Some(Outcome::Skipped));
+            }
+            return Ok(Some(self.process(queue.clone(), entry, CancellationToken::new()).await));
+        }
+        Ok(None)
+    }
+
     pub(super) async fn read_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
         let block_ms = self.0.settings.block.as_millis() as u64;
         let mut turn = 0usize;
