@@ -17,31 +17,57 @@
 //! [`enqueue_many_tx`], [`EnqueueOptions`]), run it ([`Worker`], [`Handler`], [`JobContext`]), relay it
 //! ([`Dispatcher`]), control it ([`get_job`], [`cancel_job`], [`wait_for_job`]), and apply Conveyor's schema to a
 //! database ([`migrate`]). The README's library section holds a complete program.
+//!
+//! The modules behind this list are the `conveyor` binary's own (HTTP API, store scenario, configuration) or the
+//! platform's internals; they stay reachable for the binary and the crate's integration tests, hidden from the
+//! documentation, and are not part of the library's API: they may change in any release.
 
+#[doc(hidden)]
 pub mod adapters;
+#[doc(hidden)]
 pub mod app;
+#[doc(hidden)]
 pub mod auth;
+#[doc(hidden)]
 pub mod backoff;
+#[doc(hidden)]
 pub mod config;
+#[doc(hidden)]
 pub mod db;
+#[doc(hidden)]
 pub mod dispatcher;
+#[doc(hidden)]
 pub mod domain;
+#[doc(hidden)]
 pub mod http;
+#[doc(hidden)]
 pub mod idempotency;
+#[doc(hidden)]
 pub mod ids;
+#[doc(hidden)]
 pub mod jobs;
 mod kind;
+#[doc(hidden)]
 pub mod maintenance;
+#[doc(hidden)]
 pub mod metrics;
+#[doc(hidden)]
 pub mod migrate;
+#[doc(hidden)]
 pub mod operations;
+#[doc(hidden)]
 pub mod outbox;
+#[doc(hidden)]
 pub mod redact;
+#[doc(hidden)]
 pub mod sealing;
+#[doc(hidden)]
 pub mod stream;
+#[doc(hidden)]
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[doc(hidden)]
 pub mod worker;
 
 pub use backoff::Backoff;

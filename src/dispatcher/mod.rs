@@ -81,7 +81,7 @@ impl Dispatcher {
     }
 
     /// One pass over every workspace with due events (a sweep): the workspaces come from the `SECURITY DEFINER`
-    /// function, then each gets one batch relayed, as in [`Dispatcher::relay`].
+    /// function, then each gets one batch relayed, as in `Dispatcher::relay`.
     pub async fn dispatch_once(&self) -> anyhow::Result<DispatchOutcome> {
         let workspaces = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
             .await

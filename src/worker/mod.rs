@@ -7,8 +7,8 @@
 //! external systems. Retries go back through the outbox (PostgreSQL holds the back-off), so a Redis that forgets
 //! everything forgets no retry.
 //!
-//! A running worker has three roles, one file each: [`reader`] (read entries, take over dead consumers' entries,
-//! start jobs), [`execute`] (one job to its outcome), [`acker`] (acknowledge, heartbeat, hear cancellations).
+//! A running worker has three roles, one file each: `reader` (read entries, take over dead consumers' entries,
+//! start jobs), `execute` (one job to its outcome), `acker` (acknowledge, heartbeat, hear cancellations).
 
 mod acker;
 pub mod dlq;

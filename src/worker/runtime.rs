@@ -1,6 +1,6 @@
 //! The worker: its settings, its builder (typed handlers by kind), and its run with graceful shutdown. The roles of a
-//! running worker are split by file: [`super::reader`] reads entries and starts jobs, [`super::execute`] runs one job
-//! to its outcome, [`super::acker`] acknowledges finished entries, keeps running ones alive and hears cancellations.
+//! running worker are split by file: `reader` reads entries and starts jobs, `execute` runs one job
+//! to its outcome, `acker` acknowledges finished entries, keeps running ones alive and hears cancellations.
 
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
