@@ -138,6 +138,8 @@ pub async fn run(config: Config, role: Role) -> anyhow::Result<()> {
     if role.runs(Role::Maintenance) {
         let maintenance = Maintenance::new(
             state.pool.clone(),
+            state.redis.clone(),
+            Keys::new(&config.redis_prefix),
             state.metrics.clone(),
             config.maintenance_interval,
             config.dispatcher.retention,

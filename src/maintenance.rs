@@ -10,6 +10,8 @@ use crate::dispatcher::claim;
 use crate::idempotency::cleanup;
 use crate::metrics::Metrics;
 use crate::outbox::reconcile;
+use crate::stream::RedisClient;
+use crate::stream::keys::Keys;
 
 /// Rows deleted per statement.
 pub const BATCH: i64 = 1000;
@@ -30,6 +32,8 @@ pub struct PassReport {
 /// Periodic housekeeping over one database.
 pub struct Maintenance {
     pool: PgPool,
+    redis: RedisClient,
+    keys: Keys,
     metrics: Metrics,
     interval: Duration,
     outbox_retention: Duration,
@@ -38,25 +42,30 @@ pub struct Maintenance {
 
 impl Maintenance {
     /// Housekeeping every `interval`; dispatched events are kept `outbox_retention`; operations without progress
-    /// for `reconcile_after` are re-driven.
+    /// for `reconcile_after`, and jobs without an operation dispatched that long ago whose entry Redis (with keys
+    /// `keys`) lost, are re-driven.
     pub fn new(
         pool: PgPool,
+        redis: RedisClient,
+        keys: Keys,
         metrics: Metrics,
         interval: Duration,
         outbox_retention: Duration,
         reconcile_after: Duration,
     ) -> Self {
-        Self { pool, metrics, interval, outbox_retention, reconcile_after }
+        Self { pool, redis, keys, metrics, interval, outbox_retention, reconcile_after }
     }
 
     /// One bounded pass.
-    pub async fn run_once(&self) -> Result<PassReport, sqlx::Error> {
+    pub async fn run_once(&self) -> anyhow::Result<PassReport> {
         let idempotency_purged = cleanup::purge_expired(&self.pool, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.idempotency_records_purged.inc_by(idempotency_purged);
         let outbox_purged =
             claim::purge_dispatched(&self.pool, self.outbox_retention, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.outbox_events_purged.inc_by(outbox_purged);
-        let redriven = reconcile::redrive_stalled(&self.pool, self.reconcile_after, BATCH).await?;
+        let stalled = reconcile::redrive_stalled(&self.pool, self.reconcile_after, BATCH).await?;
+        let lost = reconcile::redrive_lost(&self.pool, &self.redis, &self.keys, self.reconcile_after, BATCH).await?;
+        let redriven = stalled + lost;
         self.metrics.outbox_redriven.inc_by(redriven);
         Ok(PassReport { idempotency_purged, outbox_purged, redriven })
     }

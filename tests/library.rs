@@ -574,3 +574,55 @@ async fn a_services_own_test_drains_its_jobs_in_process_step_by_step() {
     // Nothing is left: a second drain runs nothing.
     assert!(conveyor::testing::drain(&dispatcher, &worker).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn jobs_without_an_operation_survive_a_redis_that_loses_everything() {
+    let app = TestApp::spawn().await;
+    let mut redis = common::TestRedis::start(None).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(
+        common::test_dispatcher(&app, &redis.url(), |v| {
+            v.insert("CONVEYOR_DISPATCH_POLL".into(), "200ms".into());
+        })
+        .await,
+        &shutdown,
+    );
+    let ws = principal().workspace_id;
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let jobs: Vec<Greet> = (0..5).map(|i| greet(&i.to_string(), "ok")).collect();
+    let ids = conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new()))).await.unwrap();
+    tx.commit().await.unwrap();
+    // Handed to the stream, with no worker yet; then Redis restarts empty: the entries are gone.
+    common::eventually(Duration::from_secs(20), || async {
+        let events = app.db.rows("outbox_events", ws).await;
+        events.iter().all(|e| e["status"] == "dispatched").then_some(())
+    })
+    .await
+    .expect("all handed off");
+    redis.stop();
+    redis.start_again().await;
+
+    let log = Log::default();
+    let worker =
+        Worker::builder(app.db.pool.clone(), Consumer::connect(&redis.url(), &app.redis_prefix).await.unwrap())
+            .handle::<Greet>(Greeter(log.clone()))
+            .build()
+            .unwrap();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    let maintenance = conveyor::maintenance::Maintenance::new(
+        app.db.pool.clone(),
+        common::redis_client(&redis.url()).await,
+        conveyor::stream::keys::Keys::new(&app.redis_prefix),
+        conveyor::metrics::Metrics::new(),
+        Duration::from_millis(300),
+        Duration::from_secs(3600),
+        Duration::from_secs(1),
+    );
+    tokio::spawn(maintenance.run(shutdown.clone()));
+    for job in ids {
+        let done = conveyor::wait_for_job(&app.db.pool, ws, job.id, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(done.status, JobStatus::Succeeded, "re-driven from PostgreSQL and run");
+        assert_eq!(log.starts_of(job.id).len(), 1);
+    }
+    shutdown.cancel();
+}

@@ -1,4 +1,4 @@
-//! Operator-facing Redis checks: server version and eviction policy.
+//! Operator-facing Redis checks: server version and eviction policy; whether stream entries still exist.
 
 use fred::cmd;
 use fred::prelude::ClientLike;
@@ -45,4 +45,20 @@ pub async fn check_server(client: &RedisClient) -> Result<ServerCheck, fred::err
         }
     }
     Ok(ServerCheck { version, maxmemory_policy: policy })
+}
+
+/// Whether each of `entries` (a stream key and an entry id) still exists, in one pipeline of `XRANGE key id id`.
+pub async fn entries_exist(
+    client: &RedisClient,
+    entries: &[(String, String)],
+) -> Result<Vec<bool>, fred::error::Error> {
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pipeline = client.pipeline();
+    for (stream, id) in entries {
+        let _: () = pipeline.custom(cmd!("XRANGE"), vec![stream.as_str(), id.as_str(), id.as_str()]).await?;
+    }
+    let replies: Vec<Value> = pipeline.all().await?;
+    Ok(replies.into_iter().map(|r| matches!(r, Value::Array(items) if !items.is_empty())).collect())
 }
