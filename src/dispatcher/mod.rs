@@ -275,7 +275,8 @@ impl Dispatcher {
     /// connection) and right after any pass that left more behind (a full batch, a lost lease). The marks of named
     /// passes are recorded in the background, several passes together, while the next passes run (the relay's latency
     /// path is claim and `XADD` only); every batch handed off is recorded, and so its leases settled, before `run`
-    /// returns.
+    /// returns. Between passes it sleeps until the next poll, or until the earliest delayed job is due if sooner.
+    /// The `LISTEN` holds one connection of the dispatcher's pool for as long as it runs.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         match crate::stream::admin::check_server(self.producer.client()).await {
             Ok(check) => tracing::info!(version = %check.version, policy = ?check.maxmemory_policy, "Redis checked"),

@@ -199,7 +199,8 @@ pub enum WaitError {
 
 /// Waits until the job `id` of `workspace` has finished (succeeded, failed or canceled), for at most `timeout`, and
 /// returns it. It listens for the notification that a job of the workspace ended (`LISTEN`), so it answers within
-/// moments of the end without polling; a check every few seconds covers a notification lost with a connection.
+/// moments of the end without polling; a check every few seconds covers a notification lost with a connection. The
+/// `LISTEN` holds one connection of `pool` while it waits: size the pool for the waits you run at once.
 pub async fn wait_for_job(
     pool: &PgPool,
     workspace: WorkspaceId,
