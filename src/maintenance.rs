@@ -6,10 +6,10 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatcher::claim;
 use crate::idempotency::cleanup;
 use crate::metrics::Metrics;
 use crate::outbox::reconcile;
+use crate::outbox::transitions::relay as claim;
 use crate::stream::RedisClient;
 use crate::stream::keys::Keys;
 

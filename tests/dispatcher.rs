@@ -361,9 +361,10 @@ async fn retention_deletes_only_dispatched_events_past_the_period() {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let purged = conveyor::dispatcher::claim::purge_dispatched(&app.db.pool, Duration::from_secs(7 * 86400), 4, 100)
-        .await
-        .unwrap();
+    let purged =
+        conveyor::outbox::transitions::relay::purge_dispatched(&app.db.pool, Duration::from_secs(7 * 86400), 4, 100)
+            .await
+            .unwrap();
     assert_eq!(purged, 6);
     let left: Vec<String> = events(&app, ws).await.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
     let mut expected: Vec<String> = pending.iter().map(Uuid::to_string).collect();
@@ -480,7 +481,7 @@ async fn notified_batches_go_out_in_the_order_they_were_written_while_earlier_ma
 
 #[tokio::test]
 async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leaves_no_workspace_set() {
-    use conveyor::dispatcher::claim;
+    use conveyor::outbox::transitions::relay as claim;
     let app = TestApp::spawn().await;
     let (a, b, c) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
     let (in_a, in_b, in_c) = (enqueue(&app, a, 3).await, enqueue(&app, b, 5).await, enqueue(&app, c, 2).await);
@@ -518,7 +519,7 @@ async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leave
 
 #[tokio::test]
 async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_it() {
-    use conveyor::dispatcher::claim;
+    use conveyor::outbox::transitions::relay as claim;
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = enqueue(&app, ws, 2).await;
@@ -538,7 +539,7 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
 
 #[tokio::test]
 async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatchers_newer_claim() {
-    use conveyor::dispatcher::claim;
+    use conveyor::outbox::transitions::relay as claim;
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = enqueue(&app, ws, 1).await;
@@ -590,7 +591,7 @@ async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatcher
 
 #[tokio::test]
 async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_was_empty() {
-    use conveyor::dispatcher::claim;
+    use conveyor::outbox::transitions::relay as claim;
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
     // One connection, so that its cached plans are the ones under test: made on an empty table, then reused.

@@ -16,8 +16,6 @@
 //! failures (a failed event is retried after newer ones) there is no ordering guarantee, and consumers must not
 //! assume one.
 
-pub mod claim;
-
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -35,6 +33,7 @@ use crate::config::DispatcherSettings;
 use crate::ids::WorkspaceId;
 use crate::metrics::Metrics;
 use crate::outbox::NOTIFY_CHANNEL;
+use crate::outbox::transitions::relay as claim;
 use crate::redact::redact;
 use crate::stream::producer::{JobOptions, Message, Producer};
 use crate::telemetry;

@@ -30,30 +30,8 @@ pub async fn redrive_stalled(pool: &PgPool, stalled_for: Duration, limit: i64) -
     let mut redriven = 0;
     for (workspace,) in workspaces {
         let mut tx = db::begin_workspace(pool, WorkspaceId(workspace)).await?;
-        let stalled: Vec<(Uuid,)> = sqlx::query_as(
-            "UPDATE operations SET updated_at = now()
-             WHERE id IN (SELECT id FROM operations
-                          WHERE status IN ('queued', 'running') AND updated_at <= now() - make_interval(secs => $1)
-                          ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-             RETURNING id",
-        )
-        .bind(secs)
-        .bind(limit)
-        .fetch_all(&mut *tx)
-        .await?;
-        let ids: Vec<Uuid> = stalled.into_iter().map(|(id,)| id).collect();
-        let moved = sqlx::query(
-            "UPDATE outbox_events
-             SET status = 'pending', next_attempt_at = now(), redrive_count = redrive_count + 1,
-                 stream_id = NULL, dispatched_at = NULL
-             WHERE operation_id = ANY($1) AND status = 'dispatched'",
-        )
-        .bind(&ids)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        let moved = super::transitions::redrive_stalled_tx(&mut tx, WorkspaceId(workspace), stalled_for, limit).await?;
         if moved > 0 {
-            super::notify_tx(&mut tx, WorkspaceId(workspace)).await?;
             tracing::warn!(workspace = %workspace, events = moved, "Re-driven stalled jobs from PostgreSQL");
         }
         tx.commit().await?;

@@ -49,28 +49,9 @@ pub async fn show(pool: &PgPool, id: Uuid) -> Result<Option<DeadLetter>, sqlx::E
 /// `id` is not a dead letter.
 pub async fn replay(pool: &PgPool, id: Uuid) -> Result<bool, sqlx::Error> {
     let Some(dead) = show(pool, id).await? else { return Ok(false) };
-    let mut tx = db::begin_workspace(pool, WorkspaceId(dead.workspace_id)).await?;
-    let moved = sqlx::query(
-        "UPDATE outbox_events
-         SET status = 'pending', next_attempt_at = now(), attempt_count = 0, job_attempts = 0,
-             redrive_count = redrive_count + 1, last_error = NULL, failure_stage = NULL, dead_lettered_at = NULL,
-             stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
-         WHERE id = $1 AND status = 'dead_letter'",
-    )
-    .bind(id)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if let Some(operation) = dead.operation_id {
-        sqlx::query(
-            "UPDATE operations SET status = 'queued', error = NULL, result = NULL, finished_at = NULL, updated_at = now()
-             WHERE id = $1",
-        )
-        .bind(operation)
-        .execute(&mut *tx)
-        .await?;
-    }
-    crate::outbox::notify_tx(&mut tx, WorkspaceId(dead.workspace_id)).await?;
+    let workspace = WorkspaceId(dead.workspace_id);
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let moved = crate::outbox::transitions::replay_tx(&mut tx, workspace, id, dead.operation_id).await?;
     tx.commit().await?;
-    Ok(moved == 1)
+    Ok(moved)
 }

@@ -1,5 +1,6 @@
-//! The dispatcher's SQL: claim a leased batch, mark it dispatched (fenced by the lease), record failures. Every
-//! statement runs in a transaction scoped to one workspace, under row-level security.
+//! The relay's transitions: claim a leased batch by priority, mark it dispatched (fenced by the lease and the
+//! generation), record failed hand-offs (back-off or dead letter), purge what retention allows. Every statement runs
+//! under row-level security for one workspace.
 
 use std::time::Duration;
 

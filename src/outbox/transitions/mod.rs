@@ -1,12 +1,14 @@
 //! Every status change of a job (an outbox event) and of its operation after the enqueue, in one place: an operation
 //! through `running` to its outcome, a job's completion, retries through the outbox, dead letters, re-drives and
-//! cancellation. (The relay's own claim and mark are in `dispatcher::claim`.) Each function runs under row-level
+//! cancellation; the relay's claim, mark, failed hand-offs and retention are in [`relay`]. Each function runs under row-level
 //! security in its job's workspace. The fences, written once here:
 //! - a job's run is current while its delivery's re-drive generation is the event's (`redrive_count`): a retry or a
 //!   dead letter of an older generation changes nothing;
 //! - an end state (completed, canceled, dead-lettered; an operation succeeded, failed or canceled) is never left:
 //!   every update to one matches the live states only, so a cancellation that commits first wins over a run that ends
 //!   later, and the run's transaction rolls back.
+
+pub mod relay;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -410,6 +412,76 @@ pub async fn dead_letter(
     }
     tx.commit().await?;
     Ok(moved == 1 || gone)
+}
+
+/// Sends a dead-lettered job through the outbox again, from its first attempt (a new generation), and re-queues its
+/// operation. False when it is not a dead letter.
+pub async fn replay_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    job: Uuid,
+    operation: Option<Uuid>,
+) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE outbox_events
+         SET status = 'pending', next_attempt_at = now(), attempt_count = 0, job_attempts = 0,
+             redrive_count = redrive_count + 1, last_error = NULL, failure_stage = NULL, dead_lettered_at = NULL,
+             stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
+         WHERE id = $1 AND status = 'dead_letter'",
+    )
+    .bind(job)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if let Some(operation) = operation.filter(|_| moved == 1) {
+        sqlx::query(
+            "UPDATE operations SET status = 'queued', error = NULL, result = NULL, finished_at = NULL, updated_at = now()
+             WHERE id = $1",
+        )
+        .bind(operation)
+        .execute(&mut **tx)
+        .await?;
+    }
+    super::notify_tx(tx, workspace).await?;
+    Ok(moved == 1)
+}
+
+/// Re-drives, in the caller's transaction, the dispatched jobs of the operations of the workspace that made no
+/// progress for `stalled_for` (at most `limit` operations): each gets a new generation, which gets it past the de-dup
+/// key of its earlier hand-off, and the dispatchers are told at commit. Returns how many jobs moved.
+pub async fn redrive_stalled_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    stalled_for: Duration,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    let secs = stalled_for.as_secs_f64();
+    let stalled: Vec<(Uuid,)> = sqlx::query_as(
+        "UPDATE operations SET updated_at = now()
+         WHERE id IN (SELECT id FROM operations
+                      WHERE status IN ('queued', 'running') AND updated_at <= now() - make_interval(secs => $1)
+                      ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+         RETURNING id",
+    )
+    .bind(secs)
+    .bind(limit)
+    .fetch_all(&mut **tx)
+    .await?;
+    let ids: Vec<Uuid> = stalled.into_iter().map(|(id,)| id).collect();
+    let moved = sqlx::query(
+        "UPDATE outbox_events
+         SET status = 'pending', next_attempt_at = now(), redrive_count = redrive_count + 1,
+             stream_id = NULL, dispatched_at = NULL
+         WHERE operation_id = ANY($1) AND status = 'dispatched'",
+    )
+    .bind(&ids)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if moved > 0 {
+        super::notify_tx(tx, workspace).await?;
+    }
+    Ok(moved)
 }
 
 /// Sends a `dispatched` event through the outbox again (new re-drive generation), e.g. after Redis lost its entry.
