@@ -15,7 +15,7 @@
 //!
 //! The library's whole surface is the list below: define a kind ([`JobKind`]), enqueue it ([`enqueue_tx`],
 //! [`enqueue_many_tx`], [`EnqueueOptions`]), run it ([`Worker`], [`Handler`], [`JobContext`]), relay it
-//! ([`Dispatcher`]), control it ([`get_job`], [`cancel_job`], [`wait_for_job`]), and apply Conveyor's schema to a
+//! ([`Dispatcher`]), control it ([`get_job`], [`cancel_job`], [`wait_for_job`], [`subscribe`]), and apply Conveyor's schema to a
 //! database ([`migrate`]). The README's library section holds a complete program.
 //!
 //! The modules behind this list are the `conveyor` binary's own (HTTP API, store scenario, configuration) or the
@@ -77,7 +77,9 @@ pub use dispatcher::Dispatcher;
 pub use ids::{JobId, UserId, WorkspaceId};
 pub use kind::{JobKind, Priority};
 pub use migrate::migrate;
-pub use outbox::control::{CancelError, JobInfo, JobStatus, WaitError, cancel_job, get_job, wait_for_job};
+pub use outbox::control::{
+    CancelError, JobEnds, JobInfo, JobStatus, WaitError, cancel_job, get_job, subscribe, wait_for_job,
+};
 pub use outbox::{EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enqueue_tx};
 pub use stream::consumer::Consumer;
 pub use worker::{Handler, JobContext, JobError, Outcome, Worker, WorkerBuilder, WorkerSettings};

@@ -626,3 +626,45 @@ async fn jobs_without_an_operation_survive_a_redis_that_loses_everything() {
     }
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_subscription_hears_each_end_of_its_workspaces_jobs_once() {
+    let app = TestApp::spawn().await;
+    let (ws, other) = (principal().workspace_id, principal().workspace_id);
+    let pool = &app.db.pool;
+    let mut ends = conveyor::subscribe(pool, ws).await.unwrap();
+    let (log, shutdown) = (Log::default(), CancellationToken::new());
+    platform(&app, &log, &shutdown).await;
+
+    let mut expected = HashMap::new();
+    for (workspace, n) in [(ws, 30), (other, 5)] {
+        let mut tx = conveyor::begin_workspace(pool, workspace).await.unwrap();
+        for i in 0..n {
+            let (mode, options, status) = match i % 10 {
+                0 => ("fail", EnqueueOptions::new().max_attempts(1), JobStatus::Failed),
+                1 => ("ok", EnqueueOptions::new().delay(Duration::from_secs(3600)), JobStatus::Canceled),
+                _ => ("ok", EnqueueOptions::new(), JobStatus::Succeeded),
+            };
+            let job = conveyor::enqueue_tx(&mut tx, &greet(&i.to_string(), mode), options).await.unwrap();
+            if workspace == ws {
+                expected.insert(job.id, status);
+            }
+        }
+        tx.commit().await.unwrap();
+    }
+    for (job, status) in &expected {
+        if *status == JobStatus::Canceled {
+            conveyor::cancel_job(pool, ws, *job).await.unwrap();
+        }
+    }
+    let mut heard = HashMap::new();
+    while heard.len() < expected.len() {
+        let end =
+            tokio::time::timeout(Duration::from_secs(30), ends.next()).await.expect("an end within 30 s").unwrap();
+        assert!(heard.insert(end.id, end.status).is_none(), "{} heard twice", end.id);
+    }
+    assert_eq!(heard, expected, "every end of the workspace's jobs, with its status, and none of another workspace's");
+    // Nothing more comes.
+    assert!(tokio::time::timeout(Duration::from_millis(500), ends.next()).await.is_err());
+    shutdown.cancel();
+}

@@ -110,7 +110,7 @@ pub async fn complete_tx(
 ) -> Result<Completion, sqlx::Error> {
     let done = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE outbox_events
-         SET status = 'completed', finished_at = now(), result = $3, locked_by = NULL, locked_until = NULL
+         SET status = 'completed', finished_at = clock_timestamp(), result = $3, locked_by = NULL, locked_until = NULL
          WHERE id = $1 AND redrive_count = coalesce($2, redrive_count) AND status IN {LIVE}"
     )))
     .bind(job)
