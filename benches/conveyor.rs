@@ -10,14 +10,22 @@
 //! - `commit`: the same enqueue transactions at the same rate with nothing relaying them: the durable commit's own
 //!   p50/p99 on this machine, the floor under `latency`'s figure measured from the moment COMMIT is sent.
 //! - `worker-memory`: peak resident memory of a real `conveyor worker` process at concurrency CONC draining N jobs.
+//! - `enqueue-bulk`: N jobs written into the outbox by `enqueue_many_tx`, 50 per transaction (BullMQ's `add-bulk`
+//!   batch), one transaction after the other, commit included, nothing relaying them; jobs per second.
+//! - `burst`: N jobs enqueued as in `enqueue-bulk` while a dispatcher and a worker (concurrency CONC, no-op handler)
+//!   run, each on a runtime of its own; jobs per second from the first enqueue to the last job's end recorded, and
+//!   where the time went (enqueue done, last `XADD`, last handler start, last end recorded).
+//! - `delay-lateness`: at idle, JOBS jobs enqueued one at a time over SECONDS, each with a delay of 200 to 1000 ms;
+//!   lateness (handler start minus due time, due = the enqueue transaction's `now()` plus the delay) p50/p99/max.
 //!
-//! Environment: N (default 100000), CONC (100), RATE (1000), SECONDS (10), and the test harness's database and
-//! Redis variables.
+//! Environment: N (default 100000), CONC (100), RATE (1000), SECONDS (10), JOBS (300), WORKSPACES (`burst`, 1), and
+//! the test harness's database and Redis variables.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -353,9 +361,18 @@ async fn dispatch_latency() {
     }));
 }
 
-/// A handler that does nothing but note which job started when (ms since the epoch).
+/// A handler that does nothing but note which job started when (ms since the epoch), or count its starts.
+#[derive(Default)]
 struct Noop {
     started: Option<Arc<Mutex<HashMap<Uuid, f64>>>>,
+    starts: Option<Arc<Starts>>,
+}
+
+/// Handler starts, counted without a lock: how many, and the latest (µs since the epoch).
+#[derive(Default)]
+struct Starts {
+    count: AtomicUsize,
+    last_us: AtomicI64,
 }
 
 impl Handler<VerifyCredentials> for Noop {
@@ -363,6 +380,10 @@ impl Handler<VerifyCredentials> for Noop {
         if let Some(started) = &self.started {
             let now = chrono::Utc::now().timestamp_micros() as f64 / 1000.0;
             started.lock().unwrap().entry(cx.id().0).or_insert(now);
+        }
+        if let Some(starts) = &self.starts {
+            starts.last_us.fetch_max(chrono::Utc::now().timestamp_micros(), Ordering::Relaxed);
+            starts.count.fetch_add(1, Ordering::Relaxed);
         }
         Ok(serde_json::Value::Null)
     }
@@ -382,12 +403,16 @@ async fn noop_worker_on(
     concurrency: usize,
     started: Option<Arc<Mutex<HashMap<Uuid, f64>>>>,
 ) -> Worker {
+    noop_worker_with(pool, prefix, concurrency, Noop { started, starts: None }).await
+}
+
+async fn noop_worker_with(pool: sqlx::PgPool, prefix: &str, concurrency: usize, handler: Noop) -> Worker {
     let redis = common::redis_url();
     let client = conveyor::stream::connect(&redis, Duration::from_secs(5)).await.unwrap();
     let blocking = conveyor::stream::connect(&redis, Duration::from_secs(10)).await.unwrap();
     let consumer = conveyor::stream::consumer::Consumer::new(client, blocking, Keys::new(prefix), "bench".into());
     Worker::builder(pool, consumer)
-        .handle::<VerifyCredentials>(Noop { started })
+        .handle::<VerifyCredentials>(handler)
         .settings(WorkerSettings { concurrency, ..WorkerSettings::default() })
         .metrics(Metrics::new())
         .build()
@@ -583,12 +608,222 @@ async fn worker_memory() {
     }));
 }
 
+/// Jobs per transaction in `enqueue-bulk` and `burst`: the batch of BullMQ's `add-bulk` and `burst` (`addBulk` of 50,
+/// one call after the other, in both references).
+const BULK_BATCH: usize = 50;
+
+fn now_ms() -> f64 {
+    chrono::Utc::now().timestamp_micros() as f64 / 1000.0
+}
+
+/// Enqueues `n` jobs with `enqueue_many_tx`, [`BULK_BATCH`] per transaction, one transaction after the other (each
+/// begun, written and committed before the next), round-robin over `workspaces`. Returns each transaction's duration
+/// in ms, begin to commit.
+async fn enqueue_in_bulk(pool: &PgPool, workspaces: &[WorkspaceId], n: usize) -> Vec<f64> {
+    let mut took = Vec::with_capacity(n.div_ceil(BULK_BATCH));
+    let mut left = n;
+    while left > 0 {
+        let t = Instant::now();
+        let jobs: Vec<VerifyCredentials> = (0..left.min(BULK_BATCH))
+            .map(|_| VerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 })
+            .collect();
+        let mut tx = conveyor::begin_workspace(pool, workspaces[took.len() % workspaces.len()]).await.unwrap();
+        let enqueued =
+            conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new()))).await.unwrap();
+        assert_eq!(enqueued.len(), jobs.len());
+        tx.commit().await.unwrap();
+        left -= jobs.len();
+        took.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    took
+}
+
+/// What the references' `add-bulk` measures: N jobs in batches of 50, one batch after the other, nothing consuming.
+async fn enqueue_bulk() {
+    let n = env("N", 100_000) as usize;
+    let app = common::TestApp::spawn().await;
+    let workspace = [WorkspaceId(Uuid::new_v4())];
+    let started = Instant::now();
+    let mut took = enqueue_in_bulk(&app.db.pool, &workspace, n).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let (written,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut app.db.owner().await).await.unwrap();
+    assert_eq!(written as usize, n);
+    took.sort_by(f64::total_cmp);
+    emit(json!({
+        "scenario": "enqueue-bulk", "n": n, "batch": BULK_BATCH, "transactions": took.len(),
+        "per_s": (n as f64 / elapsed).round(),
+        "tx_p50_ms": percentile(&took, 50.0).map(round), "tx_p99_ms": percentile(&took, 99.0).map(round),
+    }));
+}
+
+/// A no-op worker at `concurrency` over `app`'s database and prefix, on a multi-threaded runtime of its own (as the
+/// `conveyor worker` process runs, with its default pool of 16 connections), running until `shutdown`. Returns once
+/// its consumer groups exist.
+fn spawn_worker(
+    app: &common::TestApp,
+    concurrency: usize,
+    handler: Noop,
+    shutdown: CancellationToken,
+) -> std::thread::JoinHandle<()> {
+    let (url, prefix) = (app.db.app_url.clone(), app.redis_prefix.clone());
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let thread = on_own_runtime("worker", false, async move {
+        let pool = db::connect(&url, 16).await.unwrap();
+        let worker = noop_worker_with(pool, &prefix, concurrency, handler).await;
+        worker.ensure_groups().await.unwrap();
+        ready_tx.send(()).unwrap();
+        worker.run(shutdown, Duration::from_secs(10)).await.unwrap();
+    });
+    ready.recv().unwrap();
+    thread
+}
+
+/// The id Redis gave the stream's last `XADD`, as ms since the epoch (its clock, this machine's): it stays when the
+/// entries are acknowledged and deleted.
+async fn last_xadd_ms(app: &common::TestApp, queue: &str) -> Option<f64> {
+    use fred::prelude::StreamsInterface;
+    let client = common::redis_client(&common::redis_url()).await;
+    let info: HashMap<String, fred::prelude::Value> =
+        client.xinfo_stream(Keys::new(&app.redis_prefix).stream(queue), false, None).await.unwrap();
+    info.get("last-generated-id")?.as_string()?.split('-').next()?.parse().ok()
+}
+
+/// Deadlocks detected in `app`'s database so far (`pg_stat_database`).
+async fn database_deadlocks(app: &common::TestApp) -> i64 {
+    sqlx::query_scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(&mut app.db.owner().await)
+        .await
+        .unwrap()
+}
+
+/// The references' `burst`: N jobs added in batches of 50 while a worker (concurrency CONC, no-op handler) already
+/// runs, timed from the first add. The references stop at the N-th handler call; here the end is stricter, the last
+/// job's end recorded in PostgreSQL (status `completed`): the handler counts its starts, and once all N have started,
+/// the stream is watched until it is empty, which it is only when every entry has been acknowledged (and deleted),
+/// which the worker does only after recording the job's end. The N-th start is reported too (`per_s_to_last_start`,
+/// the references' own end point). Enqueue, relay and worker run at once, as in production: the enqueuing client on
+/// this runtime, the dispatcher and the worker each on a runtime of its own.
+async fn burst() {
+    let (n, conc) = (env("N", 100_000) as usize, env("CONC", 100) as usize);
+    let workspaces: Vec<WorkspaceId> = (0..env("WORKSPACES", 1).max(1)).map(|_| WorkspaceId(Uuid::new_v4())).collect();
+    let app = common::TestApp::spawn().await;
+    let starts = Arc::new(Starts::default());
+    let shutdown = CancellationToken::new();
+    let handler = Noop { starts: Some(starts.clone()), ..Noop::default() };
+    let worker_thread = spawn_worker(&app, conc, handler, shutdown.clone());
+    let dispatcher = spawn_dispatcher(&app, shutdown.clone());
+    // The dispatcher LISTENs before the first commit (else the first jobs would wait for its first poll).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deadlocks_before = database_deadlocks(&app).await;
+    let cpu_before = process_cpu_seconds();
+    let clock = Instant::now();
+    let t0 = now_ms();
+    let mut took = enqueue_in_bulk(&app.db.pool, &workspaces, n).await;
+    let t1 = now_ms();
+    let limit = Duration::from_secs(600);
+    while starts.count.load(Ordering::Relaxed) < n {
+        assert!(clock.elapsed() < limit, "only {} of {n} jobs started", starts.count.load(Ordering::Relaxed));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let redis = common::redis_client(&common::redis_url()).await;
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    loop {
+        use fred::prelude::StreamsInterface;
+        let len: u64 = redis.xlen(&stream).await.unwrap();
+        if len == 0 {
+            break;
+        }
+        assert!(clock.elapsed() < limit, "{len} entries still in the stream");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let t3 = now_ms();
+    let cpu = process_cpu_seconds() - cpu_before;
+    shutdown.cancel();
+    worker_thread.join().unwrap();
+    dispatcher.join().unwrap();
+    let t2 = last_xadd_ms(&app, "stores").await.unwrap();
+    // Deadlocks PostgreSQL broke in this database during the run (each one after `deadlock_timeout`, 1 s by default):
+    // a backend flushes its counters at exit, and the worker's and the dispatcher's have just been closed.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let deadlocks = database_deadlocks(&app).await - deadlocks_before;
+    let last_start = starts.last_us.load(Ordering::Relaxed) as f64 / 1000.0;
+    let (completed, last_end): (i64, Option<chrono::DateTime<chrono::Utc>>) =
+        sqlx::query_as("SELECT count(*), max(finished_at) FROM outbox_events WHERE status = 'completed'")
+            .fetch_one(&mut app.db.owner().await)
+            .await
+            .unwrap();
+    assert_eq!(completed as usize, n, "every job's end is recorded");
+    took.sort_by(f64::total_cmp);
+    let at = |t: f64| round(t - t0);
+    emit(json!({
+        "scenario": "burst", "n": n, "concurrency": conc, "batch": BULK_BATCH, "workspaces": workspaces.len(),
+        "per_s": (n as f64 / ((t3 - t0) / 1e3)).round(),
+        "per_s_to_last_start": (n as f64 / ((last_start - t0) / 1e3)).round(),
+        "enqueued_ms": at(t1), "last_xadd_ms": at(t2), "last_start_ms": at(last_start), "done_ms": at(t3),
+        // finished_at is the recording transaction's start (the database's clock, this machine's).
+        "last_finished_at_ms": last_end.map(|e| at(e.timestamp_micros() as f64 / 1000.0)),
+        "enqueue_per_s": (n as f64 / ((t1 - t0) / 1e3)).round(),
+        "tx_p50_ms": percentile(&took, 50.0).map(round), "tx_p99_ms": percentile(&took, 99.0).map(round),
+        "starts": starts.count.load(Ordering::Relaxed), "deadlocks": deadlocks,
+        "cpu_us_per_job": round(cpu * 1e6 / n as f64),
+    }));
+}
+
+/// Delayed jobs at idle: JOBS jobs, one per transaction, spread evenly over SECONDS, each due 200 to 1000 ms after
+/// its transaction's `now()` (read in the same transaction, which is the time `delay` counts from); lateness is the
+/// handler's start minus that due time.
+async fn delay_lateness() {
+    let (jobs, seconds, conc) = (env("JOBS", 300) as usize, env("SECONDS", 10), env("CONC", 100) as usize);
+    let app = common::TestApp::spawn().await;
+    let started = Arc::new(Mutex::new(HashMap::new()));
+    let shutdown = CancellationToken::new();
+    let handler = Noop { started: Some(started.clone()), ..Noop::default() };
+    let worker_thread = spawn_worker(&app, conc, handler, shutdown.clone());
+    let dispatcher = spawn_dispatcher(&app, shutdown.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let workspace = WorkspaceId(Uuid::new_v4());
+    let clock = tokio::time::Instant::now();
+    let mut due: Vec<(Uuid, f64)> = Vec::with_capacity(jobs);
+    for i in 0..jobs {
+        tokio::time::sleep_until(clock + Duration::from_secs_f64(i as f64 * seconds as f64 / jobs as f64)).await;
+        // 389 and 801 are coprime: the delays go over every ms from 200 to 1000, not in order.
+        let delay = Duration::from_millis(200 + (i as u64 * 389) % 801);
+        let mut tx = conveyor::begin_workspace(&app.db.pool, workspace).await.unwrap();
+        let (now,): (chrono::DateTime<chrono::Utc>,) =
+            sqlx::query_as("SELECT now()").fetch_one(&mut *tx).await.unwrap();
+        let job = VerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
+        let id = conveyor::enqueue_tx(&mut tx, &job, EnqueueOptions::new().delay(delay)).await.unwrap().id.0;
+        tx.commit().await.unwrap();
+        due.push((id, now.timestamp_micros() as f64 / 1000.0 + delay.as_secs_f64() * 1e3));
+    }
+    let all = common::eventually(Duration::from_secs(30), || async {
+        let started = started.lock().unwrap();
+        due.iter().all(|(id, _)| started.contains_key(id)).then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    worker_thread.join().unwrap();
+    dispatcher.join().unwrap();
+    let started = started.lock().unwrap().clone();
+    let mut late: Vec<f64> = due.iter().filter_map(|(id, at)| Some(started.get(id)? - at)).collect();
+    late.sort_by(f64::total_cmp);
+    let count = |over: f64| late.iter().filter(|l| **l > over).count();
+    emit(json!({
+        "scenario": "delay-lateness", "jobs": jobs, "seconds": seconds, "delay_ms": [200, 1000],
+        "received": late.len(), "all_started": all.is_some(),
+        "early": late.iter().filter(|l| **l < 0.0).count(), "over_50ms": count(50.0), "over_500ms": count(500.0),
+        "min_ms": late.first().copied().map(round),
+        "p50_ms": percentile(&late, 50.0).map(round), "p99_ms": percentile(&late, 99.0).map(round),
+        "max_ms": late.last().copied().map(round),
+    }));
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    let which = args
-        .first()
-        .cloned()
-        .unwrap_or_else(|| "idempotency,dispatch,dispatch-latency,worker,latency,worker-memory".into());
+    let which = args.first().cloned().unwrap_or_else(|| {
+        "idempotency,dispatch,dispatch-latency,worker,latency,worker-memory,enqueue-bulk,burst,delay-lateness".into()
+    });
     if std::env::var("RUST_LOG").is_ok() {
         conveyor::telemetry::init_logging(false);
     }
@@ -603,6 +838,9 @@ fn main() {
                 "latency" => latency().await,
                 "commit" => commit().await,
                 "worker-memory" => worker_memory().await,
+                "enqueue-bulk" => enqueue_bulk().await,
+                "burst" => burst().await,
+                "delay-lateness" => delay_lateness().await,
                 other => panic!("unknown scenario {other}"),
             }
         }
