@@ -668,3 +668,67 @@ async fn a_subscription_hears_each_end_of_its_workspaces_jobs_once() {
     assert!(tokio::time::timeout(Duration::from_millis(500), ends.next()).await.is_err());
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_deadlock() {
+    use conveyor::outbox::transitions::relay;
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let pool = &app.db.pool;
+    // Three jobs, a < c < x by id (UUIDv7s written in that order), claimed by the relay "me".
+    let mut tx = conveyor::begin_workspace(pool, ws).await.unwrap();
+    let jobs = [greet("a", "ok"), greet("c", "ok"), greet("x", "ok")];
+    conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new()))).await.unwrap();
+    tx.commit().await.unwrap();
+    let claimed = relay::claim(pool, &[ws], "me", Duration::from_secs(60), 10).await.unwrap();
+    let [a, c, x] = [0, 1, 2].map(|i| &claimed[i]);
+    assert!(a.id < c.id && c.id < x.id);
+
+    // Someone holds c for a moment.
+    let mut holder = conveyor::begin_workspace(pool, ws).await.unwrap();
+    sqlx::query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE").bind(c.id).execute(&mut *holder).await.unwrap();
+    // The relay marks a, c, x (taking a, then waiting for c); the worker records the ends of x and a.
+    let marking = {
+        let (pool, ws) = (pool.clone(), ws.0);
+        let (tids, ids): (Vec<String>, Vec<Uuid>) = [a, c, x].iter().map(|e| (e.tid.clone(), e.id)).unzip();
+        tokio::spawn(async move {
+            sqlx::query_scalar::<_, i64>("SELECT conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5, $6)")
+                .bind("me")
+                .bind(vec![ws; 3])
+                .bind(tids)
+                .bind(ids)
+                .bind(vec![0i32; 3])
+                .bind(vec!["1-1", "1-2", "1-3"])
+                .fetch_one(&pool)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ending = {
+        let (pool, ids) = (pool.clone(), vec![x.id, a.id]);
+        tokio::spawn(async move {
+            sqlx::query_scalar::<_, i64>("SELECT conveyor_complete_jobs($1, $2, $3, $4)")
+                .bind(vec![ws.0; 2])
+                .bind(ids)
+                .bind(vec![None::<i32>; 2])
+                .bind(vec![json!(null); 2])
+                .fetch_one(&pool)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.commit().await.unwrap();
+    // Locked in one order (workspace, then id), the two wait for each other in turn; neither is broken as a deadlock.
+    let marked = marking.await.unwrap().expect("the mark is not broken as a deadlock");
+    let ended = ending.await.unwrap().expect("the record of ends is not broken as a deadlock");
+    assert_eq!((marked, ended), (3, 2));
+    let statuses: Vec<(Uuid, String)> = {
+        let mut tx = conveyor::begin_workspace(pool, ws).await.unwrap();
+        sqlx::query_as("SELECT id, status FROM outbox_events ORDER BY id").fetch_all(&mut *tx).await.unwrap()
+    };
+    assert_eq!(
+        statuses,
+        [(a.id, "completed".into()), (c.id, "dispatched".into()), (x.id, "completed".into())],
+        "the mark went first, then the ends"
+    );
+}

@@ -333,7 +333,12 @@ impl Dispatcher {
                 last_sweep = tokio::time::Instant::now();
                 let pass = self.dispatch_once().await;
                 next_due = match claim::next_due_at(&self.pool).await {
-                    Ok(due) => due.filter(|d| *d > Utc::now()),
+                    // A job that fell due during the sweep is swept for at once, unless the sweep found nothing
+                    // to claim (the job is held for a moment by someone else): then shortly after, not in a spin.
+                    Ok(Some(due)) if due <= Utc::now() && matches!(pass, Ok(DispatchOutcome::Idle)) => {
+                        Some(Utc::now() + chrono::Duration::milliseconds(10))
+                    }
+                    Ok(due) => due,
                     Err(e) => {
                         tracing::warn!(error = ?e, "Could not read when the next job is due; polling");
                         None

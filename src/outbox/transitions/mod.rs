@@ -23,6 +23,15 @@ use crate::ids::{JobId, WorkspaceId};
 /// The statuses of a job that is still to run or running.
 const LIVE: &str = "('pending', 'dispatching', 'dispatched')";
 
+/// Locks the operation's row, if any, before its job's: every transaction that writes both takes the operation first
+/// (the worker's commit, a cancellation, a retry, a dead letter), so none waits for another in a cycle.
+async fn lock_operation_tx(tx: &mut WorkspaceTx, operation: Option<Uuid>) -> Result<(), sqlx::Error> {
+    if let Some(operation) = operation {
+        sqlx::query("SELECT 1 FROM operations WHERE id = $1 FOR UPDATE").bind(operation).execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
 /// Marks the operation `running` for attempt `attempt`. False when it has already finished (a repeat delivery).
 pub async fn start(pool: &PgPool, workspace: WorkspaceId, operation: Uuid, attempt: u32) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
@@ -225,6 +234,12 @@ pub enum Cancel {
 /// Cancels the job `job` and its operation, if live, in the caller's transaction; at commit the worker running it (if
 /// any) is told, and waiters learn that it ended.
 pub async fn cancel_job_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: JobId) -> Result<Cancel, sqlx::Error> {
+    let operation: Option<Option<Uuid>> = sqlx::query_scalar("SELECT operation_id FROM outbox_events WHERE id = $1")
+        .bind(job.0)
+        .fetch_optional(&mut **tx)
+        .await?;
+    let Some(operation) = operation else { return Ok(Cancel::NotFound) };
+    lock_operation_tx(tx, operation).await?;
     let canceled: Option<(Option<Uuid>,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE outbox_events
          SET status = 'canceled', finished_at = now(), locked_by = NULL, locked_until = NULL
@@ -327,6 +342,7 @@ pub async fn retry(
     error: &str,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
+    lock_operation_tx(&mut tx, operation).await?;
     let moved = sqlx::query(
         "UPDATE outbox_events
          SET status = 'pending', next_attempt_at = now() + make_interval(secs => $2), job_attempts = job_attempts + 1,
@@ -378,6 +394,7 @@ pub async fn dead_letter(
     error: &str,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
+    lock_operation_tx(&mut tx, operation).await?;
     let moved = sqlx::query(
         "UPDATE outbox_events
          SET status = 'dead_letter', failure_stage = 'job', dead_lettered_at = now(), last_error = $2,
