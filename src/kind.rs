@@ -47,7 +47,7 @@ pub trait JobKind: Serialize + DeserializeOwned + Send + Sync + 'static {
 /// priority is handed to the workers before any of a lower one (within a priority, in due order). Once in a stream,
 /// jobs are read in the order they arrived: priority orders the backlog that waits in PostgreSQL, not work already
 /// handed over, and it does not reorder jobs of different workspaces.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {
     /// Ahead of everything else of its workspace.

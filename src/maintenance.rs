@@ -61,7 +61,7 @@ impl Maintenance {
         let idempotency_purged = cleanup::purge_expired(&self.pool, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.idempotency_records_purged.inc_by(idempotency_purged);
         let outbox_purged =
-            claim::purge_dispatched(&self.pool, self.outbox_retention, BATCH, MAX_BATCHES_PER_PASS).await?;
+            claim::purge_finished(&self.pool, self.outbox_retention, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.outbox_events_purged.inc_by(outbox_purged);
         let stalled = reconcile::redrive_stalled(&self.pool, self.reconcile_after, BATCH).await?;
         let lost = reconcile::redrive_lost(&self.pool, &self.redis, &self.keys, self.reconcile_after, BATCH).await?;

@@ -347,7 +347,7 @@ async fn without_a_workspace_the_application_role_can_neither_read_claim_nor_upd
 }
 
 #[tokio::test]
-async fn retention_deletes_only_dispatched_events_past_the_period() {
+async fn retention_deletes_only_jobs_that_ended_past_the_period() {
     let app = TestApp::spawn().await;
     let redis = common::redis_url();
     let ws = WorkspaceId(Uuid::new_v4());
@@ -355,23 +355,38 @@ async fn retention_deletes_only_dispatched_events_past_the_period() {
     let d = dispatcher(&app, &redis, |_| {}).await;
     d.dispatch_once().await.unwrap();
     let pending = enqueue(&app, ws, 2).await;
+    // Of the six handed off eight days ago, four succeeded and one was canceled long ago; one is still live.
     let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
-    sqlx::query("UPDATE outbox_events SET dispatched_at = now() - interval '8 days' WHERE status = 'dispatched'")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let live: Uuid = sqlx::query_scalar(
+        "WITH old AS (UPDATE outbox_events SET dispatched_at = now() - interval '8 days' WHERE status = 'dispatched'
+                      RETURNING id)
+         SELECT min(id::text)::uuid FROM old",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE outbox_events SET status = CASE WHEN id::text = (SELECT max(id::text) FROM outbox_events WHERE status = 'dispatched')
+                                               THEN 'canceled' ELSE 'completed' END,
+                finished_at = now() - interval '8 days'
+         WHERE status = 'dispatched' AND id <> $1",
+    )
+    .bind(live)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
     let purged =
-        conveyor::outbox::transitions::relay::purge_dispatched(&app.db.pool, Duration::from_secs(7 * 86400), 4, 100)
+        conveyor::outbox::transitions::relay::purge_finished(&app.db.pool, Duration::from_secs(7 * 86400), 4, 100)
             .await
             .unwrap();
-    assert_eq!(purged, 6);
+    assert_eq!(purged, 5);
     let left: Vec<String> = events(&app, ws).await.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
-    let mut expected: Vec<String> = pending.iter().map(Uuid::to_string).collect();
+    let mut expected: Vec<String> = pending.iter().chain([&live]).map(Uuid::to_string).collect();
     expected.sort();
     let mut left = left;
     left.sort();
-    assert_eq!(left, expected, "undispatched events are never purged");
+    assert_eq!(left, expected, "jobs not handed off, and a live one handed off long ago, are never purged");
 }
 
 #[tokio::test]

@@ -74,15 +74,20 @@ pub async fn redrive_lost(
         let entries: Vec<(String, String)> =
             candidates.iter().map(|(_, queue, stream_id)| (keys.stream(queue), stream_id.clone())).collect();
         let exist = crate::stream::admin::entries_exist(redis, &entries).await?;
-        let lost: Vec<Uuid> =
-            candidates.iter().zip(exist).filter(|(_, exists)| !exists).map(|((id, _, _), _)| *id).collect();
+        let lost: Vec<(Uuid, String)> = candidates
+            .into_iter()
+            .zip(exist)
+            .filter(|(_, exists)| !exists)
+            .map(|((id, _, stream_id), _)| (id, stream_id))
+            .collect();
         if lost.is_empty() {
             continue;
         }
         let mut tx = db::begin_workspace(pool, workspace).await?;
         let mut moved = 0;
-        for id in &lost {
-            moved += u64::from(super::transitions::redrive_tx(&mut tx, workspace, *id).await?);
+        for (id, stream_id) in &lost {
+            // Fenced by the entry that was found missing: a job handed off again meanwhile is left alone.
+            moved += u64::from(super::transitions::redrive_tx(&mut tx, workspace, *id, stream_id).await?);
         }
         tx.commit().await?;
         tracing::warn!(workspace = %workspace, jobs = moved, "Re-driven jobs whose stream entries Redis lost");

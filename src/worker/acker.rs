@@ -158,11 +158,9 @@ impl Worker {
             match next {
                 Ok(n) => {
                     if let Ok(job) = n.payload().parse::<Uuid>()
-                        && let Some(c) = self.0.running.lock().expect("running lock").get(&job)
+                        && self.0.running.lock().expect("running lock").cancel(job)
                     {
                         tracing::info!(event_id = %job, "Job canceled while running; telling its handler");
-                        c.requested.cancel();
-                        c.token.cancel();
                     }
                 }
                 Err(e) => {

@@ -81,9 +81,15 @@ impl Worker {
                 let span = tracing::info_span!("job", event_id = %delivery.event_id, r#type = %delivery.event_type,
                     attempt = delivery.attempt, traceparent = %delivery.traceparent);
                 let cancellation = Cancellation { requested: CancellationToken::new(), token: abandon.child_token() };
-                self.0.running.lock().expect("running lock").insert(delivery.event_id, cancellation.clone());
-                let ran = self.execute(&delivery, &cancellation, &abandon).instrument(span).await;
-                self.0.running.lock().expect("running lock").remove(&delivery.event_id);
+                let ran = if self.0.running.lock().expect("running lock").start(delivery.event_id, cancellation.clone())
+                {
+                    let ran = self.execute(&delivery, &cancellation, &abandon).instrument(span).await;
+                    self.0.running.lock().expect("running lock").jobs.remove(&delivery.event_id);
+                    ran
+                } else {
+                    // Canceled after this worker read it, before it started: it never runs.
+                    Ok((Outcome::Canceled, None))
+                };
                 match ran {
                     Ok(done) => done,
                     Err(e) => {
@@ -129,14 +135,25 @@ impl Worker {
             tx: None,
             pool: pool.clone(),
             control: self.0.control.clone(),
+            ended: false,
         };
         if let Some(operation) = d.operation_id {
             if !Box::pin(record::start(pool, d.workspace_id, operation, d.attempt)).await? {
+                // The operation has ended: this job can no longer advance it.
+                Box::pin(self.end_orphan(d)).await?;
                 return Ok((Outcome::Skipped, None));
             }
             // With an operation, the transaction (and the job's lock) comes first: a repeat delivery waits here
-            // for the first run, then sees the operation finished and skips.
-            if Box::pin(async { record::finished_tx(cx.tx().await?, operation).await }).await? {
+            // for the first run, then sees the job or its operation ended and skips.
+            let finished = match Box::pin(async { record::finished_tx(cx.tx().await?, operation).await }).await {
+                Err(_) if cx.ended => return Ok((Outcome::Skipped, None)),
+                finished => finished?,
+            };
+            if finished {
+                if let Some(mut tx) = cx.tx.take() {
+                    record::end_orphan_tx(&mut tx, d.workspace_id, d.event_id).await?;
+                    tx.commit().await?;
+                }
                 return Ok((Outcome::Skipped, None));
             }
         }
@@ -180,12 +197,14 @@ impl Worker {
         let Some(result) = result else {
             return Ok((Outcome::Abandoned, None));
         };
-        if cancellation.requested.is_cancelled() {
-            // Canceled while it ran: whatever it answered, its writes roll back and it stays canceled.
+        if cancellation.requested.is_cancelled() || cx.ended {
+            // Canceled while it ran, or ended by another delivery it waited for: whatever it answered, its writes
+            // roll back.
             if let Some(tx) = cx.tx.take() {
                 Box::pin(tx.rollback()).await?;
             }
-            return Ok((Outcome::Canceled, None));
+            let outcome = if cx.ended { Outcome::Skipped } else { Outcome::Canceled };
+            return Ok((outcome, None));
         }
         match result {
             Ok(value) => Box::pin(self.succeed(d, cx, value)).await,
@@ -194,8 +213,15 @@ impl Worker {
                     Box::pin(tx.rollback()).await?;
                 }
                 if matches!(e, JobError::Canceled) {
-                    // The handler stopped because it read a cancellation that this worker has not heard of yet.
-                    return Ok((Outcome::Canceled, None));
+                    if abandon.is_cancelled() {
+                        // The worker's grace period ended: the entry stays for another worker.
+                        return Ok((Outcome::Abandoned, None));
+                    }
+                    if !Box::pin(self.is_live(d)).await? {
+                        // It read a cancellation (or another end) this worker has not heard of yet.
+                        return Ok((Outcome::Canceled, None));
+                    }
+                    // Nobody canceled it: a failure like any other, retried below.
                 }
                 let error = redact(&e.to_string());
                 let permanent = matches!(e, JobError::Permanent(_));
@@ -233,29 +259,58 @@ impl Worker {
         mut cx: JobContext,
         value: serde_json::Value,
     ) -> anyhow::Result<(Outcome, Option<Finished>)> {
-        if let Some(operation) = d.operation_id
-            && !record::succeed_tx(cx.tx().await?, operation, &value).await?
-        {
-            // The operation is no longer live: canceled after the run began.
-            if let Some(tx) = cx.tx.take() {
-                tx.rollback().await?;
+        if let Some(operation) = d.operation_id {
+            match cx.tx().await.map(|_| ()) {
+                Ok(()) => {}
+                Err(_) if cx.ended => return Ok((Outcome::Skipped, None)),
+                Err(e) => return Err(e.into()),
             }
-            return Ok((Outcome::Canceled, None));
+            let tx = cx.tx.as_mut().expect("opened just above");
+            let succeeded = record::succeed_tx(tx, operation, &value).await?;
+            if !succeeded {
+                // The operation is no longer live (canceled after the run began): roll back, and end the job.
+                if let Some(tx) = cx.tx.take() {
+                    tx.rollback().await?;
+                }
+                self.end_orphan(d).await?;
+                return Ok((Outcome::Canceled, None));
+            }
         }
         let Some(mut tx) = cx.tx.take() else {
-            let finished = Finished { workspace: d.workspace_id, job: d.event_id, redrive: d.redrive, result: value };
+            let finished = Finished { workspace: d.workspace_id, job: d.event_id, redrive: None, result: value };
             return Ok((Outcome::Succeeded, Some(finished)));
         };
-        match record::complete_tx(&mut tx, d.workspace_id, d.event_id, d.redrive, Some(&value)).await? {
+        match record::complete_tx(&mut tx, d.workspace_id, d.event_id, Some(&value)).await? {
             Completion::Canceled => {
                 tx.rollback().await?;
                 Ok((Outcome::Canceled, None))
             }
-            Completion::Recorded | Completion::Stale | Completion::Gone => {
+            Completion::Stale => {
+                // Ended by another delivery meanwhile: its writes stand, these roll back.
+                tx.rollback().await?;
+                Ok((Outcome::Skipped, None))
+            }
+            Completion::Recorded | Completion::Gone => {
                 tx.commit().await?;
                 Ok((Outcome::Succeeded, None))
             }
         }
+    }
+
+    /// Ends a live job whose operation has already ended (see [`record::end_orphan_tx`]).
+    async fn end_orphan(&self, d: &Delivery) -> anyhow::Result<()> {
+        let mut tx = crate::db::begin_workspace(&self.0.pool, d.workspace_id).await?;
+        record::end_orphan_tx(&mut tx, d.workspace_id, d.event_id).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Whether the delivered job is still live.
+    async fn is_live(&self, d: &Delivery) -> anyhow::Result<bool> {
+        let mut tx = crate::db::begin_workspace(&self.0.pool, d.workspace_id).await?;
+        let live = record::is_live_tx(&mut tx, d.event_id).await?;
+        tx.commit().await?;
+        Ok(live)
     }
 
     /// Dead-letters the delivered job with `reason` (redacted), counted under `why`; skipped when the delivery's

@@ -66,6 +66,9 @@ pub struct JobContext {
     pub(crate) pool: PgPool,
     /// Connections of their own for progress, so that jobs holding every connection of `pool` cannot starve it.
     pub(crate) control: PgPool,
+    /// Set when [`JobContext::tx`] found, once it held the job's lock, that the job had ended meanwhile (another
+    /// delivery ran it): the run is skipped.
+    pub(crate) ended: bool,
 }
 
 impl JobContext {
@@ -123,12 +126,19 @@ impl JobContext {
 
     /// The workspace transaction the job's effects are written in, opened on first use (a job that never touches
     /// PostgreSQL never pays for one). It holds the job's lock, so two deliveries of one job never run their
-    /// transactions at once. The runtime commits it with the job's outcome (and its operation's), then acknowledges
-    /// the entry; if the handler fails or the job is canceled, it rolls back.
+    /// transactions at once, and a delivery that waited for another's learns here that the job has ended: then it
+    /// answers an error, and the runtime skips the run whatever the handler returns. The runtime commits the
+    /// transaction with the job's outcome (and its operation's), then acknowledges the entry; if the handler fails or
+    /// the job is canceled, it rolls back.
     pub async fn tx(&mut self) -> Result<&mut WorkspaceTx, sqlx::Error> {
         if self.tx.is_none() {
             let mut tx = crate::db::begin_workspace(&self.pool, self.workspace).await?;
             transitions::lock_job_tx(&mut tx, self.id.0).await?;
+            if !transitions::is_live_tx(&mut tx, self.id.0).await? {
+                self.ended = true;
+                tx.rollback().await?;
+                return Err(sqlx::Error::Protocol("the job has already ended; this delivery is skipped".into()));
+            }
             self.tx = Some(tx);
         }
         Ok(self.tx.as_mut().expect("just opened"))
@@ -146,8 +156,8 @@ impl JobContext {
 }
 
 /// Runs jobs of kind `K`. Delivery is at least once, so a handler must be re-entrant: the runtime already skips
-/// jobs that ended, runs one job id at a time and commits [`JobContext::tx`] with the outcome, and external systems
-/// get [`JobContext::idempotency_token`].
+/// jobs that ended, lets one delivery of a job at a time hold [`JobContext::tx`] (and commits it with the outcome), and
+/// external systems get [`JobContext::idempotency_token`].
 ///
 /// ```
 /// use conveyor::{Handler, JobContext, JobError, JobKind};

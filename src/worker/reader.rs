@@ -63,7 +63,7 @@ impl Worker {
         shutdown: &CancellationToken,
     ) {
         self.track(&queue.name, entries.iter().map(|e| e.id.clone()));
-        let ids: Vec<(WorkspaceId, Uuid)> = entries.iter().filter_map(job_of).collect();
+        let ids: Vec<(WorkspaceId, Uuid, Option<i32>)> = entries.iter().filter_map(job_of).collect();
         let skip = match record::not_to_run(&self.0.pool, &ids).await {
             Ok(skip) => skip,
             Err(e) => {
@@ -75,7 +75,7 @@ impl Worker {
         let mut first = first;
         let mut entries = entries.into_iter();
         while let Some(entry) = entries.next() {
-            if job_of(&entry).is_some_and(|(_, id)| skip.contains(&id)) {
+            if job_of(&entry).is_some_and(|(_, id, _)| skip.contains(&id)) {
                 queue.ended(Outcome::Skipped, Duration::ZERO);
                 let _ = self.0.acks.send((queue.clone(), entry.id, None));
                 continue;
@@ -202,7 +202,7 @@ impl Worker {
         for entry_id in reclaimed.deleted {
             if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.pool, name, &entry_id).await? {
                 let mut tx = db::begin_workspace(&self.0.pool, workspace).await?;
-                if record::redrive_tx(&mut tx, workspace, event_id).await? {
+                if record::redrive_tx(&mut tx, workspace, event_id, &entry_id).await? {
                     tracing::warn!(queue = name, event_id = %event_id, "Stream entry lost by Redis; re-driven from PostgreSQL");
                 }
                 tx.commit().await?;
@@ -232,9 +232,10 @@ fn read_beyond_free_slots() -> usize {
     0
 }
 
-/// The workspace and job id an entry names, if it names them.
-fn job_of(entry: &Entry) -> Option<(WorkspaceId, Uuid)> {
+/// The workspace, job id and generation an entry names, if it names the first two.
+fn job_of(entry: &Entry) -> Option<(WorkspaceId, Uuid, Option<i32>)> {
     let workspace = entry.fields.get("workspace_id")?.parse().ok()?;
     let id = entry.fields.get("event_id")?.parse().ok()?;
-    Some((WorkspaceId(workspace), id))
+    let redrive = entry.fields.get("redrive").and_then(|r| r.parse().ok());
+    Some((WorkspaceId(workspace), id, redrive))
 }

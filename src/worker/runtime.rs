@@ -145,6 +145,39 @@ pub(super) struct Cancellation {
     pub(super) token: CancellationToken,
 }
 
+/// The jobs running in this worker, and the cancellations it heard for jobs not (yet) running: one lock for both, so
+/// that a job starting and its cancellation arriving at the same moment cannot miss each other.
+#[derive(Default)]
+pub(super) struct Running {
+    pub(super) jobs: HashMap<Uuid, Cancellation>,
+    /// Heard, with when: a job read before its cancellation, and started after it, must not run. Kept a minute.
+    pub(super) canceled: HashMap<Uuid, std::time::Instant>,
+}
+
+impl Running {
+    /// Registers a job about to run; false when a cancellation of it was heard.
+    pub(super) fn start(&mut self, job: Uuid, cancellation: Cancellation) -> bool {
+        if self.canceled.remove(&job).is_some() {
+            return false;
+        }
+        self.jobs.insert(job, cancellation);
+        true
+    }
+
+    /// Tells the running job of its cancellation, or remembers it for a job that starts later.
+    pub(super) fn cancel(&mut self, job: Uuid) -> bool {
+        if let Some(c) = self.jobs.get(&job) {
+            c.requested.cancel();
+            c.token.cancel();
+            return true;
+        }
+        let now = std::time::Instant::now();
+        self.canceled.retain(|_, heard| now.duration_since(*heard) < Duration::from_secs(60));
+        self.canceled.insert(job, now);
+        false
+    }
+}
+
 pub(super) struct Inner {
     pub(super) pool: PgPool,
     /// A few connections of their own for keep-alives, progress and cancellations: jobs holding every connection of
@@ -157,7 +190,7 @@ pub(super) struct Inner {
     pub(super) metrics: Metrics,
     pub(super) permits: Arc<Semaphore>,
     pub(super) in_flight: Mutex<HashMap<String, HashSet<String>>>,
-    pub(super) running: Mutex<HashMap<Uuid, Cancellation>>,
+    pub(super) running: Mutex<Running>,
     pub(super) acks: mpsc::UnboundedSender<Done>,
     pub(super) ack_queue: Mutex<Option<mpsc::UnboundedReceiver<Done>>>,
 }
@@ -211,7 +244,10 @@ impl WorkerBuilder {
             anyhow::ensure!(kind::valid_kind_name(kind), "`{kind}` is not a valid kind name");
             anyhow::ensure!(kind::valid_queue_name(queue), "`{queue}` (of kind `{kind}`) is not a valid queue name");
             anyhow::ensure!(handler.max_attempts() >= 1, "kind `{kind}` must allow at least one attempt");
-            anyhow::ensure!(!handler.timeout().is_zero(), "kind `{kind}` must have a time-out longer than zero");
+            anyhow::ensure!(
+                handler.timeout() >= Duration::from_millis(1),
+                "kind `{kind}` must have a time-out of at least 1 ms"
+            );
             anyhow::ensure!(handlers.insert(kind, handler).is_none(), "kind `{kind}` has two handlers");
             if !queues.iter().any(|q| q.name == queue) {
                 queues.push(Arc::new(Queue::new(queue, &self.metrics)));
@@ -237,7 +273,7 @@ impl WorkerBuilder {
             settings: self.settings,
             metrics: self.metrics,
             in_flight: Mutex::new(HashMap::new()),
-            running: Mutex::new(HashMap::new()),
+            running: Mutex::new(Running::default()),
         })))
     }
 }

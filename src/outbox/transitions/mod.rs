@@ -102,28 +102,27 @@ pub enum Completion {
     Recorded,
     /// The job was canceled meanwhile: the caller rolls back.
     Canceled,
-    /// A newer generation of the job exists, or it already ended: nothing recorded.
+    /// It already ended otherwise (another delivery completed it, or it was dead-lettered): the caller rolls back.
     Stale,
     /// The job is no longer in the outbox (purged by retention): nothing to record.
     Gone,
 }
 
-/// Records the job `completed` with `result` in its own transaction (with the handler's writes), fenced by its
-/// generation and by the live states, and announces it to waiters at commit.
+/// Records the job `completed` with `result` in its own transaction (with the handler's writes), fenced by the live
+/// states (a successful run of any generation ends a live job; a newer generation's delivery is then skipped), and
+/// announces it to waiters at commit.
 pub async fn complete_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     job: Uuid,
-    redrive: Option<i32>,
     result: Option<&serde_json::Value>,
 ) -> Result<Completion, sqlx::Error> {
     let done = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE outbox_events
-         SET status = 'completed', finished_at = clock_timestamp(), result = $3, locked_by = NULL, locked_until = NULL
-         WHERE id = $1 AND redrive_count = coalesce($2, redrive_count) AND status IN {LIVE}"
+         SET status = 'completed', finished_at = clock_timestamp(), result = $2, locked_by = NULL, locked_until = NULL
+         WHERE id = $1 AND status IN {LIVE}"
     )))
     .bind(job)
-    .bind(redrive)
     .bind(result)
     .execute(&mut **tx)
     .await?
@@ -175,17 +174,23 @@ pub async fn complete_many(pool: &PgPool, finished: &[Finished]) -> Result<u64, 
     Ok(done as u64)
 }
 
-/// Of the delivered jobs (workspace, id), those that must not run: canceled, completed or dead-lettered. One round
-/// trip for a whole read.
-pub async fn not_to_run(pool: &PgPool, jobs: &[(WorkspaceId, Uuid)]) -> Result<HashSet<Uuid>, sqlx::Error> {
+/// Of the delivered jobs (workspace, id, the delivery's generation), those that must not run: ended (canceled,
+/// completed, dead-lettered), or moved to a newer generation (whose own delivery decides). One round trip for a whole
+/// read.
+pub async fn not_to_run(
+    pool: &PgPool,
+    jobs: &[(WorkspaceId, Uuid, Option<i32>)],
+) -> Result<HashSet<Uuid>, sqlx::Error> {
     if jobs.is_empty() {
         return Ok(HashSet::new());
     }
-    let workspaces: Vec<Uuid> = jobs.iter().map(|(w, _)| w.0).collect();
-    let ids: Vec<Uuid> = jobs.iter().map(|(_, id)| *id).collect();
-    let rows: Vec<(Uuid,)> = sqlx::query_as("SELECT id FROM conveyor_jobs_not_to_run($1, $2)")
+    let workspaces: Vec<Uuid> = jobs.iter().map(|(w, _, _)| w.0).collect();
+    let ids: Vec<Uuid> = jobs.iter().map(|(_, id, _)| *id).collect();
+    let redrives: Vec<Option<i32>> = jobs.iter().map(|(_, _, r)| *r).collect();
+    let rows: Vec<(Uuid,)> = sqlx::query_as("SELECT id FROM conveyor_jobs_not_to_run($1, $2, $3)")
         .bind(&workspaces)
         .bind(&ids)
+        .bind(&redrives)
         .fetch_all(pool)
         .await?;
     Ok(rows.into_iter().map(|(id,)| id).collect())
@@ -234,37 +239,69 @@ pub enum Cancel {
 /// Cancels the job `job` and its operation, if live, in the caller's transaction; at commit the worker running it (if
 /// any) is told, and waiters learn that it ended.
 pub async fn cancel_job_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: JobId) -> Result<Cancel, sqlx::Error> {
-    let operation: Option<Option<Uuid>> = sqlx::query_scalar("SELECT operation_id FROM outbox_events WHERE id = $1")
-        .bind(job.0)
-        .fetch_optional(&mut **tx)
-        .await?;
-    let Some(operation) = operation else { return Ok(Cancel::NotFound) };
-    lock_operation_tx(tx, operation).await?;
-    let canceled: Option<(Option<Uuid>,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let row: Option<(Option<Uuid>, String)> =
+        sqlx::query_as("SELECT operation_id, status FROM outbox_events WHERE id = $1")
+            .bind(job.0)
+            .fetch_optional(&mut **tx)
+            .await?;
+    let Some((operation, status)) = row else { return Ok(Cancel::NotFound) };
+    if !matches!(status.as_str(), "pending" | "dispatching" | "dispatched") {
+        return Ok(Cancel::Finished(status));
+    }
+    // A job of a live operation is canceled with its operation and every other live job of it (none may advance it
+    // any more); the operation's row is locked first, as every transition does.
+    if let Some(operation) = operation
+        && cancel_operation_tx(tx, workspace, operation).await? == Cancel::Canceled
+    {
+        return Ok(Cancel::Canceled);
+    }
+    // No operation, or one that has already ended: the job alone.
+    let canceled = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE outbox_events
-         SET status = 'canceled', finished_at = now(), locked_by = NULL, locked_until = NULL
-         WHERE id = $1 AND status IN {LIVE}
-         RETURNING operation_id"
+         SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL
+         WHERE id = $1 AND status IN {LIVE}"
     )))
     .bind(job.0)
-    .fetch_optional(&mut **tx)
-    .await?;
-    match canceled {
-        Some((operation,)) => {
-            if let Some(operation) = operation {
-                cancel_operation_row_tx(tx, operation).await?;
-            }
-            announce_cancel_tx(tx, workspace, &[job.0]).await?;
-            Ok(Cancel::Canceled)
-        }
-        None => {
-            let status: Option<(String,)> = sqlx::query_as("SELECT status FROM outbox_events WHERE id = $1")
-                .bind(job.0)
-                .fetch_optional(&mut **tx)
-                .await?;
-            Ok(status.map_or(Cancel::NotFound, |(s,)| Cancel::Finished(s)))
-        }
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if canceled == 0 {
+        let status: String = sqlx::query_scalar("SELECT status FROM outbox_events WHERE id = $1")
+            .bind(job.0)
+            .fetch_one(&mut **tx)
+            .await?;
+        return Ok(Cancel::Finished(status));
     }
+    announce_cancel_tx(tx, workspace, &[job.0]).await?;
+    Ok(Cancel::Canceled)
+}
+
+/// Ends, as `canceled`, a live job whose operation has already ended: it can no longer advance it (its operation was
+/// canceled, or finished by another delivery). Announced to waiters at commit. False when the job was not live.
+pub async fn end_orphan_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uuid) -> Result<bool, sqlx::Error> {
+    let ended = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE outbox_events
+         SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL,
+             last_error = 'its operation had already ended'
+         WHERE id = $1 AND status IN {LIVE}"
+    )))
+    .bind(job)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if ended == 1 {
+        notify_done_tx(tx, workspace).await?;
+    }
+    Ok(ended == 1)
+}
+
+/// Whether the job is still live (its end not recorded). Run after taking the job's lock: a delivery that waited for
+/// another one's run learns here that it has nothing left to do.
+pub async fn is_live_tx(tx: &mut WorkspaceTx, job: Uuid) -> Result<bool, sqlx::Error> {
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM outbox_events WHERE id = $1").bind(job).fetch_optional(&mut **tx).await?;
+    // A job no longer in the outbox (purged by retention) has no end to protect.
+    Ok(status.is_none_or(|s| matches!(s.as_str(), "pending" | "dispatching" | "dispatched")))
 }
 
 /// Cancels the operation `operation` and every live job that advances it, in the caller's transaction.
@@ -282,7 +319,7 @@ pub async fn cancel_operation_tx(
     }
     let jobs: Vec<(Uuid,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE outbox_events
-         SET status = 'canceled', finished_at = now(), locked_by = NULL, locked_until = NULL
+         SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL
          WHERE operation_id = $1 AND status IN {LIVE}
          RETURNING id"
     )))
@@ -296,7 +333,7 @@ pub async fn cancel_operation_tx(
 
 async fn cancel_operation_row_tx(tx: &mut WorkspaceTx, operation: Uuid) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
-        "UPDATE operations SET status = 'canceled', error = NULL, finished_at = now(), updated_at = now()
+        "UPDATE operations SET status = 'canceled', error = NULL, finished_at = clock_timestamp(), updated_at = now()
          WHERE id = $1 AND status IN ('queued', 'running')",
     )
     .bind(operation)
@@ -501,15 +538,22 @@ pub async fn redrive_stalled_tx(
     Ok(moved)
 }
 
-/// Sends a `dispatched` event through the outbox again (new re-drive generation), e.g. after Redis lost its entry.
-pub async fn redrive_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, event_id: Uuid) -> Result<bool, sqlx::Error> {
+/// Sends a `dispatched` event through the outbox again (new re-drive generation) after Redis lost its entry
+/// `stream_id`: fenced by that entry, so a job handed off again meanwhile (another entry) is left alone.
+pub async fn redrive_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    event_id: Uuid,
+    stream_id: &str,
+) -> Result<bool, sqlx::Error> {
     let moved = sqlx::query(
         "UPDATE outbox_events
          SET status = 'pending', next_attempt_at = now(), redrive_count = redrive_count + 1,
              stream_id = NULL, dispatched_at = NULL
-         WHERE id = $1 AND status = 'dispatched'",
+         WHERE id = $1 AND status = 'dispatched' AND stream_id = $2",
     )
     .bind(event_id)
+    .bind(stream_id)
     .execute(&mut **tx)
     .await?
     .rows_affected();

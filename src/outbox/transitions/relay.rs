@@ -262,8 +262,9 @@ async fn record_failures(
     Ok(settled)
 }
 
-/// Deletes dispatched and finished (completed, canceled) events older than `retention`, at most `batch` per statement and `max_batches` in all.
-pub async fn purge_dispatched(
+/// Deletes jobs that ended (completed, canceled) longer than `retention` ago (a `dispatched` job is live: handed to
+/// the workers, its end not yet recorded; dead letters stay for operators), at most `batch` per statement and `max_batches` in all.
+pub async fn purge_finished(
     pool: &PgPool,
     retention: Duration,
     batch: i64,
@@ -286,9 +287,6 @@ pub async fn purge_dispatched(
             let mut tx = db::begin_workspace(pool, WorkspaceId(workspace)).await?;
             let done = sqlx::query(
                 "DELETE FROM outbox_events WHERE id IN (
-                     SELECT id FROM outbox_events
-                     WHERE status = 'dispatched' AND dispatched_at <= now() - make_interval(secs => $1)
-                     UNION ALL
                      SELECT id FROM outbox_events
                      WHERE status IN ('completed', 'canceled') AND finished_at <= now() - make_interval(secs => $1)
                      LIMIT $2)",
