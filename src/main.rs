@@ -165,10 +165,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     Some(dead) => println!("{}", serde_json::to_string_pretty(&dead)?),
                     None => anyhow::bail!("no dead letter {id}"),
                 },
-                DlqCommand::Replay { id } => {
-                    anyhow::ensure!(dlq::replay(&pool, id).await?, "no dead letter {id}");
-                    println!("replaying {id}");
-                }
+                DlqCommand::Replay { id } => match dlq::replay(&pool, id).await? {
+                    dlq::Replay::Replayed => println!("replaying {id}"),
+                    dlq::Replay::NotDeadLetter => anyhow::bail!("no dead letter {id}"),
+                    dlq::Replay::KeyHeld(live) => anyhow::bail!(
+                        "dead letter {id} is not replayed: live job {live} holds its de-dup key (cancel it, or \
+                             wait for it to end)"
+                    ),
+                },
             }
             Ok(())
         }

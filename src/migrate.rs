@@ -33,29 +33,31 @@ fn migrator() -> Migrator {
 }
 
 /// A database migrated by an earlier release kept Conveyor's history in sqlx's default `_sqlx_migrations`: copy the
-/// rows that are Conveyor's (same version and checksum) into [`HISTORY_TABLE`], once, and leave that table alone.
+/// rows of Conveyor's versions into [`HISTORY_TABLE`], once, and leave that table alone (sqlx then checks their
+/// checksums as usual). Serialized by an advisory lock, so replicas migrating at once adopt it once.
 async fn adopt_old_history(conn: &mut PgConnection) -> anyhow::Result<()> {
+    let versions: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+    let mut tx = conn.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('conveyor-migrate-adopt', 0))")
+        .execute(&mut *tx)
+        .await?;
     let (ours, old): (bool, bool) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT to_regclass('{HISTORY_TABLE}') IS NOT NULL, to_regclass('_sqlx_migrations') IS NOT NULL"
     )))
-    .fetch_one(&mut *conn)
+    .fetch_one(&mut *tx)
     .await?;
     if ours || !old {
         return Ok(());
     }
-    let versions: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
-    let checksums: Vec<Vec<u8>> = MIGRATOR.iter().map(|m| m.checksum.to_vec()).collect();
-    let mut tx = conn.begin().await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE TABLE {HISTORY_TABLE} (LIKE _sqlx_migrations INCLUDING ALL)")))
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {HISTORY_TABLE} (LIKE _sqlx_migrations INCLUDING ALL)"
+    )))
+    .execute(&mut *tx)
+    .await?;
     let adopted = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {HISTORY_TABLE}
-         SELECT m.* FROM _sqlx_migrations m JOIN unnest($1::int8[], $2::bytea[]) AS c(version, checksum)
-              ON c.version = m.version AND c.checksum = m.checksum"
+        "INSERT INTO {HISTORY_TABLE} SELECT * FROM _sqlx_migrations WHERE version = ANY($1) ON CONFLICT DO NOTHING"
     )))
     .bind(&versions)
-    .bind(&checksums)
     .execute(&mut *tx)
     .await?
     .rows_affected();

@@ -61,6 +61,8 @@ impl Handler<Greet> for Greeter {
         self.0.starts.lock().unwrap().push((cx.id(), Utc::now()));
         match job.mode.as_str() {
             "fail" => Err(JobError::retryable("the greeting failed")),
+            // Stops on its first run as a canceled handler would, though nobody canceled it.
+            "stop" if cx.attempt() == 1 => Err(JobError::Canceled),
             "hold" => {
                 // Holds its transaction (a pooled connection) for the whole run, reporting progress as it goes.
                 sqlx::query("SELECT 1").execute(&mut **cx.tx().await?).await?;
@@ -731,4 +733,153 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
         [(a.id, "completed".into()), (c.id, "dispatched".into()), (x.id, "completed".into())],
         "the mark went first, then the ends"
     );
+}
+
+#[tokio::test]
+async fn two_deliveries_of_a_job_at_once_commit_its_writes_once() {
+    #[derive(Serialize, Deserialize)]
+    struct Record;
+    impl JobKind for Record {
+        const KIND: &'static str = "test.record";
+        const QUEUE: &'static str = "records";
+    }
+    struct Recorder;
+    impl Handler<Record> for Recorder {
+        async fn handle(&self, _: Record, cx: &mut JobContext) -> Result<Value, JobError> {
+            let id = cx.id().0;
+            sqlx::query("INSERT INTO test_effects (job) VALUES ($1)").bind(id).execute(&mut **cx.tx().await?).await?;
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            Ok(Value::Null)
+        }
+    }
+    let app = TestApp::spawn().await;
+    // A table of the test's own, as a service would have, written by the handler in the job's transaction.
+    let mut owner = app.db.owner().await;
+    sqlx::query("CREATE TABLE test_effects (job uuid NOT NULL)").execute(&mut owner).await.unwrap();
+    sqlx::query("GRANT SELECT, INSERT ON test_effects TO conveyor_app").execute(&mut owner).await.unwrap();
+    let ws = principal().workspace_id;
+    let redis = common::redis_url();
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let job = conveyor::enqueue_tx(&mut tx, &Record, EnqueueOptions::new()).await.unwrap().id;
+    tx.commit().await.unwrap();
+    common::test_dispatcher(&app, &redis, |_| {}).await.dispatch_once().await.unwrap();
+    // The same entry twice in the stream, as after a reclaim of a live consumer's entry.
+    let client = common::redis_client(&redis).await;
+    let stream = conveyor::stream::keys::Keys::new(&app.redis_prefix).stream("records");
+    {
+        use fred::prelude::StreamsInterface;
+        let entries: Vec<(String, HashMap<String, String>)> = client.xrange(&stream, "-", "+", None).await.unwrap();
+        let fields: Vec<(String, String)> = entries[0].1.clone().into_iter().collect();
+        let _: String = client.xadd(&stream, false, None, "*", fields).await.unwrap();
+    }
+    let shutdown = CancellationToken::new();
+    let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
+        .handle::<Record>(Recorder)
+        .settings(WorkerSettings { concurrency: 4, ..WorkerSettings::default() })
+        .build()
+        .unwrap();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    let done = conveyor::wait_for_job(&app.db.pool, ws, job, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(done.status, JobStatus::Succeeded);
+    common::eventually(Duration::from_secs(10), || async {
+        common::stream_event_ids(&client, &stream).await.is_empty().then_some(())
+    })
+    .await
+    .expect("both deliveries settled");
+    let written: i64 = sqlx::query_scalar("SELECT count(*) FROM test_effects").fetch_one(&mut owner).await.unwrap();
+    assert_eq!(written, 1, "the delivery that waited for the other's run skipped it");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn an_operations_jobs_end_with_it_and_a_handler_that_stops_unasked_is_retried() {
+    let app = TestApp::spawn().await;
+    let who = principal();
+    let ws = who.workspace_id;
+    let pool = &app.db.pool;
+    let mut tx = conveyor::begin_workspace(pool, ws).await.unwrap();
+    let op = conveyor::operations::create_tx(&mut tx, ws, who.user_id, "test.greet", None).await.unwrap();
+    let later = || EnqueueOptions::new().operation(op.id).delay(Duration::from_secs(3600));
+    let first = conveyor::enqueue_tx(&mut tx, &greet("1", "ok"), later()).await.unwrap().id;
+    let second = conveyor::enqueue_tx(&mut tx, &greet("2", "ok"), later()).await.unwrap().id;
+    let other_op = conveyor::operations::create_tx(&mut tx, ws, who.user_id, "test.greet", None).await.unwrap();
+    let orphan = conveyor::enqueue_tx(&mut tx, &greet("3", "ok"), EnqueueOptions::new().operation(other_op.id))
+        .await
+        .unwrap()
+        .id;
+    let stopper = conveyor::enqueue_tx(&mut tx, &greet("4", "stop"), EnqueueOptions::new()).await.unwrap().id;
+    // The other operation ends (as another of its jobs could end it) before its job runs.
+    sqlx::query("UPDATE operations SET status = 'succeeded', finished_at = now() WHERE id = $1")
+        .bind(other_op.id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    // Canceling one job of an operation cancels the operation and its other live job.
+    conveyor::cancel_job(pool, ws, first).await.unwrap();
+    for job in [first, second] {
+        assert_eq!(conveyor::get_job(pool, ws, job).await.unwrap().unwrap().status, JobStatus::Canceled);
+    }
+    let (log, shutdown) = (Log::default(), CancellationToken::new());
+    platform(&app, &log, &shutdown).await;
+    // A job delivered after its operation ended does not run, and ends (it is not left live).
+    let ended = conveyor::wait_for_job(pool, ws, orphan, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(ended.status, JobStatus::Canceled);
+    assert!(log.starts_of(orphan).is_empty());
+    // A handler that answers Canceled when nobody canceled it is retried, not dropped.
+    let done = conveyor::wait_for_job(pool, ws, stopper, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(done.status, JobStatus::Succeeded);
+    assert_eq!(log.starts_of(stopper).len(), 2);
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn an_enqueue_refuses_another_workspaces_or_an_ended_operation_and_a_replay_a_held_key() {
+    let app = TestApp::spawn().await;
+    let (who, other) = (principal(), principal());
+    let pool = &app.db.pool;
+    let mut tx = conveyor::begin_workspace(pool, who.workspace_id).await.unwrap();
+    let op = conveyor::operations::create_tx(&mut tx, who.workspace_id, who.user_id, "test.greet", None).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = conveyor::begin_workspace(pool, other.workspace_id).await.unwrap();
+    let err =
+        conveyor::enqueue_tx(&mut tx, &greet("x", "ok"), EnqueueOptions::new().operation(op.id)).await.unwrap_err();
+    assert!(err.to_string().contains("not a live operation of this workspace"), "{err}");
+    let jobs = [greet("a", "ok")];
+    let bulk = conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new().operation(op.id))));
+    assert!(bulk.await.unwrap_err().to_string().contains("not a live operation"));
+    tx.rollback().await.unwrap();
+    let sql = format!(
+        "BEGIN; SELECT set_config('app.workspace_id', '{}', true);
+         SELECT conveyor_enqueue('test.greet', '{{}}', operation_id => '{}'); COMMIT;",
+        other.workspace_id, op.id
+    );
+    sqlx::query(
+        "INSERT INTO job_kinds (kind, queue, max_attempts, timeout_ms) VALUES ('test.greet', 'greetings', 3, 1000)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    assert!(psql(&app, &sql).unwrap_err().contains("is not a live operation of this workspace"));
+
+    // A dead letter whose de-dup key a live job holds meanwhile is not replayed (there would be two).
+    let mut tx = conveyor::begin_workspace(pool, who.workspace_id).await.unwrap();
+    let options = || EnqueueOptions::new().dedup_key("k").max_attempts(1);
+    let dead = conveyor::enqueue_tx(&mut tx, &greet("d", "fail"), options()).await.unwrap().id;
+    tx.commit().await.unwrap();
+    let (log, shutdown) = (Log::default(), CancellationToken::new());
+    platform(&app, &log, &shutdown).await;
+    let failed = conveyor::wait_for_job(pool, who.workspace_id, dead, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(failed.status, JobStatus::Failed);
+    let mut tx = conveyor::begin_workspace(pool, who.workspace_id).await.unwrap();
+    let live =
+        conveyor::enqueue_tx(&mut tx, &greet("l", "ok"), options().delay(Duration::from_secs(3600))).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(live.created);
+    let replay = conveyor::worker::dlq::replay(pool, dead.0).await.unwrap();
+    assert_eq!(replay, conveyor::worker::dlq::Replay::KeyHeld(live.id.0));
+    conveyor::cancel_job(pool, who.workspace_id, live.id).await.unwrap();
+    assert_eq!(conveyor::worker::dlq::replay(pool, dead.0).await.unwrap(), conveyor::worker::dlq::Replay::Replayed);
+    shutdown.cancel();
 }

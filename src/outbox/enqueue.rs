@@ -259,53 +259,91 @@ pub async fn enqueue_tx<K: JobKind>(
     check_kind::<K>()?;
     let suffix = notification_suffix(options.due_hint());
     let row = Row::new(payload, options)?;
-    // The notification rides in the insert's round trip.
-    let inserted: Option<(Uuid,)> = sqlx::query_as(
-        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
-                                    next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
-                                    backoff_max_ms)
-         SELECT $1, conveyor_current_workspace(), $2, $3, $4, $5, $6,
-                coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14
-         FROM (SELECT pg_notify($15, conveyor_current_workspace()::text || $16)) AS notified
-         ON CONFLICT (workspace_id, event_type, dedup_key)
-             WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
-             DO NOTHING
-         RETURNING id",
-    )
-    .bind(row.id)
-    .bind(K::QUEUE)
-    .bind(K::KIND)
-    .bind(&row.payload)
-    .bind(row.operation)
-    .bind(&row.traceparent)
-    .bind(row.run_at)
-    .bind(row.delay_secs)
-    .bind(&row.dedup_key)
-    .bind(row.priority)
-    .bind(row.max_attempts)
-    .bind(row.timeout_ms)
-    .bind(row.backoff_ms)
-    .bind(row.backoff_max_ms)
-    .bind(NOTIFY_CHANNEL)
-    .bind(&suffix)
-    .fetch_optional(&mut **tx)
-    .await
-    .map_err(no_workspace)?;
-    if let Some((id,)) = inserted {
-        return Ok(Enqueued { id: JobId(id), created: true });
+    insert_row::<K>(tx, &row, &suffix).await
+}
+
+/// Inserts one job, or answers the live holder of its de-dup key. An operation must be a live one of this workspace
+/// (a foreign key check would accept another workspace's): checked in the insert's own round trip, and looked at again
+/// only when nothing was written.
+async fn insert_row<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -> Result<Enqueued, EnqueueError> {
+    for _ in 0..3 {
+        // The notification rides in the insert's round trip.
+        let inserted: Option<(Uuid,)> = sqlx::query_as(
+            "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
+                                        next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
+                                        backoff_max_ms)
+             SELECT $1, conveyor_current_workspace(), $2, $3, $4, $5, $6,
+                    coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14
+             FROM (SELECT pg_notify($15, conveyor_current_workspace()::text || $16)) AS notified
+             WHERE $5::uuid IS NULL
+                OR EXISTS (SELECT 1 FROM operations o WHERE o.id = $5 AND o.status IN ('queued', 'running'))
+             ON CONFLICT (workspace_id, event_type, dedup_key)
+                 WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
+                 DO NOTHING
+             RETURNING id",
+        )
+        .bind(row.id)
+        .bind(K::QUEUE)
+        .bind(K::KIND)
+        .bind(&row.payload)
+        .bind(row.operation)
+        .bind(&row.traceparent)
+        .bind(row.run_at)
+        .bind(row.delay_secs)
+        .bind(&row.dedup_key)
+        .bind(row.priority)
+        .bind(row.max_attempts)
+        .bind(row.timeout_ms)
+        .bind(row.backoff_ms)
+        .bind(row.backoff_max_ms)
+        .bind(NOTIFY_CHANNEL)
+        .bind(suffix)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(no_workspace)?;
+        if let Some((id,)) = inserted {
+            return Ok(Enqueued { id: JobId(id), created: true });
+        }
+        if let Some(operation) = row.operation {
+            check_operations(tx, &[operation]).await?;
+        }
+        let Some(key) = row.dedup_key.as_deref() else {
+            return Err(EnqueueError::Database(sqlx::Error::Protocol("the insert wrote nothing".into())));
+        };
+        if let Some(id) = holder::<K>(tx, key).await? {
+            return Ok(Enqueued { id: JobId(id), created: false });
+        }
+        // The holder ended between the insert and the look-up: the key is free again; try again.
     }
-    // The key is held by a live job, committed (the insert waited for it) or of this transaction. A statement of its
-    // own, so that under READ COMMITTED its snapshot sees a job that committed while the insert waited.
-    let key = row.dedup_key.as_deref().unwrap_or_default();
-    let (id,): (Uuid,) = sqlx::query_as(
+    Err(EnqueueError::Database(sqlx::Error::Protocol("the de-dup key keeps changing hands; try again".into())))
+}
+
+/// The live job of kind `K` holding the de-dup key `key`, if any. A statement of its own, so that under READ COMMITTED
+/// its snapshot sees a job that committed while the insert waited for it.
+async fn holder<K: JobKind>(tx: &mut WorkspaceTx, key: &str) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
         "SELECT id FROM outbox_events
          WHERE event_type = $1 AND dedup_key = $2 AND status IN ('pending', 'dispatching', 'dispatched')",
     )
     .bind(K::KIND)
     .bind(key)
-    .fetch_one(&mut **tx)
-    .await?;
-    Ok(Enqueued { id: JobId(id), created: false })
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// Refuses operations that are not live operations of the transaction's workspace.
+async fn check_operations(tx: &mut WorkspaceTx, operations: &[Uuid]) -> Result<(), EnqueueError> {
+    let live: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM operations WHERE id = ANY($1) AND status IN ('queued', 'running')")
+            .bind(operations)
+            .fetch_all(&mut **tx)
+            .await?;
+    match operations.iter().find(|o| !live.contains(o)) {
+        Some(o) => {
+            Err(EnqueueError::InvalidOptions(format!("operation {o} is not a live operation of this workspace")))
+        }
+        None => Ok(()),
+    }
 }
 
 /// Writes many jobs of kind `K` in one statement (thousands per round trip), inside the caller's transaction: they
@@ -327,6 +365,12 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     }
     if rows.is_empty() {
         return Ok(Vec::new());
+    }
+    let mut operations: Vec<Uuid> = rows.iter().filter_map(|r| r.operation).collect();
+    operations.sort();
+    operations.dedup();
+    if !operations.is_empty() {
+        check_operations(tx, &operations).await?;
     }
     fn column<T>(rows: &[Row], f: impl Fn(&Row) -> T) -> Vec<T> {
         rows.iter().map(f).collect()
@@ -385,18 +429,19 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     .fetch_all(&mut **tx)
     .await?;
     let holders: std::collections::HashMap<String, Uuid> = holders.into_iter().collect();
-    rows.iter()
-        .map(|r| {
-            if created.contains(&r.id) {
-                return Ok(Enqueued { id: JobId(r.id), created: true });
-            }
-            let key = r.dedup_key.as_deref().unwrap_or_default();
-            let id = holders.get(key).copied().ok_or_else(|| {
-                EnqueueError::Database(sqlx::Error::Protocol(format!("no live job holds de-dup key {key:?}")))
-            })?;
-            Ok(Enqueued { id: JobId(id), created: false })
-        })
-        .collect()
+    let mut answers = Vec::with_capacity(rows.len());
+    for r in &rows {
+        if created.contains(&r.id) {
+            answers.push(Enqueued { id: JobId(r.id), created: true });
+            continue;
+        }
+        match r.dedup_key.as_deref().and_then(|key| holders.get(key)) {
+            Some(id) => answers.push(Enqueued { id: JobId(*id), created: false }),
+            // The holder ended between the insert and the look-up: the key is free again.
+            None => answers.push(insert_row::<K>(tx, r, "").await?),
+        }
+    }
+    Ok(answers)
 }
 
 #[cfg(test)]

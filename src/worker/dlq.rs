@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::db;
 use crate::ids::WorkspaceId;
+pub use crate::outbox::transitions::Replay;
 
 /// A dead-lettered job.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -45,10 +46,10 @@ pub async fn show(pool: &PgPool, id: Uuid) -> Result<Option<DeadLetter>, sqlx::E
     sqlx::query_as("SELECT * FROM conveyor_dead_letters(1, $1)").bind(id).fetch_optional(pool).await
 }
 
-/// Sends a dead letter through the outbox again, from its first attempt, and re-queues its operation. False when
-/// `id` is not a dead letter.
-pub async fn replay(pool: &PgPool, id: Uuid) -> Result<bool, sqlx::Error> {
-    let Some(dead) = show(pool, id).await? else { return Ok(false) };
+/// Sends a dead letter through the outbox again, from its first attempt, and re-queues its operation; not while
+/// another live job holds its de-dup key.
+pub async fn replay(pool: &PgPool, id: Uuid) -> Result<Replay, sqlx::Error> {
+    let Some(dead) = show(pool, id).await? else { return Ok(Replay::NotDeadLetter) };
     let workspace = WorkspaceId(dead.workspace_id);
     let mut tx = db::begin_workspace(pool, workspace).await?;
     let moved = crate::outbox::transitions::replay_tx(&mut tx, workspace, id, dead.operation_id).await?;

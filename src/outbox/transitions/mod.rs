@@ -298,8 +298,10 @@ pub async fn end_orphan_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uu
 /// Whether the job is still live (its end not recorded). Run after taking the job's lock: a delivery that waited for
 /// another one's run learns here that it has nothing left to do.
 pub async fn is_live_tx(tx: &mut WorkspaceTx, job: Uuid) -> Result<bool, sqlx::Error> {
-    let status: Option<String> =
-        sqlx::query_scalar("SELECT status FROM outbox_events WHERE id = $1").bind(job).fetch_optional(&mut **tx).await?;
+    let status: Option<String> = sqlx::query_scalar("SELECT status FROM outbox_events WHERE id = $1")
+        .bind(job)
+        .fetch_optional(&mut **tx)
+        .await?;
     // A job no longer in the outbox (purged by retention) has no end to protect.
     Ok(status.is_none_or(|s| matches!(s.as_str(), "pending" | "dispatching" | "dispatched")))
 }
@@ -468,14 +470,36 @@ pub async fn dead_letter(
     Ok(moved == 1 || gone)
 }
 
+/// How a replay of a dead letter went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// Sent through the outbox again.
+    Replayed,
+    /// It is not a dead letter (any more).
+    NotDeadLetter,
+    /// Its de-dup key is held by this live job meanwhile: replaying would make two.
+    KeyHeld(Uuid),
+}
+
 /// Sends a dead-lettered job through the outbox again, from its first attempt (a new generation), and re-queues its
-/// operation. False when it is not a dead letter.
+/// operation; not while another live job holds its de-dup key.
 pub async fn replay_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     job: Uuid,
     operation: Option<Uuid>,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Replay, sqlx::Error> {
+    let holder: Option<Uuid> = sqlx::query_scalar(
+        "SELECT live.id FROM outbox_events dead
+         JOIN outbox_events live ON live.event_type = dead.event_type AND live.dedup_key = dead.dedup_key
+         WHERE dead.id = $1 AND live.status IN ('pending', 'dispatching', 'dispatched')",
+    )
+    .bind(job)
+    .fetch_optional(&mut **tx)
+    .await?;
+    if let Some(holder) = holder {
+        return Ok(Replay::KeyHeld(holder));
+    }
     let moved = sqlx::query(
         "UPDATE outbox_events
          SET status = 'pending', next_attempt_at = now(), attempt_count = 0, job_attempts = 0,
@@ -497,7 +521,7 @@ pub async fn replay_tx(
         .await?;
     }
     super::notify_tx(tx, workspace).await?;
-    Ok(moved == 1)
+    Ok(if moved == 1 { Replay::Replayed } else { Replay::NotDeadLetter })
 }
 
 /// Re-drives, in the caller's transaction, the dispatched jobs of the operations of the workspace that made no
