@@ -5,7 +5,8 @@
 -- Both now take their workspaces in id order and, within each, lock their rows in id order before updating them: every
 -- batch writer of outbox rows locks in (workspace, id) order, so none can wait for another in a cycle. Both restore the
 -- caller's workspace setting at the end instead of clearing it. The record of ends no longer checks the generation: a
--- successful run of any generation ends a live job (a newer generation's delivery is then skipped).
+-- successful run of any generation ends a live job (a newer generation's delivery is then skipped); and it commits
+-- without waiting for its WAL flush (see below).
 
 CREATE OR REPLACE FUNCTION conveyor_mark_outbox_dispatched(holder text, workspaces uuid[], tids tid[], ids uuid[],
                                                            redrives integer[], stream_ids text[])
@@ -54,6 +55,10 @@ CREATE OR REPLACE FUNCTION conveyor_complete_jobs(workspaces uuid[], ids uuid[],
         n bigint;
         caller text := current_setting('app.workspace_id', true);
     BEGIN
+        -- Relaxed commit, as the relay's: an end lost in a PostgreSQL crash leaves the job `dispatched` with its entry
+        -- acknowledged, so the reconciler of lost entries runs it again (at least once); a job with a transaction of
+        -- its own records its end there, durably, with its writes.
+        PERFORM set_config('synchronous_commit', 'off', true);
         FOR ws IN SELECT DISTINCT w FROM unnest(workspaces) AS w ORDER BY w LOOP
             PERFORM set_config('app.workspace_id', ws::text, true);
             PERFORM 1 FROM public.outbox_events e

@@ -139,6 +139,7 @@ impl Worker {
     pub(super) async fn read_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
         let block_ms = self.0.settings.block.as_millis() as u64;
         let mut turn = 0usize;
+        let checks = Arc::new(tokio::sync::Semaphore::new(2));
         // Slots are not held while blocked in XREADGROUP (the reclaimer needs them too); entries read beyond the
         // free slots wait for one, and are kept alive by the heartbeat meanwhile.
         while let Some((first, free)) = self.free_slots(&shutdown).await {
@@ -149,7 +150,21 @@ impl Worker {
             drop(first);
             match self.0.consumer.read(&queue.name, free as u64, block).await {
                 Ok(entries) if entries.is_empty() => {}
-                Ok(entries) => self.start_jobs(&queue, entries, None, &jobs, &abandon, &shutdown).await,
+                Ok(entries) => {
+                    // The look at PostgreSQL before starting a read's jobs runs beside the next read, not before it:
+                    // at most two at once.
+                    let check = tokio::select! {
+                        biased;
+                        _ = shutdown.cancelled() => break,
+                        check = checks.clone().acquire_owned() => check.expect("never closed"),
+                    };
+                    let (worker, jobs_, abandon, shutdown) =
+                        (self.clone(), jobs.clone(), abandon.clone(), shutdown.clone());
+                    jobs.spawn(async move {
+                        let _check = check;
+                        worker.start_jobs(&queue, entries, None, &jobs_, &abandon, &shutdown).await;
+                    });
+                }
                 Err(e) => {
                     tracing::warn!(queue = %queue.name, error = %redact(&e.to_string()), "XREADGROUP failed; retrying");
                     tokio::select! {
