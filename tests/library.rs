@@ -105,12 +105,24 @@ async fn platform(app: &TestApp, log: &Log, shutdown: &CancellationToken) {
         .await,
         shutdown,
     );
-    let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
-        .handle::<Greet>(Greeter(log.clone()))
-        .settings(WorkerSettings { concurrency: 8, ..WorkerSettings::default() })
-        .build()
-        .unwrap();
+    let settings = WorkerSettings { concurrency: 8, ..WorkerSettings::default() };
+    let worker = worker_of::<Greet>(app, &app.db.pool, &redis, Greeter(log.clone()), settings).await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+}
+
+/// A worker of kind `K` over `pool`, on the Redis at `redis` under the app's key prefix.
+async fn worker_of<K: JobKind>(
+    app: &TestApp,
+    pool: &sqlx::PgPool,
+    redis: &str,
+    handler: impl Handler<K>,
+    settings: WorkerSettings,
+) -> Worker {
+    Worker::builder(pool.clone(), Consumer::connect(redis, &app.redis_prefix).await.unwrap())
+        .handle::<K>(handler)
+        .settings(settings)
+        .build()
+        .unwrap()
 }
 
 async fn jobs_in(app: &TestApp, ws: WorkspaceId) -> i64 {
@@ -159,10 +171,7 @@ async fn a_job_without_a_transaction_of_its_own_is_recorded_as_succeeded_too() {
     let shutdown = CancellationToken::new();
     let redis = common::redis_url();
     common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
-    let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
-        .handle::<Tick>(Ticker)
-        .build()
-        .unwrap();
+    let worker = worker_of::<Tick>(&app, &app.db.pool, &redis, Ticker, WorkerSettings::default()).await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
     let ws = principal().workspace_id;
     let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
@@ -517,11 +526,9 @@ async fn jobs_holding_every_pooled_connection_do_not_starve_their_progress_and_k
     let shutdown = CancellationToken::new();
     let redis = common::redis_url();
     common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
-    let worker = Worker::builder(pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
-        .handle::<Greet>(Greeter(Log::default()))
-        .settings(WorkerSettings { concurrency: 2, keepalive: Duration::from_millis(200), ..WorkerSettings::default() })
-        .build()
-        .unwrap();
+    let settings =
+        WorkerSettings { concurrency: 2, keepalive: Duration::from_millis(200), ..WorkerSettings::default() };
+    let worker = worker_of::<Greet>(&app, &pool, &redis, Greeter(Log::default()), settings).await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
 
     let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
@@ -561,10 +568,7 @@ async fn a_services_own_test_drains_its_jobs_in_process_step_by_step() {
     tx.commit().await.unwrap();
     let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |_| {}).await;
     let redis = common::redis_url();
-    let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
-        .handle::<Greet>(Greeter(log.clone()))
-        .build()
-        .unwrap();
+    let worker = worker_of::<Greet>(&app, &app.db.pool, &redis, Greeter(log.clone()), WorkerSettings::default()).await;
 
     let outcomes = conveyor::testing::drain(&dispatcher, &worker).await.unwrap();
     let count = |o: conveyor::Outcome| outcomes.iter().filter(|x| **x == o).count();
@@ -606,10 +610,7 @@ async fn jobs_without_an_operation_survive_a_redis_that_loses_everything() {
 
     let log = Log::default();
     let worker =
-        Worker::builder(app.db.pool.clone(), Consumer::connect(&redis.url(), &app.redis_prefix).await.unwrap())
-            .handle::<Greet>(Greeter(log.clone()))
-            .build()
-            .unwrap();
+        worker_of::<Greet>(&app, &app.db.pool, &redis.url(), Greeter(log.clone()), WorkerSettings::default()).await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
     let maintenance = conveyor::maintenance::Maintenance::new(
         app.db.pool.clone(),
@@ -773,11 +774,14 @@ async fn two_deliveries_of_a_job_at_once_commit_its_writes_once() {
         let _: String = client.xadd(&stream, false, None, "*", fields).await.unwrap();
     }
     let shutdown = CancellationToken::new();
-    let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
-        .handle::<Record>(Recorder)
-        .settings(WorkerSettings { concurrency: 4, ..WorkerSettings::default() })
-        .build()
-        .unwrap();
+    let worker = worker_of::<Record>(
+        &app,
+        &app.db.pool,
+        &redis,
+        Recorder,
+        WorkerSettings { concurrency: 4, ..WorkerSettings::default() },
+    )
+    .await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
     let done = conveyor::wait_for_job(&app.db.pool, ws, job, Duration::from_secs(30)).await.unwrap();
     assert_eq!(done.status, JobStatus::Succeeded);
