@@ -565,7 +565,7 @@ async fn a_job_dead_lettered_after_its_event_was_purged_still_fails_its_operatio
 async fn after_sigterm_a_worker_starts_no_job_it_read_beyond_its_free_slots() {
     let app = TestApp::spawn().await;
     let redis = common::redis_url();
-    let (sandbox, market) = common::sandbox(Settings { latency_ms: 1500, ..Settings::default() }).await;
+    let (sandbox, market) = common::sandbox(Settings { latency_ms: 3000, ..Settings::default() }).await;
     let shutdown = CancellationToken::new();
     common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
     let who = principal();
@@ -576,7 +576,7 @@ async fn after_sigterm_a_worker_starts_no_job_it_read_beyond_its_free_slots() {
     // One slot, and a read that returns three entries more than there are free slots: they wait for the slot.
     let mut vars = process_vars(&app, &redis, &market);
     vars.insert("CONVEYOR_WORKER_CONCURRENCY".into(), "1".into());
-    vars.insert("CONVEYOR_SHUTDOWN_GRACE".into(), "4s".into());
+    vars.insert("CONVEYOR_SHUTDOWN_GRACE".into(), "8s".into());
     vars.insert("FAILPOINTS".into(), "worker::read_beyond_free_slots=return(3)".into());
     let client = common::redis_client(&redis).await;
     let stream = Keys::new(&app.redis_prefix).stream("stores");
@@ -586,9 +586,17 @@ async fn after_sigterm_a_worker_starts_no_job_it_read_beyond_its_free_slots() {
     .await
     .expect("all four handed off before the worker reads");
     let mut worker = Process::spawn(&["worker"], &vars);
-    common::eventually(Duration::from_secs(20), || async { (sandbox.stats().calls == 1).then_some(()) })
-        .await
-        .expect("the first job is in flight");
+    // SIGTERM while the first job waits for the marketplace (3 s), the three others for its slot.
+    common::eventually(Duration::from_secs(20), || async {
+        for op in &ops {
+            if common::operation(&app, who, op).await["status"] == "running" {
+                return Some(());
+            }
+        }
+        None
+    })
+    .await
+    .expect("the first job is in flight");
     worker.signal(15);
     let (status, worker) = tokio::task::spawn_blocking(move || (worker.child.wait().unwrap(), worker)).await.unwrap();
     assert!(status.success(), "exit 0; log:\n{}", worker.log());
