@@ -37,6 +37,12 @@ pub async fn connect(url: &str, command_timeout: Duration) -> Result<RedisClient
     Ok(client)
 }
 
+/// Whether `e` says Redis could not be reached (connection lost, time-out, command canceled on a reconnect), as
+/// opposed to Redis refusing the command: callers outside this module classify errors with it, not by fred's kinds.
+pub fn is_unavailable(e: &fred::error::Error) -> bool {
+    e.is_canceled() || matches!(e.kind(), fred::error::ErrorKind::IO | fred::error::ErrorKind::Timeout)
+}
+
 /// `PING` with the client's command time-out: whether Redis answers.
 pub async fn ping(client: &RedisClient) -> Result<(), fred::error::Error> {
     client.ping::<()>(None).await
