@@ -73,3 +73,58 @@ async fn a_database_migrated_by_an_earlier_release_has_its_history_adopted() {
     let pool = conveyor::db::connect(&app, 2).await.unwrap();
     assert_eq!(conveyor::migrate::pending_versions(&pool).await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn jobs_that_ran_before_job_ends_were_recorded_are_ended_by_the_upgrade_and_live_ones_stay_live() {
+    let (owner, app) = empty_database().await;
+    // A database of the release before 0006: a job that ran ended `dispatched` for good.
+    let mut conn = PgConnection::connect(&owner).await.unwrap();
+    conveyor::migrate::MIGRATOR.run_to(5, &mut conn).await.unwrap();
+    let ws = Uuid::new_v4();
+    let (done_op, live_op, done_job, live_job) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query("SELECT set_config('app.workspace_id', $1, true)")
+        .bind(ws.to_string())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO operations (id, workspace_id, kind, status, created_by)
+         VALUES ($1, $3, 'k', 'succeeded', $3), ($2, $3, 'k', 'running', $3)",
+    )
+    .bind(done_op)
+    .bind(live_op)
+    .bind(ws)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, status,
+                                    stream_id, dispatched_at)
+         VALUES ($1, $5, 'q', 'k', '{}', $3, 'dispatched', '1-1', now()),
+                ($2, $5, 'q', 'k', '{}', $4, 'dispatched', '1-2', now())",
+    )
+    .bind(done_job)
+    .bind(live_job)
+    .bind(done_op)
+    .bind(live_op)
+    .bind(ws)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    conveyor::migrate(&owner, &app).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query("SELECT set_config('app.workspace_id', $1, true)")
+        .bind(ws.to_string())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let statuses: Vec<(Uuid, String, bool)> =
+        sqlx::query_as("SELECT id, status, finished_at IS NOT NULL FROM outbox_events ORDER BY id")
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+    assert_eq!(statuses, [(done_job, "completed".into(), true), (live_job, "dispatched".into(), false)]);
+}

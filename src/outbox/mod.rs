@@ -16,10 +16,10 @@ pub use enqueue::{EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enque
 pub const NOTIFY_CHANNEL: &str = "conveyor_outbox";
 
 /// The channel a job's end (completed, failed, canceled) is announced on; the payload is its workspace.
-pub const DONE_CHANNEL: &str = "conveyor_jobs_done";
+pub(crate) const DONE_CHANNEL: &str = "conveyor_jobs_done";
 
 /// The channel a cancellation is announced on, for the worker running the job; the payload is the job id.
-pub const CANCEL_CHANNEL: &str = "conveyor_jobs_canceled";
+pub(crate) const CANCEL_CHANNEL: &str = "conveyor_jobs_canceled";
 
 /// Tells the dispatchers, at commit, that `workspace` has due events (the payload is its id, so they need not
 /// look it up). Several notifications of one transaction with the same payload arrive as one.

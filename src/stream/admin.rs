@@ -48,7 +48,7 @@ pub async fn check_server(client: &RedisClient) -> Result<ServerCheck, fred::err
 }
 
 /// Whether each of `entries` (a stream key and an entry id) still exists, in one pipeline of `XRANGE key id id`.
-pub async fn entries_exist(
+pub(crate) async fn entries_exist(
     client: &RedisClient,
     entries: &[(String, String)],
 ) -> Result<Vec<bool>, fred::error::Error> {

@@ -179,7 +179,7 @@ impl Consumer {
     }
 
     /// Reads up to `count` new entries of `queue` that are there now, without waiting.
-    pub async fn read_now(&self, queue: &str, count: u64) -> Result<Vec<Entry>, fred::error::Error> {
+    pub(crate) async fn read_now(&self, queue: &str, count: u64) -> Result<Vec<Entry>, fred::error::Error> {
         self.read_or_create(queue, count, None).await
     }
 

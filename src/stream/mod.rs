@@ -39,7 +39,7 @@ pub async fn connect(url: &str, command_timeout: Duration) -> Result<RedisClient
 
 /// Whether `e` says Redis could not be reached (connection lost, time-out, command canceled on a reconnect), as
 /// opposed to Redis refusing the command: callers outside this module classify errors with it, not by fred's kinds.
-pub fn is_unavailable(e: &fred::error::Error) -> bool {
+pub(crate) fn is_unavailable(e: &fred::error::Error) -> bool {
     e.is_canceled() || matches!(e.kind(), fred::error::ErrorKind::IO | fred::error::ErrorKind::Timeout)
 }
 

@@ -136,6 +136,7 @@ impl Worker {
             pool: pool.clone(),
             control: self.0.control.clone(),
             ended: false,
+            operation_ended: false,
         };
         if let Some(operation) = d.operation_id {
             if !Box::pin(record::start(pool, d.workspace_id, operation, d.attempt)).await? {
@@ -145,11 +146,11 @@ impl Worker {
             }
             // With an operation, the transaction (and the job's lock) comes first: a repeat delivery waits here
             // for the first run, then sees the job or its operation ended and skips.
-            let finished = match Box::pin(async { record::finished_tx(cx.tx().await?, operation).await }).await {
+            match Box::pin(cx.tx()).await.map(|_| ()) {
                 Err(_) if cx.ended => return Ok((Outcome::Skipped, None)),
-                finished => finished?,
-            };
-            if finished {
+                opened => opened?,
+            }
+            if cx.operation_ended {
                 if let Some(mut tx) = cx.tx.take() {
                     record::end_orphan_tx(&mut tx, d.workspace_id, d.event_id).await?;
                     tx.commit().await?;
@@ -308,9 +309,9 @@ impl Worker {
     /// Whether the delivered job is still live.
     async fn is_live(&self, d: &Delivery) -> anyhow::Result<bool> {
         let mut tx = crate::db::begin_workspace(&self.0.pool, d.workspace_id).await?;
-        let live = record::is_live_tx(&mut tx, d.event_id).await?;
+        let state = record::job_state_tx(&mut tx, d.event_id, None).await?;
         tx.commit().await?;
-        Ok(live)
+        Ok(state.live)
     }
 
     /// Dead-letters the delivered job with `reason` (redacted), counted under `why`; skipped when the delivery's

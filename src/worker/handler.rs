@@ -69,6 +69,8 @@ pub struct JobContext {
     /// Set when [`JobContext::tx`] found, once it held the job's lock, that the job had ended meanwhile (another
     /// delivery ran it): the run is skipped.
     pub(crate) ended: bool,
+    /// Set when [`JobContext::tx`] found that the job's operation had ended: the run is skipped.
+    pub(crate) operation_ended: bool,
 }
 
 impl JobContext {
@@ -134,7 +136,9 @@ impl JobContext {
         if self.tx.is_none() {
             let mut tx = crate::db::begin_workspace(&self.pool, self.workspace).await?;
             transitions::lock_job_tx(&mut tx, self.id.0).await?;
-            if !transitions::is_live_tx(&mut tx, self.id.0).await? {
+            let state = transitions::job_state_tx(&mut tx, self.id.0, self.operation).await?;
+            self.operation_ended = self.operation.is_some() && state.operation_ended;
+            if !state.live {
                 self.ended = true;
                 tx.rollback().await?;
                 return Err(sqlx::Error::Protocol("the job has already ended; this delivery is skipped".into()));

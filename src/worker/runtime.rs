@@ -447,6 +447,22 @@ mod tests {
         }
     }
 
+    fn cancellation() -> Cancellation {
+        Cancellation { requested: CancellationToken::new(), token: CancellationToken::new() }
+    }
+
+    #[test]
+    fn a_cancellation_heard_before_its_job_starts_keeps_it_from_starting_and_one_heard_while_it_runs_tells_it() {
+        let mut running = Running::default();
+        let (early, late) = (Uuid::now_v7(), Uuid::now_v7());
+        assert!(!running.cancel(early), "not running yet: remembered");
+        assert!(!running.start(early, cancellation()), "a job canceled before it starts never starts");
+        let c = cancellation();
+        assert!(running.start(late, c.clone()));
+        assert!(running.cancel(late), "a running job is told");
+        assert!(c.requested.is_cancelled() && c.token.is_cancelled());
+    }
+
     #[tokio::test]
     async fn settings_a_worker_cannot_run_with_are_refused_when_it_is_built() {
         // Nothing connects: a lazy pool and clients that were never initialised.

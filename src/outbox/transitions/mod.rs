@@ -33,7 +33,12 @@ async fn lock_operation_tx(tx: &mut WorkspaceTx, operation: Option<Uuid>) -> Res
 }
 
 /// Marks the operation `running` for attempt `attempt`. False when it has already finished (a repeat delivery).
-pub async fn start(pool: &PgPool, workspace: WorkspaceId, operation: Uuid, attempt: u32) -> Result<bool, sqlx::Error> {
+pub(crate) async fn start(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    operation: Uuid,
+    attempt: u32,
+) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     let started = sqlx::query(
         "UPDATE operations
@@ -50,7 +55,7 @@ pub async fn start(pool: &PgPool, workspace: WorkspaceId, operation: Uuid, attem
 }
 
 /// Shows that the running operation's job is alive (`updated_at = now()`), outside the job's transaction.
-pub async fn keep_alive(pool: &PgPool, workspace: WorkspaceId, operation: Uuid) -> Result<(), sqlx::Error> {
+pub(crate) async fn keep_alive(pool: &PgPool, workspace: WorkspaceId, operation: Uuid) -> Result<(), sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     sqlx::query("UPDATE operations SET updated_at = now() WHERE id = $1 AND status = 'running'")
         .bind(operation)
@@ -60,7 +65,7 @@ pub async fn keep_alive(pool: &PgPool, workspace: WorkspaceId, operation: Uuid) 
 }
 
 /// Serializes runs of one job id: a duplicate delivery waits here until the first run's transaction ends.
-pub async fn lock_job_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<(), sqlx::Error> {
+pub(crate) async fn lock_job_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('conveyor-job:' || $1::text, 0))")
         .bind(event_id)
         .execute(&mut **tx)
@@ -68,16 +73,9 @@ pub async fn lock_job_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<(), sql
     Ok(())
 }
 
-/// Whether the operation has reached an end state (so a run would repeat finished work).
-pub async fn finished_tx(tx: &mut WorkspaceTx, operation: Uuid) -> Result<bool, sqlx::Error> {
-    let status: Option<(String,)> =
-        sqlx::query_as("SELECT status FROM operations WHERE id = $1").bind(operation).fetch_optional(&mut **tx).await?;
-    Ok(status.is_none_or(|(s,)| matches!(s.as_str(), "succeeded" | "failed" | "canceled")))
-}
-
 /// Marks the operation `succeeded` with `result`, in the job's transaction. False when it is no longer live
 /// (canceled meanwhile): the caller rolls back.
-pub async fn succeed_tx(
+pub(crate) async fn succeed_tx(
     tx: &mut WorkspaceTx,
     operation: Uuid,
     result: &serde_json::Value,
@@ -97,7 +95,7 @@ pub async fn succeed_tx(
 
 /// How recording a job's completion went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Completion {
+pub(crate) enum Completion {
     /// Recorded: the job is `completed`.
     Recorded,
     /// The job was canceled meanwhile: the caller rolls back.
@@ -111,7 +109,7 @@ pub enum Completion {
 /// Records the job `completed` with `result` in its own transaction (with the handler's writes), fenced by the live
 /// states (a successful run of any generation ends a live job; a newer generation's delivery is then skipped), and
 /// announces it to waiters at commit.
-pub async fn complete_tx(
+pub(crate) async fn complete_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     job: Uuid,
@@ -142,7 +140,7 @@ pub async fn complete_tx(
 
 /// A job that ran without a transaction of its own, finished: recorded in batches by [`complete_many`].
 #[derive(Clone, Debug)]
-pub struct Finished {
+pub(crate) struct Finished {
     /// Its workspace.
     pub workspace: WorkspaceId,
     /// The job.
@@ -156,7 +154,7 @@ pub struct Finished {
 /// Records many jobs `completed` in one call (each workspace's statement under row-level security for it), skipping
 /// those canceled, dead-lettered or moved to a newer generation meanwhile; announces them to waiters. Returns how
 /// many it recorded.
-pub async fn complete_many(pool: &PgPool, finished: &[Finished]) -> Result<u64, sqlx::Error> {
+pub(crate) async fn complete_many(pool: &PgPool, finished: &[Finished]) -> Result<u64, sqlx::Error> {
     if finished.is_empty() {
         return Ok(0);
     }
@@ -177,7 +175,7 @@ pub async fn complete_many(pool: &PgPool, finished: &[Finished]) -> Result<u64, 
 /// Of the delivered jobs (workspace, id, the delivery's generation), those that must not run: ended (canceled,
 /// completed, dead-lettered), or moved to a newer generation (whose own delivery decides). One round trip for a whole
 /// read.
-pub async fn not_to_run(
+pub(crate) async fn not_to_run(
     pool: &PgPool,
     jobs: &[(WorkspaceId, Uuid, Option<i32>)],
 ) -> Result<HashSet<Uuid>, sqlx::Error> {
@@ -198,7 +196,7 @@ pub async fn not_to_run(
 
 /// Records `progress` of a running job: on its operation when it has one, else on the job. False when the job is no
 /// longer live (canceled): the handler should stop.
-pub async fn progress(
+pub(crate) async fn progress(
     pool: &PgPool,
     workspace: WorkspaceId,
     job: Uuid,
@@ -226,7 +224,7 @@ pub async fn progress(
 
 /// How a cancellation ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Cancel {
+pub(crate) enum Cancel {
     /// Canceled now: the job will not run (or, running, is told to stop), and its operation is `canceled`.
     Canceled,
     /// It had already ended with this status (`completed`, `canceled`, `dead_letter`; for an operation `succeeded`,
@@ -238,7 +236,11 @@ pub enum Cancel {
 
 /// Cancels the job `job` and its operation, if live, in the caller's transaction; at commit the worker running it (if
 /// any) is told, and waiters learn that it ended.
-pub async fn cancel_job_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: JobId) -> Result<Cancel, sqlx::Error> {
+pub(crate) async fn cancel_job_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    job: JobId,
+) -> Result<Cancel, sqlx::Error> {
     let row: Option<(Option<Uuid>, String)> =
         sqlx::query_as("SELECT operation_id, status FROM outbox_events WHERE id = $1")
             .bind(job.0)
@@ -278,7 +280,11 @@ pub async fn cancel_job_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Jo
 
 /// Ends, as `canceled`, a live job whose operation has already ended: it can no longer advance it (its operation was
 /// canceled, or finished by another delivery). Announced to waiters at commit. False when the job was not live.
-pub async fn end_orphan_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uuid) -> Result<bool, sqlx::Error> {
+pub(crate) async fn end_orphan_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    job: Uuid,
+) -> Result<bool, sqlx::Error> {
     let ended = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE outbox_events
          SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL,
@@ -295,19 +301,37 @@ pub async fn end_orphan_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uu
     Ok(ended == 1)
 }
 
-/// Whether the job is still live (its end not recorded). Run after taking the job's lock: a delivery that waited for
-/// another one's run learns here that it has nothing left to do.
-pub async fn is_live_tx(tx: &mut WorkspaceTx, job: Uuid) -> Result<bool, sqlx::Error> {
-    let status: Option<String> = sqlx::query_scalar("SELECT status FROM outbox_events WHERE id = $1")
-        .bind(job)
-        .fetch_optional(&mut **tx)
-        .await?;
-    // A job no longer in the outbox (purged by retention) has no end to protect.
-    Ok(status.is_none_or(|s| matches!(s.as_str(), "pending" | "dispatching" | "dispatched")))
+/// Where a job and its operation stand, read once the job's lock is held: a delivery that waited for another one's
+/// run learns here that it has nothing left to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct JobState {
+    /// The job's end is not recorded (a job no longer in the outbox, purged by retention, has no end to protect).
+    pub(crate) live: bool,
+    /// It advances an operation that has ended (or no longer exists): a run would repeat finished work.
+    pub(crate) operation_ended: bool,
+}
+
+/// Reads [`JobState`] of `job` and of `operation`, the operation its delivery names, in one statement.
+pub(crate) async fn job_state_tx(
+    tx: &mut WorkspaceTx,
+    job: Uuid,
+    operation: Option<Uuid>,
+) -> Result<JobState, sqlx::Error> {
+    let (job, operation): (Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT (SELECT status FROM outbox_events WHERE id = $1), (SELECT status FROM operations WHERE id = $2)",
+    )
+    .bind(job)
+    .bind(operation)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(JobState {
+        live: job.is_none_or(|s| matches!(s.as_str(), "pending" | "dispatching" | "dispatched")),
+        operation_ended: operation.is_none_or(|s| matches!(s.as_str(), "succeeded" | "failed" | "canceled")),
+    })
 }
 
 /// Cancels the operation `operation` and every live job that advances it, in the caller's transaction.
-pub async fn cancel_operation_tx(
+pub(crate) async fn cancel_operation_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     operation: Uuid,
@@ -357,7 +381,7 @@ async fn announce_cancel_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, jobs: 
 }
 
 /// At commit: tells waiters of `workspace` that some of its jobs ended.
-pub async fn notify_done_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId) -> Result<(), sqlx::Error> {
+pub(crate) async fn notify_done_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_notify($1, $2)").bind(DONE_CHANNEL).bind(workspace.0.to_string()).execute(&mut **tx).await?;
     Ok(())
 }
@@ -371,7 +395,7 @@ pub async fn notify_done_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId) -> Res
 /// held on it is simply lost (its holder's mark no longer matches, and its `XADD` found the old de-dup key). False,
 /// and nothing changes, when the generation has moved on (another delivery is already under way). `redrive` is
 /// `None` for an entry that carries no generation: it is taken for the current one.
-pub async fn retry(
+pub(crate) async fn retry(
     pool: &PgPool,
     workspace: WorkspaceId,
     event_id: Uuid,
@@ -424,7 +448,7 @@ pub async fn retry(
 /// delivery's generation, like [`retry`]: false, and nothing changes, when a newer delivery exists or the event is
 /// already dead-lettered. An event no longer in the outbox (purged) has no generation to protect: its operation
 /// fails.
-pub async fn dead_letter(
+pub(crate) async fn dead_letter(
     pool: &PgPool,
     workspace: WorkspaceId,
     event_id: Uuid,
@@ -483,7 +507,7 @@ pub enum Replay {
 
 /// Sends a dead-lettered job through the outbox again, from its first attempt (a new generation), and re-queues its
 /// operation; not while another live job holds its de-dup key.
-pub async fn replay_tx(
+pub(crate) async fn replay_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     job: Uuid,
@@ -527,7 +551,7 @@ pub async fn replay_tx(
 /// Re-drives, in the caller's transaction, the dispatched jobs of the operations of the workspace that made no
 /// progress for `stalled_for` (at most `limit` operations): each gets a new generation, which gets it past the de-dup
 /// key of its earlier hand-off, and the dispatchers are told at commit. Returns how many jobs moved.
-pub async fn redrive_stalled_tx(
+pub(crate) async fn redrive_stalled_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     stalled_for: Duration,
@@ -564,7 +588,7 @@ pub async fn redrive_stalled_tx(
 
 /// Sends a `dispatched` event through the outbox again (new re-drive generation) after Redis lost its entry
 /// `stream_id`: fenced by that entry, so a job handed off again meanwhile (another entry) is left alone.
-pub async fn redrive_tx(
+pub(crate) async fn redrive_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     event_id: Uuid,
@@ -586,7 +610,7 @@ pub async fn redrive_tx(
 }
 
 /// The event behind a stream entry id of `queue`, found across workspaces (ids only).
-pub async fn event_by_stream_id(
+pub(crate) async fn event_by_stream_id(
     pool: &PgPool,
     queue: &str,
     entry_id: &str,

@@ -53,7 +53,7 @@ pub struct ClaimedEvent {
 }
 
 /// Which workspaces have due events (pending and due, or leased with an expired lease), most overdue first.
-pub async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<WorkspaceId>, sqlx::Error> {
+pub(crate) async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<WorkspaceId>, sqlx::Error> {
     let rows: Vec<(Uuid,)> = sqlx::query_as("SELECT workspace_id FROM conveyor_due_outbox_workspaces($1)")
         .bind(limit)
         .fetch_all(pool)
@@ -62,7 +62,7 @@ pub async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<WorkspaceId
 }
 
 /// When the earliest pending job becomes due (a time only, from a `SECURITY DEFINER` function).
-pub async fn next_due_at(pool: &PgPool) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+pub(crate) async fn next_due_at(pool: &PgPool) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
     sqlx::query_scalar("SELECT conveyor_next_due_at()").fetch_one(pool).await
 }
 
