@@ -63,6 +63,9 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
         max_body_bytes: config.max_body_bytes,
         fingerprinter: Fingerprinter::new(config.idempotency_keys.clone()),
         idempotency_ttl: config.idempotency_ttl,
+        storage: crate::storage::ObjectStorage::open(&config.scenarios.object_store_url)
+            .context("Failed to open object storage (CONVEYOR_OBJECT_STORE_URL)")?,
+        scenarios: config.scenarios.clone(),
         claim_hook: None,
     })
 }

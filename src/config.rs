@@ -125,6 +125,85 @@ pub struct Config {
     /// How often a running job shows its operation is alive (`CONVEYOR_OPERATION_KEEPALIVE`, default 1m); the
     /// reconciler's wait must be at least twice as long.
     pub operation_keepalive: Duration,
+    /// Object storage, media, transfer and TLS settings of the scenarios.
+    pub scenarios: ScenarioSettings,
+}
+
+/// Settings of the first-batch scenarios (media, asset transfers, external HTTPS).
+#[derive(Clone, Debug)]
+pub struct ScenarioSettings {
+    /// `CONVEYOR_OBJECT_STORE_URL`: `file:///dir` or `s3://bucket/prefix`; default `file://<CONVEYOR_DATA_DIR>/objects`
+    /// (`CONVEYOR_DATA_DIR` defaults to `./data`, made absolute).
+    pub object_store_url: String,
+    /// `CONVEYOR_MEDIA_MAX_BYTES`: largest media object (default 25 MiB).
+    pub media_max_bytes: u64,
+    /// `CONVEYOR_MEDIA_MAX_PIXELS`: largest width × height decoded (default 64 megapixels).
+    pub media_max_pixels: u64,
+    /// `CONVEYOR_ASSET_ALLOWED_NETWORKS`: CIDRs a transfer may reach although refused by default (empty).
+    pub asset_allowed_networks: Vec<ipnet::IpNet>,
+    /// `CONVEYOR_ASSET_MAX_BYTES`: largest transferred file (default 100 MiB).
+    pub asset_max_bytes: u64,
+    /// `CONVEYOR_ASSET_CONNECT_TIMEOUT` (default 10s).
+    pub asset_connect_timeout: Duration,
+    /// `CONVEYOR_ASSET_READ_TIMEOUT`: longest wait for the next bytes of a download (default 30s).
+    pub asset_read_timeout: Duration,
+    /// `CONVEYOR_TLS_CA_FILE`: PEM certificates trusted besides the built-in roots (a private CA; the tests' own).
+    pub tls_ca_file: Option<std::path::PathBuf>,
+}
+
+impl Default for ScenarioSettings {
+    /// The documented defaults (every variable unset).
+    fn default() -> Self {
+        Self::from_source(&HashMap::<String, String>::new()).expect("the defaults are valid")
+    }
+}
+
+impl ScenarioSettings {
+    /// Reads the scenario variables.
+    pub fn from_source(src: &dyn Source) -> Result<Self, ConfigError> {
+        let object_store_url = match src.get("CONVEYOR_OBJECT_STORE_URL") {
+            Some(url) => {
+                if !(url.starts_with("file:///") || url.starts_with("s3://")) {
+                    return Err(invalid(
+                        "CONVEYOR_OBJECT_STORE_URL",
+                        "must be file:///absolute/path or s3://bucket[/prefix]",
+                    ));
+                }
+                url
+            }
+            None => {
+                let dir = std::path::PathBuf::from(src.get("CONVEYOR_DATA_DIR").unwrap_or_else(|| "data".to_owned()));
+                let dir = std::path::absolute(&dir).map_err(|e| invalid("CONVEYOR_DATA_DIR", e.to_string()))?;
+                format!("file://{}", dir.join("objects").display())
+            }
+        };
+        let asset_allowed_networks = match src.get("CONVEYOR_ASSET_ALLOWED_NETWORKS") {
+            None => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|cidr| {
+                    cidr.parse::<ipnet::IpNet>().map_err(|_| {
+                        invalid(
+                            "CONVEYOR_ASSET_ALLOWED_NETWORKS",
+                            format!("`{cidr}` is not a CIDR such as 127.0.0.0/8"),
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        Ok(Self {
+            object_store_url,
+            media_max_bytes: positive(src, "CONVEYOR_MEDIA_MAX_BYTES", 25 * 1024 * 1024)?,
+            media_max_pixels: positive(src, "CONVEYOR_MEDIA_MAX_PIXELS", 64_000_000)?,
+            asset_allowed_networks,
+            asset_max_bytes: positive(src, "CONVEYOR_ASSET_MAX_BYTES", 100 * 1024 * 1024)?,
+            asset_connect_timeout: duration(src, "CONVEYOR_ASSET_CONNECT_TIMEOUT", Duration::from_secs(10))?,
+            asset_read_timeout: duration(src, "CONVEYOR_ASSET_READ_TIMEOUT", Duration::from_secs(30))?,
+            tls_ca_file: src.get("CONVEYOR_TLS_CA_FILE").map(std::path::PathBuf::from),
+        })
+    }
 }
 
 /// The outbox relay's settings (`CONVEYOR_DISPATCH_*`, `CONVEYOR_OUTBOX_RETENTION`).
@@ -355,6 +434,7 @@ impl Config {
             maintenance_interval: duration(src, "CONVEYOR_MAINTENANCE_INTERVAL", Duration::from_secs(30))?,
             reconcile_after,
             operation_keepalive,
+            scenarios: ScenarioSettings::from_source(src)?,
         })
     }
 }

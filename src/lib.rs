@@ -62,6 +62,8 @@ pub mod redact;
 #[doc(hidden)]
 pub mod sealing;
 #[doc(hidden)]
+pub mod storage;
+#[doc(hidden)]
 pub mod stream;
 #[doc(hidden)]
 pub mod telemetry;

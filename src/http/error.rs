@@ -46,6 +46,25 @@ pub enum ApiError {
     /// in `operation_id`.
     #[error("operation {0} has already finished")]
     OperationFinished(Uuid),
+    /// A rule refuses the request because of another resource's state (`409`). The problem carries `code` and names
+    /// the conflicting resource in the member `named.0` (`operation_id`, `active_sync_id`, ...).
+    #[error("{detail}")]
+    Conflict {
+        /// Stable code, e.g. `LISTING_ALREADY_PUBLISHED`.
+        code: &'static str,
+        /// Text for the client.
+        detail: String,
+        /// The member naming the conflicting resource, and its id.
+        named: Option<(&'static str, Uuid)>,
+    },
+    /// A well-formed request that a rule with its own code refuses (`422`), e.g. `SOURCE_FORBIDDEN`.
+    #[error("{detail}")]
+    Refused {
+        /// Stable code.
+        code: &'static str,
+        /// Text for the client.
+        detail: String,
+    },
     /// PostgreSQL or Redis cannot be reached right now.
     #[error("a backing service is unavailable")]
     Unavailable(#[source] anyhow::Error),
@@ -62,9 +81,9 @@ struct Problem<'a> {
     status: u16,
     detail: String,
     code: &'static str,
-    /// The conflicting operation, for the 409s that name one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    operation_id: Option<Uuid>,
+    /// The conflicting resource, for the 409s that name one: `operation_id`, `active_sync_id`, ...
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    named: Option<std::collections::BTreeMap<&'static str, Uuid>>,
 }
 
 impl ApiError {
@@ -78,7 +97,8 @@ impl ApiError {
             }
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Validation(_) | Self::Refused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::IdempotencyKeyReused | Self::IdempotencyRequestInProgress | Self::OperationFinished(_) => {
                 StatusCode::CONFLICT
             }
@@ -101,6 +121,7 @@ impl ApiError {
             Self::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
             Self::IdempotencyRequestInProgress => "IDEMPOTENCY_REQUEST_IN_PROGRESS",
             Self::OperationFinished(_) => "OPERATION_FINISHED",
+            Self::Conflict { code, .. } | Self::Refused { code, .. } => code,
             Self::Unavailable(_) => "SERVICE_UNAVAILABLE",
             Self::Internal(_) => "INTERNAL",
         }
@@ -140,8 +161,9 @@ impl IntoResponse for ApiError {
             status: status.as_u16(),
             detail: self.to_string(),
             code: self.code(),
-            operation_id: match self {
-                Self::OperationFinished(id) => Some(id),
+            named: match self {
+                Self::OperationFinished(id) => Some([("operation_id", id)].into()),
+                Self::Conflict { named: Some((member, id)), .. } => Some([(member, id)].into()),
                 _ => None,
             },
         };

@@ -45,6 +45,10 @@ pub struct Shared {
     pub fingerprinter: Fingerprinter,
     /// How long idempotency records live.
     pub idempotency_ttl: Duration,
+    /// Object storage (media, transfers).
+    pub storage: crate::storage::ObjectStorage,
+    /// Media, transfer and TLS settings.
+    pub scenarios: crate::config::ScenarioSettings,
     /// Test hook run right after an idempotency key is claimed; `None` in production.
     pub claim_hook: Option<idempotent::ClaimHook>,
 }

@@ -152,7 +152,13 @@ pub fn config_vars(db: &TestDb, redis_prefix: &str) -> HashMap<String, String> {
         ("CONVEYOR_ENCRYPTION_KEY".to_owned(), ENCRYPTION_KEY_B64.to_owned()),
         ("CONVEYOR_HTTP_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
         ("CONVEYOR_ADMIN_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
+        ("CONVEYOR_OBJECT_STORE_URL".to_owned(), format!("file://{}", objects_dir(redis_prefix).display())),
     ])
+}
+
+/// The object store directory of the test with `redis_prefix` (under the system's temporary directory).
+pub fn objects_dir(redis_prefix: &str) -> PathBuf {
+    std::env::temp_dir().join("conveyor-test-objects").join(redis_prefix)
 }
 
 /// A random workspace and user.
