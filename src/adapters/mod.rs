@@ -2,3 +2,4 @@
 
 pub mod marketplace;
 pub mod sandbox;
+pub mod tls;
