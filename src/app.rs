@@ -183,7 +183,11 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         .context("Failed to open the blocking Redis connection")?;
     let consumer =
         Consumer::new(state.redis.clone(), blocking, Keys::new(&config.redis_prefix), crate::ids::instance_name());
-    let marketplace = Arc::new(HttpMarketplace::new(marketplace_url, config.job_timeout));
+    let marketplace = Arc::new(HttpMarketplace::trusting(
+        marketplace_url,
+        config.job_timeout,
+        config.scenarios.tls_ca_file.as_deref(),
+    )?);
     let settings = WorkerSettings {
         concurrency: config.worker_concurrency,
         visibility: config.worker_visibility,

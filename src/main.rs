@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use conveyor::adapters::sandbox::{Sandbox, Settings};
+use conveyor::adapters::sandbox::{Sandbox, SandboxTls, Settings};
 use conveyor::app::{self, Role};
 use conveyor::auth::{Principal, TokenKeys};
 use conveyor::config::{self, Config, Env, MigrateConfig};
@@ -51,6 +51,12 @@ enum Command {
         /// Share of calls that hang for 30 s (0 to 1).
         #[arg(long, default_value_t = 0.0)]
         timeout_rate: f64,
+        /// Serve https with this PEM certificate chain (with `--tls-key`).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        /// The PEM private key of `--tls-cert`.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<std::path::PathBuf>,
     },
     /// Inspect and replay dead-lettered jobs.
     Dlq {
@@ -140,17 +146,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Api => app::run(Config::from_env()?, Role::Api).await,
         Command::Dispatcher => app::run(Config::from_env()?, Role::Dispatcher).await,
         Command::Worker => app::run(Config::from_env()?, Role::Worker).await,
-        Command::Sandbox { addr, latency_ms, error_rate, timeout_rate } => {
-            let settings = Settings { latency_ms, error_rate, timeout_rate, hang_ms: 30_000 };
+        Command::Sandbox { addr, latency_ms, error_rate, timeout_rate, tls_cert, tls_key } => {
+            let settings = Settings { latency_ms, error_rate, timeout_rate, hang_ms: 30_000, ..Settings::default() };
             let listener = tokio::net::TcpListener::bind(addr).await?;
-            tracing::info!(%addr, "Sandbox marketplace listening");
             let shutdown = tokio_util::sync::CancellationToken::new();
             let stop = shutdown.clone();
             tokio::spawn(async move {
                 app::wait_for_signal().await;
                 stop.cancel();
             });
-            Sandbox::new(settings).serve(listener, shutdown).await
+            let sandbox = Sandbox::new(settings);
+            match (tls_cert, tls_key) {
+                (Some(cert), Some(key)) => {
+                    tracing::info!(%addr, "Sandbox listening (https)");
+                    let tls = SandboxTls::from_pem_files(&cert, &key)?;
+                    sandbox.serve_tls(listener, tls, shutdown).await
+                }
+                _ => {
+                    tracing::info!(%addr, "Sandbox listening (http)");
+                    sandbox.serve(listener, shutdown).await
+                }
+            }
         }
         Command::Dlq { command } => {
             let url = config::database_url(&Env)?;

@@ -50,8 +50,17 @@ pub struct HttpMarketplace {
 impl HttpMarketplace {
     /// A client of the marketplace at `base`, with a per-call time-out.
     pub fn new(base: &str, timeout: Duration) -> Self {
-        let http = reqwest::Client::builder().timeout(timeout).build().expect("an HTTP client builds");
-        Self { base: base.trim_end_matches('/').to_owned(), http }
+        Self::trusting(base, timeout, None).expect("a client without extra roots builds")
+    }
+
+    /// A client that also trusts the PEM certificates of `ca_file` (`CONVEYOR_TLS_CA_FILE`); https goes through rustls.
+    pub fn trusting(
+        base: &str,
+        timeout: Duration,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Self, super::tls::TlsError> {
+        let http = super::tls::client_builder(ca_file)?.timeout(timeout).build().expect("an HTTP client builds");
+        Ok(Self { base: base.trim_end_matches('/').to_owned(), http })
     }
 }
 

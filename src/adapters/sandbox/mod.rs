@@ -83,6 +83,51 @@ impl Sandbox {
         axum::serve(listener, self.router()).with_graceful_shutdown(async move { shutdown.cancelled().await }).await?;
         Ok(())
     }
+
+    /// Serves https (rustls) on `listener` until `shutdown`, so clients' TLS is exercised for real.
+    pub async fn serve_tls(
+        self,
+        listener: TcpListener,
+        tls: SandboxTls,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let handle = axum_server::Handle::new();
+        let stopping = handle.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            stopping.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
+        });
+        axum_server::from_tcp_rustls(listener.into_std()?, tls.0)
+            .handle(handle)
+            .serve(self.router().into_make_service_with_connect_info::<std::net::SocketAddr>())
+            .await?;
+        Ok(())
+    }
+}
+
+/// The sandbox's TLS identity: a PEM certificate chain and its private key.
+#[derive(Clone)]
+pub struct SandboxTls(axum_server::tls_rustls::RustlsConfig);
+
+impl SandboxTls {
+    /// From PEM bytes.
+    pub fn from_pem(cert: Vec<u8>, key: Vec<u8>) -> anyhow::Result<Self> {
+        use rustls_pki_types::pem::PemObject;
+        let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&cert).collect::<Result<Vec<_>, _>>()?;
+        let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(&key)?;
+        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+        Ok(Self(axum_server::tls_rustls::RustlsConfig::from_config(std::sync::Arc::new(config))))
+    }
+
+    /// From PEM files.
+    pub fn from_pem_files(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<Self> {
+        Self::from_pem(std::fs::read(cert)?, std::fs::read(key)?)
+    }
 }
 
 async fn stats(State(sandbox): State<Sandbox>) -> Json<Stats> {

@@ -1,0 +1,107 @@
+//! External HTTPS: the marketplace client speaks TLS through rustls, trusts a private CA named by
+//! `CONVEYOR_TLS_CA_FILE`, and refuses a server it cannot verify. The sandbox serves https with a certificate of a CA
+//! made by the test.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{Process, TestApp, principal};
+use conveyor::adapters::marketplace::{HttpMarketplace, Marketplace, MarketplaceError, Verification};
+use conveyor::adapters::sandbox::{Sandbox, SandboxTls, Settings};
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A CA of the test's own and a `localhost` / `127.0.0.1` server certificate it signed.
+struct TestPki {
+    ca_file: PathBuf,
+    server: SandboxTls,
+}
+
+fn test_pki() -> TestPki {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let server_key = KeyPair::generate().unwrap();
+    let mut server_params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    server_params.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+    let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
+
+    let ca_file = std::env::temp_dir().join(format!("conveyor-test-ca-{}.pem", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&ca_file, ca_cert.pem()).unwrap();
+    let chain = format!("{}{}", server_cert.pem(), ca_cert.pem());
+    let server = SandboxTls::from_pem(chain.into_bytes(), server_key.serialize_pem().into_bytes()).unwrap();
+    TestPki { ca_file, server }
+}
+
+async fn https_sandbox(tls: SandboxTls) -> (Sandbox, String) {
+    let sandbox = Sandbox::new(Settings::default());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://localhost:{}", listener.local_addr().unwrap().port());
+    tokio::spawn(sandbox.clone().serve_tls(listener, tls, CancellationToken::new()));
+    (sandbox, url)
+}
+
+fn credentials(api_key: &str) -> std::collections::BTreeMap<String, String> {
+    [("api_key".to_owned(), api_key.to_owned())].into()
+}
+
+#[tokio::test]
+async fn the_marketplace_client_verifies_the_server_against_the_configured_ca() {
+    let pki = test_pki();
+    let (sandbox, url) = https_sandbox(pki.server).await;
+
+    let trusting = HttpMarketplace::trusting(&url, Duration::from_secs(5), Some(&pki.ca_file)).unwrap();
+    let answer = trusting.verify_credentials("token-1", &credentials("good")).await.unwrap();
+    assert_eq!(answer, Verification::Valid);
+    assert_eq!(sandbox.stats().effects, 1);
+
+    // Without the CA the server's certificate is unknown: the call fails before any request reaches the sandbox.
+    let untrusting = HttpMarketplace::new(&url, Duration::from_secs(5));
+    let refused = untrusting.verify_credentials("token-2", &credentials("good")).await;
+    assert!(matches!(refused, Err(MarketplaceError::Transient(_))), "{refused:?}");
+    assert_eq!(sandbox.stats().calls, 1, "no request was made over an unverified connection");
+}
+
+#[tokio::test]
+async fn a_ca_file_that_is_not_pem_is_a_clear_error() {
+    let path = std::env::temp_dir().join(format!("conveyor-test-bad-ca-{}.pem", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, "not a certificate").unwrap();
+    let error = HttpMarketplace::trusting("https://localhost:1", Duration::from_secs(1), Some(&path)).err().unwrap();
+    assert!(error.to_string().contains("CONVEYOR_TLS_CA_FILE"), "{error}");
+    let missing = std::env::temp_dir().join("conveyor-no-such-ca.pem");
+    let error = HttpMarketplace::trusting("https://localhost:1", Duration::from_secs(1), Some(&missing)).err().unwrap();
+    assert!(error.to_string().contains("cannot be read"), "{error}");
+}
+
+#[tokio::test]
+async fn a_worker_process_verifies_a_store_over_https() {
+    let app = TestApp::spawn().await;
+    let pki = test_pki();
+    let (sandbox, url) = https_sandbox(pki.server).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&app, &common::redis_url(), |_| {}).await, &shutdown);
+    let mut vars = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    vars.insert("CONVEYOR_MARKETPLACE_URL".into(), url);
+    vars.insert("CONVEYOR_TLS_CA_FILE".into(), pki.ca_file.display().to_string());
+    let mut worker = Process::spawn(&["worker"], &vars);
+
+    let who = principal();
+    let body = json!({"name": "Shop", "platform": "sandbox", "credentials": {"api_key": "good", "api_secret": "s"}});
+    let created: Value = app.send(Method::POST, "/v1/stores", who, Some(&body)).await.json().await.unwrap();
+    let op_id = created["operation"]["id"].as_str().unwrap();
+    let op = common::operation_reaches(&app, who, op_id, "succeeded", Duration::from_secs(30)).await;
+    assert!(op.is_some(), "verified over https; worker log:\n{}", worker.log());
+    assert_eq!(op.unwrap()["result"]["outcome"], "active");
+    assert_eq!(sandbox.stats().effects, 1);
+    worker.kill();
+    shutdown.cancel();
+}
