@@ -171,13 +171,18 @@ impl Metrics {
                 "Dispatched events deleted by retention",
             ),
             outbox_redriven: counter(r, "conveyor_outbox_redriven_total", "Events re-driven by the reconciler"),
-            jobs: counter_vec(r, "conveyor_jobs_total", "Job deliveries by queue and outcome", &["queue", "outcome"]),
+            jobs: counter_vec(
+                r,
+                "conveyor_jobs_total",
+                "Job deliveries by queue, kind and outcome",
+                &["queue", "kind", "outcome"],
+            ),
             job_duration: histogram_vec(
                 r,
                 "conveyor_job_duration_seconds",
-                "Job run time by queue and outcome",
+                "Job run time by queue, kind and outcome",
                 latency_buckets(),
-                &["queue", "outcome"],
+                &["queue", "kind", "outcome"],
             ),
             job_queue_wait: histogram_vec(
                 r,

@@ -68,6 +68,7 @@ impl Worker {
     /// Runs one entry to its end and acknowledges it when the outcome allows.
     pub(super) async fn process(&self, queue: Arc<Queue>, mut entry: Entry, abandon: CancellationToken) -> Outcome {
         let started = Instant::now();
+        let kind = queue.kind_slot(entry.fields.get("type"));
         let (outcome, finished) = match Delivery::parse(&mut entry) {
             None => {
                 tracing::error!(queue = %queue.name, entry_id = %entry.id, "Stream entry is not a Conveyor job (no event or workspace id); dropping it");
@@ -100,7 +101,7 @@ impl Worker {
             }
         };
         fail::fail_point!("worker::before_ack", |_| outcome);
-        queue.ended(outcome, started.elapsed());
+        queue.ended(kind, outcome, started.elapsed());
         if outcome.acknowledges() {
             // Acknowledged in batches by the ack loop; the heartbeat keeps the entry until then.
             let _ = self.0.acks.send((queue, entry.id, finished));

@@ -76,7 +76,7 @@ impl Worker {
         let mut entries = entries.into_iter();
         while let Some(entry) = entries.next() {
             if !skip.is_empty() && job_of(&entry).is_some_and(|(_, id, _)| skip.contains(&id)) {
-                queue.ended(Outcome::Skipped, Duration::ZERO);
+                queue.ended(queue.kind_slot(entry.fields.get("type")), Outcome::Skipped, Duration::ZERO);
                 let _ = self.0.acks.send((queue.clone(), entry.id, None));
                 continue;
             }
@@ -127,7 +127,7 @@ impl Worker {
                 None => false,
             };
             if skip {
-                queue.ended(Outcome::Skipped, Duration::ZERO);
+                queue.ended(queue.kind_slot(entry.fields.get("type")), Outcome::Skipped, Duration::ZERO);
                 let _ = self.0.acks.send((queue.clone(), entry.id, None));
                 return Ok(Some(Outcome::Skipped));
             }

@@ -110,24 +110,38 @@ pub(super) struct Queue {
     pub(super) name: String,
     /// Enqueue to start.
     pub(super) wait: Histogram,
-    /// Jobs and their duration, by [`Outcome`] (in the order of [`Outcome::ALL`]).
-    ended: [(IntCounter, Histogram); Outcome::ALL.len()],
+    /// Jobs and their duration by kind (the kinds registered on this queue, then `unknown` for anything else), by
+    /// [`Outcome`] (in the order of [`Outcome::ALL`]).
+    ended: Vec<(&'static str, Ended)>,
 }
 
+type Ended = [(IntCounter, Histogram); Outcome::ALL.len()];
+
 impl Queue {
-    fn new(name: &str, metrics: &Metrics) -> Self {
-        Self {
-            name: name.to_owned(),
-            wait: metrics.job_queue_wait.with_label_values(&[name]),
-            ended: Outcome::ALL.map(|o| {
-                let labels = [name, o.label()];
-                (metrics.jobs.with_label_values(&labels), metrics.job_duration.with_label_values(&labels))
-            }),
-        }
+    fn new(name: &str, kinds: &[&'static str], metrics: &Metrics) -> Self {
+        let ended = kinds
+            .iter()
+            .copied()
+            .chain(std::iter::once("unknown"))
+            .map(|kind| {
+                let ended = Outcome::ALL.map(|o| {
+                    let labels = [name, kind, o.label()];
+                    (metrics.jobs.with_label_values(&labels), metrics.job_duration.with_label_values(&labels))
+                });
+                (kind, ended)
+            })
+            .collect();
+        Self { name: name.to_owned(), wait: metrics.job_queue_wait.with_label_values(&[name]), ended }
     }
 
-    pub(super) fn ended(&self, outcome: Outcome, took: Duration) {
-        let (count, duration) = &self.ended[outcome as usize];
+    /// The metrics slot of `kind` (as a stream entry names it): a registered kind's, or `unknown`'s.
+    pub(super) fn kind_slot(&self, kind: Option<&str>) -> usize {
+        kind.and_then(|kind| self.ended.iter().position(|(k, _)| *k == kind)).unwrap_or(self.ended.len() - 1)
+    }
+
+    /// Counts a job of the kind in `slot` ([`Queue::kind_slot`]) that ended with `outcome` after `took`.
+    pub(super) fn ended(&self, slot: usize, outcome: Outcome, took: Duration) {
+        let (count, duration) = &self.ended[slot].1[outcome as usize];
         count.inc();
         duration.observe(took.as_secs_f64());
     }
@@ -238,7 +252,7 @@ impl WorkerBuilder {
         anyhow::ensure!(self.settings.concurrency > 0, "concurrency must be at least 1");
         anyhow::ensure!(!self.settings.keepalive.is_zero(), "the operation keep-alive must be longer than zero");
         let mut handlers = HashMap::new();
-        let mut queues: Vec<Arc<Queue>> = Vec::new();
+        let mut queue_names: Vec<&'static str> = Vec::new();
         for handler in self.handlers {
             let (kind, queue) = (handler.kind(), handler.queue());
             anyhow::ensure!(kind::valid_kind_name(kind), "`{kind}` is not a valid kind name");
@@ -249,10 +263,18 @@ impl WorkerBuilder {
                 "kind `{kind}` must have a time-out of at least 1 ms"
             );
             anyhow::ensure!(handlers.insert(kind, handler).is_none(), "kind `{kind}` has two handlers");
-            if !queues.iter().any(|q| q.name == queue) {
-                queues.push(Arc::new(Queue::new(queue, &self.metrics)));
+            if !queue_names.contains(&queue) {
+                queue_names.push(queue);
             }
         }
+        let queues: Vec<Arc<Queue>> = queue_names
+            .into_iter()
+            .map(|queue| {
+                let kinds: Vec<&'static str> =
+                    handlers.values().filter(|h| h.queue() == queue).map(|h| h.kind()).collect();
+                Arc::new(Queue::new(queue, &kinds, &self.metrics))
+            })
+            .collect();
         let control = self.control.unwrap_or_else(|| {
             PgPoolOptions::new()
                 .max_connections(2)
