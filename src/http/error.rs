@@ -65,6 +65,12 @@ pub enum ApiError {
         /// Text for the client.
         detail: String,
     },
+    /// A write that must be conditional came without `If-Match` (`428`).
+    #[error("this request must be conditional: send If-Match with the ETag last read")]
+    PreconditionRequired,
+    /// The `If-Match` revision is not the current one (`412`); the problem carries `current_revision`.
+    #[error("the resource has changed since it was read; its current revision is {0}")]
+    PreconditionFailed(i64),
     /// PostgreSQL or Redis cannot be reached right now.
     #[error("a backing service is unavailable")]
     Unavailable(#[source] anyhow::Error),
@@ -81,9 +87,10 @@ struct Problem<'a> {
     status: u16,
     detail: String,
     code: &'static str,
-    /// The conflicting resource, for the 409s that name one: `operation_id`, `active_sync_id`, ...
+    /// What the problem names: the conflicting resource of a 409 (`operation_id`, `active_sync_id`, ...), the
+    /// `current_revision` of a 412.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    named: Option<std::collections::BTreeMap<&'static str, Uuid>>,
+    named: Option<std::collections::BTreeMap<&'static str, serde_json::Value>>,
 }
 
 impl ApiError {
@@ -99,6 +106,8 @@ impl ApiError {
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Validation(_) | Self::Refused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Conflict { .. } => StatusCode::CONFLICT,
+            Self::PreconditionRequired => StatusCode::PRECONDITION_REQUIRED,
+            Self::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             Self::IdempotencyKeyReused | Self::IdempotencyRequestInProgress | Self::OperationFinished(_) => {
                 StatusCode::CONFLICT
             }
@@ -122,6 +131,8 @@ impl ApiError {
             Self::IdempotencyRequestInProgress => "IDEMPOTENCY_REQUEST_IN_PROGRESS",
             Self::OperationFinished(_) => "OPERATION_FINISHED",
             Self::Conflict { code, .. } | Self::Refused { code, .. } => code,
+            Self::PreconditionRequired => "PRECONDITION_REQUIRED",
+            Self::PreconditionFailed(_) => "PRECONDITION_FAILED",
             Self::Unavailable(_) => "SERVICE_UNAVAILABLE",
             Self::Internal(_) => "INTERNAL",
         }
@@ -162,8 +173,9 @@ impl IntoResponse for ApiError {
             detail: self.to_string(),
             code: self.code(),
             named: match self {
-                Self::OperationFinished(id) => Some([("operation_id", id)].into()),
-                Self::Conflict { named: Some((member, id)), .. } => Some([(member, id)].into()),
+                Self::OperationFinished(id) => Some([("operation_id", id.to_string().into())].into()),
+                Self::Conflict { named: Some((member, id)), .. } => Some([(member, id.to_string().into())].into()),
+                Self::PreconditionFailed(revision) => Some([("current_revision", revision.into())].into()),
                 _ => None,
             },
         };
