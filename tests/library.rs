@@ -887,3 +887,44 @@ async fn an_enqueue_refuses_another_workspaces_or_an_ended_operation_and_a_repla
     assert_eq!(conveyor::worker::dlq::replay(pool, dead.0).await.unwrap(), conveyor::worker::dlq::Replay::Replayed);
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_retry_after_from_the_handler_postpones_the_next_run_beyond_the_kinds_back_off() {
+    #[derive(Serialize, Deserialize)]
+    struct Limited;
+    impl JobKind for Limited {
+        const KIND: &'static str = "test.limited";
+        const QUEUE: &'static str = "limited";
+        const BACKOFF: conveyor::Backoff =
+            conveyor::Backoff { base: Duration::from_millis(10), max: Duration::from_millis(20) };
+    }
+    struct Provider;
+    impl Handler<Limited> for Provider {
+        async fn handle(&self, _: Limited, _: &mut JobContext) -> Result<Value, JobError> {
+            Err(JobError::retry_after("provider answered 429", Duration::from_secs(120)))
+        }
+    }
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let job = conveyor::enqueue_tx(&mut tx, &Limited, EnqueueOptions::new()).await.unwrap().id;
+    tx.commit().await.unwrap();
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |_| {}).await;
+    let worker =
+        worker_of::<Limited>(&app, &app.db.pool, &common::redis_url(), Provider, WorkerSettings::default()).await;
+    let outcomes = conveyor::testing::drain(&dispatcher, &worker).await.unwrap();
+    assert_eq!(outcomes, vec![conveyor::Outcome::Retried], "one run, then nothing due");
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let (wait, error): (f64, String) = sqlx::query_as(
+        "SELECT extract(epoch FROM next_attempt_at - now())::float8, last_error FROM outbox_events WHERE id = $1",
+    )
+    .bind(job.0)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    // The kind's back-off alone would make it due within 20 ms; the handler's Retry-After holds it for two minutes.
+    assert!(wait > 100.0, "next run in {wait} s");
+    assert!(error.contains("429"), "{error}");
+    assert_eq!(conveyor::get_job(&app.db.pool, ws, job).await.unwrap().unwrap().status, JobStatus::Retrying);
+}

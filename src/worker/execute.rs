@@ -239,7 +239,10 @@ impl Worker {
                     Ok((Box::pin(self.dead_letter(d, &error, reason)).await?, None))
                 } else {
                     let backoff = d.backoff.unwrap_or_else(|| handler.backoff());
-                    let delay = backoff.delay(d.attempt);
+                    let delay = match e {
+                        JobError::RetryAfter { after, .. } => backoff.delay(d.attempt).max(after),
+                        _ => backoff.delay(d.attempt),
+                    };
                     tracing::warn!(event_id = %d.event_id, attempt = d.attempt, ?delay, error = %error, "Job failed; retrying after back-off");
                     let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
                     if !Box::pin(record::retry(pool, workspace, event, d.redrive, operation, delay, &error)).await? {

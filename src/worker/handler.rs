@@ -26,6 +26,15 @@ pub enum JobError {
     /// Worth retrying with back-off (an unavailable dependency, a time-out).
     #[error("{0}")]
     Retryable(String),
+    /// Worth retrying, but not before `after` (a `429` or `503` with `Retry-After`): the next run waits for the longer
+    /// of `after` and the kind's back-off. Counts as an attempt like [`JobError::Retryable`].
+    #[error("{reason} (retry after {after:?})")]
+    RetryAfter {
+        /// What failed.
+        reason: String,
+        /// The earliest sensible retry, from now.
+        after: std::time::Duration,
+    },
     /// Retrying cannot help: dead-letter at once.
     #[error("{0}")]
     Permanent(String),
@@ -38,6 +47,11 @@ impl JobError {
     /// A failure worth retrying, from anything printable.
     pub fn retryable(e: impl std::fmt::Display) -> Self {
         Self::Retryable(e.to_string())
+    }
+
+    /// A failure worth retrying no sooner than `after` from now, from anything printable.
+    pub fn retry_after(e: impl std::fmt::Display, after: std::time::Duration) -> Self {
+        Self::RetryAfter { reason: e.to_string(), after }
     }
 
     /// A failure retrying cannot fix, from anything printable.
