@@ -197,7 +197,57 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
     Worker::builder(state.pool.clone(), consumer)
         .handle::<VerifyCredentials>(VerifyCredentialsHandler {
             sealer: state.sealer.clone(),
+            marketplace: marketplace.clone(),
+            max_attempts: config.job_max_attempts,
+            timeout: config.job_timeout,
+        })
+        .handle::<crate::jobs::PublishListing>(crate::jobs::PublishListingHandler {
+            sealer: state.sealer.clone(),
             marketplace,
+            max_attempts: config.job_max_attempts,
+            timeout: config.job_timeout,
+        })
+        .handle::<crate::jobs::ProcessMedia>(crate::jobs::ProcessMediaHandler {
+            settings: crate::domain::media::ProcessSettings {
+                storage: state.storage.clone(),
+                limits: crate::domain::media::ImageLimits {
+                    max_bytes: config.scenarios.media_max_bytes,
+                    max_pixels: config.scenarios.media_max_pixels,
+                },
+                gate: crate::domain::media::DecodeGate::per_core(),
+            },
+            metrics: state.metrics.clone(),
+            max_attempts: config.job_max_attempts,
+            timeout: config.job_timeout,
+        })
+        .handle::<crate::jobs::TransferAsset>(crate::jobs::TransferAssetHandler::new(
+            &state.pool,
+            state.storage.clone(),
+            Arc::new(crate::adapters::fetch::Fetcher::new(
+                crate::adapters::fetch::FetchSettings::from_scenarios(&config.scenarios),
+                Arc::new(crate::adapters::fetch::SystemResolver),
+            )?),
+            config.job_max_attempts,
+        ))
+        .handle::<crate::jobs::SyncCatalog>(crate::jobs::SyncCatalogHandler {
+            pool: state.pool.clone(),
+            sealer: state.sealer.clone(),
+            catalog: Arc::new(crate::adapters::catalog::HttpCatalog::new(
+                marketplace_url,
+                config.job_timeout,
+                config.scenarios.tls_ca_file.as_deref(),
+            )?),
+            page_size: config.scenarios.catalog_page_size,
+            max_attempts: config.job_max_attempts,
+        })
+        .handle::<crate::jobs::GenerateAi>(crate::jobs::GenerateAiHandler {
+            provider: Arc::new(crate::adapters::ai::HttpAiProvider::new(
+                config.scenarios.ai_provider_url.as_deref().unwrap_or(marketplace_url),
+                config.job_timeout,
+                config.scenarios.tls_ca_file.as_deref(),
+            )?),
+            pool: state.pool.clone(),
+            credits_limit: config.scenarios.ai_credits_per_workspace,
             max_attempts: config.job_max_attempts,
             timeout: config.job_timeout,
         })

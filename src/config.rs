@@ -149,6 +149,13 @@ pub struct ScenarioSettings {
     pub asset_read_timeout: Duration,
     /// `CONVEYOR_TLS_CA_FILE`: PEM certificates trusted besides the built-in roots (a private CA; the tests' own).
     pub tls_ca_file: Option<std::path::PathBuf>,
+    /// `CONVEYOR_CATALOG_PAGE_SIZE`: products asked of the marketplace per catalog page (1 to 1000, default 200).
+    pub catalog_page_size: u32,
+    /// `CONVEYOR_AI_CREDITS_PER_WORKSPACE`: AI credits a workspace may reserve per calendar month, UTC (default 1000).
+    pub ai_credits_per_workspace: u32,
+    /// `CONVEYOR_AI_PROVIDER_URL`: base URL of the AI provider; unset, the worker calls `CONVEYOR_MARKETPLACE_URL`
+    /// (where the sandbox serves its AI provider too).
+    pub ai_provider_url: Option<String>,
 }
 
 impl Default for ScenarioSettings {
@@ -202,6 +209,21 @@ impl ScenarioSettings {
             asset_connect_timeout: duration(src, "CONVEYOR_ASSET_CONNECT_TIMEOUT", Duration::from_secs(10))?,
             asset_read_timeout: duration(src, "CONVEYOR_ASSET_READ_TIMEOUT", Duration::from_secs(30))?,
             tls_ca_file: src.get("CONVEYOR_TLS_CA_FILE").map(std::path::PathBuf::from),
+            catalog_page_size: {
+                let size = positive(src, "CONVEYOR_CATALOG_PAGE_SIZE", 200u32)?;
+                if size > crate::adapters::catalog::MAX_PAGE_SIZE {
+                    return Err(invalid("CONVEYOR_CATALOG_PAGE_SIZE", "must be at most 1000"));
+                }
+                size
+            },
+            ai_credits_per_workspace: positive(src, "CONVEYOR_AI_CREDITS_PER_WORKSPACE", 1000)?,
+            ai_provider_url: match src.get("CONVEYOR_AI_PROVIDER_URL") {
+                None => None,
+                Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
+                    Some(url.trim_end_matches('/').to_owned())
+                }
+                Some(_) => return Err(invalid("CONVEYOR_AI_PROVIDER_URL", "must be an http:// or https:// URL")),
+            },
         })
     }
 }
@@ -576,6 +598,9 @@ mod tests {
             ("CONVEYOR_IDEMPOTENCY_TTL", "23h"),
             ("CONVEYOR_MAX_BODY_BYTES", "-1"),
             ("CONVEYOR_MARKETPLACE_URL", "ftp://x"),
+            ("CONVEYOR_AI_CREDITS_PER_WORKSPACE", "0"),
+            ("CONVEYOR_AI_CREDITS_PER_WORKSPACE", "lots"),
+            ("CONVEYOR_AI_PROVIDER_URL", "ftp://x"),
             ("CONVEYOR_OPERATION_KEEPALIVE", "0s"),
             // Shorter than four leases (default 30 s), then longer than the de-dup key's whole life (24 h).
             ("CONVEYOR_DISPATCH_DEDUP_TTL_RECORDED", "1m"),

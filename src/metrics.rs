@@ -58,6 +58,8 @@ pub struct Metrics {
     pub stream_pending_entries: IntGaugeVec,
     /// `conveyor_stream_group_lag{queue}`: not yet delivered.
     pub stream_group_lag: IntGaugeVec,
+    /// `conveyor_media_derivations_total{result}`: `media.process` runs by result (`derived`, `reused`, `rejected`).
+    pub media_derivations: IntCounterVec,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -214,6 +216,12 @@ impl Metrics {
                 &["queue"],
             ),
             stream_group_lag: gauge_vec(r, "conveyor_stream_group_lag", "Entries not yet delivered", &["queue"]),
+            media_derivations: counter_vec(
+                r,
+                "conveyor_media_derivations_total",
+                "media.process runs by result: derived, reused (same bytes derived before) or rejected",
+                &["result"],
+            ),
             registry,
         }
     }

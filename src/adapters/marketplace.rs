@@ -39,9 +39,40 @@ pub trait Marketplace: Send + Sync + 'static {
         token: &'a str,
         credentials: &'a BTreeMap<String, String>,
     ) -> BoxFuture<'a, Result<Verification, MarketplaceError>>;
+
+    /// Creates `product` in the store that `credentials` open; `token` makes repeats of one logical call a single
+    /// product (a repeat answers the product the first call made).
+    fn create_product<'a>(
+        &'a self,
+        token: &'a str,
+        credentials: &'a BTreeMap<String, String>,
+        product: &'a NewProduct,
+    ) -> BoxFuture<'a, Result<CreatedProduct, MarketplaceError>>;
 }
 
-/// A marketplace over HTTP (`POST {base}/v1/credentials/verify` with `Idempotency-Key`).
+/// A product to create on a marketplace: what a listing publishes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewProduct {
+    /// Title.
+    pub title: String,
+    /// Description.
+    pub description: String,
+    /// Price: an exact decimal string (`"12.50"`) in `currency`.
+    pub price_amount: String,
+    /// ISO 4217 code.
+    pub currency: String,
+    /// Conveyor's ids of the product's images, in order.
+    pub media_ids: Vec<uuid::Uuid>,
+}
+
+/// A product the marketplace made (or had made for the same token).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreatedProduct {
+    /// The marketplace's id of the product.
+    pub id: String,
+}
+
+/// A marketplace over HTTP (`POST {base}/v1/credentials/verify`, `POST {base}/v1/products`, with `Idempotency-Key`).
 pub struct HttpMarketplace {
     base: String,
     http: reqwest::Client,
@@ -67,6 +98,25 @@ impl HttpMarketplace {
 #[derive(Deserialize)]
 struct VerifyAnswer {
     valid: bool,
+}
+
+/// The error body a marketplace may send with a 4xx: only its `code`, when it looks like one, is kept (a message could
+/// echo what was sent).
+#[derive(Deserialize)]
+struct RefusalAnswer {
+    code: Option<String>,
+}
+
+/// `HTTP 422 (PRODUCT_REFUSED)`: the status, and the answer's code when it is a short upper-case identifier.
+async fn refusal(response: reqwest::Response) -> String {
+    let status = response.status();
+    let code = response.json::<RefusalAnswer>().await.ok().and_then(|a| a.code).filter(|c| {
+        (1..=64).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+    });
+    match code {
+        Some(code) => format!("HTTP {status} ({code})"),
+        None => format!("HTTP {status}"),
+    }
 }
 
 impl Marketplace for HttpMarketplace {
@@ -95,6 +145,39 @@ impl Marketplace for HttpMarketplace {
             let answer: VerifyAnswer =
                 response.json().await.map_err(|_| MarketplaceError::Permanent("malformed answer".into()))?;
             Ok(if answer.valid { Verification::Valid } else { Verification::Invalid })
+        })
+    }
+
+    fn create_product<'a>(
+        &'a self,
+        token: &'a str,
+        credentials: &'a BTreeMap<String, String>,
+        product: &'a NewProduct,
+    ) -> BoxFuture<'a, Result<CreatedProduct, MarketplaceError>> {
+        Box::pin(async move {
+            let response = self
+                .http
+                .post(format!("{}/v1/products", self.base))
+                .header("idempotency-key", token)
+                .json(&serde_json::json!({ "credentials": credentials, "product": product }))
+                .send()
+                .await
+                .map_err(|e| MarketplaceError::Transient(e.without_url().to_string()))?;
+            let status = response.status();
+            if status.is_server_error() || status.as_u16() == 429 {
+                return Err(MarketplaceError::Transient(format!("HTTP {status}")));
+            }
+            if !status.is_success() {
+                return Err(MarketplaceError::Permanent(refusal(response).await));
+            }
+            // A body cut short may still mean a product was made: worth a retry, which the token answers with it.
+            let body = response.bytes().await.map_err(|e| MarketplaceError::Transient(e.without_url().to_string()))?;
+            let created: CreatedProduct =
+                serde_json::from_slice(&body).map_err(|_| MarketplaceError::Permanent("malformed answer".into()))?;
+            if created.id.is_empty() || created.id.len() > 200 {
+                return Err(MarketplaceError::Permanent("malformed answer: product id".into()));
+            }
+            Ok(created)
         })
     }
 }

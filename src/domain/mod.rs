@@ -1,5 +1,11 @@
 //! First-batch business scenarios (seed section 5). Domain code knows PostgreSQL transactions, not HTTP or Redis.
 
+pub mod ai_tasks;
+pub mod asset_transfers;
+pub mod listings;
+pub mod media;
+pub mod catalog;
+pub mod product_drafts;
 pub mod stores;
 
 /// A domain rule was broken by the input; the message is safe to show the client.

@@ -321,3 +321,36 @@ pub async fn verify_tx(
     .await?;
     Ok(outcome)
 }
+
+/// Why a store's credentials cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// No such store in the workspace.
+    #[error("store not found")]
+    StoreGone,
+    /// The sealed credentials do not open (wrong key, tampering): retrying cannot help.
+    #[error("stored credentials could not be opened")]
+    Unreadable,
+    /// PostgreSQL failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// Opens the current credentials of store `store_id`, for the one adapter call that needs them.
+pub async fn open_credentials_tx(
+    tx: &mut WorkspaceTx,
+    sealer: &Sealer,
+    workspace_id: Uuid,
+    store_id: Uuid,
+) -> Result<Credentials, CredentialsError> {
+    let row: Option<(Vec<u8>, Vec<u8>)> =
+        sqlx::query_as("SELECT nonce, ciphertext FROM store_credentials WHERE store_id = $1")
+            .bind(store_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    let (nonce, ciphertext) = row.ok_or(CredentialsError::StoreGone)?;
+    let plain = sealer
+        .open(&nonce, &ciphertext, &credentials_aad(workspace_id, store_id))
+        .map_err(|_| CredentialsError::Unreadable)?;
+    Credentials::from_json(&plain).map_err(|_| CredentialsError::Unreadable)
+}

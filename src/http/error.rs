@@ -65,6 +65,20 @@ pub enum ApiError {
         /// Text for the client.
         detail: String,
     },
+    /// The workspace's AI credits for the month cannot cover the task (`429 AI_QUOTA_EXCEEDED`); the problem carries
+    /// `credits_limit`, `credits_used` and `credits_requested`, and `Retry-After` says when the next month starts.
+    #[error("this task needs {credits_requested} AI credits and the workspace has used {credits_used} of its \
+             {credits_limit} for this month")]
+    AiQuotaExceeded {
+        /// Credits per workspace and calendar month (UTC).
+        credits_limit: u32,
+        /// Credits reserved so far this month.
+        credits_used: u32,
+        /// What the refused task costs.
+        credits_requested: u32,
+        /// Seconds until the next month starts, if known.
+        retry_after_secs: Option<u64>,
+    },
     /// A write that must be conditional came without `If-Match` (`428`).
     #[error("this request must be conditional: send If-Match with the ETag last read")]
     PreconditionRequired,
@@ -107,6 +121,7 @@ impl ApiError {
             Self::Validation(_) | Self::Refused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::PreconditionRequired => StatusCode::PRECONDITION_REQUIRED,
+            Self::AiQuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             Self::IdempotencyKeyReused | Self::IdempotencyRequestInProgress | Self::OperationFinished(_) => {
                 StatusCode::CONFLICT
@@ -132,6 +147,7 @@ impl ApiError {
             Self::OperationFinished(_) => "OPERATION_FINISHED",
             Self::Conflict { code, .. } | Self::Refused { code, .. } => code,
             Self::PreconditionRequired => "PRECONDITION_REQUIRED",
+            Self::AiQuotaExceeded { .. } => "AI_QUOTA_EXCEEDED",
             Self::PreconditionFailed(_) => "PRECONDITION_FAILED",
             Self::Unavailable(_) => "SERVICE_UNAVAILABLE",
             Self::Internal(_) => "INTERNAL",
@@ -176,6 +192,14 @@ impl IntoResponse for ApiError {
                 Self::OperationFinished(id) => Some([("operation_id", id.to_string().into())].into()),
                 Self::Conflict { named: Some((member, id)), .. } => Some([(member, id.to_string().into())].into()),
                 Self::PreconditionFailed(revision) => Some([("current_revision", revision.into())].into()),
+                Self::AiQuotaExceeded { credits_limit, credits_used, credits_requested, .. } => Some(
+                    [
+                        ("credits_limit", credits_limit.into()),
+                        ("credits_used", credits_used.into()),
+                        ("credits_requested", credits_requested.into()),
+                    ]
+                    .into(),
+                ),
                 _ => None,
             },
         };
@@ -184,6 +208,9 @@ impl IntoResponse for ApiError {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if matches!(self, Self::IdempotencyRequestInProgress | Self::Unavailable(_)) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Self::AiQuotaExceeded { retry_after_secs: Some(secs), .. } = self {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }

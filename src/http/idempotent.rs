@@ -50,6 +50,15 @@ impl Reply {
         }
     }
 
+    /// `201 Created` with `Location: {location}` (the new resource's path).
+    pub fn created(body: &impl Serialize, location: String) -> Self {
+        Self {
+            status: StatusCode::CREATED,
+            headers: vec![("location".into(), location)],
+            body: serde_json::to_value(body).expect("response bodies serialize"),
+        }
+    }
+
     fn stored(&self) -> StoredResponse {
         let mut headers = self.headers.clone();
         headers.push(("content-type".into(), "application/json".into()));

@@ -1,11 +1,17 @@
 //! The HTTP surface (axum): the public API router and the admin router. The only module that knows axum.
 
 mod admin;
+mod ai_tasks;
+mod asset_transfers;
 mod auth;
+mod catalog;
 pub mod error;
 pub mod idempotent;
 pub mod json;
+mod listings;
+mod media;
 mod operations;
+mod product_drafts;
 mod stores;
 
 use std::ops::Deref;
@@ -69,7 +75,13 @@ pub fn router(state: AppState) -> Router {
     let limit = state.max_body_bytes;
     Router::new()
         .merge(stores::routes())
+        .merge(ai_tasks::routes())
+        .merge(asset_transfers::routes())
         .merge(operations::routes())
+        .merge(catalog::routes())
+        .merge(listings::routes())
+        .merge(product_drafts::routes())
+        .merge(media::routes(&state))
         .route("/v1/openapi.json", axum::routing::get(openapi))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))

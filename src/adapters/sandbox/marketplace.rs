@@ -1,5 +1,5 @@
-//! The sandbox marketplace: credential verification (and the marketplace's other calls), honouring
-//! `Idempotency-Key` like a real marketplace.
+//! The sandbox marketplace: credential verification and product creation (and the marketplace's other calls),
+//! honouring `Idempotency-Key` like a real marketplace.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use serde::Deserialize;
 use super::Sandbox;
 
 pub(super) fn routes() -> Router<Sandbox> {
-    Router::new().route("/v1/credentials/verify", post(verify))
+    Router::new().route("/v1/credentials/verify", post(verify)).route("/v1/products", post(create_product))
 }
 
 #[derive(Deserialize)]
@@ -55,4 +55,60 @@ async fn verify(State(sandbox): State<Sandbox>, headers: HeaderMap, Json(body): 
         }
     };
     Json(serde_json::json!({ "valid": valid })).into_response()
+}
+
+#[derive(Deserialize)]
+struct ProductRequest {
+    credentials: HashMap<String, String>,
+    product: ProductFields,
+}
+
+#[derive(Deserialize)]
+struct ProductFields {
+    title: String,
+}
+
+/// `POST /v1/products`: makes a product, one per `Idempotency-Key`; a repeat answers the same id (`200`) and makes
+/// nothing. The effect comes first and the latency after it, so a caller that dies or gives up while waiting leaves a
+/// product behind, as with a real marketplace whose answer is lost: only the key keeps its retry from making a second
+/// one. Refuses credentials whose `api_key` starts with `invalid` (`401 INVALID_CREDENTIALS`) and a product whose
+/// title starts with `REFUSE` (`422 PRODUCT_REFUSED`); an injected failure (`503`) makes nothing.
+async fn create_product(
+    State(sandbox): State<Sandbox>,
+    headers: HeaderMap,
+    Json(body): Json<ProductRequest>,
+) -> Response {
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned) else {
+        return (StatusCode::BAD_REQUEST, "Idempotency-Key required").into_response();
+    };
+    let settings = sandbox.0.lock().expect("sandbox lock").settings.clone();
+    let (fail, hang) = {
+        let mut rng = rand::rng();
+        (rng.random_bool(settings.error_rate.clamp(0.0, 1.0)), rng.random_bool(settings.timeout_rate.clamp(0.0, 1.0)))
+    };
+    let answer = {
+        let mut inner = sandbox.0.lock().expect("sandbox lock");
+        inner.stats.product_calls += 1;
+        if fail {
+            (StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "code": "UNAVAILABLE" }))
+        } else if body.credentials.get("api_key").is_none_or(|k| k.starts_with("invalid")) {
+            (StatusCode::UNAUTHORIZED, serde_json::json!({ "code": "INVALID_CREDENTIALS" }))
+        } else if body.product.title.starts_with("REFUSE") {
+            (StatusCode::UNPROCESSABLE_ENTITY, serde_json::json!({ "code": "PRODUCT_REFUSED" }))
+        } else if let Some(id) = inner.products.get(&key) {
+            (StatusCode::OK, serde_json::json!({ "id": id }))
+        } else {
+            let id = format!("prod_{}", uuid::Uuid::new_v4().simple());
+            inner.products.insert(key, id.clone());
+            inner.stats.products_created += 1;
+            (StatusCode::CREATED, serde_json::json!({ "id": id }))
+        }
+    };
+    if settings.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(settings.latency_ms)).await;
+    }
+    if hang {
+        tokio::time::sleep(Duration::from_millis(if settings.hang_ms == 0 { 30_000 } else { settings.hang_ms })).await;
+    }
+    (answer.0, Json(answer.1)).into_response()
 }

@@ -1,10 +1,17 @@
 //! The sandbox: one real HTTP server that plays every external system for development and tests, one file each.
 //!
-//! - [`marketplace`]: `POST /v1/credentials/verify` (and the marketplace's other calls). Like a real marketplace it
-//!   honours `Idempotency-Key`: a repeat returns the first answer and makes no new effect.
+//! - [`marketplace`]: `POST /v1/credentials/verify`, `POST /v1/products` (and the marketplace's other calls). Like a
+//!   real marketplace it honours `Idempotency-Key`: a repeat returns the first answer and makes no new effect.
+//! - [`files`]: `GET /files/{name}`, source files for asset transfers (sizes, ranges, throttling, dropped
+//!   connections, redirects).
+//! - [`ai`]: `POST /v1/ai/generate`, the AI provider: charges once per `Idempotency-Key` (`ai_charges`), answers a
+//!   repeat with the stored result, and answers `429` with `Retry-After` for the next `ai_rate_limited_calls` calls.
 //! - `GET /_sandbox/stats`: calls received, effects made, per system.
 //! - `PUT /_sandbox/settings`: `latency_ms`, `error_rate` (answers 503), `timeout_rate` (hangs for `hang_ms`).
 
+mod ai;
+mod catalog;
+pub mod files;
 mod marketplace;
 
 use std::collections::HashMap;
@@ -29,6 +36,12 @@ pub struct Settings {
     pub timeout_rate: f64,
     /// How long a hanging call hangs (default 30 s).
     pub hang_ms: u64,
+    /// Products in every store's catalog (`POST /v1/catalog/list`).
+    pub catalog_size: u64,
+    /// The next this many AI calls answer `429` with `Retry-After: ai_retry_after_secs` (counts down).
+    pub ai_rate_limited_calls: u64,
+    /// The `Retry-After` of a rate-limited AI call, in seconds (default 1).
+    pub ai_retry_after_secs: u64,
 }
 
 /// What the sandbox has seen.
@@ -40,6 +53,31 @@ pub struct Stats {
     pub effects: u64,
     /// Calls per idempotency key.
     pub calls_by_key: HashMap<String, u64>,
+    /// Product creation calls received (repeats included).
+    pub product_calls: u64,
+    /// Products made: one per distinct idempotency key.
+    pub products_created: u64,
+    /// Catalog pages served (`POST /v1/catalog/list` answered with products).
+    #[serde(default)]
+    pub catalog_pages_served: u64,
+    /// Catalog pages served, by the offset they start at: a page served twice shows as 2.
+    #[serde(default)]
+    pub catalog_pages_by_offset: std::collections::BTreeMap<u64, u64>,
+    /// AI generation calls received (repeats, refusals and rate-limited calls included).
+    #[serde(default)]
+    pub ai_calls: u64,
+    /// AI charges made: one per distinct idempotency key that was answered a result.
+    #[serde(default)]
+    pub ai_charges: u64,
+    /// AI calls per idempotency key.
+    #[serde(default)]
+    pub ai_calls_by_key: HashMap<String, u64>,
+    /// Source file requests received (`GET /files/{name}`, redirects included).
+    #[serde(default)]
+    pub file_requests: u64,
+    /// Source file body bytes handed to connections.
+    #[serde(default)]
+    pub file_bytes_served: u64,
 }
 
 #[derive(Default)]
@@ -47,6 +85,12 @@ pub(crate) struct Inner {
     pub(crate) settings: Settings,
     pub(crate) stats: Stats,
     pub(crate) answers: HashMap<String, bool>,
+    /// The product made for each idempotency key.
+    pub(crate) products: HashMap<String, String>,
+    /// Source files' memory (dropped names, generated images).
+    pub(crate) files: files::FileState,
+    /// The AI result given for each idempotency key.
+    pub(crate) ai_results: HashMap<String, serde_json::Value>,
 }
 
 /// A running sandbox's shared state (also readable in-process).
@@ -64,6 +108,34 @@ impl Sandbox {
         self.0.lock().expect("sandbox lock").stats.clone()
     }
 
+    /// The id of the product made for idempotency key `key`, if any.
+    pub fn product(&self, key: &str) -> Option<String> {
+        self.0.lock().expect("sandbox lock").products.get(key).cloned()
+    }
+
+    /// Plays the switches on one call: waits `latency_ms`, hangs for `hang_ms` on a `timeout_rate` share of calls,
+    /// and answers `Err(503)` on an `error_rate` share.
+    pub(crate) async fn act_up(&self) -> Result<(), axum::response::Response> {
+        use axum::response::IntoResponse;
+        use rand::Rng;
+        let settings = self.0.lock().expect("sandbox lock").settings.clone();
+        if settings.latency_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(settings.latency_ms)).await;
+        }
+        let (fail, hang) = {
+            let mut rng = rand::rng();
+            (rng.random_bool(settings.error_rate.clamp(0.0, 1.0)), rng.random_bool(settings.timeout_rate.clamp(0.0, 1.0)))
+        };
+        if hang {
+            let hang_ms = if settings.hang_ms == 0 { 30_000 } else { settings.hang_ms };
+            tokio::time::sleep(std::time::Duration::from_millis(hang_ms)).await;
+        }
+        if fail {
+            return Err((axum::http::StatusCode::SERVICE_UNAVAILABLE, "sandbox: injected failure").into_response());
+        }
+        Ok(())
+    }
+
     /// Changes the switches.
     pub fn set(&self, settings: Settings) {
         self.0.lock().expect("sandbox lock").settings = settings;
@@ -73,6 +145,9 @@ impl Sandbox {
     pub fn router(&self) -> Router {
         Router::new()
             .merge(marketplace::routes())
+            .merge(catalog::routes())
+            .merge(ai::routes())
+            .merge(files::routes())
             .route("/_sandbox/stats", get(stats))
             .route("/_sandbox/settings", put(settings))
             .with_state(self.clone())

@@ -1,0 +1,187 @@
+//! The AI provider that runs text, category and image tasks. Like a payment API it bills per request and honours an
+//! idempotency key: Conveyor sends the task's operation id, so a job that runs twice (a time-out, a crash, a double
+//! delivery) is answered the first result and billed once.
+//!
+//! Over HTTP: `POST {base}/v1/ai/generate` with `Idempotency-Key` and `{"kind", "input"}`, answered
+//! `{"id", "charge_id"?, "output": {…}}`; `429`/`503` may carry `Retry-After` (seconds).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What a task asks the provider for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AiKind {
+    /// A text from a prompt (a title, a description).
+    Text,
+    /// A product category for a title (and description).
+    Category,
+    /// An image from a prompt.
+    Image,
+}
+
+impl AiKind {
+    /// Every kind.
+    pub const ALL: [AiKind; 3] = [AiKind::Text, AiKind::Category, AiKind::Image];
+
+    /// The name clients and the provider use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::Category => "category",
+            Self::Image => "image",
+        }
+    }
+
+    /// The kind named `name`, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+/// The provider's answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AiResult {
+    /// The provider's id of the generation.
+    pub id: String,
+    /// The provider's id of its charge, when it says.
+    #[serde(default)]
+    pub charge_id: Option<String>,
+    /// What it generated (kind-specific JSON object).
+    pub output: serde_json::Value,
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AiError {
+    /// Worth retrying soon: time-out, connection failure, 5xx or 429 without `Retry-After`.
+    #[error("AI provider unavailable: {0}")]
+    Transient(String),
+    /// Worth retrying, not before `after` (`429` or `503` with `Retry-After`).
+    #[error("AI provider asks to retry later: {reason}")]
+    RetryAfter {
+        /// What it answered.
+        reason: String,
+        /// Its `Retry-After`.
+        after: Duration,
+    },
+    /// Retrying will not help: another 4xx, a malformed answer.
+    #[error("AI provider refused the request: {0}")]
+    Refused(String),
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// An AI provider.
+pub trait AiProvider: Send + Sync + 'static {
+    /// Runs a task of `kind` on `input`; `token` makes repeats of one logical call a single generation and charge
+    /// (a repeat answers the first result).
+    fn generate<'a>(
+        &'a self,
+        token: &'a str,
+        kind: AiKind,
+        input: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<AiResult, AiError>>;
+}
+
+/// An AI provider over HTTP (https through rustls), with a per-call time-out.
+pub struct HttpAiProvider {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl HttpAiProvider {
+    /// A client of the provider at `base` that also trusts the PEM certificates of `ca_file`
+    /// (`CONVEYOR_TLS_CA_FILE`); every call gives up after `timeout`.
+    pub fn new(base: &str, timeout: Duration, ca_file: Option<&std::path::Path>) -> Result<Self, super::tls::TlsError> {
+        let http = super::tls::client_builder(ca_file)?.timeout(timeout).build().expect("an HTTP client builds");
+        Ok(Self { base: base.trim_end_matches('/').to_owned(), http })
+    }
+}
+
+/// The seconds of a `Retry-After` header (the HTTP-date form is not used by providers Conveyor talks to).
+fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+    let secs = response.headers().get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim().parse::<u64>().ok()?;
+    Some(Duration::from_secs(secs.min(24 * 3600)))
+}
+
+/// The error body a provider may send with a 4xx: only its `code`, when it looks like one, is kept (a message could
+/// echo the input).
+#[derive(Deserialize)]
+struct RefusalAnswer {
+    code: Option<String>,
+}
+
+async fn refusal(response: reqwest::Response) -> String {
+    let status = response.status();
+    let code = response.json::<RefusalAnswer>().await.ok().and_then(|a| a.code).filter(|c| {
+        (1..=64).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+    });
+    match code {
+        Some(code) => format!("HTTP {status} ({code})"),
+        None => format!("HTTP {status}"),
+    }
+}
+
+impl AiProvider for HttpAiProvider {
+    fn generate<'a>(
+        &'a self,
+        token: &'a str,
+        kind: AiKind,
+        input: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<AiResult, AiError>> {
+        Box::pin(async move {
+            let response = self
+                .http
+                .post(format!("{}/v1/ai/generate", self.base))
+                .header("idempotency-key", token)
+                .json(&serde_json::json!({ "kind": kind, "input": input }))
+                .send()
+                .await
+                .map_err(|e| AiError::Transient(e.without_url().to_string()))?;
+            let status = response.status();
+            if status.as_u16() == 429 || status.as_u16() == 503 {
+                let reason = format!("HTTP {status}");
+                return Err(match retry_after(&response) {
+                    Some(after) => AiError::RetryAfter { reason, after },
+                    None => AiError::Transient(reason),
+                });
+            }
+            if status.is_server_error() {
+                return Err(AiError::Transient(format!("HTTP {status}")));
+            }
+            if !status.is_success() {
+                return Err(AiError::Refused(refusal(response).await));
+            }
+            // A body cut short may still mean a charge was made: worth a retry, which the token answers with it.
+            let body = response.bytes().await.map_err(|e| AiError::Transient(e.without_url().to_string()))?;
+            let result: AiResult =
+                serde_json::from_slice(&body).map_err(|_| AiError::Refused("malformed answer".into()))?;
+            let id_ok = |id: &str| (1..=200).contains(&id.len());
+            if !id_ok(&result.id)
+                || result.charge_id.as_deref().is_some_and(|c| !id_ok(c))
+                || !result.output.is_object()
+            {
+                return Err(AiError::Refused("malformed answer".into()));
+            }
+            Ok(result)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip_through_their_names() {
+        for kind in AiKind::ALL {
+            assert_eq!(AiKind::parse(kind.as_str()), Some(kind));
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+        assert_eq!(AiKind::parse("video"), None);
+    }
+}

@@ -1,0 +1,550 @@
+//! SSRF-safe, resumable downloads of source files (asset transfers).
+//!
+//! In brief:
+//! - **Which URLs.** `http`/`https` only, no userinfo, at most [`MAX_URL_LEN`] bytes ([`check_source_url`]). A host
+//!   given as a literal address (however the URL spells it: `2130706433`, `0177.0.0.1` and `[::ffff:7f00:1]` are
+//!   normalized by the URL parser first) is checked against the [`AddressPolicy`] before any request.
+//! - **Which addresses.** A name is resolved by our own [`Resolver`] inside reqwest's connector, and the name is
+//!   refused if any of its addresses is refused; reqwest then connects only to those checked addresses (no second
+//!   lookup an attacker's DNS could answer differently). No proxy is used.
+//! - **Redirects** are followed by hand (reqwest's policy is `none`), at most [`MAX_REDIRECTS`]; every hop's URL is
+//!   checked again like the first, and its name resolved and checked again on connect.
+//! - **Limits.** Connect and read time-outs, a size cap on `Content-Length` and on the running count, and a
+//!   content-type allow-list ([`CONTENT_TYPES`]).
+//! - **Resumable.** Bytes are handed to a [`PartSink`] in parts of `part_size` as they arrive, and the [`Progress`]
+//!   (bytes and parts stored, total, validator) is what a later run resumes from: it asks for `Range: bytes=<done>-`
+//!   with `If-Range: <validator>`; a `206` continues, a `200` (the source changed, or ignores ranges) starts over
+//!   cleanly. A connection dropped mid-body is resumed at once, a bounded number of times without progress.
+
+mod policy;
+mod resolver;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use reqwest::StatusCode;
+use reqwest::header::{self, HeaderMap};
+use tokio_util::sync::CancellationToken;
+use url::{Host, Url};
+
+pub use policy::{AddressPolicy, Refusal, default_refusal};
+pub use resolver::{ForbiddenAddress, Resolver, Resolving, SystemResolver};
+
+/// Longest accepted source URL, in bytes.
+pub const MAX_URL_LEN: usize = 2048;
+
+/// Most redirects followed.
+pub const MAX_REDIRECTS: u32 = 5;
+
+/// Media types a source may answer with (parameters ignored).
+pub const CONTENT_TYPES: &[&str] = &["image/png", "image/jpeg", "image/webp", "image/gif"];
+
+/// Default size of a stored part: what a crash can cost at most, re-downloaded.
+pub const DEFAULT_PART_SIZE: usize = 256 * 1024;
+
+/// How a [`Fetcher`] downloads.
+#[derive(Clone, Debug)]
+pub struct FetchSettings {
+    /// Longest wait for a connection (`CONVEYOR_ASSET_CONNECT_TIMEOUT`).
+    pub connect_timeout: Duration,
+    /// Longest wait for the next bytes (`CONVEYOR_ASSET_READ_TIMEOUT`).
+    pub read_timeout: Duration,
+    /// Largest file (`CONVEYOR_ASSET_MAX_BYTES`).
+    pub max_bytes: u64,
+    /// Bytes per stored part.
+    pub part_size: usize,
+    /// Dropped connections resumed at once, in a row without a part stored in between, before giving up.
+    pub max_resumes: u32,
+    /// Networks opened despite the default refusals (`CONVEYOR_ASSET_ALLOWED_NETWORKS`).
+    pub allowed_networks: Vec<ipnet::IpNet>,
+    /// A private CA to trust besides the web roots (`CONVEYOR_TLS_CA_FILE`).
+    pub ca_file: Option<PathBuf>,
+}
+
+impl FetchSettings {
+    /// The settings of the configured scenarios, with the default part size.
+    pub fn from_scenarios(scenarios: &crate::config::ScenarioSettings) -> Self {
+        Self {
+            connect_timeout: scenarios.asset_connect_timeout,
+            read_timeout: scenarios.asset_read_timeout,
+            max_bytes: scenarios.asset_max_bytes,
+            part_size: DEFAULT_PART_SIZE,
+            max_resumes: 5,
+            allowed_networks: scenarios.asset_allowed_networks.clone(),
+            ca_file: scenarios.tls_ca_file.clone(),
+        }
+    }
+}
+
+/// Why a download failed. [`FetchError::code`] is the transfer's error code.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// Not an acceptable URL (scheme, userinfo, length, no host).
+    #[error("{0}")]
+    InvalidUrl(String),
+    /// The URL, a redirect, or a name's resolution leads to a refused address.
+    #[error("{0}")]
+    Forbidden(String),
+    /// More than [`MAX_REDIRECTS`] redirects.
+    #[error("more than {MAX_REDIRECTS} redirects")]
+    TooManyRedirects,
+    /// The file is larger than the cap.
+    #[error("the source is larger than {limit} bytes")]
+    TooLarge {
+        /// The cap.
+        limit: u64,
+    },
+    /// The source's media type is not allowed.
+    #[error("the source's content type `{0}` is not one of image/png, image/jpeg, image/webp, image/gif")]
+    UnsupportedContentType(String),
+    /// The source refused the request (a 4xx other than 408 and 429): retrying cannot help.
+    #[error("the source answered {0}")]
+    Rejected(u16),
+    /// The source cannot be reached or failed (connection, time-out, 5xx): worth retrying.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Storing the bytes failed (worth retrying), or the sink stopped the download.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    /// The caller's cancellation token fired.
+    #[error("the download was canceled")]
+    Canceled,
+}
+
+impl FetchError {
+    /// The stable code recorded on a failed transfer.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidUrl(_) => "INVALID_SOURCE_URL",
+            Self::Forbidden(_) => "SOURCE_FORBIDDEN",
+            Self::TooManyRedirects => "TOO_MANY_REDIRECTS",
+            Self::TooLarge { .. } => "TOO_LARGE",
+            Self::UnsupportedContentType(_) => "UNSUPPORTED_CONTENT_TYPE",
+            Self::Rejected(_) | Self::Unavailable(_) => "SOURCE_UNAVAILABLE",
+            Self::Sink(SinkError::Canceled) | Self::Canceled => "CANCELED",
+            Self::Sink(_) => "STORAGE_UNAVAILABLE",
+        }
+    }
+
+    /// Whether another run could succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Sink(SinkError::Failed(_)))
+    }
+}
+
+/// Why a [`PartSink`] could not take a part.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// Storage or the database failed: worth retrying.
+    #[error("storing the download failed: {0}")]
+    Failed(String),
+    /// The sink wants no more bytes (its transfer was canceled or ended meanwhile): stop.
+    #[error("the transfer was canceled")]
+    Canceled,
+}
+
+/// Where a download stands: what a later run resumes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes stored, in `parts` parts.
+    pub bytes_done: u64,
+    /// Parts stored, numbered from 0.
+    pub parts: u32,
+    /// The file's size, once the source said (or once it ended).
+    pub bytes_total: Option<u64>,
+    /// The source's media type.
+    pub content_type: Option<String>,
+    /// The source's strong `ETag`, else its `Last-Modified`: sent as `If-Range` when resuming.
+    pub validator: Option<String>,
+}
+
+impl Progress {
+    /// Whether every byte of a known total is stored.
+    pub fn is_complete(&self) -> bool {
+        self.bytes_total.is_some_and(|total| total > 0 && total == self.bytes_done)
+    }
+}
+
+/// Takes a download's parts as they arrive. Both calls must be durable before they return: a later run trusts them.
+pub trait PartSink: Send {
+    /// A response was accepted: `progress` holds its total, type and validator. `restarted`: the source sends the
+    /// file from its start again, `progress` is back at zero, and parts stored earlier are obsolete.
+    fn begin(&mut self, progress: &Progress, restarted: bool) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Stores part `index`; `progress` already counts it.
+    fn part(
+        &mut self,
+        index: u32,
+        bytes: Bytes,
+        progress: &Progress,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+}
+
+/// Checks a source URL: `http`/`https`, no userinfo, at most [`MAX_URL_LEN`] bytes, a host, and a literal address
+/// host allowed by `policy`. Names are checked when resolved, on connect.
+pub fn check_source_url(raw: &str, policy: &AddressPolicy) -> Result<Url, FetchError> {
+    if raw.len() > MAX_URL_LEN {
+        return Err(FetchError::InvalidUrl(format!("the source URL must be at most {MAX_URL_LEN} bytes")));
+    }
+    let url = Url::parse(raw).map_err(|e| FetchError::InvalidUrl(format!("the source URL is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(FetchError::InvalidUrl(format!(
+            "the source URL's scheme must be http or https, not {}",
+            url.scheme()
+        )));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(FetchError::InvalidUrl("the source URL must not carry a user name or password".into()));
+    }
+    let address = match url.host() {
+        None => return Err(FetchError::InvalidUrl("the source URL has no host".into())),
+        Some(Host::Domain(_)) => return Ok(url),
+        Some(Host::Ipv4(v4)) => v4.into(),
+        Some(Host::Ipv6(v6)) => v6.into(),
+    };
+    policy.check(address).map_err(|refusal| FetchError::Forbidden(format!("{address} is {refusal}")))?;
+    Ok(url)
+}
+
+/// How one pass (one response) ended, when not with the whole file.
+enum Pass {
+    /// The connection dropped (or the source restarted): resume at once.
+    Dropped(String),
+    /// Give up this run.
+    Failed(FetchError),
+}
+
+impl From<FetchError> for Pass {
+    fn from(e: FetchError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+/// Downloads source files under the address policy (cheap to share; one connection pool).
+pub struct Fetcher {
+    client: reqwest::Client,
+    policy: Arc<AddressPolicy>,
+    settings: FetchSettings,
+}
+
+impl Fetcher {
+    /// A fetcher resolving names with `resolver`.
+    pub fn new(settings: FetchSettings, resolver: Arc<dyn Resolver>) -> anyhow::Result<Self> {
+        let policy = Arc::new(AddressPolicy::new(settings.allowed_networks.clone()));
+        let client = crate::adapters::tls::client_builder(settings.ca_file.as_deref())?
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(settings.connect_timeout)
+            .read_timeout(settings.read_timeout)
+            .dns_resolver(Arc::new(resolver::PolicyResolver { inner: resolver, policy: policy.clone() }))
+            .user_agent(concat!("conveyor-asset-transfer/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self { client, policy, settings })
+    }
+
+    /// The address policy in force.
+    pub fn policy(&self) -> &AddressPolicy {
+        &self.policy
+    }
+
+    /// Downloads `source` into `sink`, continuing from `progress` (zero for a new download), which it keeps up to
+    /// date. Returns once every byte is stored (`progress.bytes_total` then set).
+    pub async fn download<S: PartSink>(
+        &self,
+        source: &str,
+        progress: &mut Progress,
+        sink: &mut S,
+        cancel: &CancellationToken,
+    ) -> Result<(), FetchError> {
+        let mut resumes = 0;
+        loop {
+            if progress.is_complete() {
+                return Ok(());
+            }
+            let before = progress.bytes_done;
+            match self.pass(source, progress, sink, cancel).await {
+                Ok(()) => return Ok(()),
+                Err(Pass::Failed(e)) => return Err(e),
+                Err(Pass::Dropped(reason)) => {
+                    if progress.bytes_done > before {
+                        resumes = 0;
+                    }
+                    if resumes >= self.settings.max_resumes {
+                        return Err(FetchError::Unavailable(format!(
+                            "{reason} (gave up after {resumes} resumptions without progress)"
+                        )));
+                    }
+                    resumes += 1;
+                    tracing::info!(bytes_done = progress.bytes_done, reason, "Download interrupted; resuming");
+                }
+            }
+        }
+    }
+
+    /// One response: the request (with its redirects), its checks, and its body into parts.
+    async fn pass<S: PartSink>(
+        &self,
+        source: &str,
+        progress: &mut Progress,
+        sink: &mut S,
+        cancel: &CancellationToken,
+    ) -> Result<(), Pass> {
+        let response = self.request(source, progress, cancel).await?;
+        let resuming = progress.bytes_done > 0;
+        let status = response.status();
+        let (total, restarted) = match status {
+            StatusCode::PARTIAL_CONTENT if resuming => match content_range(response.headers()) {
+                Some((start, total)) if start == progress.bytes_done => (total, false),
+                _ => return self.start_over(progress, sink, "the source answered another range").await,
+            },
+            StatusCode::OK => (response.content_length(), resuming),
+            StatusCode::RANGE_NOT_SATISFIABLE if resuming => {
+                return self.start_over(progress, sink, "the source cannot continue the download").await;
+            }
+            s if s.is_client_error() && s != StatusCode::REQUEST_TIMEOUT && s != StatusCode::TOO_MANY_REQUESTS => {
+                return Err(FetchError::Rejected(s.as_u16()).into());
+            }
+            s => return Err(FetchError::Unavailable(format!("the source answered {s}")).into()),
+        };
+        let content_type = media_type(response.headers());
+        if !CONTENT_TYPES.contains(&content_type.as_str()) {
+            return Err(FetchError::UnsupportedContentType(content_type).into());
+        }
+        let limit = self.settings.max_bytes;
+        if total.is_some_and(|t| t > limit) {
+            return Err(FetchError::TooLarge { limit }.into());
+        }
+        if restarted {
+            *progress = Progress::default();
+        }
+        if !resuming || restarted {
+            progress.validator = validator(response.headers());
+        }
+        progress.bytes_total = total;
+        progress.content_type = Some(content_type);
+        sink.begin(progress, restarted).await.map_err(FetchError::from)?;
+
+        let part_size = self.settings.part_size;
+        let mut body = response.bytes_stream();
+        let mut buffer = BytesMut::with_capacity(part_size);
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Err(FetchError::Canceled.into()),
+                next = body.next() => next,
+            };
+            match next {
+                None => break,
+                Some(Ok(chunk)) => {
+                    if progress.bytes_done + (buffer.len() + chunk.len()) as u64 > limit {
+                        return Err(FetchError::TooLarge { limit }.into());
+                    }
+                    buffer.extend_from_slice(&chunk);
+                    while buffer.len() >= part_size {
+                        let part = buffer.split_to(part_size).freeze();
+                        store(progress, sink, part).await?;
+                    }
+                }
+                Some(Err(e)) => {
+                    // What arrived before the drop is good: keep it.
+                    if !buffer.is_empty() {
+                        store(progress, sink, buffer.split().freeze()).await?;
+                    }
+                    return Err(Pass::Dropped(format!("the connection dropped: {}", error_chain(&e))));
+                }
+            }
+        }
+        if !buffer.is_empty() {
+            store(progress, sink, buffer.split().freeze()).await?;
+        }
+        match progress.bytes_total {
+            Some(total) if total != progress.bytes_done => {
+                Err(Pass::Dropped(format!("the body ended at {} of {total} bytes", progress.bytes_done)))
+            }
+            _ => {
+                progress.bytes_total = Some(progress.bytes_done);
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets what was stored and has the next pass start from the first byte.
+    async fn start_over<S: PartSink>(&self, progress: &mut Progress, sink: &mut S, why: &str) -> Result<(), Pass> {
+        *progress = Progress::default();
+        sink.begin(progress, true).await.map_err(FetchError::from)?;
+        Err(Pass::Dropped(why.to_owned()))
+    }
+
+    /// Sends the GET (with `Range` when resuming), following redirects by hand, each hop checked.
+    async fn request(
+        &self,
+        source: &str,
+        progress: &Progress,
+        cancel: &CancellationToken,
+    ) -> Result<reqwest::Response, Pass> {
+        let mut url = check_source_url(source, &self.policy)?;
+        let mut redirects = 0;
+        loop {
+            let mut request = self.client.get(url.clone());
+            if progress.bytes_done > 0 {
+                request = request.header(header::RANGE, format!("bytes={}-", progress.bytes_done));
+                if let Some(validator) = &progress.validator {
+                    request = request.header(header::IF_RANGE, validator);
+                }
+            }
+            let response = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Err(FetchError::Canceled.into()),
+                sent = request.send() => sent.map_err(classify)?,
+            };
+            if !response.status().is_redirection() || response.status() == StatusCode::NOT_MODIFIED {
+                return Ok(response);
+            }
+            redirects += 1;
+            if redirects > MAX_REDIRECTS {
+                return Err(FetchError::TooManyRedirects.into());
+            }
+            let location = response
+                .headers()
+                .get(header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .ok_or_else(|| FetchError::Unavailable("the source redirected without a Location".into()))?;
+            let next = url
+                .join(location)
+                .map_err(|e| FetchError::InvalidUrl(format!("the source redirected to an invalid URL: {e}")))?;
+            url = check_source_url(next.as_str(), &self.policy).map_err(|e| match e {
+                FetchError::Forbidden(why) => FetchError::Forbidden(format!("the source redirected to {why}")),
+                other => other,
+            })?;
+        }
+    }
+}
+
+/// Stores one part and counts it.
+async fn store<S: PartSink>(progress: &mut Progress, sink: &mut S, part: Bytes) -> Result<(), Pass> {
+    let index = progress.parts;
+    progress.parts += 1;
+    progress.bytes_done += part.len() as u64;
+    sink.part(index, part, progress).await.map_err(|e| Pass::Failed(e.into()))
+}
+
+/// A request error as a [`FetchError`]: a refused resolution is `Forbidden`, anything else `Unavailable`.
+fn classify(e: reqwest::Error) -> Pass {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(cause) = source {
+        if let Some(forbidden) = cause.downcast_ref::<ForbiddenAddress>() {
+            return FetchError::Forbidden(forbidden.to_string()).into();
+        }
+        source = cause.source();
+    }
+    let what = if e.is_timeout() {
+        "the source timed out"
+    } else if e.is_connect() {
+        "the source cannot be reached"
+    } else {
+        "the request failed"
+    };
+    FetchError::Unavailable(format!("{what}: {}", error_chain(&e.without_url()))).into()
+}
+
+/// An error and its causes, on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// `Content-Range: bytes <start>-<end>/<total|*>` as (start, total).
+fn content_range(headers: &HeaderMap) -> Option<(u64, Option<u64>)> {
+    let value = headers.get(header::CONTENT_RANGE)?.to_str().ok()?;
+    let (range, total) = value.strip_prefix("bytes ")?.split_once('/')?;
+    let (start, end) = range.split_once('-')?;
+    let (start, end): (u64, u64) = (start.trim().parse().ok()?, end.trim().parse().ok()?);
+    if end < start {
+        return None;
+    }
+    let total = match total.trim() {
+        "*" => None,
+        t => Some(t.parse().ok()?),
+    };
+    Some((start, total))
+}
+
+/// The response's media type, lower-cased, without parameters ("" when absent).
+fn media_type(headers: &HeaderMap) -> String {
+    let raw = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    raw.split(';').next().unwrap_or("").trim().to_ascii_lowercase()
+}
+
+/// A strong `ETag`, else `Last-Modified`: what `If-Range` may carry.
+fn validator(headers: &HeaderMap) -> Option<String> {
+    let etag = headers.get(header::ETAG).and_then(|v| v.to_str().ok()).filter(|e| !e.starts_with("W/"));
+    let modified = || headers.get(header::LAST_MODIFIED).and_then(|v| v.to_str().ok());
+    etag.or_else(modified).map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_urls_are_checked_before_any_request() {
+        let policy = AddressPolicy::default();
+        assert!(check_source_url("https://cdn.example.com/a.png", &policy).is_ok());
+        assert!(check_source_url("http://8.8.8.8/a.png", &policy).is_ok());
+        for bad in ["ftp://example.com/a.png", "file:///etc/passwd", "https://user:pw@example.com/a", "not a url"] {
+            assert!(matches!(check_source_url(bad, &policy), Err(FetchError::InvalidUrl(_))), "{bad}");
+        }
+        let long = format!("https://example.com/{}", "a".repeat(MAX_URL_LEN));
+        assert!(matches!(check_source_url(&long, &policy), Err(FetchError::InvalidUrl(_))));
+        for forbidden in [
+            "http://127.0.0.1/",
+            "http://2130706433/",
+            "http://0177.0.0.1/",
+            "http://0x7f.1/",
+            "http://0.0.0.0/",
+            "http://10.1.2.3/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://[::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://[::ffff:7f00:1]/",
+            "http://[fe80::1]/",
+            "http://[fd00:ec2::254]/",
+            "http://[64:ff9b::a9fe:a9fe]/",
+        ] {
+            assert!(matches!(check_source_url(forbidden, &policy), Err(FetchError::Forbidden(_))), "{forbidden}");
+        }
+        let open = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]);
+        assert!(check_source_url("http://127.0.0.1:8080/x", &open).is_ok());
+        assert!(check_source_url("http://[::ffff:127.0.0.1]/", &open).is_err());
+    }
+
+    #[test]
+    fn content_ranges_and_media_types_parse() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_RANGE, "bytes 100-199/1000".parse().unwrap());
+        assert_eq!(content_range(&headers), Some((100, Some(1000))));
+        headers.insert(header::CONTENT_RANGE, "bytes 5-9/*".parse().unwrap());
+        assert_eq!(content_range(&headers), Some((5, None)));
+        headers.insert(header::CONTENT_RANGE, "bytes 9-5/10".parse().unwrap());
+        assert_eq!(content_range(&headers), None);
+        headers.insert(header::CONTENT_TYPE, "Image/PNG; charset=binary".parse().unwrap());
+        assert_eq!(media_type(&headers), "image/png");
+        headers.insert(header::ETAG, "W/\"weak\"".parse().unwrap());
+        headers.insert(header::LAST_MODIFIED, "Tue, 01 Dec 2026 00:00:00 GMT".parse().unwrap());
+        assert_eq!(validator(&headers).as_deref(), Some("Tue, 01 Dec 2026 00:00:00 GMT"));
+        headers.insert(header::ETAG, "\"strong\"".parse().unwrap());
+        assert_eq!(validator(&headers).as_deref(), Some("\"strong\""));
+    }
+}

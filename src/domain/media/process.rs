@@ -1,0 +1,321 @@
+//! `media.process`, the part that knows PostgreSQL and object storage: read the original (bounded), check it, find
+//! or make its derivation, and record the media `ready` or `rejected`, all in the job's transaction.
+//!
+//! Derivation is keyed by content, at two levels:
+//! - `media_derivations` has one row per (workspace, sha256), written in the job's transaction under a
+//!   transaction-level advisory lock on that pair: a media whose bytes were derived before (or are being derived by a
+//!   concurrent job, which it waits for) points at that row and derives nothing;
+//! - the derivatives' objects are keyed by the content too, with a manifest written last: a job that crashed after
+//!   storing them but before committing finds the manifest on its retry and derives nothing again.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+use super::images::{self, Checked, ImageLimits, Refusal};
+use super::{DERIVATIONS_COLLECTION, StoredDerivative};
+use crate::db::WorkspaceTx;
+use crate::ids::WorkspaceId;
+use crate::storage::{ObjectKey, ObjectStorage, StorageError};
+
+/// Bounds the decodes running at once in this process, so that memory stays at most `permits` × (original +
+/// decoded pixels) however many jobs run. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct DecodeGate(Arc<Semaphore>);
+
+impl DecodeGate {
+    /// At most `permits` decodes at once (at least one).
+    pub fn new(permits: usize) -> Self {
+        Self(Arc::new(Semaphore::new(permits.max(1))))
+    }
+
+    /// One decode per CPU core.
+    pub fn per_core() -> Self {
+        Self::new(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    }
+
+    /// The number of decodes allowed at once.
+    pub fn permits(&self) -> usize {
+        self.0.available_permits()
+    }
+}
+
+/// What processing needs besides the transaction.
+#[derive(Clone, Debug)]
+pub struct ProcessSettings {
+    /// Object storage (originals and derivatives).
+    pub storage: ObjectStorage,
+    /// `CONVEYOR_MEDIA_MAX_BYTES` and `CONVEYOR_MEDIA_MAX_PIXELS`.
+    pub limits: ImageLimits,
+    /// The process's bound on concurrent decodes.
+    pub gate: DecodeGate,
+}
+
+/// How a derivation was obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Derivation {
+    /// Decoded and derived now.
+    Derived,
+    /// The workspace had these bytes derived already (another media, or an earlier run's stored manifest).
+    Reused,
+}
+
+impl Derivation {
+    /// The `result` label of `conveyor_media_derivations_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Derived => "derived",
+            Self::Reused => "reused",
+        }
+    }
+}
+
+/// What a run of `media.process` did: the operation's result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ProcessOutcome {
+    /// The media is `ready`.
+    Ready {
+        /// Derived now or reused.
+        derivation: Derivation,
+        /// Pixels.
+        width: u32,
+        /// Pixels.
+        height: u32,
+    },
+    /// The media is `rejected`.
+    Rejected {
+        /// The rejection code.
+        code: &'static str,
+        /// Text for the client.
+        detail: String,
+    },
+    /// The media was not `processing` any more (a run of this job committed before): nothing done.
+    AlreadyDone {
+        /// Its status.
+        status: String,
+    },
+    /// The media no longer exists.
+    MediaGone,
+}
+
+/// Why a run could not finish (worth retrying: nothing of it committed).
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// Object storage failed, or the original is missing.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// PostgreSQL failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// A blocking task panicked.
+    #[error("image processing panicked: {0}")]
+    Panicked(String),
+}
+
+/// The manifest stored beside a derivation's objects, written after them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Manifest {
+    width: u32,
+    height: u32,
+    derivatives: Vec<StoredDerivative>,
+}
+
+/// The id of the derivation of content `sha256` (its first 16 bytes): the same bytes always map to the same objects.
+fn derivation_id(sha256: &[u8; 32]) -> Uuid {
+    Uuid::from_slice(&sha256[..16]).expect("16 bytes")
+}
+
+/// Runs `media.process` for media `media_id` in the job's transaction `tx`.
+pub async fn process_tx(
+    tx: &mut WorkspaceTx,
+    settings: &ProcessSettings,
+    workspace_id: WorkspaceId,
+    media_id: Uuid,
+) -> Result<ProcessOutcome, ProcessError> {
+    let row: Option<(String, String, Option<String>)> =
+        sqlx::query_as("SELECT status, content_type, object_key FROM media WHERE id = $1 FOR UPDATE")
+            .bind(media_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    let Some((status, content_type, object_key)) = row else { return Ok(ProcessOutcome::MediaGone) };
+    if status != "processing" {
+        return Ok(ProcessOutcome::AlreadyDone { status });
+    }
+    let object = ObjectKey::parse(object_key.as_deref().expect("a processing media has its object"))?;
+    let limits = settings.limits;
+
+    // Never read more than the limit: the size first, then a bounded read (in case the object grew meanwhile).
+    let too_large =
+        || Refusal { code: images::RejectionCode::TooLarge, detail: format!("larger than {} bytes", limits.max_bytes) };
+    let size = settings.storage.size(&object).await?.ok_or_else(|| StorageError::NotFound(object.to_string()))?;
+    if size > limits.max_bytes {
+        return reject_tx(tx, media_id, None, too_large()).await;
+    }
+    let Some(bytes) = read_bounded(&settings.storage, &object, limits.max_bytes).await? else {
+        return reject_tx(tx, media_id, None, too_large()).await;
+    };
+
+    let (bytes, sha256, inspected) = blocking(move || {
+        let sha256: [u8; 32] = Sha256::digest(&bytes).into();
+        let inspected = images::inspect(&content_type, &bytes, limits);
+        (bytes, sha256, inspected)
+    })
+    .await?;
+    let sha_hex = hex(&sha256);
+    let checked = match inspected {
+        Ok(checked) => checked,
+        Err(refusal) => return reject_tx(tx, media_id, Some(&sha_hex), refusal).await,
+    };
+
+    // One derivation per content in the workspace: wait for a concurrent job on the same bytes, then look.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("conveyor-media-derivation:{workspace_id}:{sha_hex}"))
+        .execute(&mut **tx)
+        .await?;
+    let existing: Option<(Uuid, i32, i32)> =
+        sqlx::query_as("SELECT id, width, height FROM media_derivations WHERE sha256 = $1")
+            .bind(&sha_hex)
+            .fetch_optional(&mut **tx)
+            .await?;
+    let (derivation, id, width, height) = match existing {
+        Some((id, width, height)) => (Derivation::Reused, id, width as u32, height as u32),
+        None => {
+            let id = derivation_id(&sha256);
+            let (derivation, manifest) = match stored_manifest(&settings.storage, workspace_id, id).await? {
+                Some(manifest) => (Derivation::Reused, manifest),
+                None => match derive_and_store(settings, workspace_id, id, bytes, checked).await? {
+                    Ok(manifest) => (Derivation::Derived, manifest),
+                    Err(refusal) => return reject_tx(tx, media_id, Some(&sha_hex), refusal).await,
+                },
+            };
+            sqlx::query(
+                "INSERT INTO media_derivations (id, workspace_id, sha256, content_type, width, height, derivatives)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(id)
+            .bind(workspace_id.0)
+            .bind(&sha_hex)
+            .bind(checked.format.content_type())
+            .bind(manifest.width as i32)
+            .bind(manifest.height as i32)
+            .bind(sqlx::types::Json(&manifest.derivatives))
+            .execute(&mut **tx)
+            .await?;
+            (derivation, id, manifest.width, manifest.height)
+        }
+    };
+    sqlx::query("UPDATE media SET status = 'ready', derivation_id = $2, sha256 = $3, updated_at = now() WHERE id = $1")
+        .bind(media_id)
+        .bind(id)
+        .bind(&sha_hex)
+        .execute(&mut **tx)
+        .await?;
+    Ok(ProcessOutcome::Ready { derivation, width, height })
+}
+
+async fn reject_tx(
+    tx: &mut WorkspaceTx,
+    media_id: Uuid,
+    sha256: Option<&str>,
+    refusal: Refusal,
+) -> Result<ProcessOutcome, ProcessError> {
+    sqlx::query(
+        "UPDATE media SET status = 'rejected', rejection_code = $2, rejection_detail = $3, sha256 = $4,
+                          updated_at = now()
+         WHERE id = $1",
+    )
+    .bind(media_id)
+    .bind(refusal.code.as_str())
+    .bind(&refusal.detail)
+    .bind(sha256)
+    .execute(&mut **tx)
+    .await?;
+    Ok(ProcessOutcome::Rejected { code: refusal.code.as_str(), detail: refusal.detail })
+}
+
+/// The object, or `None` once it passes `max_bytes` (reading at most one chunk past the limit).
+async fn read_bounded(
+    storage: &ObjectStorage,
+    object: &ObjectKey,
+    max_bytes: u64,
+) -> Result<Option<bytes::Bytes>, StorageError> {
+    use futures_util::StreamExt;
+    let mut stream = std::pin::pin!(storage.stream(object).await?);
+    let mut buffer = bytes::BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        if (buffer.len() + chunk.len()) as u64 > max_bytes {
+            return Ok(None);
+        }
+        buffer.extend_from_slice(&chunk);
+    }
+    Ok(Some(buffer.freeze()))
+}
+
+fn manifest_key(workspace_id: WorkspaceId, derivation_id: Uuid) -> ObjectKey {
+    ObjectKey::new(workspace_id.0, DERIVATIONS_COLLECTION, derivation_id, "manifest.json")
+}
+
+async fn stored_manifest(
+    storage: &ObjectStorage,
+    workspace_id: WorkspaceId,
+    derivation_id: Uuid,
+) -> Result<Option<Manifest>, StorageError> {
+    match storage.get(&manifest_key(workspace_id, derivation_id)).await {
+        // An unreadable manifest (from another release) is derived again and overwritten.
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+        Err(StorageError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Decodes (holding a permit of the gate) and derives on a blocking thread, then stores the derivatives and, last,
+/// their manifest.
+async fn derive_and_store(
+    settings: &ProcessSettings,
+    workspace_id: WorkspaceId,
+    derivation_id: Uuid,
+    bytes: bytes::Bytes,
+    checked: Checked,
+) -> Result<Result<Manifest, Refusal>, ProcessError> {
+    let limits = settings.limits;
+    let derived = {
+        let _permit = settings.gate.0.acquire().await.expect("the gate is never closed");
+        blocking(move || images::derive(&bytes, checked, limits)).await?
+    };
+    let derived = match derived {
+        Ok(derived) => derived,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    let mut derivatives = Vec::with_capacity(derived.images.len());
+    for image in derived.images {
+        let key = ObjectKey::new(workspace_id.0, DERIVATIONS_COLLECTION, derivation_id, image.name);
+        let size_bytes = image.bytes.len() as u64;
+        settings.storage.put(&key, image.bytes).await?;
+        derivatives.push(StoredDerivative {
+            name: image.name.to_owned(),
+            width: image.width,
+            height: image.height,
+            content_type: image.content_type.to_owned(),
+            size_bytes,
+            object_key: key.as_str().to_owned(),
+        });
+    }
+    let manifest = Manifest { width: derived.width, height: derived.height, derivatives };
+    let json = serde_json::to_vec(&manifest).expect("a manifest serializes");
+    settings.storage.put(&manifest_key(workspace_id, derivation_id), json.into()).await?;
+    Ok(Ok(manifest))
+}
+
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, ProcessError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| ProcessError::Panicked(e.to_string()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,254 @@
+//! `asset.transfer`: downloads a transfer's source into object storage (SSRF-safe, resumable, part by part), then
+//! makes the object a media that goes through `media.process`.
+//!
+//! The run holds the job's transaction (and so its lock) from the start, so a second delivery of the same job waits
+//! instead of downloading beside it. Progress commits part by part in transactions of its own; the completion (the
+//! transfer `completed`, the media, its `media.process` job) commits in the job's transaction, once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::adapters::fetch::{FetchError, Fetcher, PartSink, Progress, SinkError};
+use crate::domain::asset_transfers::{self, object_key, part_key};
+use crate::ids::WorkspaceId;
+use crate::storage::{ObjectKey, ObjectStorage};
+use crate::{Handler, JobContext, JobError, JobKind};
+
+/// Transfer one asset. Ids only: the worker reads the source URL inside the job's workspace transaction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferAsset {
+    /// The transfer.
+    pub asset_transfer_id: Uuid,
+}
+
+impl JobKind for TransferAsset {
+    const KIND: &'static str = "asset.transfer";
+    const QUEUE: &'static str = "transfers";
+    /// A large file on a slow source takes long; a crash costs one part, not the run.
+    const TIMEOUT: Duration = Duration::from_secs(30 * 60);
+}
+
+/// Runs [`TransferAsset`] jobs.
+pub struct TransferAssetHandler {
+    /// A few connections of its own for progress commits, apart from the pool the jobs' transactions hold: a running
+    /// transfer keeps its job's transaction open for the whole download, and with every connection of the worker's
+    /// pool held that way, a commit of progress on the same pool would wait for ever.
+    progress_pool: PgPool,
+    storage: ObjectStorage,
+    fetcher: Arc<Fetcher>,
+    max_attempts: u32,
+}
+
+impl Handler<TransferAsset> for TransferAssetHandler {
+    async fn handle(&self, job: TransferAsset, cx: &mut JobContext) -> Result<serde_json::Value, JobError> {
+        let (workspace, id) = (cx.workspace_id(), job.asset_transfer_id);
+        let transfer = asset_transfers::job_tx(cx.tx().await?, id)
+            .await?
+            .ok_or_else(|| JobError::permanent("the asset transfer does not exist"))?;
+        if matches!(transfer.status.as_str(), "completed" | "failed") {
+            return Ok(json!({ "asset_transfer_id": id, "status": transfer.status }));
+        }
+
+        let mut progress = transfer.progress.clone();
+        let cancel = cx.cancellation().clone();
+        let mut sink = TransferSink {
+            pool: &self.progress_pool,
+            storage: &self.storage,
+            workspace,
+            id,
+            cx: &*cx,
+            stored_parts: progress.parts,
+        };
+        let downloaded = self.fetcher.download(&transfer.source_url, &mut progress, &mut sink, &cancel).await;
+        let stored_parts = sink.stored_parts.max(progress.parts);
+        if let Err(e) = downloaded {
+            return Err(self.failed(cx, id, stored_parts, e).await);
+        }
+
+        let object = object_key(workspace, id);
+        let (size, sha256) = self.assemble(workspace, id, &progress, &object).await?;
+        let traceparent = Some(cx.traceparent().to_owned());
+        let completed = asset_transfers::complete_tx(
+            cx.tx().await?,
+            workspace,
+            id,
+            &asset_transfers::Job { progress: progress.clone(), ..transfer },
+            size,
+            &sha256,
+            &object,
+            traceparent,
+        )
+        .await?;
+        for index in 0..stored_parts {
+            // Leftovers cost space, not correctness: a failed delete is not the job's failure.
+            let _ = self.storage.delete(&part_key(workspace, id, index)).await;
+        }
+        match completed {
+            Some(media_id) => {
+                Ok(json!({ "asset_transfer_id": id, "media_id": media_id, "sha256": sha256, "bytes": size }))
+            }
+            None => Ok(json!({ "asset_transfer_id": id, "status": "ended meanwhile" })),
+        }
+    }
+
+    fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+}
+
+impl TransferAssetHandler {
+    /// A handler storing into `storage` through `fetcher`; its progress connections (at most 4, opened on demand)
+    /// go where `pool`'s do.
+    pub fn new(pool: &PgPool, storage: ObjectStorage, fetcher: Arc<Fetcher>, max_attempts: u32) -> Self {
+        let progress_pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy_with((*pool.connect_options()).clone());
+        Self { progress_pool, storage, fetcher, max_attempts }
+    }
+
+    /// Concatenates the parts into `object` (unless a run that died before completing did already) and hashes what
+    /// was stored, streaming. Answers the size and the hex sha256.
+    async fn assemble(
+        &self,
+        workspace: WorkspaceId,
+        id: Uuid,
+        progress: &Progress,
+        object: &ObjectKey,
+    ) -> Result<(u64, String), JobError> {
+        let storage_failed = |e: crate::storage::StorageError| JobError::retryable(e);
+        if self.storage.size(object).await.map_err(storage_failed)? != Some(progress.bytes_done) {
+            let parts: Vec<ObjectKey> = (0..progress.parts).map(|index| part_key(workspace, id, index)).collect();
+            self.storage.concat(object, &parts).await.map_err(storage_failed)?;
+        }
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut stream = Box::pin(self.storage.stream(object).await.map_err(storage_failed)?);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(storage_failed)?;
+            size += chunk.len() as u64;
+            hasher.update(&chunk);
+        }
+        if size != progress.bytes_done {
+            return Err(JobError::Retryable(format!("stored {size} bytes, downloaded {}", progress.bytes_done)));
+        }
+        let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok((size, sha256))
+    }
+
+    /// The job's error for a failed download; the transfer is marked `failed` (in a transaction of its own) unless
+    /// another run may still succeed.
+    async fn failed(&self, cx: &JobContext, id: Uuid, stored_parts: u32, e: FetchError) -> JobError {
+        let workspace = cx.workspace_id();
+        match &e {
+            FetchError::Canceled => {
+                // Canceled by the client: the transfer ends too. The worker stopping or the job timing out: the run
+                // after this one resumes.
+                if self.operation_canceled(cx).await {
+                    let _ = asset_transfers::fail(
+                        &self.progress_pool,
+                        workspace,
+                        id,
+                        e.code(),
+                        "the operation was canceled",
+                    )
+                    .await;
+                }
+                return JobError::Canceled;
+            }
+            e if e.is_retryable() && cx.attempt() < cx.max_attempts() => return JobError::Retryable(e.to_string()),
+            _ => {}
+        }
+        tracing::info!(asset_transfer_id = %id, code = e.code(), error = %e, "Asset transfer failed");
+        if let Err(db) = asset_transfers::fail(&self.progress_pool, workspace, id, e.code(), &e.to_string()).await {
+            return JobError::Retryable(format!("database: {db}"));
+        }
+        for index in 0..stored_parts {
+            let _ = self.storage.delete(&part_key(workspace, id, index)).await;
+        }
+        match e {
+            FetchError::Sink(SinkError::Canceled) => JobError::Canceled,
+            e if e.is_retryable() => JobError::Retryable(e.to_string()),
+            e => JobError::Permanent(format!("{}: {e}", e.code())),
+        }
+    }
+}
+
+impl TransferAssetHandler {
+    /// Whether the job's operation was canceled.
+    async fn operation_canceled(&self, cx: &JobContext) -> bool {
+        let Some(operation) = cx.operation_id() else { return false };
+        let Ok(mut tx) = crate::db::begin_workspace(&self.progress_pool, cx.workspace_id()).await else { return false };
+        let status = crate::operations::get_tx(&mut tx, operation).await.ok().flatten().map(|op| op.status);
+        let _ = tx.rollback().await;
+        status.as_deref() == Some("canceled")
+    }
+}
+
+/// Stores a transfer's parts and commits its progress after each.
+struct TransferSink<'a> {
+    pool: &'a PgPool,
+    storage: &'a ObjectStorage,
+    workspace: WorkspaceId,
+    id: Uuid,
+    cx: &'a JobContext,
+    /// Parts that may exist in storage (to delete when the source starts over, or the transfer fails).
+    stored_parts: u32,
+}
+
+fn sink_failed(e: impl std::fmt::Display) -> SinkError {
+    SinkError::Failed(e.to_string())
+}
+
+impl PartSink for TransferSink<'_> {
+    async fn begin(&mut self, progress: &Progress, restarted: bool) -> Result<(), SinkError> {
+        if restarted {
+            for index in 0..self.stored_parts {
+                self.storage.delete(&part_key(self.workspace, self.id, index)).await.map_err(sink_failed)?;
+            }
+            self.storage.delete(&object_key(self.workspace, self.id)).await.map_err(sink_failed)?;
+            self.stored_parts = 0;
+        }
+        if !asset_transfers::begin(self.pool, self.workspace, self.id, progress).await.map_err(sink_failed)? {
+            return Err(SinkError::Canceled);
+        }
+        Ok(())
+    }
+
+    async fn part(&mut self, index: u32, bytes: Bytes, progress: &Progress) -> Result<(), SinkError> {
+        self.stored_parts = self.stored_parts.max(index + 1);
+        self.storage.put(&part_key(self.workspace, self.id, index), bytes).await.map_err(sink_failed)?;
+        if !asset_transfers::record_part(self.pool, self.workspace, self.id, progress).await.map_err(sink_failed)? {
+            return Err(SinkError::Canceled);
+        }
+        let shown = json!({ "bytes_done": progress.bytes_done, "bytes_total": progress.bytes_total });
+        match self.cx.progress(shown).await {
+            Ok(()) => Ok(()),
+            Err(JobError::Canceled) => Err(SinkError::Canceled),
+            Err(e) => Err(sink_failed(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_payload_round_trips_and_refuses_what_it_does_not_know() {
+        let job = TransferAsset { asset_transfer_id: Uuid::now_v7() };
+        let text = serde_json::to_string(&job).unwrap();
+        assert_eq!(serde_json::from_str::<TransferAsset>(&text).unwrap(), job);
+        let extra = format!(r#"{{"asset_transfer_id":"{}","source_url":"http://x"}}"#, job.asset_transfer_id);
+        assert!(serde_json::from_str::<TransferAsset>(&extra).is_err());
+    }
+}
