@@ -2,45 +2,81 @@
 //!
 //! A `conveyor sandbox` child process serves one patterned file of SIZE_MIB MiB (default 200). Each round, the
 //! fetcher (SSRF policy, resolver, redirects, size and type checks) downloads it into object storage in parts of
-//! 256 KiB, as the `asset.transfer` job does (without PostgreSQL, whose per-part commits the job adds), then the
-//! parts are concatenated and the object hashed (sha256, streaming), as the job's completion does. `curl -o
-//! /dev/null` and `curl -o <file>` download the same URL. ROUNDS rounds (default 3), alternating; medians compared.
-//! Prints one JSON line: throughputs in MiB/s, the ratios of the fetcher's to curl's, and this process's peak
-//! resident memory (the fetcher and storage only: the sandbox runs in its own process).
+//! 256 KiB, as the `asset.transfer` job does, then `asset_transfers::assemble` concatenates the parts into one object
+//! and hashes them (sha256, streaming), as the job's completion does. A second variant also commits each part's
+//! progress on a transfer row in PostgreSQL (a test database, as `tests/common` makes them): the job's real per-part
+//! cost. `curl -o /dev/null` and `curl -o <file>` download the same URL. ROUNDS rounds (default 3), alternating;
+//! medians compared. Prints one JSON line: throughputs in MiB/s, ratios to curl's, and this process's peak resident
+//! memory (the fetcher and storage: the sandbox runs in its own process).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use conveyor::adapters::fetch::{FetchSettings, Fetcher, PartSink, Progress, SinkError, SystemResolver};
-use conveyor::storage::{ObjectKey, ObjectStorage};
-use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
+use conveyor::adapters::fetch::{AddressPolicy, FetchSettings, Fetcher, PartSink, Progress, SinkError, SystemResolver};
+use conveyor::domain::asset_transfers;
+use conveyor::ids::WorkspaceId;
+use conveyor::storage::ObjectStorage;
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// Stores parts as the job does, without the database.
+/// Stores parts as the job does, under the same keys; with `database`, also commits each part's progress on the
+/// transfer's row as the job does.
 struct StorageSink {
     storage: ObjectStorage,
-    workspace: Uuid,
+    workspace: WorkspaceId,
     id: Uuid,
+    database: Option<PgPool>,
 }
 
-impl StorageSink {
-    fn part_key(&self, index: u32) -> ObjectKey {
-        ObjectKey::new(self.workspace, "asset-transfers", self.id, &format!("parts/{index:08}"))
-    }
+fn failed(e: impl std::fmt::Display) -> SinkError {
+    SinkError::Failed(e.to_string())
 }
 
 impl PartSink for StorageSink {
-    async fn begin(&mut self, _progress: &Progress, _restarted: bool) -> Result<(), SinkError> {
+    async fn begin(&mut self, progress: &Progress, _restarted: bool) -> Result<(), SinkError> {
+        if let Some(pool) = &self.database {
+            assert!(asset_transfers::begin(pool, self.workspace, self.id, progress).await.map_err(failed)?);
+        }
         Ok(())
     }
 
-    async fn part(&mut self, index: u32, bytes: Bytes, _progress: &Progress) -> Result<(), SinkError> {
-        self.storage.put(&self.part_key(index), bytes).await.map_err(|e| SinkError::Failed(e.to_string()))
+    async fn part(&mut self, index: u32, bytes: Bytes, progress: &Progress) -> Result<(), SinkError> {
+        self.storage.put(&asset_transfers::part_key(self.workspace, self.id, index), bytes).await.map_err(failed)?;
+        if let Some(pool) = &self.database {
+            assert!(asset_transfers::record_part(pool, self.workspace, self.id, progress).await.map_err(failed)?);
+        }
+        Ok(())
     }
+}
+
+/// One download into parts, then their assembly; answers the seconds each took (download, download + assembly).
+async fn transfer_once(
+    fetcher: &Fetcher,
+    url: &str,
+    storage: &ObjectStorage,
+    workspace: WorkspaceId,
+    id: Uuid,
+    database: Option<PgPool>,
+) -> (f64, f64) {
+    let mut sink = StorageSink { storage: storage.clone(), workspace, id, database };
+    let mut progress = Progress::default();
+    let started = Instant::now();
+    fetcher.download(url, &mut progress, &mut sink, &CancellationToken::new()).await.expect("the download completes");
+    let downloaded = started.elapsed();
+    let (stored, _sha256) = asset_transfers::assemble(storage, workspace, id, &progress).await.unwrap();
+    assert_eq!(Some(stored), progress.bytes_total);
+    let assembled = started.elapsed();
+    for index in 0..progress.parts {
+        storage.delete(&asset_transfers::part_key(workspace, id, index)).await.unwrap();
+    }
+    storage.delete(&asset_transfers::object_key(workspace, id)).await.unwrap();
+    (downloaded.as_secs_f64(), assembled.as_secs_f64())
 }
 
 fn env_number(name: &str, default: u64) -> u64 {
@@ -63,18 +99,18 @@ fn peak_rss_mib() -> f64 {
     kib / 1024.0
 }
 
-fn curl(url: &str, output: &str) -> Duration {
+fn curl(url: &str, output: &str) -> f64 {
     let started = Instant::now();
     let status = Command::new("curl").args(["-sSf", "-o", output, url]).status().expect("curl is installed");
     assert!(status.success(), "curl failed");
-    started.elapsed()
+    started.elapsed().as_secs_f64()
 }
 
 #[tokio::main]
 async fn main() {
     let size = env_number("SIZE_MIB", 200) * 1024 * 1024;
     let rounds = env_number("ROUNDS", 3).max(1);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let mut sandbox = Command::new(env!("CARGO_BIN_EXE_conveyor"))
         .args(["sandbox", "--addr", &format!("127.0.0.1:{port}")])
         .stdout(Stdio::null())
@@ -94,42 +130,35 @@ async fn main() {
     settings.allowed_networks = vec!["127.0.0.0/8".parse().unwrap()];
     settings.max_bytes = size;
     let fetcher = Fetcher::new(settings, Arc::new(SystemResolver)).unwrap();
-    let cancel = CancellationToken::new();
     let curl_file = dir.join("curl.out");
     let curl_file = curl_file.to_str().unwrap();
 
-    let (mut fetch, mut whole, mut devnull, mut to_file) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mib = size as f64 / (1024.0 * 1024.0);
-    for _ in 0..rounds {
-        devnull.push(mib / curl(&url, "/dev/null").as_secs_f64());
-        to_file.push(mib / curl(&url, curl_file).as_secs_f64());
-        std::fs::remove_file(curl_file).unwrap();
+    // A transfer row for the rounds that commit progress, as the job does.
+    let db = common::TestDb::create().await;
+    let who = common::principal();
+    let policy = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]);
+    let mut tx = conveyor::db::begin_workspace(&db.pool, who.workspace_id).await.unwrap();
+    let new = asset_transfers::NewTransfer::parse(&url, "bench.png", &policy).unwrap();
+    let row = asset_transfers::create_tx(&mut tx, &who, new, None).await.unwrap().asset_transfer.id;
+    tx.commit().await.unwrap();
 
-        let (workspace, id) = (Uuid::new_v4(), Uuid::new_v4());
-        let mut sink = StorageSink { storage: storage.clone(), workspace, id };
-        let mut progress = Progress::default();
-        let started = Instant::now();
-        fetcher.download(&url, &mut progress, &mut sink, &cancel).await.expect("the download completes");
-        let downloaded = started.elapsed();
-        let parts: Vec<ObjectKey> = (0..progress.parts).map(|i| sink.part_key(i)).collect();
-        let object = ObjectKey::new(workspace, "asset-transfers", id, "original");
-        storage.concat(&object, &parts).await.unwrap();
-        let mut hasher = Sha256::new();
-        let mut stream = Box::pin(storage.stream(&object).await.unwrap());
-        while let Some(chunk) = stream.next().await {
-            hasher.update(chunk.unwrap());
-        }
-        let _digest = hasher.finalize();
-        let assembled = started.elapsed();
-        assert_eq!(progress.bytes_done, size);
-        fetch.push(mib / downloaded.as_secs_f64());
-        whole.push(mib / assembled.as_secs_f64());
-        for part in &parts {
-            storage.delete(part).await.unwrap();
-        }
-        storage.delete(&object).await.unwrap();
+    let mib = size as f64 / (1024.0 * 1024.0);
+    let (mut devnull, mut to_file, mut fetch, mut whole, mut committed) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        devnull.push(mib / curl(&url, "/dev/null"));
+        to_file.push(mib / curl(&url, curl_file));
+        std::fs::remove_file(curl_file).unwrap();
+        let (downloaded, assembled) =
+            transfer_once(&fetcher, &url, &storage, WorkspaceId(Uuid::new_v4()), Uuid::new_v4(), None).await;
+        fetch.push(mib / downloaded);
+        whole.push(mib / assembled);
+        let (downloaded, _) =
+            transfer_once(&fetcher, &url, &storage, who.workspace_id, row, Some(db.pool.clone())).await;
+        committed.push(mib / downloaded);
     }
-    let (fetch, whole, devnull, to_file) = (median(fetch), median(whole), median(devnull), median(to_file));
+    let (devnull, to_file, fetch, whole, committed) =
+        (median(devnull), median(to_file), median(fetch), median(whole), median(committed));
     let round2 = |v: f64| (v * 100.0).round() / 100.0;
     println!(
         "{}",
@@ -138,13 +167,15 @@ async fn main() {
             "size_bytes": size,
             "rounds": rounds,
             "part_bytes": conveyor::adapters::fetch::DEFAULT_PART_SIZE,
-            "fetch_to_parts_mib_s": round2(fetch),
-            "fetch_assemble_hash_mib_s": round2(whole),
             "curl_devnull_mib_s": round2(devnull),
             "curl_file_mib_s": round2(to_file),
+            "fetch_to_parts_mib_s": round2(fetch),
+            "fetch_assemble_hash_mib_s": round2(whole),
+            "fetch_with_progress_commits_mib_s": round2(committed),
             "ratio_fetch_vs_curl_devnull": round2(fetch / devnull),
             "ratio_fetch_vs_curl_file": round2(fetch / to_file),
             "ratio_whole_vs_curl_file": round2(whole / to_file),
+            "ratio_committed_vs_curl_file": round2(committed / to_file),
             "peak_rss_mib": round2(peak_rss_mib()),
         })
     );

@@ -37,7 +37,8 @@ enum Command {
     Maintenance,
     /// Run every role in one process (development, demos).
     All,
-    /// Serve the sandbox marketplace (development and tests).
+    /// Serve the sandbox of every external system: marketplace, catalog, AI provider, source files (development and
+    /// tests).
     Sandbox {
         /// Listen address.
         #[arg(long, default_value = "127.0.0.1:8090")]
@@ -51,6 +52,9 @@ enum Command {
         /// Share of calls that hang for 30 s (0 to 1).
         #[arg(long, default_value_t = 0.0)]
         timeout_rate: f64,
+        /// Products in every store's catalog.
+        #[arg(long, default_value_t = 250)]
+        catalog_size: u64,
         /// Serve https with this PEM certificate chain (with `--tls-key`).
         #[arg(long, requires = "tls_key")]
         tls_cert: Option<std::path::PathBuf>,
@@ -146,8 +150,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Api => app::run(Config::from_env()?, Role::Api).await,
         Command::Dispatcher => app::run(Config::from_env()?, Role::Dispatcher).await,
         Command::Worker => app::run(Config::from_env()?, Role::Worker).await,
-        Command::Sandbox { addr, latency_ms, error_rate, timeout_rate, tls_cert, tls_key } => {
-            let settings = Settings { latency_ms, error_rate, timeout_rate, hang_ms: 30_000, ..Settings::default() };
+        Command::Sandbox { addr, latency_ms, error_rate, timeout_rate, catalog_size, tls_cert, tls_key } => {
+            let settings =
+                Settings { latency_ms, error_rate, timeout_rate, hang_ms: 30_000, catalog_size, ..Settings::default() };
             let listener = tokio::net::TcpListener::bind(addr).await?;
             let shutdown = tokio_util::sync::CancellationToken::new();
             let stop = shutdown.clone();

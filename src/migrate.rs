@@ -22,10 +22,25 @@ pub const HISTORY_TABLE: &str = "conveyor_schema_migrations";
 
 /// Conveyor's tables: the application role gets DML on these and no others (a service sharing the database keeps its
 /// own grants).
-const TABLES: &[&str] =
-    &["idempotency_requests", "operations", "outbox_events", "stores", "store_credentials", "job_kinds",
-      "media", "media_derivations", "asset_transfers", "listings", "listing_media",
-      "product_drafts", "catalog_syncs", "store_products", "ai_usage_months", "ai_tasks", "ai_usage_ledger"];
+const TABLES: &[&str] = &[
+    "idempotency_requests",
+    "operations",
+    "outbox_events",
+    "stores",
+    "store_credentials",
+    "job_kinds",
+    "media",
+    "media_derivations",
+    "asset_transfers",
+    "listings",
+    "listing_media",
+    "product_drafts",
+    "catalog_syncs",
+    "store_products",
+    "ai_usage_months",
+    "ai_tasks",
+    "ai_usage_ledger",
+];
 
 /// The embedded migrations, recording their history in [`HISTORY_TABLE`].
 fn migrator() -> Migrator {

@@ -361,7 +361,7 @@ async fn bad_bytes_end_rejected_with_their_codes_and_are_never_retried() {
 
     assert_eq!(derivations(&metrics, "rejected"), 8);
     assert_eq!(derivations(&metrics, "derived"), 0);
-    assert_eq!(metrics.job_retries.with_label_values(&["retryable"]).get(), 0, "nothing was retried");
+    assert_eq!(metrics.job_retries.with_label_values(&["media.process"]).get(), 0, "nothing was retried");
     shutdown.cancel();
 }
 
@@ -567,10 +567,16 @@ async fn completing_twice_at_once_derives_once_and_the_same_bytes_are_never_deri
     assert_eq!((derivations(&metrics, "derived"), derivations(&metrics, "reused")), (0, 2));
     assert_eq!(app.db.count("media_derivations", who.workspace_id).await, 1);
 
-    // Other bytes are derived.
+    // Other bytes are derived; so are the same bytes in another workspace (workspaces share nothing).
     let (fresh, _) = submit(&app, who, "image/jpeg", jpeg_with_metadata(64, 64)).await;
     assert_eq!(processed(&app, who, &fresh).await["status"], "ready");
     assert_eq!(derivations(&metrics, "derived"), 1);
+    let elsewhere = principal();
+    let (theirs, _) = submit(&app, elsewhere, "image/jpeg", jpeg.clone()).await;
+    let theirs = processed(&app, elsewhere, &theirs).await;
+    assert_eq!((theirs["status"].as_str(), &theirs["sha256"]), (Some("ready"), &media["sha256"]));
+    assert_eq!(derivations(&metrics, "derived"), 2);
+    assert_eq!(app.db.count("media_derivations", elsewhere.workspace_id).await, 1);
     shutdown.cancel();
 }
 
@@ -599,6 +605,26 @@ async fn another_workspace_gets_404_on_every_media_route() {
     assert_eq!(show(&app, owner, &pending).await["status"], "awaiting_upload");
     assert_eq!(show(&app, owner, &pending).await["size_bytes"], 10);
     assert_eq!(app.db.count("media", stranger.workspace_id).await, 0);
+
+    // Row-level security: both tables are forced, and a session without a workspace sees none of their rows.
+    let mut owner_conn = app.db.owner().await;
+    let forced: Vec<(String, bool, bool)> = sqlx::query_as(
+        "SELECT relname::text, relrowsecurity, relforcerowsecurity FROM pg_class
+         WHERE relname IN ('media', 'media_derivations') ORDER BY relname",
+    )
+    .fetch_all(&mut owner_conn)
+    .await
+    .unwrap();
+    assert_eq!(forced, [("media".into(), true, true), ("media_derivations".into(), true, true)]);
+    let mut conn = app.db.app_connection().await;
+    for (table, owned) in [("media", 2), ("media_derivations", 1)] {
+        let (seen,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(seen, 0, "{table} without a workspace");
+        assert_eq!(app.db.count(table, owner.workspace_id).await, owned, "{table} of the owner");
+    }
     shutdown.cancel();
 }
 
@@ -635,10 +661,12 @@ async fn a_decompression_bomb_never_grows_a_worker_process_past_the_bound_of_its
     assert_eq!(processed(&app, who, &warm).await["status"], "ready", "log:\n{}", worker.log());
     let baseline = peak_rss(pid);
 
-    // At most one decode per core at once, each holding at most the original and 8 bytes per allowed pixel; plus
-    // 64 MiB for the allocator's and the runtime's slack. The bombs claim 10^10 and 3.6 × 10^9 pixels.
+    // At most one decode per core at once (the worker's gate), each holding at most the original, the decoded
+    // pixels (at most 8 bytes a pixel, 16-bit RGBA, under the decoder's allocation limit) and an 8-bit copy (4 bytes
+    // a pixel); plus 64 MiB for the allocator's and the runtime's slack. The bombs claim 10^10, 3.6 × 10^9 and
+    // 2.25 × 10^8 pixels.
     let cores = std::thread::available_parallelism().unwrap().get() as u64;
-    let bound = baseline + cores * (MAX_BYTES + 8 * MAX_PIXELS) + 64 * 1024 * 1024;
+    let bound = baseline + cores * (MAX_BYTES + 12 * MAX_PIXELS) + 64 * 1024 * 1024;
     let started = std::time::Instant::now();
     let inflating = png_inflating_bomb();
     eprintln!("inflating bomb: {} bytes, made in {:?}", inflating.len(), started.elapsed());
@@ -656,12 +684,70 @@ async fn a_decompression_bomb_never_grows_a_worker_process_past_the_bound_of_its
     assert_eq!(processed(&app, who, &big).await["status"], "ready");
     let after_decode = peak_rss(pid);
     assert!(after_decode <= bound, "peak RSS {after_decode} over the bound {bound} (baseline {baseline})");
+
+    // Eight different RGBA images of 4 MP queued while no worker runs, then a fresh worker (16 jobs at once) takes
+    // them all at once: the gate keeps it to one image in memory per core. (Without it: about 8 × 27 MB more.)
+    drop(worker);
+    let mut ids = Vec::new();
+    for i in 0..8u32 {
+        let rgba = DynamicImage::ImageRgba8(image::RgbaImage::from_fn(2000, 1990 - i, |x, y| {
+            image::Rgba([(x / 8 % 256) as u8, (y / 8 % 256) as u8, (i * 30) as u8, 200])
+        }));
+        ids.push(submit(&app, who, "image/png", encode(&rgba, ImageFormat::Png)).await.0);
+    }
+    common::eventually(WAIT, || async {
+        let rows = app.db.rows("outbox_events", who.workspace_id).await;
+        rows.iter().all(|r| r["status"] != "pending" && r["status"] != "dispatching").then_some(())
+    })
+    .await
+    .expect("the eight jobs are in the stream");
+    let worker = common::Process::spawn(&["worker"], &vars);
+    for id in &ids {
+        let media = processed(&app, who, id).await;
+        assert_eq!(media["status"], "ready", "{media}; log:\n{}", worker.log());
+    }
+    let after_burst = peak_rss(worker.child.id());
+    assert!(after_burst <= bound, "peak RSS {after_burst} over the bound {bound} (baseline {baseline})");
     eprintln!(
-        "worker VmHWM: baseline {} MiB, after the bombs {} MiB, after a 4 MP decode {} MiB, bound {} MiB",
+        "worker VmHWM: baseline {} MiB, after the bombs {} MiB, after a 4 MP decode {} MiB, a fresh worker after \
+         8 RGBA 4 MP at once {} MiB, bound {} MiB",
         baseline >> 20,
         after_bombs >> 20,
         after_decode >> 20,
+        after_burst >> 20,
         bound >> 20
     );
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_media_whose_processing_was_canceled_can_be_completed_again_and_only_then() {
+    let app = TestApp::spawn().await;
+    let who = principal();
+    let png = encode(&gradient(120, 90), ImageFormat::Png);
+    let (id, first_op) = submit(&app, who, "image/png", png).await;
+    // Not started yet (nothing runs the job): cancel it. The media stays `processing`, its bytes frozen.
+    let canceled = app.send(Method::POST, &format!("/v1/operations/{first_op}/cancel"), who, Some(&json!({}))).await;
+    assert_eq!(canceled.status(), StatusCode::OK);
+    assert_eq!(show(&app, who, &id).await["status"], "processing");
+
+    // Completing again starts a new operation; a third completion names that one.
+    let again = complete(&app, who, &id, &Uuid::new_v4().to_string()).await;
+    assert_eq!(again.status(), StatusCode::ACCEPTED);
+    let second_op = again.json::<Value>().await.unwrap()["operation"]["id"].as_str().unwrap().to_owned();
+    assert_ne!(second_op, first_op);
+    let third = complete(&app, who, &id, &Uuid::new_v4().to_string()).await;
+    assert_eq!(third.status(), StatusCode::CONFLICT);
+    assert_eq!(third.json::<Value>().await.unwrap()["operation_id"], second_op.as_str());
+
+    let (metrics, shutdown) = run_platform(&app).await;
+    assert_eq!(processed(&app, who, &id).await["status"], "ready");
+    assert_eq!(common::operation(&app, who, &second_op).await["status"], "succeeded");
+    assert_eq!(common::operation(&app, who, &first_op).await["status"], "canceled");
+    assert_eq!(derivations(&metrics, "derived"), 1);
+    // Once it succeeded, no completion goes through any more.
+    let late = complete(&app, who, &id, &Uuid::new_v4().to_string()).await;
+    assert_eq!(late.status(), StatusCode::CONFLICT);
+    assert_eq!(late.json::<Value>().await.unwrap()["operation_id"], second_op.as_str());
     shutdown.cancel();
 }

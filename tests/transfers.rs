@@ -119,6 +119,10 @@ async fn a_transfer_is_accepted_replayed_and_shown_to_its_workspace_only() {
     assert!(shown.get("source_url").is_none(), "a source URL may carry a signature: never echoed");
     let stranger = app.send(Method::GET, &format!("/v1/asset-transfers/{id}"), principal(), None).await;
     assert_eq!(stranger.status(), 404);
+    // Row-level security: the application role without a workspace sees no transfer at all.
+    let mut conn = app.db.app_connection().await;
+    let (visible,): (i64,) = sqlx::query_as("SELECT count(*) FROM asset_transfers").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(visible, 0);
     let unknown = app.send(Method::GET, &format!("/v1/asset-transfers/{}", Uuid::now_v7()), who, None).await;
     assert_eq!(unknown.status(), 404);
     assert_eq!(app.send(Method::GET, "/v1/asset-transfers/nope", who, None).await.status(), 404);
@@ -327,6 +331,52 @@ async fn a_worker_killed_mid_download_resumes_with_range() {
         "the second run resumed: {} bytes served for {size}",
         stats.file_bytes_served
     );
+    common::operation_reaches(&app, who, &op, "succeeded", Duration::from_secs(30)).await.expect("succeeded");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_worker_killed_after_assembling_completes_once_without_downloading_again() {
+    let (sandbox, sandbox_url) = common::sandbox(Settings::default()).await;
+    let app = app(LOOPBACK, &sandbox_url, &[]).await;
+    let shutdown = CancellationToken::new();
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
+        v.insert("CONVEYOR_DISPATCH_POLL".into(), "100ms".into());
+    })
+    .await;
+    common::run_dispatcher(dispatcher, &shutdown);
+    let mut vars = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), LOOPBACK.into());
+    vars.insert("CONVEYOR_MARKETPLACE_URL".into(), sandbox_url.clone());
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    let who = principal();
+    let size: u64 = 700_000;
+    let (id, op) = start(&app, who, &format!("{sandbox_url}/files/whole.png?size={size}&content_type=image/png")).await;
+    let objects =
+        common::objects_dir(&app.redis_prefix).join(format!("workspaces/{}/asset-transfers/{id}", who.workspace_id.0));
+
+    // The worker dies with the object whole and its parts deleted, before its completion commits.
+    let mut crashing = vars.clone();
+    crashing.insert("FAILPOINTS".into(), "asset_transfer::before_commit=sleep(60000)".into());
+    let mut victim = Process::spawn(&["worker"], &crashing);
+    common::eventually(Duration::from_secs(30), || async {
+        let parts_left = std::fs::read_dir(objects.join("parts")).map(|d| d.count()).unwrap_or(0);
+        (objects.join("original").is_file() && parts_left == 0).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("the worker never assembled the object; log:\n{}", victim.log()));
+    victim.kill();
+    assert_eq!(transfer(&app, who, &id).await["status"], "transferring", "nothing committed yet");
+    assert_eq!(app.db.count("media", who.workspace_id).await, 0);
+
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    let rescuer = Process::spawn(&["worker"], &vars);
+    let t = ended(&app, who, &id, Duration::from_secs(60)).await;
+    assert_eq!(t["status"], "completed", "{t}; log:\n{}", rescuer.log());
+    assert_eq!(t["sha256"], sha256_hex(&files::file_bytes("whole.png", size)));
+    assert_eq!(app.db.count("media", who.workspace_id).await, 1, "one media");
+    let stats = sandbox.stats();
+    assert_eq!((stats.file_requests, stats.file_bytes_served), (1, size), "the rescuer downloaded nothing");
     common::operation_reaches(&app, who, &op, "succeeded", Duration::from_secs(30)).await.expect("succeeded");
     shutdown.cancel();
 }

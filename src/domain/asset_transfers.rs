@@ -6,7 +6,9 @@
 //! completes the transfer in its own transaction together with the media it creates ([`complete_tx`]).
 
 use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -18,7 +20,7 @@ use crate::ids::{UserId, WorkspaceId};
 use crate::jobs::TransferAsset;
 use crate::operations::{self, Operation};
 use crate::outbox::{self, EnqueueError, EnqueueOptions};
-use crate::storage::ObjectKey;
+use crate::storage::{ObjectKey, ObjectStorage, StorageError};
 
 /// The operation kind (and job kind) of a transfer.
 pub const TRANSFER_KIND: &str = <TransferAsset as crate::JobKind>::KIND;
@@ -34,6 +36,42 @@ pub fn part_key(workspace: WorkspaceId, id: Uuid, index: u32) -> ObjectKey {
 /// The key of the whole transferred object of transfer `id`.
 pub fn object_key(workspace: WorkspaceId, id: Uuid) -> ObjectKey {
     ObjectKey::new(workspace.0, COLLECTION, id, "original")
+}
+
+/// Makes the stored parts of a finished download one object (the transfer's [`object_key`]) and answers its size
+/// and hex sha256. The parts are hashed while they are concatenated (two readers at once, no third pass over the
+/// object). A run that died after assembling finds the object whole (its parts may be gone) and hashes it instead.
+pub async fn assemble(
+    storage: &ObjectStorage,
+    workspace: WorkspaceId,
+    id: Uuid,
+    progress: &Progress,
+) -> Result<(u64, String), StorageError> {
+    let object = object_key(workspace, id);
+    if storage.size(&object).await? == Some(progress.bytes_done) {
+        return hash_objects(storage, std::slice::from_ref(&object)).await;
+    }
+    let parts: Vec<ObjectKey> = (0..progress.parts).map(|index| part_key(workspace, id, index)).collect();
+    let (written, (hashed, sha256)) = tokio::try_join!(storage.concat(&object, &parts), hash_objects(storage, &parts))?;
+    if written != hashed {
+        return Err(StorageError::Backend(format!("wrote {written} bytes of {hashed}")));
+    }
+    Ok((written, sha256))
+}
+
+/// The size and hex sha256 of the concatenation of `objects`, streaming.
+async fn hash_objects(storage: &ObjectStorage, objects: &[ObjectKey]) -> Result<(u64, String), StorageError> {
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    for object in objects {
+        let mut stream = Box::pin(storage.stream(object).await?);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            size += chunk.len() as u64;
+            hasher.update(&chunk);
+        }
+    }
+    Ok((size, hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()))
 }
 
 /// Why a transfer failed, as clients see it.

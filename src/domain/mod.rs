@@ -2,9 +2,9 @@
 
 pub mod ai_tasks;
 pub mod asset_transfers;
+pub mod catalog;
 pub mod listings;
 pub mod media;
-pub mod catalog;
 pub mod product_drafts;
 pub mod stores;
 

@@ -67,8 +67,10 @@ pub enum ApiError {
     },
     /// The workspace's AI credits for the month cannot cover the task (`429 AI_QUOTA_EXCEEDED`); the problem carries
     /// `credits_limit`, `credits_used` and `credits_requested`, and `Retry-After` says when the next month starts.
-    #[error("this task needs {credits_requested} AI credits and the workspace has used {credits_used} of its \
-             {credits_limit} for this month")]
+    #[error(
+        "this task needs {credits_requested} AI credits and the workspace has used {credits_used} of its \
+             {credits_limit} for this month"
+    )]
     AiQuotaExceeded {
         /// Credits per workspace and calendar month (UTC).
         credits_limit: u32,

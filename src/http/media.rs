@@ -8,7 +8,8 @@
 //!   upload replaces an earlier one while the media is `awaiting_upload`. More than `CONVEYOR_MEDIA_MAX_BYTES` → 413;
 //!   after completion → `409 MEDIA_ALREADY_COMPLETED` (with `operation_id`).
 //! - `POST /v1/media/{id}/complete` (idempotent) → `202 {"media", "operation"}`; without an upload
-//!   `409 MEDIA_NOT_UPLOADED`; once completed (under another key) `409 MEDIA_ALREADY_COMPLETED` with `operation_id`.
+//!   `409 MEDIA_NOT_UPLOADED`; once completed (under another key) `409 MEDIA_ALREADY_COMPLETED` with `operation_id`,
+//!   unless that operation ended `canceled` or `failed`, when a new one starts.
 //! - `GET /v1/media/{id}` and `GET /v1/media/{id}/derivatives/{name}` (the bytes, streamed).
 
 use axum::body::Body;

@@ -6,20 +6,18 @@
 //! transfer `completed`, the media, its `media.process` job) commits in the job's transaction, once.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::adapters::fetch::{FetchError, Fetcher, PartSink, Progress, SinkError};
 use crate::domain::asset_transfers::{self, object_key, part_key};
 use crate::ids::WorkspaceId;
-use crate::storage::{ObjectKey, ObjectStorage};
+use crate::storage::ObjectStorage;
 use crate::{Handler, JobContext, JobError, JobKind};
 
 /// Transfer one asset. Ids only: the worker reads the source URL inside the job's workspace transaction.
@@ -54,8 +52,11 @@ impl Handler<TransferAsset> for TransferAssetHandler {
         let transfer = asset_transfers::job_tx(cx.tx().await?, id)
             .await?
             .ok_or_else(|| JobError::permanent("the asset transfer does not exist"))?;
-        if matches!(transfer.status.as_str(), "completed" | "failed") {
-            return Ok(json!({ "asset_transfer_id": id, "status": transfer.status }));
+        // Ended by an earlier run (whose own end was not recorded) or by a cancellation: nothing to do again.
+        match transfer.status.as_str() {
+            "completed" => return Ok(json!({ "asset_transfer_id": id, "status": "completed" })),
+            "failed" => return Err(JobError::permanent("the asset transfer has already failed")),
+            _ => {}
         }
 
         let mut progress = transfer.progress.clone();
@@ -67,6 +68,7 @@ impl Handler<TransferAsset> for TransferAssetHandler {
             id,
             cx: &*cx,
             stored_parts: progress.parts,
+            shown_at: None,
         };
         let downloaded = self.fetcher.download(&transfer.source_url, &mut progress, &mut sink, &cancel).await;
         let stored_parts = sink.stored_parts.max(progress.parts);
@@ -75,7 +77,11 @@ impl Handler<TransferAsset> for TransferAssetHandler {
         }
 
         let object = object_key(workspace, id);
-        let (size, sha256) = self.assemble(workspace, id, &progress, &object).await?;
+        let (size, sha256) =
+            asset_transfers::assemble(&self.storage, workspace, id, &progress).await.map_err(JobError::retryable)?;
+        if size != progress.bytes_done {
+            return Err(JobError::Retryable(format!("stored {size} bytes, downloaded {}", progress.bytes_done)));
+        }
         let traceparent = Some(cx.traceparent().to_owned());
         let completed = asset_transfers::complete_tx(
             cx.tx().await?,
@@ -92,6 +98,8 @@ impl Handler<TransferAsset> for TransferAssetHandler {
             // Leftovers cost space, not correctness: a failed delete is not the job's failure.
             let _ = self.storage.delete(&part_key(workspace, id, index)).await;
         }
+        // Crash point for tests: the object whole, its parts gone, the completion not yet committed.
+        fail::fail_point!("asset_transfer::before_commit");
         match completed {
             Some(media_id) => {
                 Ok(json!({ "asset_transfer_id": id, "media_id": media_id, "sha256": sha256, "bytes": size }))
@@ -114,35 +122,6 @@ impl TransferAssetHandler {
             .acquire_timeout(Duration::from_secs(5))
             .connect_lazy_with((*pool.connect_options()).clone());
         Self { progress_pool, storage, fetcher, max_attempts }
-    }
-
-    /// Concatenates the parts into `object` (unless a run that died before completing did already) and hashes what
-    /// was stored, streaming. Answers the size and the hex sha256.
-    async fn assemble(
-        &self,
-        workspace: WorkspaceId,
-        id: Uuid,
-        progress: &Progress,
-        object: &ObjectKey,
-    ) -> Result<(u64, String), JobError> {
-        let storage_failed = |e: crate::storage::StorageError| JobError::retryable(e);
-        if self.storage.size(object).await.map_err(storage_failed)? != Some(progress.bytes_done) {
-            let parts: Vec<ObjectKey> = (0..progress.parts).map(|index| part_key(workspace, id, index)).collect();
-            self.storage.concat(object, &parts).await.map_err(storage_failed)?;
-        }
-        let mut hasher = Sha256::new();
-        let mut size = 0u64;
-        let mut stream = Box::pin(self.storage.stream(object).await.map_err(storage_failed)?);
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(storage_failed)?;
-            size += chunk.len() as u64;
-            hasher.update(&chunk);
-        }
-        if size != progress.bytes_done {
-            return Err(JobError::Retryable(format!("stored {size} bytes, downloaded {}", progress.bytes_done)));
-        }
-        let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        Ok((size, sha256))
     }
 
     /// The job's error for a failed download; the transfer is marked `failed` (in a transaction of its own) unless
@@ -203,7 +182,12 @@ struct TransferSink<'a> {
     cx: &'a JobContext,
     /// Parts that may exist in storage (to delete when the source starts over, or the transfer fails).
     stored_parts: u32,
+    /// When the operation's progress was last shown.
+    shown_at: Option<Instant>,
 }
+
+/// The operation's progress is shown at most this often (the transfer's own row, every part).
+const SHOW_PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 fn sink_failed(e: impl std::fmt::Display) -> SinkError {
     SinkError::Failed(e.to_string())
@@ -230,6 +214,10 @@ impl PartSink for TransferSink<'_> {
         if !asset_transfers::record_part(self.pool, self.workspace, self.id, progress).await.map_err(sink_failed)? {
             return Err(SinkError::Canceled);
         }
+        if self.shown_at.is_some_and(|at| at.elapsed() < SHOW_PROGRESS_EVERY) && !progress.is_complete() {
+            return Ok(());
+        }
+        self.shown_at = Some(Instant::now());
         let shown = json!({ "bytes_done": progress.bytes_done, "bytes_total": progress.bytes_total });
         match self.cx.progress(shown).await {
             Ok(()) => Ok(()),

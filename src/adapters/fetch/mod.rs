@@ -245,11 +245,6 @@ impl Fetcher {
         Ok(Self { client, policy, settings })
     }
 
-    /// The address policy in force.
-    pub fn policy(&self) -> &AddressPolicy {
-        &self.policy
-    }
-
     /// Downloads `source` into `sink`, continuing from `progress` (zero for a new download), which it keeps up to
     /// date. Returns once every byte is stored (`progress.bytes_total` then set).
     pub async fn download<S: PartSink>(

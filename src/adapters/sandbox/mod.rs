@@ -124,7 +124,10 @@ impl Sandbox {
         }
         let (fail, hang) = {
             let mut rng = rand::rng();
-            (rng.random_bool(settings.error_rate.clamp(0.0, 1.0)), rng.random_bool(settings.timeout_rate.clamp(0.0, 1.0)))
+            (
+                rng.random_bool(settings.error_rate.clamp(0.0, 1.0)),
+                rng.random_bool(settings.timeout_rate.clamp(0.0, 1.0)),
+            )
         };
         if hang {
             let hang_ms = if settings.hang_ms == 0 { 30_000 } else { settings.hang_ms };
@@ -190,12 +193,11 @@ impl SandboxTls {
         use rustls_pki_types::pem::PemObject;
         let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&cert).collect::<Result<Vec<_>, _>>()?;
         let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(&key)?;
-        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
+        let config =
+            rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()?
+                .with_no_client_auth()
+                .with_single_cert(certs, key)?;
         Ok(Self(axum_server::tls_rustls::RustlsConfig::from_config(std::sync::Arc::new(config))))
     }
 

@@ -6,13 +6,15 @@
 //! - [`create_tx`] registers it (`awaiting_upload`); every upload writes a new object and [`record_upload_tx`] points
 //!   the row at it, only while the media is still `awaiting_upload` (so a completion freezes the bytes it saw);
 //! - [`complete_tx`] (or [`adopt_object_tx`] for a transferred object) moves it to `processing` with one conditional
-//!   UPDATE and queues its operation and job: of two completions, the database lets exactly one win;
+//!   UPDATE and queues its operation and job: of two completions, the database lets exactly one win (a media whose
+//!   operation ended `canceled` or `failed` without processing it may be completed again);
 //! - the job ([`process_tx`]) checks the bytes and derives `thumb` and `large`, keyed by content: a media whose
 //!   bytes were derived before in the workspace reuses that derivation.
 //!
 //! Rejections (`UNSUPPORTED_TYPE`, `TYPE_MISMATCH`, `TOO_LARGE`, `TOO_MANY_PIXELS`, `CORRUPT`) are results, not job
 //! failures: the media ends `rejected` with the code, the operation `succeeded` with
-//! `{"outcome": "rejected", "code"}`, and nothing is retried.
+//! `{"outcome": "rejected", "code", "detail"}`, and nothing is retried. Only object storage and database failures
+//! are retried (and, past the attempts, fail the operation).
 
 mod images;
 mod process;
@@ -332,12 +334,6 @@ pub async fn state_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<MediaState, sqlx
     })
 }
 
-/// The object key of a new upload of media `id`: every upload gets its own object, so a replaced upload never
-/// changes bytes that a completion already froze.
-pub fn upload_key(workspace_id: WorkspaceId, media_id: Uuid) -> ObjectKey {
-    ObjectKey::new(workspace_id.0, COLLECTION, media_id, &format!("uploads/{}", Uuid::now_v7().simple()))
-}
-
 /// What [`record_upload_tx`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UploadRecorded {
@@ -424,6 +420,10 @@ async fn queue_processing_tx(
 /// Completes the upload of media `id`: one conditional UPDATE moves it from `awaiting_upload` (with an upload) to
 /// `processing` with a new operation, and its `media.process` job is queued, in the caller's transaction. A
 /// concurrent completion waits for the row and then finds it completed: [`CompleteError::AlreadyCompleted`].
+///
+/// A media whose processing operation ended without processing it (`canceled`, or `failed` after its retries, e.g.
+/// object storage down for that long) is still `processing`; completing it again queues a new operation. While its
+/// operation is live or once it succeeded, any further completion is [`CompleteError::AlreadyCompleted`].
 pub async fn complete_tx(
     tx: &mut WorkspaceTx,
     workspace_id: WorkspaceId,
@@ -434,7 +434,11 @@ pub async fn complete_tx(
     let operation = queue_processing_tx(tx, workspace_id, created_by, id, traceparent).await?;
     let completed = sqlx::query(
         "UPDATE media SET status = 'processing', operation_id = $2, updated_at = now()
-         WHERE id = $1 AND status = 'awaiting_upload' AND object_key IS NOT NULL",
+         WHERE id = $1
+           AND (   (status = 'awaiting_upload' AND object_key IS NOT NULL)
+                OR (status = 'processing' AND EXISTS (SELECT 1 FROM operations o
+                                                      WHERE o.id = media.operation_id
+                                                        AND o.status IN ('failed', 'canceled'))))",
     )
     .bind(id)
     .bind(operation.id)

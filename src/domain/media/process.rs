@@ -21,8 +21,9 @@ use crate::db::WorkspaceTx;
 use crate::ids::WorkspaceId;
 use crate::storage::{ObjectKey, ObjectStorage, StorageError};
 
-/// Bounds the decodes running at once in this process, so that memory stays at most `permits` × (original +
-/// decoded pixels) however many jobs run. Cheap to clone.
+/// Bounds the runs that hold image bytes at once in this process (from reading the original to storing the
+/// derivatives), so that memory stays at most `permits` × (original + decoded pixels) however many jobs the worker
+/// runs at once. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct DecodeGate(Arc<Semaphore>);
 
@@ -35,11 +36,6 @@ impl DecodeGate {
     /// One decode per CPU core.
     pub fn per_core() -> Self {
         Self::new(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
-    }
-
-    /// The number of decodes allowed at once.
-    pub fn permits(&self) -> usize {
-        self.0.available_permits()
     }
 }
 
@@ -125,9 +121,11 @@ struct Manifest {
     derivatives: Vec<StoredDerivative>,
 }
 
-/// The id of the derivation of content `sha256` (its first 16 bytes): the same bytes always map to the same objects.
-fn derivation_id(sha256: &[u8; 32]) -> Uuid {
-    Uuid::from_slice(&sha256[..16]).expect("16 bytes")
+/// The id of the derivation of content `sha256` in a workspace (16 bytes of a hash of both): the same bytes in the
+/// same workspace always map to the same objects; workspaces never share a derivation.
+fn derivation_id(workspace_id: WorkspaceId, sha256: &[u8; 32]) -> Uuid {
+    let digest = Sha256::new().chain_update(workspace_id.0.as_bytes()).chain_update(sha256).finalize();
+    Uuid::from_slice(&digest[..16]).expect("16 bytes")
 }
 
 /// Runs `media.process` for media `media_id` in the job's transaction `tx`.
@@ -148,6 +146,9 @@ pub async fn process_tx(
     }
     let object = ObjectKey::parse(object_key.as_deref().expect("a processing media has its object"))?;
     let limits = settings.limits;
+    // Held until the end: the original and its pixels are in memory from here on. Taken before the advisory lock
+    // below, so the holder of that lock always holds a permit too and can finish.
+    let _permit = settings.gate.0.acquire().await.expect("the gate is never closed");
 
     // Never read more than the limit: the size first, then a bounded read (in case the object grew meanwhile).
     let too_large =
@@ -185,7 +186,7 @@ pub async fn process_tx(
     let (derivation, id, width, height) = match existing {
         Some((id, width, height)) => (Derivation::Reused, id, width as u32, height as u32),
         None => {
-            let id = derivation_id(&sha256);
+            let id = derivation_id(workspace_id, &sha256);
             let (derivation, manifest) = match stored_manifest(&settings.storage, workspace_id, id).await? {
                 Some(manifest) => (Derivation::Reused, manifest),
                 None => match derive_and_store(settings, workspace_id, id, bytes, checked).await? {
@@ -274,8 +275,7 @@ async fn stored_manifest(
     }
 }
 
-/// Decodes (holding a permit of the gate) and derives on a blocking thread, then stores the derivatives and, last,
-/// their manifest.
+/// Decodes and derives on a blocking thread, then stores the derivatives and, last, their manifest.
 async fn derive_and_store(
     settings: &ProcessSettings,
     workspace_id: WorkspaceId,
@@ -284,11 +284,7 @@ async fn derive_and_store(
     checked: Checked,
 ) -> Result<Result<Manifest, Refusal>, ProcessError> {
     let limits = settings.limits;
-    let derived = {
-        let _permit = settings.gate.0.acquire().await.expect("the gate is never closed");
-        blocking(move || images::derive(&bytes, checked, limits)).await?
-    };
-    let derived = match derived {
+    let derived = match blocking(move || images::derive(&bytes, checked, limits)).await? {
         Ok(derived) => derived,
         Err(refusal) => return Ok(Err(refusal)),
     };
