@@ -268,7 +268,7 @@ async fn a_running_operation_canceled_ends_canceled_and_its_writes_roll_back() {
     assert_eq!(canceled["status"], "canceled");
 
     // The worker hears of it and rolls the run back once the marketplace answers.
-    let ended = metrics.jobs.with_label_values(&["stores", "canceled"]);
+    let ended = metrics.jobs.with_label_values(&["stores", "store.verify_credentials", "canceled"]);
     common::eventually(Duration::from_secs(30), || async { (ended.get() == 1).then_some(()) })
         .await
         .expect("the worker ended the run as canceled");
@@ -284,8 +284,8 @@ async fn a_running_operation_canceled_ends_canceled_and_its_writes_roll_back() {
     // It stays canceled: no retry, no late success.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(common::operation(&app, who, &op).await["status"], "canceled");
-    assert_eq!(metrics.jobs.with_label_values(&["stores", "succeeded"]).get(), 0);
-    assert_eq!(metrics.jobs.with_label_values(&["stores", "retried"]).get(), 0);
+    assert_eq!(metrics.jobs.with_label_values(&["stores", "store.verify_credentials", "succeeded"]).get(), 0);
+    assert_eq!(metrics.jobs.with_label_values(&["stores", "store.verify_credentials", "retried"]).get(), 0);
     let resp = cancel(&app, who, &op).await;
     assert_eq!(resp.status(), StatusCode::CONFLICT);
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], "OPERATION_FINISHED");

@@ -105,3 +105,48 @@ async fn a_worker_process_verifies_a_store_over_https() {
     worker.kill();
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_transfer_downloads_over_https_from_a_server_the_configured_ca_vouches_for() {
+    use sha2::Digest;
+    let pki = test_pki();
+    let ca_file = pki.ca_file.display().to_string();
+    let (sandbox, url) = https_sandbox(pki.server).await;
+    let trusting = {
+        let (url, ca_file) = (url.clone(), ca_file.clone());
+        TestApp::spawn_with(move |vars| {
+            vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), "127.0.0.0/8,::1/128".into());
+            vars.insert("CONVEYOR_MARKETPLACE_URL".into(), url);
+            vars.insert("CONVEYOR_TLS_CA_FILE".into(), ca_file);
+        })
+        .await
+    };
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&trusting, &common::redis_url(), |_| {}).await, &shutdown);
+    let state = conveyor::http::AppState(std::sync::Arc::new(
+        conveyor::app::connect_state(&trusting.config, conveyor::metrics::Metrics::new()).await.unwrap(),
+    ));
+    let worker = conveyor::app::build_worker(&trusting.config, &state).await.unwrap();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+
+    let who = principal();
+    let source = format!("{url}/files/tls.png?size=300000&content_type=image/png");
+    let body = json!({"source_url": source, "filename": "tls.png"});
+    let created: Value =
+        trusting.send(Method::POST, "/v1/asset-transfers", who, Some(&body)).await.json().await.unwrap();
+    let path = format!("/v1/asset-transfers/{}", created["asset_transfer"]["id"].as_str().unwrap());
+    let done = common::eventually(Duration::from_secs(30), || async {
+        let t: Value = trusting.send(Method::GET, &path, who, None).await.json().await.unwrap();
+        matches!(t["status"].as_str(), Some("completed" | "failed")).then_some(t)
+    })
+    .await
+    .expect("the transfer ended");
+    assert_eq!(done["status"], "completed", "{done}");
+    let expected: String = sha2::Sha256::digest(conveyor::adapters::sandbox::files::file_bytes("tls.png", 300_000))
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(done["sha256"], expected);
+    assert!(sandbox.stats().file_bytes_served >= 300_000);
+    shutdown.cancel();
+}

@@ -622,3 +622,18 @@ async fn a_canceled_transfer_stops_downloading_and_ends_failed() {
     assert!(served < size);
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_transfer_canceled_before_its_job_ran_reads_failed_with_canceled() {
+    let (sandbox, sandbox_url) = common::sandbox(Settings::default()).await;
+    let app = app(LOOPBACK, &sandbox_url, &[]).await;
+    let who = principal();
+    // No dispatcher and no worker: the job never starts, only its operation can say how it ended.
+    let (id, op) = start(&app, who, &format!("{sandbox_url}/files/never.png?size=1024&content_type=image/png")).await;
+    assert_eq!(transfer(&app, who, &id).await["status"], "queued");
+    let resp = app.send(Method::POST, &format!("/v1/operations/{op}/cancel"), who, Some(&json!({}))).await;
+    assert_eq!(resp.status(), 200);
+    let t = transfer(&app, who, &id).await;
+    assert_eq!((t["status"].as_str(), t["error"]["code"].as_str()), (Some("failed"), Some("CANCELED")), "{t}");
+    assert_eq!(sandbox.stats().file_requests, 0);
+}

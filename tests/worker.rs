@@ -282,7 +282,7 @@ async fn an_undecodable_payload_is_dead_lettered_at_once_and_the_worker_keeps_se
     assert!(dead["last_error"].as_str().unwrap().contains("undecodable"));
     let (_, op_id) = create_store(&app, who, "good").await;
     common::operation_reaches(&app, who, &op_id, "succeeded", Duration::from_secs(30)).await.expect("still serving");
-    assert_eq!(metrics.jobs.with_label_values(&["stores", "malformed"]).get(), 1);
+    assert_eq!(metrics.jobs.with_label_values(&["stores", "unknown", "malformed"]).get(), 1);
     shutdown.cancel();
 }
 
@@ -433,7 +433,11 @@ async fn a_worker_killed_after_its_commit_and_before_its_ack_causes_no_second_ef
     })
     .await
     .expect("the unacknowledged entry was taken over and acknowledged");
-    assert_eq!(metrics.jobs.with_label_values(&["stores", "skipped"]).get(), 1, "the repeat was skipped");
+    assert_eq!(
+        metrics.jobs.with_label_values(&["stores", "store.verify_credentials", "skipped"]).get(),
+        1,
+        "the repeat was skipped"
+    );
     assert_eq!(sandbox.stats().calls, 1, "one marketplace call in all");
     shutdown.cancel();
 }
@@ -501,7 +505,7 @@ async fn a_stale_delivery_does_not_dead_letter_the_newer_generation_of_its_event
     })
     .await
     .expect("the stale entry was settled and acknowledged");
-    assert_eq!(metrics.jobs.with_label_values(&["stores", "skipped"]).get(), 1);
+    assert_eq!(metrics.jobs.with_label_values(&["stores", "store.verify_credentials", "skipped"]).get(), 1);
     let event = &app.db.rows("outbox_events", who.workspace_id).await[0];
     assert_eq!(
         (event["status"].as_str(), &event["redrive_count"], &event["job_attempts"]),

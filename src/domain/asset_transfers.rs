@@ -224,11 +224,29 @@ pub async fn create_tx(
 }
 
 /// The transfer `id` of the transaction's workspace, if any.
+///
+/// A transfer whose operation ended without it (canceled before or while it ran, or failed for good by a path that
+/// could not write the transfer, such as a dead letter) reads as `failed`, with `CANCELED` or the operation's
+/// redacted error: the operation is where every path records an end.
 pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<AssetTransfer>, sqlx::Error> {
-    let row = sqlx::query_as::<_, Row>(concat!("SELECT ", columns!(), " FROM asset_transfers WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(&mut **tx)
-        .await?;
+    let row = sqlx::query_as::<_, Row>(
+        "SELECT t.id, t.filename, t.bytes_total, t.bytes_done, t.sha256, t.media_id, t.created_at, t.updated_at,
+                CASE WHEN ended THEN 'failed' ELSE t.status END AS status,
+                CASE WHEN ended THEN coalesce(t.error_code,
+                         CASE o.status WHEN 'canceled' THEN 'CANCELED' ELSE 'SOURCE_UNAVAILABLE' END)
+                     ELSE t.error_code END AS error_code,
+                CASE WHEN ended THEN coalesce(t.error_detail, o.error, 'the transfer was canceled')
+                     ELSE t.error_detail END AS error_detail
+         FROM asset_transfers t
+         LEFT JOIN operations o ON o.subject_id = t.id AND o.workspace_id = t.workspace_id AND o.kind = $2
+         CROSS JOIN LATERAL (SELECT t.status IN ('queued', 'transferring')
+                                    AND o.status IN ('failed', 'canceled') AS ended) e
+         WHERE t.id = $1",
+    )
+    .bind(id)
+    .bind(TRANSFER_KIND)
+    .fetch_optional(&mut **tx)
+    .await?;
     Ok(row.map(AssetTransfer::from))
 }
 
