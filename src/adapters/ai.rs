@@ -102,27 +102,15 @@ impl HttpAiProvider {
     }
 }
 
-/// The seconds of a `Retry-After` header (the HTTP-date form is not used by providers Conveyor talks to).
-fn retry_after(response: &reqwest::Response) -> Option<Duration> {
-    let secs = response.headers().get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim().parse::<u64>().ok()?;
-    Some(Duration::from_secs(secs.min(24 * 3600)))
-}
-
-/// The error body a provider may send with a 4xx: only its `code`, when it looks like one, is kept (a message could
-/// echo the input).
-#[derive(Deserialize)]
-struct RefusalAnswer {
-    code: Option<String>,
-}
-
-async fn refusal(response: reqwest::Response) -> String {
-    let status = response.status();
-    let code = response.json::<RefusalAnswer>().await.ok().and_then(|a| a.code).filter(|c| {
-        (1..=64).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-    });
-    match code {
-        Some(code) => format!("HTTP {status} ({code})"),
-        None => format!("HTTP {status}"),
+impl From<super::answer::Failure> for AiError {
+    fn from(failure: super::answer::Failure) -> Self {
+        match failure {
+            super::answer::Failure::Unavailable { reason, retry_after: Some(after) } => {
+                Self::RetryAfter { reason, after }
+            }
+            super::answer::Failure::Unavailable { reason, retry_after: None } => Self::Transient(reason),
+            super::answer::Failure::Refused(reason) => Self::Refused(reason),
+        }
     }
 }
 
@@ -134,28 +122,14 @@ impl AiProvider for HttpAiProvider {
         input: &'a serde_json::Value,
     ) -> BoxFuture<'a, Result<AiResult, AiError>> {
         Box::pin(async move {
-            let response = self
+            let sent = self
                 .http
                 .post(format!("{}/v1/ai/generate", self.base))
                 .header("idempotency-key", token)
                 .json(&serde_json::json!({ "kind": kind, "input": input }))
                 .send()
-                .await
-                .map_err(|e| AiError::Transient(e.without_url().to_string()))?;
-            let status = response.status();
-            if status.as_u16() == 429 || status.as_u16() == 503 {
-                let reason = format!("HTTP {status}");
-                return Err(match retry_after(&response) {
-                    Some(after) => AiError::RetryAfter { reason, after },
-                    None => AiError::Transient(reason),
-                });
-            }
-            if status.is_server_error() {
-                return Err(AiError::Transient(format!("HTTP {status}")));
-            }
-            if !status.is_success() {
-                return Err(AiError::Refused(refusal(response).await));
-            }
+                .await;
+            let response = super::answer::read(sent).await?;
             // A body cut short may still mean a charge was made: worth a retry, which the token answers with it.
             let body = response.bytes().await.map_err(|e| AiError::Transient(e.without_url().to_string()))?;
             let result: AiResult =

@@ -116,20 +116,13 @@ impl Catalog for HttpCatalog {
         limit: u32,
     ) -> BoxFuture<'a, Result<ProductPage, MarketplaceError>> {
         Box::pin(async move {
-            let response = self
+            let sent = self
                 .http
                 .post(format!("{}/v1/catalog/list", self.base))
                 .json(&serde_json::json!({ "credentials": credentials, "cursor": cursor, "limit": limit }))
                 .send()
-                .await
-                .map_err(|e| MarketplaceError::Transient(e.without_url().to_string()))?;
-            let status = response.status();
-            if status.is_server_error() || status.as_u16() == 429 {
-                return Err(MarketplaceError::Transient(format!("HTTP {status}")));
-            }
-            if !status.is_success() {
-                return Err(MarketplaceError::Permanent(format!("HTTP {status}")));
-            }
+                .await;
+            let response = super::answer::read(sent).await?;
             let page: ProductPage =
                 response.json().await.map_err(|_| MarketplaceError::Permanent("malformed catalog page".into()))?;
             page.validate(limit).map_err(|e| MarketplaceError::Permanent(format!("malformed catalog page: {e}")))?;

@@ -100,22 +100,12 @@ struct VerifyAnswer {
     valid: bool,
 }
 
-/// The error body a marketplace may send with a 4xx: only its `code`, when it looks like one, is kept (a message could
-/// echo what was sent).
-#[derive(Deserialize)]
-struct RefusalAnswer {
-    code: Option<String>,
-}
-
-/// `HTTP 422 (PRODUCT_REFUSED)`: the status, and the answer's code when it is a short upper-case identifier.
-async fn refusal(response: reqwest::Response) -> String {
-    let status = response.status();
-    let code = response.json::<RefusalAnswer>().await.ok().and_then(|a| a.code).filter(|c| {
-        (1..=64).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-    });
-    match code {
-        Some(code) => format!("HTTP {status} ({code})"),
-        None => format!("HTTP {status}"),
+impl From<super::answer::Failure> for MarketplaceError {
+    fn from(failure: super::answer::Failure) -> Self {
+        match failure {
+            super::answer::Failure::Unavailable { reason, .. } => Self::Transient(reason),
+            super::answer::Failure::Refused(reason) => Self::Permanent(reason),
+        }
     }
 }
 
@@ -126,22 +116,14 @@ impl Marketplace for HttpMarketplace {
         credentials: &'a BTreeMap<String, String>,
     ) -> BoxFuture<'a, Result<Verification, MarketplaceError>> {
         Box::pin(async move {
-            let response = self
+            let sent = self
                 .http
                 .post(format!("{}/v1/credentials/verify", self.base))
                 .header("idempotency-key", token)
                 .json(&serde_json::json!({ "credentials": credentials }))
                 .send()
-                .await
-                // reqwest errors name the URL, never the body; the URL holds no secret.
-                .map_err(|e| MarketplaceError::Transient(e.without_url().to_string()))?;
-            let status = response.status();
-            if status.is_server_error() || status.as_u16() == 429 {
-                return Err(MarketplaceError::Transient(format!("HTTP {status}")));
-            }
-            if !status.is_success() {
-                return Err(MarketplaceError::Permanent(format!("HTTP {status}")));
-            }
+                .await;
+            let response = super::answer::read(sent).await?;
             let answer: VerifyAnswer =
                 response.json().await.map_err(|_| MarketplaceError::Permanent("malformed answer".into()))?;
             Ok(if answer.valid { Verification::Valid } else { Verification::Invalid })
@@ -155,21 +137,14 @@ impl Marketplace for HttpMarketplace {
         product: &'a NewProduct,
     ) -> BoxFuture<'a, Result<CreatedProduct, MarketplaceError>> {
         Box::pin(async move {
-            let response = self
+            let sent = self
                 .http
                 .post(format!("{}/v1/products", self.base))
                 .header("idempotency-key", token)
                 .json(&serde_json::json!({ "credentials": credentials, "product": product }))
                 .send()
-                .await
-                .map_err(|e| MarketplaceError::Transient(e.without_url().to_string()))?;
-            let status = response.status();
-            if status.is_server_error() || status.as_u16() == 429 {
-                return Err(MarketplaceError::Transient(format!("HTTP {status}")));
-            }
-            if !status.is_success() {
-                return Err(MarketplaceError::Permanent(refusal(response).await));
-            }
+                .await;
+            let response = super::answer::read(sent).await?;
             // A body cut short may still mean a product was made: worth a retry, which the token answers with it.
             let body = response.bytes().await.map_err(|e| MarketplaceError::Transient(e.without_url().to_string()))?;
             let created: CreatedProduct =
