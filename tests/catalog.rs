@@ -105,10 +105,33 @@ async fn all_products(app: &TestApp, who: Principal, store: &str, limit: u32) ->
 
 #[tokio::test]
 async fn of_twelve_concurrent_requests_one_starts_the_sync_and_eleven_are_told_which_one_is_active() {
-    let app = TestApp::spawn().await;
+    // Once armed, every request waits after claiming its idempotency key until all twelve have: their transactions
+    // are open at once when they reach the sync's insert, so only the database can decide.
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let barrier = Arc::new(tokio::sync::Barrier::new(12));
+    let hook: conveyor::http::idempotent::ClaimHook = {
+        let (armed, barrier) = (armed.clone(), barrier.clone());
+        Arc::new(move || {
+            let (armed, barrier) = (armed.clone(), barrier.clone());
+            Box::pin(async move {
+                if armed.load(std::sync::atomic::Ordering::SeqCst) {
+                    barrier.wait().await;
+                }
+            })
+        })
+    };
+    let app = TestApp::spawn_with_hook(
+        |v| {
+            v.insert("CONVEYOR_DATABASE_MAX_CONNECTIONS".into(), "24".into());
+        },
+        Some(hook),
+    )
+    .await;
     let who = principal();
     let (store, other_store) = (active_store(&app, who, "shop-a").await, active_store(&app, who, "shop-b").await);
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let answers = futures_util::future::join_all((0..12).map(|_| start_sync(&app, who, &store))).await;
+    armed.store(false, std::sync::atomic::Ordering::SeqCst);
     let (mut accepted, mut conflicts) = (Vec::new(), Vec::new());
     for answer in answers {
         match answer.status() {
@@ -292,4 +315,47 @@ async fn a_replayed_start_answers_the_same_sync_and_starts_nothing_more() {
     let again = start_sync(&app, who, &store).await;
     assert_eq!(again.status(), StatusCode::CONFLICT);
     assert_eq!(again.json::<Value>().await.unwrap()["active_sync_id"], first["catalog_sync"]["id"]);
+}
+
+#[tokio::test]
+async fn a_replayed_dead_letter_is_its_stores_active_sync_again_unless_another_one_started() {
+    let app = TestApp::spawn().await;
+    let who = principal();
+    // The sandbox refuses these credentials for good: the sync is dead-lettered at once.
+    let store = active_store(&app, who, "invalid-key").await;
+    let (_, market) = common::sandbox(Settings { catalog_size: 10, ..Settings::default() }).await;
+    let run_until_failed = |sync: String| {
+        let (app, market) = (&app, market.clone());
+        async move {
+            let shutdown = CancellationToken::new();
+            start_dispatcher(app, &shutdown).await;
+            start_worker(app, &market, 5, &shutdown).await;
+            sync_reaches(app, who, &sync, "failed").await;
+            shutdown.cancel();
+            // The worker also verified the store's credentials (refused): active again, for what follows.
+            let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+            sqlx::query("UPDATE stores SET status = 'active'").execute(&mut *tx).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+    };
+    let (sync, _) = accepted_sync(&app, who, &store).await;
+    run_until_failed(sync.clone()).await;
+    let job = app.db.rows("outbox_events", who.workspace_id).await.into_iter().find(|e| e["status"] == "dead_letter");
+    let job: uuid::Uuid = job.expect("a dead letter")["id"].as_str().unwrap().parse().unwrap();
+
+    // Replayed (nothing runs it yet): it is the store's active sync again, so a new request is refused in its name.
+    let replay = conveyor::worker::dlq::replay(&app.db.pool, job).await.unwrap();
+    assert!(matches!(replay, conveyor::worker::dlq::Replay::Replayed), "{replay:?}");
+    assert_eq!(sync_state(&app, who, &sync).await["status"], "queued");
+    let refused = start_sync(&app, who, &store).await;
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    assert_eq!(refused.json::<Value>().await.unwrap()["active_sync_id"], sync.as_str());
+
+    // Failed again, the store is free and a new sync is accepted; while that one is active, a replay of the old one
+    // is refused by the unique index: two syncs of one store never run at once.
+    run_until_failed(sync.clone()).await;
+    let (next, _) = accepted_sync(&app, who, &store).await;
+    assert!(conveyor::worker::dlq::replay(&app.db.pool, job).await.is_err(), "the unique index refuses the replay");
+    assert_eq!(sync_state(&app, who, &sync).await["status"], "failed");
+    assert_eq!(sync_state(&app, who, &next).await["status"], "queued");
 }

@@ -62,6 +62,10 @@ async fn a_draft_is_created_read_and_replaced_revision_by_revision() {
     assert_eq!(star.status(), StatusCode::PRECONDITION_REQUIRED);
     let weak = put(&app, who, &location, Some("W/\"2\""), &json!({"title": "Weak"})).await;
     assert_eq!(weak.status(), StatusCode::PRECONDITION_FAILED, "If-Match compares strongly");
+    let several = put(&app, who, &location, Some("\"1\", \"2\""), &json!({"title": "Either"})).await;
+    assert_eq!(several.status(), StatusCode::PRECONDITION_FAILED, "a write names the one revision it read");
+    let nul = put(&app, who, &location, Some("\"2\""), &json!({"title": "a\u{0}b"})).await;
+    assert_eq!(nul.status(), StatusCode::UNPROCESSABLE_ENTITY, "PostgreSQL stores no NUL: refused, not a 500");
     let now: Value = app.send(Method::GET, &location, who, None).await.json().await.unwrap();
     assert_eq!((now["revision"].as_i64(), now["title"].as_str()), (Some(2), Some("Big mug")));
 }

@@ -48,11 +48,15 @@ impl ProductPage {
         }
         let mut seen = std::collections::HashSet::with_capacity(self.products.len());
         for p in &self.products {
-            if !seen.insert(p.external_id.as_str()) {
-                return Err(format!("product {} is twice on the page", p.external_id));
+            if [&p.external_id, &p.title, &p.price, &p.currency].iter().any(|f| f.contains('\0')) {
+                return Err("a product field holds a NUL character".into());
             }
+            // The id is checked first: the messages below name it, and they end up on the sync's operation.
             if p.external_id.is_empty() || p.external_id.len() > 200 {
                 return Err("a product id is empty or longer than 200 bytes".into());
+            }
+            if !seen.insert(p.external_id.as_str()) {
+                return Err(format!("product {} is twice on the page", p.external_id));
             }
             if p.title.chars().count() > 500 {
                 return Err(format!("product {} has a title longer than 500 characters", p.external_id));
@@ -155,6 +159,7 @@ mod tests {
             product("a", "", "EUR"),
             product("a", "1", "eur"),
             product("a", "1", "EURO"),
+            CatalogProduct { title: "a\0b".into(), ..product("a", "1", "EUR") },
         ] {
             assert!(page(vec![bad.clone()]).validate(10).is_err(), "{bad:?}");
         }

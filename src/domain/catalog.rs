@@ -70,8 +70,13 @@ pub enum StartError {
     #[error("store not found")]
     StoreNotFound,
     /// The store's credentials are not verified.
-    #[error("the store is `{0}`, not `active`")]
-    StoreNotActive(String),
+    #[error("the store is `{status}`, not `active`")]
+    StoreNotActive {
+        /// The store.
+        store_id: Uuid,
+        /// Its status.
+        status: String,
+    },
     /// The store has a sync queued or running.
     #[error("catalog sync {0} of this store is still active")]
     AlreadyActive(Uuid),
@@ -94,7 +99,7 @@ pub async fn start_tx(
         .await?;
     match status {
         None => return Err(StartError::StoreNotFound),
-        Some((status,)) if status != "active" => return Err(StartError::StoreNotActive(status)),
+        Some((status,)) if status != "active" => return Err(StartError::StoreNotActive { store_id, status }),
         Some(_) => {}
     }
     let operation =
@@ -264,7 +269,16 @@ pub async fn commit_page_tx(
 
 /// Marks the store's products that sync `sync_id` did not see removed and records how many; in the job's
 /// transaction, which also records its success. Returns the number removed.
+///
+/// Locks the sync's operation before the sync, the order every transition of an operation takes (a cancel locks the
+/// operation, then its trigger the sync): the other order could deadlock with a cancel arriving at the end.
 pub async fn finish_tx(tx: &mut WorkspaceTx, sync_id: Uuid) -> Result<i64, sqlx::Error> {
+    sqlx::query(
+        "SELECT 1 FROM operations WHERE id = (SELECT operation_id FROM catalog_syncs WHERE id = $1) FOR UPDATE",
+    )
+    .bind(sync_id)
+    .execute(&mut **tx)
+    .await?;
     let (store_id,): (Uuid,) = sqlx::query_as("SELECT store_id FROM catalog_syncs WHERE id = $1 FOR UPDATE")
         .bind(sync_id)
         .fetch_one(&mut **tx)

@@ -36,10 +36,10 @@ impl From<StartError> for ApiError {
     fn from(e: StartError) -> Self {
         match e {
             StartError::StoreNotFound => ApiError::NotFound("store"),
-            StartError::StoreNotActive(status) => ApiError::Conflict {
+            StartError::StoreNotActive { store_id, status } => ApiError::Conflict {
                 code: "STORE_NOT_ACTIVE",
                 detail: format!("the store is `{status}`; only an `active` store can be synced"),
-                named: None,
+                named: Some(("store_id", store_id)),
             },
             StartError::AlreadyActive(id) => ApiError::Conflict {
                 code: "SYNC_ALREADY_ACTIVE",

@@ -50,6 +50,7 @@ pub struct SyncCatalogHandler {
 fn marketplace_error(e: MarketplaceError) -> JobError {
     match e {
         MarketplaceError::Transient(m) => JobError::Retryable(m),
+        MarketplaceError::RetryAfter { reason, after } => JobError::retry_after(reason, after),
         MarketplaceError::Permanent(m) => JobError::Permanent(m),
     }
 }
@@ -93,6 +94,10 @@ impl Handler<SyncCatalog> for SyncCatalogHandler {
                 page = reading => page.map_err(marketplace_error)?,
                 _ = canceled.cancelled() => return Err(JobError::Canceled),
             };
+            if page.next_cursor.is_some() && page.next_cursor == progress.cursor {
+                // A marketplace that answers the page it was asked for as the next one would be read forever.
+                return Err(JobError::Permanent("the marketplace's catalog cursor does not advance".into()));
+            }
             let mut tx = db::begin_workspace(&self.pool, workspace).await?;
             let committed =
                 catalog::commit_page_tx(&mut tx, workspace.0, job.sync_id, progress.cursor.as_deref(), &page).await?;

@@ -61,8 +61,11 @@ impl JobError {
 }
 
 impl From<sqlx::Error> for JobError {
+    /// Worth retrying. The error's own text (constraint, table and trigger names, values) goes to the log only: what a
+    /// job fails with is stored on its operation, which clients read.
     fn from(e: sqlx::Error) -> Self {
-        Self::Retryable(format!("database: {e}"))
+        tracing::warn!(error = %crate::redact::redact(&e.to_string()), "A job's database statement failed");
+        Self::Retryable("the database could not run a statement of the job".into())
     }
 }
 
