@@ -188,6 +188,13 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         config.job_timeout,
         config.scenarios.tls_ca_file.as_deref(),
     )?);
+    // Every running job with an operation holds a connection of the worker's pool in its transaction for its whole
+    // run; handlers that commit transactions of their own (a catalog page, AI reservations) take them from this pool,
+    // one per job slot at most, so they never wait for connections their own jobs hold.
+    let handler_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(u32::try_from(config.worker_concurrency).unwrap_or(u32::MAX))
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with((*state.pool.connect_options()).clone());
     let settings = WorkerSettings {
         concurrency: config.worker_concurrency,
         visibility: config.worker_visibility,
@@ -214,7 +221,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
                     max_bytes: config.scenarios.media_max_bytes,
                     max_pixels: config.scenarios.media_max_pixels,
                 },
-                gate: crate::domain::media::DecodeGate::per_core(),
+                gate: crate::domain::media::DecodeGate::new(config.scenarios.media_decode_permits),
             },
             metrics: state.metrics.clone(),
             max_attempts: config.job_max_attempts,
@@ -230,7 +237,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
             config.job_max_attempts,
         ))
         .handle::<crate::jobs::SyncCatalog>(crate::jobs::SyncCatalogHandler {
-            pool: state.pool.clone(),
+            pool: handler_pool.clone(),
             sealer: state.sealer.clone(),
             catalog: Arc::new(crate::adapters::catalog::HttpCatalog::new(
                 marketplace_url,
@@ -246,7 +253,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
                 config.job_timeout,
                 config.scenarios.tls_ca_file.as_deref(),
             )?),
-            pool: state.pool.clone(),
+            pool: handler_pool.clone(),
             credits_limit: config.scenarios.ai_credits_per_workspace,
             max_attempts: config.job_max_attempts,
             timeout: config.job_timeout,

@@ -139,6 +139,9 @@ pub struct ScenarioSettings {
     pub media_max_bytes: u64,
     /// `CONVEYOR_MEDIA_MAX_PIXELS`: largest width × height decoded (default 64 megapixels).
     pub media_max_pixels: u64,
+    /// `CONVEYOR_MEDIA_DECODE_PERMITS`: images a worker process decodes at once (default: one per CPU core); its
+    /// memory for images stays within this many × (`CONVEYOR_MEDIA_MAX_BYTES` + 12 × `CONVEYOR_MEDIA_MAX_PIXELS`).
+    pub media_decode_permits: usize,
     /// `CONVEYOR_ASSET_ALLOWED_NETWORKS`: CIDRs a transfer may reach although refused by default (empty).
     pub asset_allowed_networks: Vec<ipnet::IpNet>,
     /// `CONVEYOR_ASSET_MAX_BYTES`: largest transferred file (default 100 MiB).
@@ -204,6 +207,11 @@ impl ScenarioSettings {
             object_store_url,
             media_max_bytes: positive(src, "CONVEYOR_MEDIA_MAX_BYTES", 25 * 1024 * 1024)?,
             media_max_pixels: positive(src, "CONVEYOR_MEDIA_MAX_PIXELS", 64_000_000)?,
+            media_decode_permits: positive(
+                src,
+                "CONVEYOR_MEDIA_DECODE_PERMITS",
+                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            )?,
             asset_allowed_networks,
             asset_max_bytes: positive(src, "CONVEYOR_ASSET_MAX_BYTES", 100 * 1024 * 1024)?,
             asset_connect_timeout: duration(src, "CONVEYOR_ASSET_CONNECT_TIMEOUT", Duration::from_secs(10))?,
@@ -256,6 +264,9 @@ pub struct DispatcherSettings {
     pub dedup_ttl_recorded: Duration,
     /// How long dispatched events are kept for troubleshooting (`CONVEYOR_OUTBOX_RETENTION`, default 7d).
     pub retention: Duration,
+    /// Jobs of one workspace handed to the workers and not yet ended, at most, times the workspace's weight
+    /// (`CONVEYOR_DISPATCH_WINDOW`, default 256; 0 turns the window, and with it fairness, off).
+    pub window: i32,
 }
 
 /// Where variables come from: the process environment, or a map in tests.
@@ -482,7 +493,11 @@ impl DispatcherSettings {
             dedup_ttl: duration(src, "CONVEYOR_DISPATCH_DEDUP_TTL", Duration::from_secs(24 * 3600))?,
             dedup_ttl_recorded: Duration::ZERO,
             retention: duration(src, "CONVEYOR_OUTBOX_RETENTION", Duration::from_secs(7 * 24 * 3600))?,
+            window: number(src, "CONVEYOR_DISPATCH_WINDOW", 256)?,
         };
+        if !(0..=100_000).contains(&settings.window) {
+            return Err(invalid("CONVEYOR_DISPATCH_WINDOW", "must be between 0 (off) and 100000"));
+        }
         if !(1..=10_000).contains(&settings.batch_size) {
             return Err(invalid("CONVEYOR_DISPATCH_BATCH", "must be between 1 and 10000"));
         }

@@ -38,6 +38,7 @@ pub mod db;
 pub mod dispatcher;
 #[doc(hidden)]
 pub mod domain;
+mod flow;
 #[doc(hidden)]
 pub mod http;
 #[doc(hidden)]
@@ -60,6 +61,8 @@ pub mod outbox;
 #[doc(hidden)]
 pub mod redact;
 #[doc(hidden)]
+pub mod schedule;
+#[doc(hidden)]
 pub mod sealing;
 #[doc(hidden)]
 pub mod storage;
@@ -76,6 +79,7 @@ pub use backoff::Backoff;
 pub use config::DispatcherSettings;
 pub use db::{WorkspaceTx, begin_workspace};
 pub use dispatcher::Dispatcher;
+pub use flow::{FlowError, Pause, PauseScope, list_pauses, pause, resume, set_workspace_weight};
 pub use ids::{JobId, UserId, WorkspaceId};
 pub use kind::{JobKind, Priority};
 pub use migrate::migrate;
@@ -83,5 +87,9 @@ pub use outbox::control::{
     CancelError, JobEnds, JobInfo, JobStatus, WaitError, cancel_job, get_job, subscribe, wait_for_job,
 };
 pub use outbox::{EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enqueue_tx};
+pub use schedule::{
+    Schedule, ScheduleError, ScheduleOptions, ScheduleSpec, list_schedules, pause_schedule, remove_schedule_tx,
+    resume_schedule, upsert_schedule_tx,
+};
 pub use stream::consumer::Consumer;
 pub use worker::{Handler, JobContext, JobError, Outcome, Worker, WorkerBuilder, WorkerSettings};

@@ -67,6 +67,11 @@ enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// List, set and remove a workspace's repeatable jobs (schedules).
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
+    },
     /// Print a signed development JWT.
     Token {
         /// The workspace the token grants.
@@ -98,6 +103,52 @@ enum DlqCommand {
     Replay {
         /// The job (outbox event) id.
         id: Uuid,
+    },
+}
+
+#[derive(Subcommand)]
+enum ScheduleCommand {
+    /// The workspace's schedules, one JSON object a line.
+    List {
+        /// The workspace.
+        #[arg(long)]
+        workspace: Uuid,
+    },
+    /// Create or replace a schedule: a job of a registered kind on every tick.
+    Set {
+        /// The workspace.
+        #[arg(long)]
+        workspace: Uuid,
+        /// The schedule's name, unique in the workspace.
+        #[arg(long)]
+        name: String,
+        /// The job kind (registered by a worker: its queue is looked up).
+        #[arg(long)]
+        kind: String,
+        /// The job payload, a JSON object.
+        #[arg(long, default_value = "{}")]
+        payload: String,
+        /// A cron expression of 5 or 6 fields (a leading second).
+        #[arg(long, conflicts_with = "every", required_unless_present = "every")]
+        cron: Option<String>,
+        /// The time zone the cron expression is read in (IANA name).
+        #[arg(long, default_value = "UTC", requires = "cron")]
+        tz: String,
+        /// A fixed period instead, e.g. 30s or 5m.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        every: Option<Duration>,
+        /// Set it paused.
+        #[arg(long)]
+        paused: bool,
+    },
+    /// Remove a schedule (the jobs it enqueued stay).
+    Remove {
+        /// The workspace.
+        #[arg(long)]
+        workspace: Uuid,
+        /// The schedule's name.
+        #[arg(long)]
+        name: String,
     },
 }
 
@@ -197,6 +248,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Schedule { command } => schedule(command).await,
         Command::Maintenance => app::run(Config::from_env()?, Role::Maintenance).await,
         Command::All => app::run(Config::from_env()?, Role::All).await,
         Command::Token { workspace, user, ttl } => {
@@ -206,4 +258,48 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `conveyor schedule ...`: as the application role, under row-level security in the given workspace.
+async fn schedule(command: ScheduleCommand) -> anyhow::Result<()> {
+    use conveyor::schedule::{ScheduleOptions, ScheduleSpec};
+    let url = config::database_url(&Env)?;
+    let pool = conveyor::db::connect(url.expose(), 2).await?;
+    match command {
+        ScheduleCommand::List { workspace } => {
+            for schedule in conveyor::list_schedules(&pool, workspace.into()).await? {
+                println!("{}", serde_json::to_string(&schedule)?);
+            }
+        }
+        ScheduleCommand::Set { workspace, name, kind, payload, cron, tz, every, paused } => {
+            let spec = match (cron, every) {
+                (Some(expression), _) => ScheduleSpec::cron(&expression, &tz)?,
+                (None, Some(period)) => ScheduleSpec::every(period)?,
+                (None, None) => anyhow::bail!("give --cron or --every"),
+            };
+            let payload: serde_json::Value =
+                serde_json::from_str(&payload).map_err(|e| anyhow::anyhow!("--payload is not JSON: {e}"))?;
+            anyhow::ensure!(payload.is_object(), "--payload must be a JSON object");
+            let Some(queue) = conveyor::schedule::registered_queue(&pool, &kind).await? else {
+                anyhow::bail!(
+                    "unknown job kind `{kind}`: a worker registers its kinds (and their queue) when it starts"
+                )
+            };
+            let mut tx = conveyor::begin_workspace(&pool, workspace.into()).await?;
+            let options = ScheduleOptions::new().paused(paused);
+            let schedule =
+                conveyor::schedule::upsert_schedule_raw_tx(&mut tx, &name, &kind, &queue, payload, &spec, options)
+                    .await?;
+            tx.commit().await?;
+            println!("{}", serde_json::to_string(&schedule)?);
+        }
+        ScheduleCommand::Remove { workspace, name } => {
+            let mut tx = conveyor::begin_workspace(&pool, workspace.into()).await?;
+            let removed = conveyor::remove_schedule_tx(&mut tx, &name).await?;
+            tx.commit().await?;
+            anyhow::ensure!(removed, "no schedule `{name}` in workspace {workspace}");
+            println!("removed {name}");
+        }
+    }
+    Ok(())
 }

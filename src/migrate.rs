@@ -35,11 +35,15 @@ const TABLES: &[&str] = &[
     "listings",
     "listing_media",
     "product_drafts",
+    "workspace_weights",
+    "dispatch_pauses",
     "catalog_syncs",
     "store_products",
     "ai_usage_months",
     "ai_tasks",
     "ai_usage_ledger",
+    "job_schedules",
+    "job_schedule_runs",
 ];
 
 /// The embedded migrations, recording their history in [`HISTORY_TABLE`].

@@ -248,15 +248,35 @@ async fn bad_input_is_refused_with_the_contracts_error_and_writes_nothing() {
 
 #[tokio::test]
 async fn concurrent_requests_near_the_quota_never_overspend_it() {
-    let app = TestApp::spawn_with(|v| {
-        v.insert("CONVEYOR_AI_CREDITS_PER_WORKSPACE".into(), "10".into());
-    })
+    // Once armed, every request waits after claiming its key until all sixteen have: their transactions are open at
+    // once when they reach the month's credits.
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let hook: conveyor::http::idempotent::ClaimHook = {
+        let (armed, barrier) = (armed.clone(), barrier.clone());
+        Arc::new(move || {
+            let (armed, barrier) = (armed.clone(), barrier.clone());
+            Box::pin(async move {
+                if armed.load(std::sync::atomic::Ordering::SeqCst) {
+                    barrier.wait().await;
+                }
+            })
+        })
+    };
+    let app = TestApp::spawn_with_hook(
+        |v| {
+            v.insert("CONVEYOR_AI_CREDITS_PER_WORKSPACE".into(), "10".into());
+            v.insert("CONVEYOR_DATABASE_MAX_CONNECTIONS".into(), "24".into());
+        },
+        Some(hook),
+    )
     .await;
     let who = principal();
     let (_, _) = accepted(&app, who, &json!({"kind": "image", "input": {"prompt": "a lamp"}})).await;
     assert_eq!(credits_reserved(&app, who).await, 5, "an image costs 5 credits");
 
     // 16 text tasks (1 credit each) at once, with 5 credits left.
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let app = Arc::new(app);
     let requests: Vec<_> = (0..16)
         .map(|i| {
@@ -285,6 +305,7 @@ async fn concurrent_requests_near_the_quota_never_overspend_it() {
         }
     }
     assert_eq!(granted, 5, "5 credits left: 5 text tasks accepted, the other 11 refused");
+    armed.store(false, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(credits_reserved(&app, who).await, 10);
     // Nothing was written for the refused ones.
     for table in ["ai_tasks", "operations", "outbox_events", "idempotency_requests"] {
@@ -299,7 +320,7 @@ async fn concurrent_requests_near_the_quota_never_overspend_it() {
 }
 
 #[tokio::test]
-async fn a_task_that_fails_for_good_or_is_canceled_is_not_charged_and_gives_its_credits_back() {
+async fn a_refused_task_gives_its_credit_back_and_one_canceled_mid_call_keeps_it() {
     let app = TestApp::spawn_with(|v| {
         v.insert("CONVEYOR_AI_CREDITS_PER_WORKSPACE".into(), "1".into());
     })
@@ -320,13 +341,12 @@ async fn a_task_that_fails_for_good_or_is_canceled_is_not_charged_and_gives_its_
     assert!(task["error"].as_str().unwrap().contains("CONTENT_REFUSED"), "{task}");
     assert_eq!(sandbox.stats().ai_charges, 0);
 
-    // Its credit is back: the month (1 credit) takes another task, which is canceled while the provider works on it.
+    // Its credit is back (the provider said it did not run the call): the month (1 credit) takes another task, which
+    // is canceled while the provider works on it. The provider charges at once and answers a minute later.
     sandbox.set(Settings { latency_ms: 60_000, ..Settings::default() });
     let (canceled, operation) = accepted(&app, who, &text_task("a slow one")).await;
     common::operation_reaches(&app, who, &operation, "running", Duration::from_secs(30)).await.expect("running");
-    common::eventually(Duration::from_secs(30), || async { (sandbox.stats().ai_calls == 2).then_some(()) })
-        .await
-        .expect("the provider was called");
+    assert!(charges_reach(&sandbox, 1).await, "the provider was called and charged");
     let resp = app.send(Method::POST, &format!("/v1/operations/{operation}/cancel"), who, Some(&json!({}))).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let task = get_task(&app, who, &canceled).await;
@@ -336,15 +356,18 @@ async fn a_task_that_fails_for_good_or_is_canceled_is_not_charged_and_gives_its_
     let canceled_runs = metrics.jobs.with_label_values(&["ai", "ai.generate", "canceled"]);
     let stopped = common::eventually(Duration::from_secs(20), || async { (canceled_runs.get() == 1).then_some(()) });
     assert!(stopped.await.is_some(), "the run ended as canceled before the provider answered");
-    assert_eq!(app.db.count("ai_usage_ledger", who.workspace_id).await, 0, "neither task was charged");
+    assert_eq!(app.db.count("ai_usage_ledger", who.workspace_id).await, 0, "no result was recorded");
 
-    // And its credit is back too.
+    // The provider may have charged (and did): the canceled task keeps its credit, so the month's one credit cannot
+    // buy a second charge by cancelling and submitting again.
     sandbox.set(Settings::default());
-    let (charged, operation) = accepted(&app, who, &text_task("a fine one")).await;
-    succeeded(&app, who, &operation, String::new).await;
-    one_ledger_row(&app, who, &charged, 1).await;
-    let resp = app.send(Method::POST, "/v1/ai-tasks", who, Some(&text_task("one too many"))).await;
-    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "the charged task keeps its credit");
+    let resp = app.send(Method::POST, "/v1/ai-tasks", who, Some(&text_task("a second try"))).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "the canceled task keeps its credit");
+    assert_eq!(resp.json::<Value>().await.unwrap()["credits_used"], 1);
+    let charges = sandbox.stats().ai_charges;
+    let reserved = credits_reserved(&app, who).await;
+    assert_eq!((charges, reserved), (1, 1), "one provider charge, one credit consumed");
+    assert!(charges as i64 <= reserved, "never more provider charges than credits reserved");
     shutdown.cancel();
 }
 
@@ -489,25 +512,30 @@ async fn a_replayed_dead_letter_reserves_its_credits_again_and_is_charged_once()
         v.insert("CONVEYOR_AI_CREDITS_PER_WORKSPACE".into(), "2".into());
     })
     .await;
-    // The provider is down, and a task gets one run: the first task is dead-lettered, uncharged.
-    let (sandbox, market) = common::sandbox(Settings { error_rate: 1.0, ..Settings::default() }).await;
+    let (sandbox, market) = common::sandbox(Settings::default()).await;
     let shutdown = CancellationToken::new();
     start_dispatcher(&app, &shutdown).await;
-    start_worker(&app, &market, &shutdown, |v| {
+    // The provider cannot be reached (nothing listens), and a task gets one run: the first task is dead-lettered
+    // without any call having run, so it was surely not charged.
+    let unreachable = CancellationToken::new();
+    start_worker(&app, &market, &unreachable, |v| {
+        v.insert("CONVEYOR_MARKETPLACE_URL".into(), format!("http://127.0.0.1:{}", common::free_port()));
         v.insert("CONVEYOR_JOB_MAX_ATTEMPTS".into(), "1".into());
     })
     .await;
     let who = principal();
     let (first, operation) = accepted(&app, who, &text_task("first")).await;
     common::operation_reaches(&app, who, &operation, "failed", Duration::from_secs(30)).await.expect("dead-lettered");
+    unreachable.cancel();
+    start_worker(&app, &market, &shutdown, |_| {}).await;
 
     // The next reservation gives its credit back (1 of 2 reserved, by the second task).
-    sandbox.set(Settings::default());
     let (second, second_operation) = accepted(&app, who, &text_task("second")).await;
     assert_eq!(credits_reserved(&app, who).await, 1, "the failed task's credit was given back");
     succeeded(&app, who, &second_operation, String::new).await;
 
-    // Replayed, the first task reserves its credit again before it calls the provider, and is charged once.
+    // Replayed, the first task reserves its credit again (in its own month) before it calls the provider, and is
+    // charged once.
     let events = app.db.rows("outbox_events", who.workspace_id).await;
     let dead = events.iter().find(|e| e["status"] == "dead_letter").expect("a dead letter")["id"].as_str().unwrap();
     let replayed = conveyor::worker::dlq::replay(&app.db.pool, dead.parse().unwrap()).await.unwrap();
@@ -521,5 +549,45 @@ async fn a_replayed_dead_letter_reserves_its_credits_again_and_is_charged_once()
     assert_eq!(sandbox.stats().ai_charges, 2);
     let resp = app.send(Method::POST, "/v1/ai-tasks", who, Some(&text_task("third"))).await;
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "both credits are charged");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_task_dead_lettered_after_a_call_that_may_have_run_keeps_its_credit_and_a_replay_records_the_charge() {
+    let app = TestApp::spawn_with(|v| {
+        v.insert("CONVEYOR_AI_CREDITS_PER_WORKSPACE".into(), "1".into());
+    })
+    .await;
+    // The provider charges, then hangs for 20 s; the job gives up after 1 s, and a task gets one run.
+    let (sandbox, market) =
+        common::sandbox(Settings { timeout_rate: 1.0, hang_ms: 20_000, ..Settings::default() }).await;
+    let shutdown = CancellationToken::new();
+    start_dispatcher(&app, &shutdown).await;
+    start_worker(&app, &market, &shutdown, |v| {
+        v.insert("CONVEYOR_JOB_TIMEOUT".into(), "1s".into());
+        v.insert("CONVEYOR_JOB_MAX_ATTEMPTS".into(), "1".into());
+    })
+    .await;
+    let who = principal();
+    let (task, operation) = accepted(&app, who, &text_task("charged then lost")).await;
+    common::operation_reaches(&app, who, &operation, "failed", Duration::from_secs(30)).await.expect("dead-lettered");
+    assert_eq!(sandbox.stats().ai_charges, 1, "the provider charged before the run gave up");
+
+    // The task may have been charged: it keeps its credit, and the month (1 credit) takes no other task.
+    let resp = app.send(Method::POST, "/v1/ai-tasks", who, Some(&text_task("another"))).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "the dead-lettered task keeps its credit");
+    assert_eq!(credits_reserved(&app, who).await, 1);
+    assert!(sandbox.stats().ai_charges as i64 <= credits_reserved(&app, who).await);
+
+    // Replayed, it calls again with the same key (no new charge) and records its one ledger row, reserving nothing.
+    sandbox.set(Settings::default());
+    let events = app.db.rows("outbox_events", who.workspace_id).await;
+    let dead = events.iter().find(|e| e["status"] == "dead_letter").expect("a dead letter")["id"].as_str().unwrap();
+    let replayed = conveyor::worker::dlq::replay(&app.db.pool, dead.parse().unwrap()).await.unwrap();
+    assert_eq!(replayed, conveyor::worker::dlq::Replay::Replayed);
+    succeeded(&app, who, &operation, String::new).await;
+    one_ledger_row(&app, who, &task, 1).await;
+    assert_eq!(credits_reserved(&app, who).await, 1);
+    assert_eq!(sandbox.stats().ai_charges, 1, "one charge: the replay carried the same key");
     shutdown.cancel();
 }

@@ -501,7 +501,7 @@ async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leave
     let (a, b, c) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
     let (in_a, in_b, in_c) = (enqueue(&app, a, 3).await, enqueue(&app, b, 5).await, enqueue(&app, c, 2).await);
 
-    let claimed = claim::claim(&app.db.pool, &[a, b], "me", Duration::from_secs(30), 4).await.unwrap();
+    let claimed = claim::claim(&app.db.pool, &[a, b], "me", Duration::from_secs(30), 4, 0).await.unwrap();
     let of =
         |ws: WorkspaceId| -> Vec<Uuid> { claimed.iter().filter(|e| e.workspace_id == ws.0).map(|e| e.id).collect() };
     assert_eq!(of(a), in_a, "all of a's, in the order written");
@@ -538,10 +538,10 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = enqueue(&app, ws, 2).await;
-    let first = claim::claim(&app.db.pool, &[ws], "dead", Duration::from_millis(1), 10).await.unwrap();
+    let first = claim::claim(&app.db.pool, &[ws], "dead", Duration::from_millis(1), 10, 0).await.unwrap();
     assert_eq!(first.len(), 2);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let second = claim::claim(&app.db.pool, &[ws], "alive", Duration::from_secs(30), 10).await.unwrap();
+    let second = claim::claim(&app.db.pool, &[ws], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
     assert_eq!(second.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "the expired leases, taken over");
     let delivered = |events: &[claim::ClaimedEvent]| -> Vec<claim::Delivered> {
         events.iter().map(|e| claim::Delivered::new(e, "1-1".into())).collect()
@@ -558,7 +558,7 @@ async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatcher
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = enqueue(&app, ws, 1).await;
-    let claimed = claim::claim(&app.db.pool, &[ws], "me", Duration::from_secs(30), 10).await.unwrap();
+    let claimed = claim::claim(&app.db.pool, &[ws], "me", Duration::from_secs(30), 10, 0).await.unwrap();
     assert_eq!((claimed.len(), claimed[0].redrive_count), (1, 0));
     // Meanwhile its job ran and asked for a retry (generation 1), and this dispatcher claimed that generation too.
     let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
@@ -612,7 +612,7 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     // One connection, so that its cached plans are the ones under test: made on an empty table, then reused.
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&app.db.app_url).await.unwrap();
     for _ in 0..8 {
-        let events = claim::claim(&pool, &[ws], "me", Duration::from_secs(30), 10).await.unwrap();
+        let events = claim::claim(&pool, &[ws], "me", Duration::from_secs(30), 10, 0).await.unwrap();
         assert!(events.is_empty());
         claim::settle(&pool, "me", &[], &[], 10).await.unwrap();
     }
@@ -632,7 +632,7 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     let before = seq_scans().await;
     let mut relayed = 0;
     loop {
-        let events = claim::claim(&pool, &[ws], "me", Duration::from_secs(30), 100).await.unwrap();
+        let events = claim::claim(&pool, &[ws], "me", Duration::from_secs(30), 100, 0).await.unwrap();
         if events.is_empty() {
             break;
         }

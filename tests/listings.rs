@@ -1,5 +1,6 @@
-//! Listings and their first publication (`listing.publish`): the API's answers and codes, one publication per
-//! listing however many publishes race, and one marketplace product however the job's processes die.
+//! Listings and their publication (`listing.publish`): the API's answers and codes, one publication at a time however
+//! many publishes race, and one marketplace product per listing however the job's processes die or its publication is
+//! canceled and asked for again.
 
 mod common;
 
@@ -577,6 +578,31 @@ async fn sixteen_concurrent_publishes_under_different_keys_make_exactly_one_publ
     let events = app.db.rows("outbox_events", who.workspace_id).await;
     assert_eq!(events.iter().filter(|e| e["event_type"] == "listing.publish").count(), 1);
     assert_eq!(get_listing(&app, who, &listing).await["publish_operation_id"], operation);
+
+    // Canceled (publish_failed), the listing may be published again: of sixteen racing publishes, again exactly one.
+    let resp = app.send(Method::POST, &format!("/v1/operations/{operation}/cancel"), who, Some(&json!({}))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(get_listing(&app, who, &listing).await["status"], "publish_failed");
+    let answers = futures_util::future::join_all((0..16).map(|_| async {
+        let resp = publish(&app, who, &listing).await;
+        let status = resp.status().as_u16();
+        (status, resp.json::<Value>().await.unwrap())
+    }))
+    .await;
+    let accepted: Vec<&Value> = answers.iter().filter(|(s, _)| *s == 202).map(|(_, b)| b).collect();
+    assert_eq!(accepted.len(), 1, "exactly one publish accepted again: {answers:?}");
+    let second = accepted[0]["operation"]["id"].as_str().unwrap();
+    assert_ne!(second, operation);
+    let refused: Vec<&Value> = answers.iter().filter(|(s, _)| *s == 409).map(|(_, b)| b).collect();
+    assert_eq!(refused.len(), 15, "{answers:?}");
+    assert!(refused.iter().all(|b| b["operation_id"] == second), "every refusal names the new publication");
+    assert_eq!(operations_of(&app, who, "listing.publish").await, 2);
+    let rows = app.db.rows("listings", who.workspace_id).await;
+    assert_eq!(
+        (rows[0]["publish_operation_id"].as_str(), rows[0]["publication_key"].as_str()),
+        (Some(second), Some(operation)),
+        "a new publication, the first one's key"
+    );
 }
 
 #[tokio::test]
@@ -586,6 +612,33 @@ async fn the_database_refuses_a_second_publication_or_product_for_a_listing() {
     let store = active_store(&app, who).await;
     let listing = create_listing(&app, who, &listing_body(&store, &[])).await;
     let operation = publish_accepted(&app, who, &listing).await;
+    let update = |statement: &'static str, value: String| {
+        let (pool, workspace, listing) = (app.db.pool.clone(), who.workspace_id, listing.clone());
+        async move {
+            let mut tx = conveyor::db::begin_workspace(&pool, workspace).await.unwrap();
+            let result =
+                sqlx::query(sqlx::AssertSqlSafe(statement)).bind(&listing).bind(&value).execute(&mut *tx).await;
+            if result.is_ok() {
+                tx.commit().await.unwrap();
+            }
+            result.is_ok()
+        }
+    };
+    let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let replacement =
+        conveyor::operations::create_tx(&mut tx, who.workspace_id, who.user_id, "listing.publish", None).await.unwrap();
+    tx.commit().await.unwrap();
+    let replace = "UPDATE listings SET publish_operation_id = $2::uuid WHERE id = $1::uuid";
+    assert!(!update(replace, replacement.id.to_string()).await, "a queued publication cannot be replaced");
+    // Once its operation is canceled (no product recorded), a new publication may replace it; the key stays.
+    let resp = app.send(Method::POST, &format!("/v1/operations/{operation}/cancel"), who, Some(&json!({}))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let rekey = "UPDATE listings SET publication_key = $2::uuid WHERE id = $1::uuid";
+    assert!(!update(rekey, replacement.id.to_string()).await, "the publication key never changes");
+    let clear = "UPDATE listings SET status = 'draft', publish_operation_id = NULL, publication_key = NULL
+                 WHERE id = $1::uuid AND $2 <> ''";
+    assert!(!update(clear, "x".into()).await, "a publication is never cleared");
+    assert!(update(replace, replacement.id.to_string()).await, "a canceled publication may be replaced");
     let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
         "UPDATE listings SET status = 'published', marketplace_product_id = 'prod_1', published_at = now()
@@ -614,10 +667,12 @@ async fn the_database_refuses_a_second_publication_or_product_for_a_listing() {
         let result = sqlx::query(sqlx::AssertSqlSafe(statement)).bind(&listing).bind(&value).execute(&mut *tx).await;
         assert!(result.is_err(), "{statement} was allowed");
     }
+    let rows = app.db.rows("listings", who.workspace_id).await;
+    assert_eq!(rows[0]["publication_key"], operation.as_str(), "the key of the first publication");
     let listing = get_listing(&app, who, &listing).await;
     assert_eq!(
         (listing["publish_operation_id"].as_str(), listing["marketplace_product_id"].as_str()),
-        (Some(operation.as_str()), Some("prod_1"))
+        (Some(&*replacement.id.to_string()), Some("prod_1"))
     );
 }
 
@@ -645,8 +700,18 @@ async fn a_refused_product_ends_publish_failed_with_a_redacted_reason_and_the_op
     assert_eq!(listing_now["marketplace_product_id"], Value::Null);
     let stats = sandbox.stats();
     assert_eq!((stats.product_calls, stats.products_created), (1, 0), "not retried: a refusal is permanent");
-    let again = problem(publish(&app, who, &listing).await, 409, "LISTING_ALREADY_PUBLISHED").await;
-    assert_eq!(again["operation_id"], operation.as_str());
+
+    // A failed publication may be asked for again: a new operation, the same marketplace key; refused again here.
+    let second = publish_accepted(&app, who, &listing).await;
+    assert_ne!(second, operation);
+    common::operation_reaches(&app, who, &second, "failed", Duration::from_secs(30)).await.expect("refused again");
+    let listing_now = get_listing(&app, who, &listing).await;
+    assert_eq!(
+        (listing_now["status"].as_str(), listing_now["publish_operation_id"].as_str()),
+        (Some("publish_failed"), Some(second.as_str()))
+    );
+    let stats = sandbox.stats();
+    assert_eq!((stats.product_calls, stats.products_created), (2, 0));
     shutdown.cancel();
 }
 
@@ -677,8 +742,9 @@ async fn a_marketplace_that_fails_for_a_while_is_retried_into_one_product() {
 }
 
 #[tokio::test]
-async fn a_publication_canceled_while_the_marketplace_answers_is_never_recorded_and_never_repeated() {
+async fn a_publication_canceled_mid_call_then_asked_for_again_records_the_same_product() {
     let app = TestApp::spawn().await;
+    // The sandbox makes the product at once and answers 3 s later.
     let (sandbox, market) = common::sandbox(Settings { latency_ms: 3000, ..Settings::default() }).await;
     let shutdown = CancellationToken::new();
     start_dispatcher(&app, &shutdown).await;
@@ -686,12 +752,12 @@ async fn a_publication_canceled_while_the_marketplace_answers_is_never_recorded_
     let who = principal();
     let store = active_store(&app, who).await;
     let listing = create_listing(&app, who, &listing_body(&store, &[])).await;
-    let operation = publish_accepted(&app, who, &listing).await;
-    common::eventually(Duration::from_secs(30), || async { (sandbox.stats().product_calls == 1).then_some(()) })
+    let first = publish_accepted(&app, who, &listing).await;
+    common::eventually(Duration::from_secs(30), || async { (sandbox.stats().products_created == 1).then_some(()) })
         .await
-        .expect("the job is waiting for the marketplace");
+        .expect("the marketplace made the product and the job is waiting for its answer");
 
-    let resp = app.send(Method::POST, &format!("/v1/operations/{operation}/cancel"), who, Some(&json!({}))).await;
+    let resp = app.send(Method::POST, &format!("/v1/operations/{first}/cancel"), who, Some(&json!({}))).await;
     assert_eq!(resp.status(), StatusCode::OK);
     common::eventually(Duration::from_secs(20), || async {
         let events = app.db.rows("outbox_events", who.workspace_id).await;
@@ -705,9 +771,60 @@ async fn a_publication_canceled_while_the_marketplace_answers_is_never_recorded_
     assert_eq!(listing_now["status"], "publish_failed");
     assert_eq!(listing_now["marketplace_product_id"], Value::Null);
     assert!(listing_now["publish_error"].as_str().unwrap().contains("canceled"), "{listing_now}");
-    assert_eq!(common::operation(&app, who, &operation).await["status"], "canceled");
-    problem(publish(&app, who, &listing).await, 409, "LISTING_ALREADY_PUBLISHED").await;
-    assert_eq!(sandbox.stats().product_calls, 1, "never called again");
+    assert_eq!(common::operation(&app, who, &first).await["status"], "canceled");
+    let product = sandbox.product(&first).expect("a live product that nothing recorded yet");
+
+    // Published again: a new operation, the listing's first key, so the marketplace answers the product it made.
+    let second = publish_accepted(&app, who, &listing).await;
+    assert_ne!(second, first);
+    let done = common::operation_reaches(&app, who, &second, "succeeded", Duration::from_secs(30)).await;
+    let done = done.expect("the second publication succeeded");
+    assert_eq!(done["result"], json!({"outcome": "published", "marketplace_product_id": product}));
+    let published = get_listing(&app, who, &listing).await;
+    assert_eq!(published["status"], "published");
+    assert_eq!(published["marketplace_product_id"], product.as_str());
+    assert_eq!(published["publish_operation_id"], second.as_str());
+    let stats = sandbox.stats();
+    assert_eq!((stats.product_calls, stats.products_created), (2, 1), "one product for the listing, ever");
+    assert_eq!(sandbox.product(&second), None, "the second publication used the listing's first key");
+    // Now published: any further publish is refused and names the publication that made it.
+    let again = problem(publish(&app, who, &listing).await, 409, "LISTING_ALREADY_PUBLISHED").await;
+    assert_eq!(again["operation_id"], second.as_str());
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_rate_limited_product_creation_is_retried_no_sooner_than_its_retry_after() {
+    let app = TestApp::spawn().await;
+    // The next product creation answers 429 with Retry-After: 5 (the kind's first back-off is at most 1 s).
+    let settings = Settings { product_rate_limited_calls: 1, product_retry_after_secs: 5, ..Settings::default() };
+    let (sandbox, market) = common::sandbox(settings).await;
+    let shutdown = CancellationToken::new();
+    start_dispatcher(&app, &shutdown).await;
+    start_worker(&app, &market, &shutdown).await;
+    let who = principal();
+    let store = active_store(&app, who).await;
+    let listing = create_listing(&app, who, &listing_body(&store, &[])).await;
+    let operation = publish_accepted(&app, who, &listing).await;
+
+    let wait = common::eventually(Duration::from_secs(30), || async {
+        let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+        let row: Option<(Option<String>, f64)> = sqlx::query_as(
+            "SELECT last_error, extract(epoch FROM next_attempt_at - now())::float8 FROM outbox_events
+             WHERE event_type = 'listing.publish' AND last_error IS NOT NULL",
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        row.filter(|(error, _)| error.as_deref().is_some_and(|e| e.contains("429"))).map(|(_, wait)| wait)
+    })
+    .await
+    .expect("the 429 was recorded");
+    assert!(wait > 2.5, "the retry waits for the marketplace's Retry-After, not the 1 s back-off: {wait} s");
+    common::operation_reaches(&app, who, &operation, "succeeded", Duration::from_secs(30)).await.expect("published");
+    let stats = sandbox.stats();
+    assert_eq!((stats.product_calls, stats.products_created), (2, 1), "one refused call, one that made the product");
     shutdown.cancel();
 }
 

@@ -640,6 +640,8 @@ fn peak_rss(pid: u32) -> u64 {
 async fn a_decompression_bomb_never_grows_a_worker_process_past_the_bound_of_its_limits() {
     const MAX_BYTES: u64 = 4 * 1024 * 1024;
     const MAX_PIXELS: u64 = 4_000_000;
+    // Fewer permits than images at once (and than cores): the bound follows the permits.
+    const PERMITS: u64 = 1;
     let limits = |v: &mut HashMap<String, String>| {
         v.insert("CONVEYOR_MEDIA_MAX_BYTES".into(), MAX_BYTES.to_string());
         v.insert("CONVEYOR_MEDIA_MAX_PIXELS".into(), MAX_PIXELS.to_string());
@@ -652,6 +654,7 @@ async fn a_decompression_bomb_never_grows_a_worker_process_past_the_bound_of_its
     limits(&mut vars);
     vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
     vars.insert("CONVEYOR_MARKETPLACE_URL".into(), market);
+    vars.insert("CONVEYOR_MEDIA_DECODE_PERMITS".into(), PERMITS.to_string());
     let worker = common::Process::spawn(&["worker"], &vars);
     let pid = worker.child.id();
     let who = principal();
@@ -661,12 +664,11 @@ async fn a_decompression_bomb_never_grows_a_worker_process_past_the_bound_of_its
     assert_eq!(processed(&app, who, &warm).await["status"], "ready", "log:\n{}", worker.log());
     let baseline = peak_rss(pid);
 
-    // At most one decode per core at once (the worker's gate), each holding at most the original, the decoded
+    // At most one decode per permit at once (the worker's gate, `CONVEYOR_MEDIA_DECODE_PERMITS`), each holding at most the original, the decoded
     // pixels (at most 8 bytes a pixel, 16-bit RGBA, under the decoder's allocation limit) and an 8-bit copy (4 bytes
     // a pixel); plus 64 MiB for the allocator's and the runtime's slack. The bombs claim 10^10, 3.6 × 10^9 and
     // 2.25 × 10^8 pixels.
-    let cores = std::thread::available_parallelism().unwrap().get() as u64;
-    let bound = baseline + cores * (MAX_BYTES + 12 * MAX_PIXELS) + 64 * 1024 * 1024;
+    let bound = baseline + PERMITS * (MAX_BYTES + 12 * MAX_PIXELS) + 64 * 1024 * 1024;
     let started = std::time::Instant::now();
     let inflating = png_inflating_bomb();
     eprintln!("inflating bomb: {} bytes, made in {:?}", inflating.len(), started.elapsed());
@@ -686,7 +688,7 @@ async fn a_decompression_bomb_never_grows_a_worker_process_past_the_bound_of_its
     assert!(after_decode <= bound, "peak RSS {after_decode} over the bound {bound} (baseline {baseline})");
 
     // Eight different RGBA images of 4 MP queued while no worker runs, then a fresh worker (16 jobs at once) takes
-    // them all at once: the gate keeps it to one image in memory per core. (Without it: about 8 × 27 MB more.)
+    // them all at once: the gate keeps it to one image in memory per permit. (Without it: about 8 × 27 MB more.)
     drop(worker);
     let mut ids = Vec::new();
     for i in 0..8u32 {
@@ -749,5 +751,173 @@ async fn a_media_whose_processing_was_canceled_can_be_completed_again_and_only_t
     let late = complete(&app, who, &id, &Uuid::new_v4().to_string()).await;
     assert_eq!(late.status(), StatusCode::CONFLICT);
     assert_eq!(late.json::<Value>().await.unwrap()["operation_id"], second_op.as_str());
+    shutdown.cancel();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Review fixes: the gate's permit outlives a canceled job's decode, decoder panics, orientation, concurrent twins.
+
+/// A dispatcher in this process and a real `conveyor worker` process with `extra` variables (until the token is
+/// canceled and the process dropped).
+async fn worker_process(app: &TestApp, extra: &[(&str, String)]) -> (common::Process, CancellationToken) {
+    let (_sandbox, market) = common::sandbox(conveyor::adapters::sandbox::Settings::default()).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(app, &common::redis_url(), |_| {}).await, &shutdown);
+    let mut vars = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    vars.insert("CONVEYOR_MARKETPLACE_URL".into(), market);
+    for (name, value) in extra {
+        vars.insert((*name).to_owned(), value.clone());
+    }
+    (common::Process::spawn(&["worker"], &vars), shutdown)
+}
+
+async fn cancel(app: &TestApp, who: Principal, operation: &str) {
+    let resp = app.send(Method::POST, &format!("/v1/operations/{operation}/cancel"), who, Some(&json!({}))).await;
+    assert_eq!(resp.status(), StatusCode::OK, "{}", resp.text().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_canceled_decode_keeps_its_permit_until_its_blocking_work_ends() {
+    const MAX_BYTES: u64 = 4 * 1024 * 1024;
+    const MAX_PIXELS: u64 = 4_000_000;
+    const PERMITS: u64 = 1;
+    let limits = |v: &mut HashMap<String, String>| {
+        v.insert("CONVEYOR_MEDIA_MAX_BYTES".into(), MAX_BYTES.to_string());
+        v.insert("CONVEYOR_MEDIA_MAX_PIXELS".into(), MAX_PIXELS.to_string());
+    };
+    let app = TestApp::spawn_with(limits).await;
+    let who = principal();
+    // 16-bit RGBA: 32 MB of decoded pixels, held (by the failpoint) for 12 s after each decode.
+    let (width, height) = (2000u32, 1990u32);
+    let rgba16 = DynamicImage::ImageRgba16(image::ImageBuffer::from_fn(width, height, |x, y| {
+        image::Rgba([(x * 32 % 65536) as u16, (y * 32 % 65536) as u16, 9000, 50000])
+    }));
+    let png = encode(&rgba16, ImageFormat::Png);
+    assert!(png.len() as u64 <= MAX_BYTES, "{} bytes", png.len());
+    let (worker, shutdown) = worker_process(
+        &app,
+        &[
+            ("CONVEYOR_MEDIA_MAX_BYTES", MAX_BYTES.to_string()),
+            ("CONVEYOR_MEDIA_MAX_PIXELS", MAX_PIXELS.to_string()),
+            ("CONVEYOR_MEDIA_DECODE_PERMITS", PERMITS.to_string()),
+            ("FAILPOINTS", "media::decoded=sleep(12000)".into()),
+        ],
+    )
+    .await;
+    let pid = worker.child.id();
+    // Warm up on a small image (it sleeps in the failpoint too), then take the baseline.
+    let (warm, _) = submit(&app, who, "image/png", encode(&gradient(64, 64), ImageFormat::Png)).await;
+    assert_eq!(processed(&app, who, &warm).await["status"], "ready", "log:\n{}", worker.log());
+    let baseline = peak_rss(pid);
+    // One decode per permit, each holding at most the original, the decoded pixels (8 bytes a pixel) and an 8-bit
+    // copy (4), plus 64 MiB of slack: the bound of `CONVEYOR_MEDIA_DECODE_PERMITS`, not of the cores.
+    let bound = baseline + PERMITS * (MAX_BYTES + 12 * MAX_PIXELS) + 64 * 1024 * 1024;
+
+    // Complete, let the job start its decode, cancel it, complete again: five times. Each canceled decode goes on
+    // running on its blocking thread, holding its 32 MB for 12 s; if its job gave the permit back when it was
+    // dropped, the next job would decode beside it (five at once: 160 MB over the baseline).
+    let (id, mut op) = submit(&app, who, "image/png", png).await;
+    for round in 0..5 {
+        common::operation_reaches(&app, who, &op, "running", WAIT)
+            .await
+            .unwrap_or_else(|| panic!("round {round}: the job never started; log:\n{}", worker.log()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cancel(&app, who, &op).await;
+        common::operation_reaches(&app, who, &op, "canceled", WAIT).await.expect("canceled");
+        let again = complete(&app, who, &id, &Uuid::new_v4().to_string()).await;
+        assert_eq!(again.status(), StatusCode::ACCEPTED, "round {round}");
+        op = again.json::<Value>().await.unwrap()["operation"]["id"].as_str().unwrap().to_owned();
+    }
+    let media = processed(&app, who, &id).await;
+    assert_eq!(media["status"], "ready", "{media}; log:\n{}", worker.log());
+    assert_eq!((media["width"].as_u64(), media["height"].as_u64()), (Some(2000), Some(1990)));
+    let peak = peak_rss(pid);
+    eprintln!(
+        "worker VmHWM: baseline {} MiB, after five canceled decodes {} MiB, bound {} MiB",
+        baseline >> 20,
+        peak >> 20,
+        bound >> 20
+    );
+    assert!(peak <= bound, "peak RSS {peak} over the bound {bound} of {PERMITS} permit (baseline {baseline})");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_decoder_panic_rejects_the_media_as_corrupt_instead_of_leaving_it_processing() {
+    let app = TestApp::spawn().await;
+    let who = principal();
+    let (worker, shutdown) = worker_process(&app, &[("FAILPOINTS", "media::derive=panic".into())]).await;
+    let (id, op) = submit(&app, who, "image/png", encode(&gradient(40, 30), ImageFormat::Png)).await;
+    let media = processed(&app, who, &id).await;
+    assert_eq!(media["status"], "rejected", "{media}; log:\n{}", worker.log());
+    assert_eq!(media["rejection"]["code"], "CORRUPT");
+    assert_eq!(media["rejection"]["detail"], "the image could not be decoded");
+    let op = common::operation_reaches(&app, who, &op, "succeeded", WAIT).await.expect("the operation succeeded");
+    assert_eq!(op["result"]["outcome"], "rejected", "{op}");
+    assert_eq!(op["result"]["code"], "CORRUPT");
+    shutdown.cancel();
+}
+
+/// A JPEG of `width` × `height` (left half red, right half blue) whose EXIF says orientation `orientation`.
+fn jpeg_with_orientation(width: u32, height: u32, orientation: u16) -> Vec<u8> {
+    let image = DynamicImage::ImageRgb8(image::RgbImage::from_fn(width, height, |x, _| {
+        if x < width / 2 { image::Rgb([230, 20, 20]) } else { image::Rgb([20, 20, 230]) }
+    }));
+    let plain = encode(&image, ImageFormat::Jpeg);
+    // TIFF, big-endian: one IFD of one entry, Orientation (0x0112), SHORT, count 1.
+    let mut exif = b"Exif\x00\x00MM\x00\x2a\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01".to_vec();
+    exif.extend_from_slice(&orientation.to_be_bytes());
+    exif.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    let mut out = plain[..2].to_vec();
+    out.extend_from_slice(&[0xFF, 0xE1]);
+    out.extend_from_slice(&((exif.len() + 2) as u16).to_be_bytes());
+    out.extend_from_slice(&exif);
+    out.extend_from_slice(&plain[2..]);
+    out
+}
+
+#[tokio::test]
+async fn a_jpeg_with_exif_orientation_is_derived_upright() {
+    let app = TestApp::spawn().await;
+    let (_metrics, shutdown) = run_platform(&app).await;
+    let who = principal();
+    // Stored 300 × 200, to be shown turned 90° clockwise (orientation 6): 200 × 300, the left (red) half on top.
+    let (id, _) = submit(&app, who, "image/jpeg", jpeg_with_orientation(300, 200, 6)).await;
+    let media = processed(&app, who, &id).await;
+    assert_eq!(media["status"], "ready", "{media}");
+    assert_eq!((media["width"].as_u64(), media["height"].as_u64()), (Some(200), Some(300)), "{media}");
+    for derivative in media["derivatives"].as_array().unwrap() {
+        let (_, bytes) = derivative_bytes(&app, who, derivative["url"].as_str().unwrap()).await;
+        let image = image::load_from_memory(&bytes).unwrap().to_rgb8();
+        assert!(image.height() > image.width(), "{derivative}: upright, taller than wide");
+        assert_eq!(
+            (Some(u64::from(image.width())), Some(u64::from(image.height()))),
+            (derivative["width"].as_u64(), derivative["height"].as_u64())
+        );
+        let top = image.get_pixel(image.width() / 2, image.height() / 8);
+        let bottom = image.get_pixel(image.width() / 2, image.height() * 7 / 8);
+        assert!(top[0] > 150 && top[2] < 100, "{derivative}: red on top, got {top:?}");
+        assert!(bottom[2] > 150 && bottom[0] < 100, "{derivative}: blue below, got {bottom:?}");
+        // The tag itself is gone with the rest of the metadata (the pixels carry the orientation now).
+        assert!(!bytes.windows(6).any(|w| w == b"Exif\x00\x00"), "{derivative}: no EXIF left");
+    }
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn two_media_with_the_same_bytes_processed_at_once_are_derived_once() {
+    let app = TestApp::spawn().await;
+    let who = principal();
+    let jpeg = jpeg_with_metadata(1200, 900);
+    // Both queued before any worker runs: the worker (four jobs at once) takes them together.
+    let (a, _) = submit(&app, who, "image/jpeg", jpeg.clone()).await;
+    let (b, _) = submit(&app, who, "image/jpeg", jpeg).await;
+    let (metrics, shutdown) = run_platform(&app).await;
+    let (a, b) = (processed(&app, who, &a).await, processed(&app, who, &b).await);
+    assert_eq!((a["status"].as_str(), b["status"].as_str()), (Some("ready"), Some("ready")));
+    assert_eq!(a["sha256"], b["sha256"]);
+    assert_eq!((derivations(&metrics, "derived"), derivations(&metrics, "reused")), (1, 1), "one derivation");
+    assert_eq!(app.db.count("media_derivations", who.workspace_id).await, 1);
     shutdown.cancel();
 }

@@ -187,6 +187,19 @@ async fn literal_refused_addresses_are_refused_at_the_api() {
         let resp = create(&open, who, url, "a.png").await;
         assert_eq!(resp.json::<Value>().await.unwrap()["code"], "SOURCE_FORBIDDEN", "{url}");
     }
+    // No allowed network opens a cloud metadata address, not even everything.
+    let everything = app_sharing(&app, "0.0.0.0/0,::/0").await;
+    assert_eq!(create(&everything, who, "http://10.0.0.1/a.png", "a.png").await.status(), 202);
+    for url in [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://168.63.129.16/metadata/instance",
+        "http://[fd00:ec2::254]/latest/meta-data/",
+        "http://[::ffff:169.254.169.254]/latest/meta-data/",
+    ] {
+        let resp = create(&everything, who, url, "a.png").await;
+        assert_eq!(resp.status(), 422, "{url}");
+        assert_eq!(resp.json::<Value>().await.unwrap()["code"], "SOURCE_FORBIDDEN", "{url}");
+    }
 }
 
 async fn app_sharing(app: &TestApp, allowed: &str) -> TestApp {
@@ -326,10 +339,12 @@ async fn a_worker_killed_mid_download_resumes_with_range() {
         stats.file_bytes_served
     );
     assert_eq!(stats.file_requests, 2, "one request per run");
+    // The rescuer asked only for what was not stored: at most the rest after the progress seen before the kill,
+    // plus one part (a part stored after it was seen, or the chunk in flight when the victim died).
+    let after_kill = stats.file_bytes_served - served_at_kill;
     assert!(
-        stats.file_bytes_served < size * 13 / 10,
-        "the second run resumed: {} bytes served for {size}",
-        stats.file_bytes_served
+        after_kill <= size - done_at_kill + 256 * 1024,
+        "the second run resumed: {after_kill} bytes served after the kill, {done_at_kill} of {size} were stored"
     );
     common::operation_reaches(&app, who, &op, "succeeded", Duration::from_secs(30)).await.expect("succeeded");
     shutdown.cancel();
@@ -419,6 +434,7 @@ async fn redirects_are_followed_up_to_five_and_each_hop_is_checked() {
         let t = ended(&app, who, id, Duration::from_secs(60)).await;
         assert_eq!(t["status"], "failed");
         assert_eq!(t["error"]["code"], "SOURCE_FORBIDDEN", "{t}");
+        assert_eq!(t["error"]["detail"], "the source's address is not allowed", "{t}");
         assert!(t["media_id"].is_null());
     }
     let t = ended(&app, who, &to_ftp, Duration::from_secs(60)).await;
@@ -441,8 +457,11 @@ async fn a_name_resolving_to_a_refused_address_fails_the_transfer_with_source_fo
     let t = ended(&app, who, &id, Duration::from_secs(60)).await;
     assert_eq!(t["status"], "failed");
     assert_eq!(t["error"]["code"], "SOURCE_FORBIDDEN", "{t}");
+    // What the name resolved to is internal: the client reads a fixed text.
+    assert_eq!(t["error"]["detail"], "the source's address is not allowed", "{t}");
     let op = common::operation_reaches(&app, who, &op, "failed", Duration::from_secs(30)).await.expect("op failed");
     assert!(op["error"].as_str().unwrap_or("").contains("SOURCE_FORBIDDEN"), "{op}");
+    assert!(!op.to_string().contains("127.0.0.1") && !op.to_string().contains("::1"), "{op}");
     assert_eq!(sandbox.stats().file_requests, 0, "no connection was made");
     shutdown.cancel();
 }
@@ -614,6 +633,15 @@ async fn a_canceled_transfer_stops_downloading_and_ends_failed() {
     assert_eq!(t["status"], "failed");
     assert_eq!(t["error"]["code"], "CANCELED", "{t}");
     assert!(t["media_id"].is_null());
+    // The row itself ended (not only the operation it is read through), and forgot its source URL.
+    let row = common::eventually(Duration::from_secs(30), || async {
+        let rows = app.db.rows("asset_transfers", who.workspace_id).await;
+        rows.into_iter().find(|r| r["id"] == id.as_str() && r["status"] == "failed")
+    })
+    .await
+    .expect("the transfer's row is failed");
+    assert_eq!(row["error_code"], "CANCELED", "{row}");
+    assert!(row["source_url"].is_null(), "{row}");
     let served = sandbox.stats().file_bytes_served;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // At most the one chunk the sandbox had in hand when the connection closed.
@@ -636,4 +664,158 @@ async fn a_transfer_canceled_before_its_job_ran_reads_failed_with_canceled() {
     let t = transfer(&app, who, &id).await;
     assert_eq!((t["status"].as_str(), t["error"]["code"].as_str()), (Some("failed"), Some("CANCELED")), "{t}");
     assert_eq!(sandbox.stats().file_requests, 0);
+}
+
+#[tokio::test]
+async fn a_changing_source_is_never_spliced_without_a_matching_validator() {
+    let sandbox = Sandbox::new(Settings::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(sandbox.clone().serve(listener, CancellationToken::new()));
+    let cancel = CancellationToken::new();
+    let open = fetcher(&["127.0.0.0/8"], &[("sandbox.test", &["127.0.0.1"])]);
+    let size = 200_000u64;
+    let version = |name: &str, n: u64| files::file_bytes(&files::version_name(name, n), size);
+
+    // No validator at all: the file changes between the dropped request and the next. Without a validator the
+    // rest cannot be trusted to belong to the bytes stored: the second request asks for the whole file.
+    let url = format!(
+        "http://sandbox.test:{port}/files/plain.png?size={size}&content_type=image/png&changing=true&no_validator=true\
+         &drop_after=100000"
+    );
+    let mut progress = Progress::default();
+    let mut sink = MemorySink::default();
+    open.download(&url, &mut progress, &mut sink, &cancel).await.unwrap();
+    assert_eq!(sink.parts.concat(), version("plain.png", 1), "the second version whole, not spliced onto the first");
+    assert_eq!(progress.bytes_done, size);
+
+    // A source (or cache) that answers the Range with 206 although If-Range named another version: its ETag differs
+    // from the stored one, so the download starts over instead of splicing.
+    let before = sandbox.stats().file_requests;
+    let url = format!(
+        "http://sandbox.test:{port}/files/etag.png?size={size}&content_type=image/png&changing=true\
+         &ignore_if_range=true&drop_after=100000"
+    );
+    let mut progress = Progress::default();
+    let mut sink = MemorySink::default();
+    open.download(&url, &mut progress, &mut sink, &cancel).await.unwrap();
+    assert_eq!(sink.parts.concat(), version("etag.png", 2), "the third version whole");
+    assert_eq!(sandbox.stats().file_requests - before, 3, "dropped, refused 206, whole file");
+
+    // A 206 with the stored validator but another total (a resumption from a stored prefix): started over too.
+    let url = format!("http://sandbox.test:{port}/files/total.png?size={size}&content_type=image/png");
+    let stored = files::file_bytes("total.png", size)[..65_536].to_vec();
+    let mut progress = Progress {
+        bytes_done: 65_536,
+        parts: 1,
+        bytes_total: Some(size + 1),
+        validator: Some(format!("\"total.png-{size}-pattern\"")),
+        ..Progress::default()
+    };
+    let mut sink = MemorySink { parts: vec![Bytes::from(stored)], begins: 0 };
+    open.download(&url, &mut progress, &mut sink, &cancel).await.unwrap();
+    assert_eq!(sink.parts.concat(), files::file_bytes("total.png", size));
+    assert_eq!(progress.bytes_total, Some(size));
+}
+
+#[tokio::test]
+async fn a_stored_part_gone_missing_restarts_the_download_instead_of_failing_forever() {
+    let (sandbox, sandbox_url) = common::sandbox(Settings::default()).await;
+    let app = app(LOOPBACK, &sandbox_url, &[]).await;
+    let shutdown = CancellationToken::new();
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
+        v.insert("CONVEYOR_DISPATCH_POLL".into(), "100ms".into());
+    })
+    .await;
+    common::run_dispatcher(dispatcher, &shutdown);
+    let mut vars = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), LOOPBACK.into());
+    vars.insert("CONVEYOR_MARKETPLACE_URL".into(), sandbox_url.clone());
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    vars.insert("CONVEYOR_JOB_MAX_ATTEMPTS".into(), "3".into());
+    let who = principal();
+    let size: u64 = 2 * 1024 * 1024;
+    let url = format!("{sandbox_url}/files/holey.png?size={size}&content_type=image/png&throttle_kbps=512");
+    let (id, op) = start(&app, who, &url).await;
+    let parts = common::objects_dir(&app.redis_prefix)
+        .join(format!("workspaces/{}/asset-transfers/{id}/parts", who.workspace_id.0));
+
+    let mut victim = Process::spawn(&["worker"], &vars);
+    common::eventually(Duration::from_secs(30), || async {
+        (transfer(&app, who, &id).await["bytes_done"].as_u64().unwrap_or(0) >= 512 * 1024).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("the download never progressed; worker log:\n{}", victim.log()));
+    victim.kill();
+    // The first part, recorded as stored, is lost.
+    std::fs::remove_file(parts.join("00000000")).unwrap();
+
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    let rescuer = Process::spawn(&["worker"], &vars);
+    let t = ended(&app, who, &id, Duration::from_secs(90)).await;
+    assert_eq!(t["status"], "completed", "{t}; log:\n{}", rescuer.log());
+    assert_eq!(t["sha256"], sha256_hex(&files::file_bytes("holey.png", size)));
+    common::operation_reaches(&app, who, &op, "succeeded", Duration::from_secs(30)).await.expect("succeeded");
+    assert_eq!(sandbox.stats().file_requests, 3, "the first run, the resumption, the download again from zero");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_source_urls_token_is_kept_nowhere_once_its_transfer_ended() {
+    const SECRET: &str = "SECRET-7d1f0c9a";
+    let (_sandbox, sandbox_url) = common::sandbox(Settings::default()).await;
+    let app = app(LOOPBACK, &sandbox_url, &[("CONVEYOR_ASSET_MAX_BYTES", "100000")]).await;
+    let shutdown = CancellationToken::new();
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
+        v.insert("CONVEYOR_DISPATCH_POLL".into(), "100ms".into());
+    })
+    .await;
+    common::run_dispatcher(dispatcher, &shutdown);
+    let mut vars = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), LOOPBACK.into());
+    vars.insert("CONVEYOR_ASSET_MAX_BYTES".into(), "100000".into());
+    vars.insert("CONVEYOR_MARKETPLACE_URL".into(), sandbox_url.clone());
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    vars.insert("RUST_LOG".into(), "debug".into());
+    let worker = Process::spawn(&["worker"], &vars);
+    let who = principal();
+    let encode = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    let token = format!("token={SECRET}");
+    let mut too_many = format!("/files/end.png?size=1000&content_type=image/png&{token}");
+    for hop in 0..6 {
+        too_many = format!("/files/hop{hop}?redirect_to={}&{token}", encode(&too_many));
+    }
+    let cases = [
+        (format!("/files/f?redirect_to={}&{token}", encode(&format!("http://10.1.2.3/x.png?{token}"))), "failed"),
+        (format!("/nowhere/missing.png?{token}"), "failed"),
+        (format!("/files/dropped.png?size=90000&content_type=image/png&drop_after=30000&{token}"), "completed"),
+        (format!("/files/big.png?size=100001&content_type=image/png&{token}"), "failed"),
+        (too_many, "failed"),
+    ];
+    let mut ids = Vec::new();
+    for (path, expected) in &cases {
+        ids.push((start(&app, who, &format!("{sandbox_url}{path}")).await.0, *expected));
+    }
+    for (id, expected) in &ids {
+        let t = ended(&app, who, id, Duration::from_secs(60)).await;
+        assert_eq!(t["status"], *expected, "{t}; log:\n{}", worker.log());
+    }
+    // Every operation ended too (their errors and results are written after the transfer's row).
+    common::eventually(Duration::from_secs(30), || async {
+        let ops = app.db.rows("operations", who.workspace_id).await;
+        let transfers = ops.iter().filter(|o| o["kind"] == "asset.transfer");
+        transfers.clone().count().eq(&cases.len()).then_some(())?;
+        transfers.into_iter().all(|o| o["status"] == "succeeded" || o["status"] == "failed").then_some(())
+    })
+    .await
+    .expect("every transfer's operation ended");
+    for table in ["asset_transfers", "operations", "outbox_events", "idempotency_requests"] {
+        let rows = app.db.rows(table, who.workspace_id).await;
+        assert!(!rows.is_empty(), "{table}");
+        for row in rows {
+            assert!(!row.to_string().contains(SECRET), "{table} keeps the token: {row}");
+        }
+    }
+    assert!(!worker.log().contains(SECRET), "the worker's log shows the token:\n{}", worker.log());
+    shutdown.cancel();
 }

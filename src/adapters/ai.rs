@@ -4,6 +4,10 @@
 //!
 //! Over HTTP: `POST {base}/v1/ai/generate` with `Idempotency-Key` and `{"kind", "input"}`, answered
 //! `{"id", "charge_id"?, "output": {…}}`; `429`/`503` may carry `Retry-After` (seconds).
+//!
+//! Errors say whether the call may have run (and so been charged): only a call that never reached the provider (no
+//! connection), a `429` and a refusal (another 4xx) surely did not; a time-out, a `5xx` or an unreadable success may
+//! have.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -57,10 +61,10 @@ pub struct AiResult {
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AiError {
-    /// Worth retrying soon: time-out, connection failure, 5xx or 429 without `Retry-After`.
+    /// Worth retrying soon; the call may have run: time-out, a connection lost after sending, a 5xx.
     #[error("AI provider unavailable: {0}")]
     Transient(String),
-    /// Worth retrying, not before `after` (`429` or `503` with `Retry-After`).
+    /// Worth retrying, not before `after`; the call may have run (a `5xx` with `Retry-After`).
     #[error("AI provider asks to retry later: {reason}")]
     RetryAfter {
         /// What it answered.
@@ -68,9 +72,28 @@ pub enum AiError {
         /// Its `Retry-After`.
         after: Duration,
     },
-    /// Retrying will not help: another 4xx, a malformed answer.
+    /// Worth retrying (not before `after`, if given); the call surely did not run: no connection was made, or the
+    /// provider answered `429`.
+    #[error("AI provider did not run the request: {reason}")]
+    NotRun {
+        /// What happened.
+        reason: String,
+        /// Its `Retry-After`, if it answered one.
+        after: Option<Duration>,
+    },
+    /// Retrying will not help, and the call did not run: a 4xx other than 429.
     #[error("AI provider refused the request: {0}")]
     Refused(String),
+    /// Retrying will not help, but the call may have run: a success whose answer cannot be read.
+    #[error("AI provider answered unreadably: {0}")]
+    Malformed(String),
+}
+
+impl AiError {
+    /// Whether the failed call may have run on the provider (and been charged).
+    pub fn may_have_run(&self) -> bool {
+        matches!(self, Self::Transient(_) | Self::RetryAfter { .. } | Self::Malformed(_))
+    }
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -102,9 +125,13 @@ impl HttpAiProvider {
     }
 }
 
-impl From<super::answer::Failure> for AiError {
-    fn from(failure: super::answer::Failure) -> Self {
+impl AiError {
+    /// The error of a failed call; `not_run` when the call surely did not run (no connection made, or a `429`).
+    fn of_failure(failure: super::answer::Failure, not_run: bool) -> Self {
         match failure {
+            super::answer::Failure::Unavailable { reason, retry_after } if not_run => {
+                Self::NotRun { reason, after: retry_after }
+            }
             super::answer::Failure::Unavailable { reason, retry_after: Some(after) } => {
                 Self::RetryAfter { reason, after }
             }
@@ -129,17 +156,21 @@ impl AiProvider for HttpAiProvider {
                 .json(&serde_json::json!({ "kind": kind, "input": input }))
                 .send()
                 .await;
-            let response = super::answer::read(sent).await?;
+            let not_run = match &sent {
+                Err(e) => e.is_connect(),
+                Ok(response) => response.status() == reqwest::StatusCode::TOO_MANY_REQUESTS,
+            };
+            let response = super::answer::read(sent).await.map_err(|f| AiError::of_failure(f, not_run))?;
             // A body cut short may still mean a charge was made: worth a retry, which the token answers with it.
             let body = response.bytes().await.map_err(|e| AiError::Transient(e.without_url().to_string()))?;
             let result: AiResult =
-                serde_json::from_slice(&body).map_err(|_| AiError::Refused("malformed answer".into()))?;
+                serde_json::from_slice(&body).map_err(|_| AiError::Malformed("malformed answer".into()))?;
             let id_ok = |id: &str| (1..=200).contains(&id.len());
             if !id_ok(&result.id)
                 || result.charge_id.as_deref().is_some_and(|c| !id_ok(c))
                 || !result.output.is_object()
             {
-                return Err(AiError::Refused("malformed answer".into()));
+                return Err(AiError::Malformed("malformed answer".into()));
             }
             Ok(result)
         })
@@ -157,5 +188,18 @@ mod tests {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
         }
         assert_eq!(AiKind::parse("video"), None);
+    }
+
+    #[test]
+    fn only_calls_the_provider_surely_did_not_run_count_as_not_run() {
+        use super::super::answer::Failure;
+        let unavailable = |retry_after| Failure::Unavailable { reason: "HTTP 503".into(), retry_after };
+        assert!(AiError::of_failure(unavailable(None), false).may_have_run(), "a 5xx or a time-out may have run");
+        let after = Some(Duration::from_secs(5));
+        assert!(AiError::of_failure(unavailable(after), false).may_have_run());
+        let not_run = AiError::of_failure(unavailable(after), true);
+        assert!(matches!(not_run, AiError::NotRun { after: Some(_), .. }) && !not_run.may_have_run(), "a 429");
+        assert!(!AiError::of_failure(Failure::Refused("HTTP 422".into()), false).may_have_run());
+        assert!(AiError::Malformed("malformed answer".into()).may_have_run(), "a success that could not be read");
     }
 }

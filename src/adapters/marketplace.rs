@@ -21,9 +21,17 @@ pub enum Verification {
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MarketplaceError {
-    /// Worth retrying: time-out, connection failure, 5xx, 429.
+    /// Worth retrying: time-out, connection failure, 5xx, 429 without `Retry-After`.
     #[error("marketplace unavailable: {0}")]
     Transient(String),
+    /// Worth retrying, not before `after` (a `429` or `5xx` with `Retry-After`).
+    #[error("marketplace asks to retry later: {reason}")]
+    RetryAfter {
+        /// What it answered.
+        reason: String,
+        /// Its `Retry-After`.
+        after: Duration,
+    },
     /// Retrying will not help: 4xx other than 429, malformed answer.
     #[error("marketplace refused the request: {0}")]
     Permanent(String),
@@ -103,7 +111,10 @@ struct VerifyAnswer {
 impl From<super::answer::Failure> for MarketplaceError {
     fn from(failure: super::answer::Failure) -> Self {
         match failure {
-            super::answer::Failure::Unavailable { reason, .. } => Self::Transient(reason),
+            super::answer::Failure::Unavailable { reason, retry_after: Some(after) } => {
+                Self::RetryAfter { reason, after }
+            }
+            super::answer::Failure::Unavailable { reason, retry_after: None } => Self::Transient(reason),
             super::answer::Failure::Refused(reason) => Self::Permanent(reason),
         }
     }

@@ -183,9 +183,16 @@ impl Dispatcher {
     /// Claims one batch of each of `workspaces` and publishes it; `None` when nothing was due.
     async fn hand_off(&self, workspaces: Vec<WorkspaceId>) -> anyhow::Result<Option<HandedOff>> {
         let t0 = std::time::Instant::now();
-        let events = claim::claim(&self.pool, &workspaces, &self.id, self.settings.lease, self.settings.batch_size)
-            .await
-            .context("Failed to claim events")?;
+        let events = claim::claim(
+            &self.pool,
+            &workspaces,
+            &self.id,
+            self.settings.lease,
+            self.settings.batch_size,
+            self.settings.window,
+        )
+        .await
+        .context("Failed to claim events")?;
         if events.is_empty() {
             return Ok(None);
         }
@@ -278,6 +285,10 @@ impl Dispatcher {
         let mut listener =
             PgListener::connect_with(&self.pool).await.context("Failed to open the LISTEN connection")?;
         listener.listen(NOTIFY_CHANNEL).await.context("Failed to LISTEN")?;
+        if self.settings.window > 0 {
+            // A job that ends frees room in its workspace's window: top that workspace up at once.
+            listener.listen(crate::outbox::DONE_CHANNEL).await.context("Failed to LISTEN")?;
+        }
         // The listener runs in a task of its own, so that its `recv` is never cancelled half-way by the select below;
         // it forwards what each notification asks for, or a sweep for one it cannot read or a failure.
         let (wake_tx, mut wake) = mpsc::unbounded_channel::<Wake>();
@@ -325,12 +336,18 @@ impl Dispatcher {
             let pass = if sweep {
                 sweep = false;
                 last_sweep = tokio::time::Instant::now();
+                let swept_at = Utc::now();
+                // Due schedules enqueue their tick's job first, so that this sweep relays it; sleep for the next tick.
+                let next_tick = crate::schedule::fire_for_sweep(&self.pool).await;
                 let pass = self.dispatch_once().await;
                 next_due = match claim::next_due_at(&self.pool).await {
                     // A job that fell due during the sweep is swept for at once, unless the sweep found nothing
                     // to claim (the job is held for a moment by someone else): then shortly after, not in a spin.
                     Ok(Some(due)) if due <= Utc::now() && matches!(pass, Ok(DispatchOutcome::Idle)) => {
-                        Some(Utc::now() + chrono::Duration::milliseconds(10))
+                        // One already due before this sweep and still not claimed waits for a reason that a moment
+                        // does not change (its workspace's window is full, a pause holds it, another dispatcher has
+                        // it): the next notification or sweep, not a spin.
+                        (due > swept_at).then(|| Utc::now() + chrono::Duration::milliseconds(10))
                     }
                     Ok(due) => due,
                     Err(e) => {
@@ -338,6 +355,7 @@ impl Dispatcher {
                         None
                     }
                 };
+                next_due = crate::schedule::sooner(next_due, next_tick);
                 pass
             } else {
                 // Named workspaces are a trickle (an event or a few each): as few statements as can be.

@@ -9,9 +9,21 @@
 //!
 //! The job calls the provider with the operation id as its idempotency key, then records the result and the task's one
 //! ledger row (`ai_usage_ledger`, unique per task) in the job's transaction: a task is charged once however often it
-//! runs. A task that ends without a result (refused by the provider, out of attempts, canceled) is not charged, and
-//! its reservation is given back by the next reservation of its month ([`create_tx`]); a replayed dead letter reserves
-//! its price again before it calls the provider ([`reserve_again`]).
+//! runs.
+//!
+//! Before each provider call the job counts it as started, in a transaction of its own committed before the call
+//! ([`start_provider_call`]); after a call the provider surely did not run (a refusal, a `429`, no connection) it
+//! counts that too ([`provider_call_not_run`]). A task that ends without a result (refused, out of attempts, canceled)
+//! has its reservation given back by the next reservation of its month ([`create_tx`]) only if none of its calls may
+//! have run: a task canceled or dead-lettered after a call that may have run may have been charged by the provider, so
+//! it keeps its credits (its ledger row is written if a replay of it runs again: the same key answers the provider's
+//! first result). Cancelling a running task therefore never gives credits back for a charge the provider made, and the
+//! provider's charges for a workspace never exceed the credits reserved.
+//!
+//! A dead letter replayed after its reservation was given back reserves its price again before it calls the provider
+//! ([`reserve_again`]), in the task's original month (`ai_tasks.month`, the month it was created in), not the month of
+//! the replay: a task replayed in a later month counts against the credits of the month it was created in (and is
+//! refused if that month's credits are used up), and the later month's credits are untouched.
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
@@ -269,7 +281,7 @@ pub enum CreateError {
 
 /// Reserves `credits` from the workspace's credits of the current month (UTC), at most `credits_limit` in all: the
 /// month's row is locked first, so concurrent reservations queue behind each other. Gives back, first, the credits of
-/// the month's tasks that ended without a charge. Answers the month.
+/// the month's tasks that ended without a charge and without a provider call that may have run. Answers the month.
 async fn reserve_tx(
     tx: &mut WorkspaceTx,
     workspace_id: WorkspaceId,
@@ -290,6 +302,7 @@ async fn reserve_tx(
              UPDATE ai_tasks t SET reservation = 'released', updated_at = now()
              FROM operations o
              WHERE t.workspace_id = $1 AND t.month = $2 AND t.reservation = 'held'
+               AND t.provider_calls_started = t.provider_calls_not_run
                AND o.id = t.operation_id AND o.status IN ('failed', 'canceled')
              RETURNING t.credits
          )
@@ -416,7 +429,8 @@ pub async fn load_for_run_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Ta
 }
 
 /// Reserves again the price of a task whose reservation was given back (a dead letter replayed), in a transaction of
-/// its own, before the provider is called: `false` when the month's credits can no longer cover it.
+/// its own, before the provider is called: `false` when the credits of the task's month can no longer cover it. The
+/// month is the task's own (the one it was created in), whenever the replay runs.
 pub async fn reserve_again(
     pool: &PgPool,
     workspace_id: WorkspaceId,
@@ -454,6 +468,39 @@ pub async fn reserve_again(
     }
     tx.commit().await?;
     Ok(true)
+}
+
+/// Counts a provider call of task `id` as started, in a transaction of its own committed before the call: from then on
+/// its reservation is never given back unless the call turns out not to have run. `false` when the task holds no
+/// reservation (given back because its operation ended, or charged meanwhile): the provider must not be called.
+pub async fn start_provider_call(pool: &PgPool, workspace_id: WorkspaceId, id: Uuid) -> Result<bool, sqlx::Error> {
+    let mut tx = crate::db::begin_workspace(pool, workspace_id).await?;
+    let started = sqlx::query(
+        "UPDATE ai_tasks SET provider_calls_started = provider_calls_started + 1, updated_at = now()
+         WHERE id = $1 AND reservation = 'held'",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    tx.commit().await?;
+    Ok(started)
+}
+
+/// Counts a started provider call of task `id` that surely did not run (refused, rate-limited, never connected), in a
+/// transaction of its own: once every started call is so counted, the task's reservation may be given back again.
+pub async fn provider_call_not_run(pool: &PgPool, workspace_id: WorkspaceId, id: Uuid) -> Result<(), sqlx::Error> {
+    let mut tx = crate::db::begin_workspace(pool, workspace_id).await?;
+    sqlx::query(
+        "UPDATE ai_tasks SET provider_calls_not_run = provider_calls_not_run + 1, updated_at = now()
+         WHERE id = $1 AND provider_calls_not_run < provider_calls_started",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Records the provider's answer for task `id` with its one ledger row, in the job's transaction: `None` when the task

@@ -253,8 +253,8 @@ pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<AssetTransf
 /// What the job needs of a transfer.
 #[derive(Clone, Debug)]
 pub struct Job {
-    /// The source.
-    pub source_url: String,
+    /// The source; `None` once the transfer ended (it is cleared then: a presigned URL carries a token).
+    pub source_url: Option<String>,
     /// The media's file name.
     pub filename: String,
     /// Who asked (the media's creator).
@@ -267,7 +267,7 @@ pub struct Job {
 
 /// The transfer `id` as the job sees it.
 pub async fn job_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Job>, sqlx::Error> {
-    type JobRow = (String, String, Uuid, String, i64, i32, Option<i64>, Option<String>, Option<String>);
+    type JobRow = (Option<String>, String, Uuid, String, i64, i32, Option<i64>, Option<String>, Option<String>);
     let row: Option<JobRow> = sqlx::query_as(
         "SELECT source_url, filename, created_by, status, bytes_done, parts, bytes_total, content_type, validator
          FROM asset_transfers WHERE id = $1",
@@ -338,8 +338,9 @@ pub async fn record_part(
     Ok(updated == 1)
 }
 
-/// Marks the transfer `failed` with `code`, in a transaction of its own (the job's own rolls back on failure). A
-/// transfer that already ended stays as it is.
+/// Marks the transfer `failed` with `code`, in a transaction of its own (the job's own rolls back on failure), and
+/// forgets its source URL. A transfer that already ended stays as it is. `detail` is shown to clients: a fixed text,
+/// never an address or a storage or database error.
 pub async fn fail(
     pool: &PgPool,
     workspace: WorkspaceId,
@@ -349,7 +350,8 @@ pub async fn fail(
 ) -> Result<(), sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     sqlx::query(
-        "UPDATE asset_transfers SET status = 'failed', error_code = $2, error_detail = $3, updated_at = now()
+        "UPDATE asset_transfers SET status = 'failed', error_code = $2, error_detail = $3, source_url = NULL,
+                updated_at = now()
          WHERE id = $1 AND status IN ('queued', 'transferring')",
     )
     .bind(id)
@@ -361,7 +363,7 @@ pub async fn fail(
 }
 
 /// Completes the transfer in the job's transaction: the stored object becomes a `processing` media (which queues
-/// `media.process`) and the transfer `completed` with its sha256 and media. `None` when the transfer is no longer
+/// `media.process`) and the transfer `completed` with its sha256 and media; its source URL is forgotten. `None` when the transfer is no longer
 /// `transferring`.
 #[allow(clippy::too_many_arguments)]
 pub async fn complete_tx(
@@ -397,7 +399,7 @@ pub async fn complete_tx(
     sqlx::query(
         "UPDATE asset_transfers
          SET status = 'completed', sha256 = $2, media_id = $3, bytes_done = $4, bytes_total = $4,
-             completed_at = now(), updated_at = now()
+             source_url = NULL, completed_at = now(), updated_at = now()
          WHERE id = $1",
     )
     .bind(id)

@@ -1,14 +1,20 @@
-//! Listings: a product of a workspace (title, description, price, media) and its first publication to the
-//! marketplace of its store.
+//! Listings: a product of a workspace (title, description, price, media) and its publication to the marketplace of
+//! its store, as one marketplace product, ever.
 //!
 //! Publishing writes, in the caller's transaction and under row locks on the listing, its store and its media: the
-//! listing's one `listing.publish` operation (a conditional update only the first publish can make; migration 0012
-//! keeps it from ever changing), the operation and its outbox event. The job then creates the product on the
-//! marketplace with the operation id as idempotency key, and records the product's id in its own transaction.
+//! listing's `listing.publish` operation, the operation and its outbox event. The first publication also fixes the
+//! listing's `publication_key` (its operation's id), the marketplace idempotency key of every publication of the
+//! listing. The job creates the product on the marketplace with that key and records the product's id in its own
+//! transaction.
 //!
 //! A listing reads `publish_failed` when its publication's operation ended without success (refused by the
 //! marketplace, out of attempts, canceled): the platform records those ends on the operation, in a transaction the
-//! handler's writes do not survive, so the listing's status is derived from it rather than written twice.
+//! handler's writes do not survive, so the listing's status is derived from it rather than written twice. Such a
+//! listing may be published again, by a new operation; since the key stays the listing's, a product the marketplace
+//! made for a call whose answer was lost (a publication canceled mid-call) is the product the new publication gets back
+//! and records. A publication that is queued, running or done answers `AlreadyPublished`; migration 0019 lets
+//! `publish_operation_id` change only away from an operation that ended `failed` or `canceled`, and never the key or the
+//! product.
 
 use chrono::{DateTime, Utc};
 use serde::{Serialize, Serializer};
@@ -196,7 +202,7 @@ pub enum ListingStatus {
     Publishing,
     /// On the marketplace: `marketplace_product_id` is set.
     Published,
-    /// Its publication ended without success (see `publish_error`); a listing is published at most once.
+    /// Its publication ended without success (see `publish_error`); it may be published again.
     PublishFailed,
 }
 
@@ -219,7 +225,7 @@ pub struct Listing {
     pub media_ids: Vec<Uuid>,
     /// The marketplace's id of its product, once published.
     pub marketplace_product_id: Option<String>,
-    /// Its one `listing.publish` operation, once publishing was asked for.
+    /// Its latest `listing.publish` operation, once publishing was asked for.
     pub publish_operation_id: Option<Uuid>,
     /// Why the publication failed (redacted), when it did.
     pub publish_error: Option<String>,
@@ -370,7 +376,7 @@ pub enum PublishError {
     /// The workspace has no such listing.
     #[error("listing not found")]
     NotFound,
-    /// Its one publication is already queued or done.
+    /// A publication of it is queued, running or done.
     #[error("the listing's publication {operation_id} is already queued or done; a listing is published once")]
     AlreadyPublished {
         /// That publication's operation.
@@ -393,24 +399,37 @@ pub enum PublishError {
     Database(#[from] sqlx::Error),
 }
 
-/// Queues the first (and only) publication of listing `id`: checks, under row locks held to the commit, that no
-/// publication exists, that the store is `active` and every media `ready`; then writes the operation, its outbox
-/// event and the listing's `publishing` state.
+/// Queues a publication of listing `id`: checks, under row locks held to the commit, that the listing has no
+/// publication or only one that ended `failed`/`canceled` without a product, that the store is `active` and every
+/// media `ready`; then writes the operation, its outbox event and the listing's `publishing` state (and, the first
+/// time, its `publication_key`).
 pub async fn publish_tx(
     tx: &mut WorkspaceTx,
     principal: &Principal,
     id: Uuid,
     traceparent: Option<String>,
 ) -> Result<Publication, PublishError> {
-    // Concurrent publishes of the listing queue up here; each later one reads the operation the first one set.
-    let listing: Option<(Uuid, Option<Uuid>)> =
-        sqlx::query_as("SELECT store_id, publish_operation_id FROM listings WHERE id = $1 FOR UPDATE")
-            .bind(id)
-            .fetch_optional(&mut **tx)
-            .await?;
-    let (store_id, existing) = listing.ok_or(PublishError::NotFound)?;
+    // Concurrent publishes of the listing queue up here; each later one reads the operation the first one set. An
+    // operation that ended `failed` or `canceled` stays so (only a dead-letter replay revives one, and its job then
+    // finds another publication on the listing and stops).
+    // (The operation is read after the lock, not joined to it: a join would be re-checked against the operation row
+    // read before the wait.)
+    let listing: Option<(Uuid, Option<Uuid>, bool)> = sqlx::query_as(
+        "SELECT store_id, publish_operation_id, marketplace_product_id IS NOT NULL FROM listings WHERE id = $1
+         FOR UPDATE",
+    )
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let (store_id, existing, has_product) = listing.ok_or(PublishError::NotFound)?;
     if let Some(operation_id) = existing {
-        return Err(PublishError::AlreadyPublished { operation_id });
+        let (status,): (String,) = sqlx::query_as("SELECT status FROM operations WHERE id = $1")
+            .bind(operation_id)
+            .fetch_one(&mut **tx)
+            .await?;
+        if has_product || !matches!(status.as_str(), "failed" | "canceled") {
+            return Err(PublishError::AlreadyPublished { operation_id });
+        }
     }
     // FOR SHARE: a verification or new credentials cannot change the store's status before this commits.
     let (store_status,): (String,) =
@@ -444,11 +463,13 @@ pub async fn publish_tx(
         other => sqlx::Error::Protocol(other.to_string()),
     })?;
     let updated = sqlx::query(
-        "UPDATE listings SET status = 'publishing', publish_operation_id = $2, updated_at = now()
-         WHERE id = $1 AND publish_operation_id IS NULL",
+        "UPDATE listings SET status = 'publishing', publish_operation_id = $2,
+                             publication_key = coalesce(publication_key, $2), updated_at = now()
+         WHERE id = $1 AND publish_operation_id IS NOT DISTINCT FROM $3",
     )
     .bind(id)
     .bind(operation.id)
+    .bind(existing)
     .execute(&mut **tx)
     .await?;
     if updated.rows_affected() != 1 {
@@ -463,7 +484,8 @@ pub async fn publish_tx(
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum PublishOutcome {
-    /// The marketplace made (or had made, for this operation) the product; the listing is `published`.
+    /// The marketplace made (or had made, for the listing's publication key) the product; the listing is
+    /// `published`.
     Published {
         /// The marketplace's id of the product.
         marketplace_product_id: String,
@@ -503,6 +525,7 @@ struct PublishRow {
     price_minor: i64,
     currency: String,
     publish_operation_id: Option<Uuid>,
+    publication_key: Option<Uuid>,
     marketplace_product_id: Option<String>,
     media_ids: Vec<Uuid>,
     nonce: Vec<u8>,
@@ -510,7 +533,9 @@ struct PublishRow {
 }
 
 /// Creates listing `listing_id`'s product on its store's marketplace and records it `published`, in the job's
-/// transaction. `token` (the operation id) is the marketplace's idempotency key, so a repeat makes no second product.
+/// transaction, if `operation_id` is the listing's current publication. The listing's `publication_key` (its first
+/// publication's operation id) is the marketplace's idempotency key, whichever publication runs: a repeat, or a later
+/// publication after one canceled mid-call, makes no second product and records the first one.
 pub async fn publish_to_marketplace_tx(
     tx: &mut WorkspaceTx,
     sealer: &Sealer,
@@ -518,11 +543,10 @@ pub async fn publish_to_marketplace_tx(
     workspace_id: Uuid,
     listing_id: Uuid,
     operation_id: Option<Uuid>,
-    token: &str,
 ) -> Result<PublishOutcome, PublishJobError> {
     let row = sqlx::query_as::<_, PublishRow>(
         "SELECT l.store_id, l.title, l.description, l.price_minor, l.currency, l.publish_operation_id,
-                l.marketplace_product_id,
+                l.publication_key, l.marketplace_product_id,
                 ARRAY(SELECT m.media_id FROM listing_media m WHERE m.listing_id = l.id ORDER BY m.position)
                     AS media_ids,
                 c.nonce, c.ciphertext
@@ -539,6 +563,7 @@ pub async fn publish_to_marketplace_tx(
     if let Some(marketplace_product_id) = row.marketplace_product_id {
         return Ok(PublishOutcome::AlreadyPublished { marketplace_product_id });
     }
+    let key = row.publication_key.ok_or(PublishJobError::NotThisPublication)?.to_string();
     let plain = sealer
         .open(&row.nonce, &row.ciphertext, &credentials_aad(workspace_id, row.store_id))
         .map_err(|_| PublishJobError::Unreadable)?;
@@ -551,16 +576,19 @@ pub async fn publish_to_marketplace_tx(
         currency: price.currency,
         media_ids: row.media_ids,
     };
-    let created = marketplace.create_product(token, credentials.fields(), &product).await?;
-    sqlx::query(
+    let created = marketplace.create_product(&key, credentials.fields(), &product).await?;
+    let recorded = sqlx::query(
         "UPDATE listings SET status = 'published', marketplace_product_id = $3, published_at = now(), updated_at = now()
-         WHERE id = $1 AND publish_operation_id = $2",
+         WHERE id = $1 AND publish_operation_id = $2 AND marketplace_product_id IS NULL",
     )
     .bind(listing_id)
     .bind(operation_id)
     .bind(&created.id)
     .execute(&mut **tx)
     .await?;
+    if recorded.rows_affected() != 1 {
+        return Err(PublishJobError::NotThisPublication);
+    }
     Ok(PublishOutcome::Published { marketplace_product_id: created.id })
 }
 

@@ -1,5 +1,6 @@
-//! `/v1/listings`: listings and their first publication. Both writes are idempotent; publishing starts a
-//! `listing.publish` job.
+//! `/v1/listings`: listings and their publication. Both writes are idempotent; publishing starts a `listing.publish`
+//! job. A listing whose publication is queued, running or done answers `409 LISTING_ALREADY_PUBLISHED` (naming that
+//! operation); a `publish_failed` one may be published again, as the same marketplace product.
 //!
 //! A `store_id` or media id of the body that the workspace does not have answers `422` (`STORE_NOT_FOUND`,
 //! `MEDIA_NOT_FOUND`): the request's resource is the new listing, and what it names is part of its content. Ids of

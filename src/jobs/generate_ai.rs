@@ -60,17 +60,34 @@ impl Handler<GenerateAi> for GenerateAiHandler {
             }
             Reservation::Held => {}
         }
-        // A canceled job stops waiting for the provider; nothing is recorded, so the task is not charged (a charge the
-        // provider made meanwhile belongs to the key, and a replay of the task is answered it).
+        // Counted (and committed) before the call: a task canceled or dead-lettered from now on may have been charged
+        // by the provider, so it keeps its reservation whatever becomes of this run.
+        if !ai_tasks::start_provider_call(&self.pool, workspace_id, job.task_id).await? {
+            return Err(JobError::retryable("the task's reservation was given back or charged meanwhile"));
+        }
+        // A canceled job stops waiting for the provider; nothing is recorded, and the task keeps its credits (a charge
+        // the provider made meanwhile belongs to the key, and a replay of the task is answered it).
         let generated = tokio::select! {
             generated = self.provider.generate(&token, task.kind, &task.input) => generated,
             _ = canceled.cancelled() => return Err(JobError::Canceled),
-        }
-        .map_err(|e| match e {
-            AiError::Transient(m) => JobError::Retryable(m),
-            AiError::RetryAfter { reason, after } => JobError::retry_after(reason, after),
-            AiError::Refused(m) => JobError::Permanent(format!("the AI provider refused the task: {m}")),
-        })?;
+        };
+        let generated = match generated {
+            Ok(generated) => generated,
+            Err(e) => {
+                if !e.may_have_run() {
+                    ai_tasks::provider_call_not_run(&self.pool, workspace_id, job.task_id).await?;
+                }
+                return Err(match e {
+                    AiError::Transient(m) => JobError::Retryable(m),
+                    AiError::RetryAfter { reason, after } | AiError::NotRun { reason, after: Some(after) } => {
+                        JobError::retry_after(reason, after)
+                    }
+                    AiError::NotRun { reason, after: None } => JobError::Retryable(reason),
+                    AiError::Refused(m) => JobError::Permanent(format!("the AI provider refused the task: {m}")),
+                    AiError::Malformed(m) => JobError::Permanent(format!("the AI provider's answer: {m}")),
+                });
+            }
+        };
         let cost = ai_tasks::record_result_tx(cx.tx().await?, job.task_id, &generated)
             .await?
             .ok_or_else(|| JobError::retryable("the task's reservation was given back meanwhile"))?;

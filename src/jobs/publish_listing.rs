@@ -11,7 +11,7 @@ use crate::domain::listings::{self, PublishJobError};
 use crate::sealing::Sealer;
 use crate::{Handler, JobContext, JobError, JobKind};
 
-/// Publish a listing for the first time. Ids only: the worker reads the listing and the store's sealed credentials
+/// Publish a listing (the first time, or again after a publication that ended without success). Ids only: the worker reads the listing and the store's sealed credentials
 /// inside the job's workspace transaction.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,8 +39,8 @@ pub struct PublishListingHandler {
 
 impl Handler<PublishListing> for PublishListingHandler {
     async fn handle(&self, job: PublishListing, cx: &mut JobContext) -> Result<serde_json::Value, JobError> {
-        // The operation id: however often this job runs, the marketplace makes one product for it.
-        let token = cx.idempotency_token();
+        // The marketplace's idempotency key is the listing's publication key (its first publication's operation id), so
+        // however often this job runs, and whichever publication of the listing runs it, one product is made.
         let operation_id = cx.operation_id();
         let workspace_id = cx.workspace_id().0;
         let canceled = cx.cancellation().clone();
@@ -51,16 +51,18 @@ impl Handler<PublishListing> for PublishListingHandler {
             workspace_id,
             job.listing_id,
             operation_id,
-            &token,
         );
-        // A canceled job stops waiting for the marketplace; its writes roll back (a product the marketplace made
-        // meanwhile stays one product: the listing can never be published again).
+        // A canceled job stops waiting for the marketplace; its writes roll back. A product the marketplace made
+        // meanwhile is the one a later publication of the listing (same key) gets back and records.
         let outcome = tokio::select! {
             published = publishing => published,
             _ = canceled.cancelled() => return Err(JobError::Canceled),
         }
         .map_err(|e| match e {
             PublishJobError::Marketplace(MarketplaceError::Transient(m)) => JobError::Retryable(m),
+            PublishJobError::Marketplace(MarketplaceError::RetryAfter { reason, after }) => {
+                JobError::retry_after(reason, after)
+            }
             PublishJobError::Marketplace(MarketplaceError::Permanent(m)) => {
                 JobError::Permanent(format!("the marketplace refused the product: {m}"))
             }

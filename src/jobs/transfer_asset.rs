@@ -14,10 +14,10 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::adapters::fetch::{FetchError, Fetcher, PartSink, Progress, SinkError};
+use crate::adapters::fetch::{self, FetchError, Fetcher, PartSink, Progress, SinkError};
 use crate::domain::asset_transfers::{self, object_key, part_key};
 use crate::ids::WorkspaceId;
-use crate::storage::ObjectStorage;
+use crate::storage::{ObjectStorage, StorageError};
 use crate::{Handler, JobContext, JobError, JobKind};
 
 /// Transfer one asset. Ids only: the worker reads the source URL inside the job's workspace transaction.
@@ -59,27 +59,56 @@ impl Handler<TransferAsset> for TransferAssetHandler {
             _ => {}
         }
 
+        let source_url = transfer
+            .source_url
+            .clone()
+            .ok_or_else(|| JobError::permanent("the asset transfer has no source URL any more"))?;
         let mut progress = transfer.progress.clone();
         let cancel = cx.cancellation().clone();
-        let mut sink = TransferSink {
-            pool: &self.progress_pool,
-            storage: &self.storage,
-            workspace,
-            id,
-            cx: &*cx,
-            stored_parts: progress.parts,
-            shown_at: None,
+        let mut stored_parts = progress.parts;
+        // A second pass only when a stored part went missing: the download starts over from zero.
+        let (size, sha256) = loop {
+            let mut sink = TransferSink {
+                pool: &self.progress_pool,
+                storage: &self.storage,
+                workspace,
+                id,
+                cx: &*cx,
+                stored_parts,
+                shown_at: None,
+            };
+            let downloaded = self.fetcher.download(&source_url, &mut progress, &mut sink, &cancel).await;
+            stored_parts = sink.stored_parts.max(progress.parts);
+            if let Err(e) = downloaded {
+                return Err(self.failed(cx, id, stored_parts, e).await);
+            }
+            match asset_transfers::assemble(&self.storage, workspace, id, &progress).await {
+                Ok(assembled) => break assembled,
+                Err(StorageError::NotFound(missing)) if progress.bytes_done > 0 => {
+                    // A part recorded as stored is gone (deleted by hand, or by a run that died between deleting
+                    // and resetting): waiting cannot bring it back. Start over, progress reset first.
+                    tracing::warn!(asset_transfer_id = %id, missing, "A stored part is missing; downloading again");
+                    progress = Progress::default();
+                    let mut sink = TransferSink {
+                        pool: &self.progress_pool,
+                        storage: &self.storage,
+                        workspace,
+                        id,
+                        cx: &*cx,
+                        stored_parts,
+                        shown_at: None,
+                    };
+                    if let Err(e) = sink.begin(&progress, true).await {
+                        return Err(self.failed(cx, id, stored_parts, e.into()).await);
+                    }
+                    stored_parts = 0;
+                }
+                Err(e) => return Err(storage_unavailable(id, e)),
+            }
         };
-        let downloaded = self.fetcher.download(&transfer.source_url, &mut progress, &mut sink, &cancel).await;
-        let stored_parts = sink.stored_parts.max(progress.parts);
-        if let Err(e) = downloaded {
-            return Err(self.failed(cx, id, stored_parts, e).await);
-        }
-
         let object = object_key(workspace, id);
-        let (size, sha256) =
-            asset_transfers::assemble(&self.storage, workspace, id, &progress).await.map_err(JobError::retryable)?;
         if size != progress.bytes_done {
+            tracing::warn!(asset_transfer_id = %id, size, bytes_done = progress.bytes_done, "Stored size differs");
             return Err(JobError::Retryable(format!("stored {size} bytes, downloaded {}", progress.bytes_done)));
         }
         let traceparent = Some(cx.traceparent().to_owned());
@@ -144,20 +173,24 @@ impl TransferAssetHandler {
                 }
                 return JobError::Canceled;
             }
-            e if e.is_retryable() && cx.attempt() < cx.max_attempts() => return JobError::Retryable(e.to_string()),
+            e if e.is_retryable() && cx.attempt() < cx.max_attempts() => {
+                tracing::info!(asset_transfer_id = %id, code = e.code(), error = %e, "Asset transfer run failed");
+                return JobError::Retryable(e.detail());
+            }
             _ => {}
         }
         tracing::info!(asset_transfer_id = %id, code = e.code(), error = %e, "Asset transfer failed");
-        if let Err(db) = asset_transfers::fail(&self.progress_pool, workspace, id, e.code(), &e.to_string()).await {
-            return JobError::Retryable(format!("database: {db}"));
+        if let Err(db) = asset_transfers::fail(&self.progress_pool, workspace, id, e.code(), &e.detail()).await {
+            tracing::warn!(asset_transfer_id = %id, error = %db, "Failed to record the transfer's failure");
+            return JobError::Retryable(fetch::STORAGE_DETAIL.to_owned());
         }
         for index in 0..stored_parts {
             let _ = self.storage.delete(&part_key(workspace, id, index)).await;
         }
         match e {
             FetchError::Sink(SinkError::Canceled) => JobError::Canceled,
-            e if e.is_retryable() => JobError::Retryable(e.to_string()),
-            e => JobError::Permanent(format!("{}: {e}", e.code())),
+            e if e.is_retryable() => JobError::Retryable(e.detail()),
+            e => JobError::Permanent(format!("{}: {}", e.code(), e.detail())),
         }
     }
 }
@@ -171,6 +204,12 @@ impl TransferAssetHandler {
         let _ = tx.rollback().await;
         status.as_deref() == Some("canceled")
     }
+}
+
+/// A storage failure as the job's (retryable) error: the specifics are logged, the operation shows a fixed text.
+fn storage_unavailable(id: Uuid, e: StorageError) -> JobError {
+    tracing::warn!(asset_transfer_id = %id, error = %e, "Object storage failed");
+    JobError::Retryable(fetch::STORAGE_DETAIL.to_owned())
 }
 
 /// Stores a transfer's parts and commits its progress after each.
@@ -195,15 +234,17 @@ fn sink_failed(e: impl std::fmt::Display) -> SinkError {
 
 impl PartSink for TransferSink<'_> {
     async fn begin(&mut self, progress: &Progress, restarted: bool) -> Result<(), SinkError> {
+        // The progress first, then the deletes: a run dying in between leaves stray objects (overwritten or deleted
+        // later), never recorded parts that are gone.
+        if !asset_transfers::begin(self.pool, self.workspace, self.id, progress).await.map_err(sink_failed)? {
+            return Err(SinkError::Canceled);
+        }
         if restarted {
             for index in 0..self.stored_parts {
                 self.storage.delete(&part_key(self.workspace, self.id, index)).await.map_err(sink_failed)?;
             }
             self.storage.delete(&object_key(self.workspace, self.id)).await.map_err(sink_failed)?;
             self.stored_parts = 0;
-        }
-        if !asset_transfers::begin(self.pool, self.workspace, self.id, progress).await.map_err(sink_failed)? {
-            return Err(SinkError::Canceled);
         }
         Ok(())
     }

@@ -61,6 +61,9 @@ impl Handler<VerifyCredentials> for VerifyCredentialsHandler {
         }
         .map_err(|e| match e {
             VerifyError::Marketplace(MarketplaceError::Transient(m)) => JobError::Retryable(m),
+            VerifyError::Marketplace(MarketplaceError::RetryAfter { reason, after }) => {
+                JobError::retry_after(reason, after)
+            }
             VerifyError::Marketplace(MarketplaceError::Permanent(m)) => JobError::Permanent(m),
             VerifyError::Unreadable => JobError::Permanent(e.to_string()),
             VerifyError::Database(e) => JobError::Retryable(format!("database: {e}")),

@@ -13,8 +13,9 @@
 //!   content-type allow-list ([`CONTENT_TYPES`]).
 //! - **Resumable.** Bytes are handed to a [`PartSink`] in parts of `part_size` as they arrive, and the [`Progress`]
 //!   (bytes and parts stored, total, validator) is what a later run resumes from: it asks for `Range: bytes=<done>-`
-//!   with `If-Range: <validator>`; a `206` continues, a `200` (the source changed, or ignores ranges) starts over
-//!   cleanly. A connection dropped mid-body is resumed at once, a bounded number of times without progress.
+//!   with `If-Range: <validator>`, only when the source gave a validator (a strong `ETag`, else `Last-Modified`);
+//!   without one it asks for the whole file again. A `206` continues only when its validator, start and total are
+//!   those stored; any other `206`, or a `200` (the source changed, or ignores ranges), starts over cleanly. A connection dropped mid-body is resumed at once, a bounded number of times without progress.
 
 mod policy;
 mod resolver;
@@ -79,7 +80,14 @@ impl FetchSettings {
     }
 }
 
-/// Why a download failed. [`FetchError::code`] is the transfer's error code.
+/// What a client is told of a refused address found by the worker (a name's resolution, a redirect).
+pub const FORBIDDEN_DETAIL: &str = "the source's address is not allowed";
+
+/// What a client is told when storing a download failed.
+pub const STORAGE_DETAIL: &str = "storage unavailable";
+
+/// Why a download failed. [`FetchError::code`] is the transfer's error code; [`FetchError::detail`] what clients
+/// see.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// Not an acceptable URL (scheme, userinfo, length, no host).
@@ -126,6 +134,17 @@ impl FetchError {
             Self::Rejected(_) | Self::Unavailable(_) => "SOURCE_UNAVAILABLE",
             Self::Sink(SinkError::Canceled) | Self::Canceled => "CANCELED",
             Self::Sink(_) => "STORAGE_UNAVAILABLE",
+        }
+    }
+
+    /// The text a client sees (a transfer's `error.detail`, its operation's error): a fixed text where the error's own
+    /// would reveal internals (the address a name resolves to, a redirect's target, storage or database errors).
+    /// The full error is for logs.
+    pub fn detail(&self) -> String {
+        match self {
+            Self::Forbidden(_) => FORBIDDEN_DETAIL.to_owned(),
+            Self::Sink(SinkError::Failed(_)) => STORAGE_DETAIL.to_owned(),
+            other => other.to_string(),
         }
     }
 
@@ -291,10 +310,24 @@ impl Fetcher {
         let resuming = progress.bytes_done > 0;
         let status = response.status();
         let (total, restarted) = match status {
-            StatusCode::PARTIAL_CONTENT if resuming => match content_range(response.headers()) {
-                Some((start, total)) if start == progress.bytes_done => (total, false),
-                _ => return self.start_over(progress, sink, "the source answered another range").await,
-            },
+            StatusCode::PARTIAL_CONTENT if resumable(progress) => {
+                // The rest of the same file only: the range asked for, the same total, the same validator. Anything
+                // else would splice two versions of the file.
+                let same_file = validator(response.headers()) == progress.validator;
+                match content_range(response.headers()) {
+                    Some((start, total))
+                        if same_file
+                            && start == progress.bytes_done
+                            && (progress.bytes_total.is_none() || total == progress.bytes_total) =>
+                    {
+                        (total, false)
+                    }
+                    _ => return self.start_over(progress, sink, "the source answered another range or version").await,
+                }
+            }
+            StatusCode::PARTIAL_CONTENT => {
+                return self.start_over(progress, sink, "the source answered a range it was not asked for").await;
+            }
             StatusCode::OK => (response.content_length(), resuming),
             StatusCode::RANGE_NOT_SATISFIABLE if resuming => {
                 return self.start_over(progress, sink, "the source cannot continue the download").await;
@@ -348,7 +381,7 @@ impl Fetcher {
                     if !buffer.is_empty() {
                         store(progress, sink, buffer.split().freeze()).await?;
                     }
-                    return Err(Pass::Dropped(format!("the connection dropped: {}", error_chain(&e))));
+                    return Err(Pass::Dropped(format!("the connection dropped: {}", error_chain(&e.without_url()))));
                 }
             }
         }
@@ -384,7 +417,9 @@ impl Fetcher {
         let mut redirects = 0;
         loop {
             let mut request = self.client.get(url.clone());
-            if progress.bytes_done > 0 {
+            // Without a validator the source cannot tell us whether the file changed since the stored bytes: ask for
+            // the whole file (a `200` starts over) rather than risk splicing two versions.
+            if resumable(progress) {
                 request = request.header(header::RANGE, format!("bytes={}-", progress.bytes_done));
                 if let Some(validator) = &progress.validator {
                     request = request.header(header::IF_RANGE, validator);
@@ -416,6 +451,12 @@ impl Fetcher {
             })?;
         }
     }
+}
+
+/// Whether a download may continue with `Range`: bytes are stored and the source gave a validator (a strong `ETag`
+/// or `Last-Modified`) for `If-Range` and for checking the `206`.
+fn resumable(progress: &Progress) -> bool {
+    progress.bytes_done > 0 && progress.validator.is_some()
 }
 
 /// Stores one part and counts it.
@@ -523,6 +564,16 @@ mod tests {
         let open = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]);
         assert!(check_source_url("http://127.0.0.1:8080/x", &open).is_ok());
         assert!(check_source_url("http://[::ffff:127.0.0.1]/", &open).is_err());
+    }
+
+    #[test]
+    fn client_details_reveal_no_address_nor_storage_error() {
+        let forbidden = FetchError::Forbidden("files.internal resolves to 10.0.0.7, a private address".into());
+        assert_eq!(forbidden.detail(), FORBIDDEN_DETAIL);
+        assert!(forbidden.to_string().contains("10.0.0.7"), "the full text stays for logs");
+        let storage = FetchError::Sink(SinkError::Failed("error returned from database: relation \"x\"".into()));
+        assert_eq!((storage.code(), storage.detail().as_str()), ("STORAGE_UNAVAILABLE", STORAGE_DETAIL));
+        assert_eq!(FetchError::Rejected(404).detail(), "the source answered 404");
     }
 
     #[test]

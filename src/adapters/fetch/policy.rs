@@ -3,7 +3,9 @@
 //!
 //! `CONVEYOR_ASSET_ALLOWED_NETWORKS` opens CIDRs (development, tests). An allowed network is matched against the
 //! address exactly as resolved: `127.0.0.0/8` opens `127.0.0.1` but not its IPv4-mapped form `::ffff:127.0.0.1`,
-//! which stays refused.
+//! which stays refused. Cloud metadata addresses (`169.254.169.254`, `168.63.129.16`, `fd00:ec2::254`, and every
+//! IPv6 form embedding one) are refused unconditionally: no allowed network opens them, not even `169.254.0.0/16`
+//! or `0.0.0.0/0` (they hand out the instance's credentials).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -75,8 +77,12 @@ impl AddressPolicy {
         Self { allowed }
     }
 
-    /// `Err` with the reason when a transfer may not connect to `address`.
+    /// `Err` with the reason when a transfer may not connect to `address`. A cloud metadata address is refused
+    /// whatever the allowed networks.
     pub fn check(&self, address: IpAddr) -> Result<(), Refusal> {
+        if default_refusal(address) == Some(Refusal::CloudMetadata) {
+            return Err(Refusal::CloudMetadata);
+        }
         if self.allowed.iter().any(|net| net.contains(&address)) {
             return Ok(());
         }
@@ -356,5 +362,23 @@ mod tests {
         assert_eq!(policy.check("169.254.169.254".parse().unwrap()), Err(Refusal::CloudMetadata));
         assert_eq!(policy.check("8.8.8.8".parse().unwrap()), Ok(()));
         assert_eq!(AddressPolicy::default().check("127.0.0.1".parse().unwrap()), Err(Refusal::Loopback));
+    }
+
+    #[test]
+    fn no_allowed_network_opens_a_cloud_metadata_address() {
+        let everything = AddressPolicy::new(vec![
+            "0.0.0.0/0".parse().unwrap(),
+            "::/0".parse().unwrap(),
+            "169.254.0.0/16".parse().unwrap(),
+            "168.63.129.16/32".parse().unwrap(),
+        ]);
+        for metadata in
+            ["169.254.169.254", "168.63.129.16", "fd00:ec2::254", "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe"]
+        {
+            assert_eq!(everything.check(metadata.parse().unwrap()), Err(Refusal::CloudMetadata), "{metadata}");
+        }
+        // The rest of what they allow is open.
+        assert_eq!(everything.check("169.254.10.10".parse().unwrap()), Ok(()));
+        assert_eq!(everything.check("10.0.0.1".parse().unwrap()), Ok(()));
     }
 }

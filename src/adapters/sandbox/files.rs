@@ -11,7 +11,12 @@
 //!   so that a retry can finish);
 //! - `no_range=true`: ignore `Range` (answer `200` with the whole file);
 //! - `no_length=true`: send no `Content-Length` (a chunked body);
-//! - `redirect_to=<url>`: answer `302` to that URL instead.
+//! - `redirect_to=<url>`: answer `302` to that URL instead;
+//! - `changing=true`: the file changes on every request: request `n` (from 0) for this `name` serves the pattern of
+//!   [`version_name`]`(name, n)` (a test computes it with [`file_bytes`]), with an `ETag` naming the version;
+//! - `no_validator=true`: send neither `ETag` nor `Last-Modified`;
+//! - `ignore_if_range=true`: answer a `Range` with `206` even when `If-Range` names another version (a broken
+//!   origin or cache).
 //!
 //! Every byte handed to the connection counts in [`super::Stats::file_bytes_served`], every request in
 //! [`super::Stats::file_requests`].
@@ -41,6 +46,8 @@ pub(crate) struct FileState {
     dropped: HashSet<String>,
     /// Generated images, by (width, height).
     images: HashMap<(u32, u32), Bytes>,
+    /// Requests served so far of each `changing` name.
+    versions: HashMap<String, u64>,
 }
 
 pub(super) fn routes() -> Router<Sandbox> {
@@ -61,6 +68,17 @@ struct FileQuery {
     #[serde(default)]
     no_length: bool,
     redirect_to: Option<String>,
+    #[serde(default)]
+    changing: bool,
+    #[serde(default)]
+    no_validator: bool,
+    #[serde(default)]
+    ignore_if_range: bool,
+}
+
+/// The pattern name of version `version` of a `changing` file `name`.
+pub fn version_name(name: &str, version: u64) -> String {
+    format!("{name}#v{version}")
 }
 
 /// Bytes `range` of the pattern file `name` (a splitmix64 stream seeded by the name's FNV-1a hash).
@@ -122,6 +140,12 @@ async fn serve(
         inner.stats.file_requests += 1;
         query.drop_after.is_some() && inner.files.dropped.insert(name.clone())
     };
+    let version = query.changing.then(|| {
+        let mut inner = sandbox.0.lock().expect("sandbox lock");
+        let next = inner.files.versions.entry(name.clone()).or_insert(0);
+        *next += 1;
+        *next - 1
+    });
     if let Some(target) = &query.redirect_to {
         return (StatusCode::FOUND, [(header::LOCATION, target.clone())]).into_response();
     }
@@ -135,13 +159,17 @@ async fn serve(
         Some(_) => return (StatusCode::BAD_REQUEST, "format must be png").into_response(),
     };
     let size = image.as_ref().map_or(query.size.unwrap_or(1024 * 1024), |i| i.len() as u64);
-    let etag = format!("\"{name}-{size}-{}\"", query.format.as_deref().unwrap_or("pattern"));
+    let etag = match version {
+        Some(version) => format!("\"{name}-{size}-v{version}\""),
+        None => format!("\"{name}-{size}-{}\"", query.format.as_deref().unwrap_or("pattern")),
+    };
     let content_type = query
         .content_type
         .clone()
         .unwrap_or_else(|| if image.is_some() { "image/png" } else { "application/octet-stream" }.to_owned());
 
-    let if_range_ok = headers.get(header::IF_RANGE).is_none_or(|v| v.to_str().is_ok_and(|v| v == etag));
+    let if_range_ok = query.ignore_if_range
+        || headers.get(header::IF_RANGE).is_none_or(|v| !query.no_validator && v.to_str().is_ok_and(|v| v == etag));
     let range = if query.no_range || !if_range_ok { None } else { requested_range(&headers, size) };
     let (status, range) = match range {
         None => (StatusCode::OK, 0..size),
@@ -152,7 +180,8 @@ async fn serve(
         }
     };
     let drop_after = if drop_now { query.drop_after } else { None };
-    let body = body_stream(sandbox, name, image, range.clone(), query.throttle_kbps, drop_after);
+    let pattern_name = version.map_or_else(|| name.clone(), |version| version_name(&name, version));
+    let body = body_stream(sandbox, pattern_name, image, range.clone(), query.throttle_kbps, drop_after);
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
     let h = response.headers_mut();
@@ -160,9 +189,11 @@ async fn serve(
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(range.end - range.start));
     }
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    h.insert(header::LAST_MODIFIED, HeaderValue::from_static("Tue, 01 Dec 2026 00:00:00 GMT"));
-    if let Ok(v) = HeaderValue::from_str(&etag) {
-        h.insert(header::ETAG, v);
+    if !query.no_validator {
+        h.insert(header::LAST_MODIFIED, HeaderValue::from_static("Tue, 01 Dec 2026 00:00:00 GMT"));
+        if let Ok(v) = HeaderValue::from_str(&etag) {
+            h.insert(header::ETAG, v);
+        }
     }
     if let Ok(v) = HeaderValue::from_str(&content_type) {
         h.insert(header::CONTENT_TYPE, v);

@@ -72,7 +72,8 @@ struct ProductFields {
 /// nothing. The effect comes first and the latency after it, so a caller that dies or gives up while waiting leaves a
 /// product behind, as with a real marketplace whose answer is lost: only the key keeps its retry from making a second
 /// one. Refuses credentials whose `api_key` starts with `invalid` (`401 INVALID_CREDENTIALS`) and a product whose
-/// title starts with `REFUSE` (`422 PRODUCT_REFUSED`); an injected failure (`503`) makes nothing.
+/// title starts with `REFUSE` (`422 PRODUCT_REFUSED`); an injected failure (`503`) makes nothing, and so does a call
+/// rate-limited by `product_rate_limited_calls` (`429` with `Retry-After: product_retry_after_secs`).
 async fn create_product(
     State(sandbox): State<Sandbox>,
     headers: HeaderMap,
@@ -86,10 +87,15 @@ async fn create_product(
         let mut rng = rand::rng();
         (rng.random_bool(settings.error_rate.clamp(0.0, 1.0)), rng.random_bool(settings.timeout_rate.clamp(0.0, 1.0)))
     };
+    let mut retry_after = None;
     let answer = {
         let mut inner = sandbox.0.lock().expect("sandbox lock");
         inner.stats.product_calls += 1;
-        if fail {
+        if inner.settings.product_rate_limited_calls > 0 {
+            inner.settings.product_rate_limited_calls -= 1;
+            retry_after = Some(settings.product_retry_after_secs.max(1));
+            (StatusCode::TOO_MANY_REQUESTS, serde_json::json!({ "code": "RATE_LIMITED" }))
+        } else if fail {
             (StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "code": "UNAVAILABLE" }))
         } else if body.credentials.get("api_key").is_none_or(|k| k.starts_with("invalid")) {
             (StatusCode::UNAUTHORIZED, serde_json::json!({ "code": "INVALID_CREDENTIALS" }))
@@ -110,5 +116,9 @@ async fn create_product(
     if hang {
         tokio::time::sleep(Duration::from_millis(if settings.hang_ms == 0 { 30_000 } else { settings.hang_ms })).await;
     }
-    (answer.0, Json(answer.1)).into_response()
+    let mut response = (answer.0, Json(answer.1)).into_response();
+    if let Some(secs) = retry_after {
+        response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
+    }
+    response
 }

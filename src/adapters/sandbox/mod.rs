@@ -42,6 +42,11 @@ pub struct Settings {
     pub ai_rate_limited_calls: u64,
     /// The `Retry-After` of a rate-limited AI call, in seconds (default 1).
     pub ai_retry_after_secs: u64,
+    /// The next this many product creations answer `429` with `Retry-After: product_retry_after_secs` (counts down;
+    /// nothing made).
+    pub product_rate_limited_calls: u64,
+    /// The `Retry-After` of a rate-limited product creation, in seconds (at least 1).
+    pub product_retry_after_secs: u64,
 }
 
 /// What the sandbox has seen.

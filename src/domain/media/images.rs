@@ -9,13 +9,15 @@
 //! 4. the decoding, under [`image::Limits`] (width, height and allocation bounded by the header's own numbers), so
 //!    even a lying header never makes the decoder allocate more than the limits; a truncated or corrupt file is
 //!    `CORRUPT`;
-//! 5. re-encoding from pixels, which drops every metadata chunk or segment (EXIF, XMP, text, ICC): `thumb` (at most
-//!    [`THUMB_PX`] on the longest side) and `large` (at most [`LARGE_PX`]), never upscaled.
+//! 5. the EXIF orientation applied to the pixels (so derivatives are upright), then re-encoding from pixels, which
+//!    drops every metadata chunk or segment (EXIF, XMP, text, ICC): `thumb` (at most [`THUMB_PX`] on the longest
+//!    side) and `large` (at most [`LARGE_PX`]), never upscaled. The dimensions reported are the upright ones.
 
 use std::io::Cursor;
 
 use bytes::Bytes;
-use image::{DynamicImage, ImageError, ImageFormat, ImageReader};
+use image::metadata::Orientation;
+use image::{DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader};
 
 /// Longest side of `thumb`.
 pub const THUMB_PX: u32 = 256;
@@ -257,12 +259,22 @@ pub fn derive(bytes: &[u8], checked: Checked, limits: ImageLimits) -> Result<Der
     decode_limits.max_image_height = Some(checked.height);
     decode_limits.max_alloc = Some(limits.max_decode_alloc());
     reader.limits(decode_limits);
-    let decoded = reader.decode().map_err(|e| match e {
+    let refusal = |e: ImageError| match e {
         ImageError::Limits(_) => refuse(RejectionCode::TooManyPixels, format!("decoding refused: {}", short(&e))),
         other => refuse(RejectionCode::Corrupt, format!("undecodable: {}", short(&other))),
-    })?;
-    let (width, height) = (decoded.width(), decoded.height());
-    let pixels = eight_bit(decoded, checked.format);
+    };
+    let mut decoder = reader.into_decoder().map_err(refusal)?;
+    // The EXIF orientation (a camera held sideways): applied to the pixels, since re-encoding drops the tag. An
+    // unreadable EXIF block leaves the image as stored.
+    let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
+    let decoded = DynamicImage::from_decoder(decoder).map_err(refusal)?;
+    // Test hook: the original and its decoded pixels are in memory here.
+    fail::fail_point!("media::decoded");
+    // Turned after the conversion to 8 bits (the decoded buffer is gone by then), so the copy a rotation makes is of
+    // the smaller layout: at most 4 + 4 bytes a pixel at once, within the 12 of the memory bound.
+    let mut pixels = eight_bit(decoded, checked.format);
+    let _ = orientation;
+    let (width, height) = (pixels.width(), pixels.height());
     let large = fit(pixels, LARGE_PX);
     let thumb = fit(large.clone(), THUMB_PX);
     let images = vec![encode("large", &large, checked.format)?, encode("thumb", &thumb, checked.format)?];

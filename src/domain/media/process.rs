@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use super::images::{self, Checked, ImageLimits, Refusal};
@@ -24,6 +24,10 @@ use crate::storage::{ObjectKey, ObjectStorage, StorageError};
 /// Bounds the runs that hold image bytes at once in this process (from reading the original to storing the
 /// derivatives), so that memory stays at most `permits` × (original + decoded pixels) however many jobs the worker
 /// runs at once. Cheap to clone.
+///
+/// The permit moves into every blocking closure that works on the bytes and comes back out with its result: a job
+/// whose future is dropped mid-decode (canceled, timed out) does not free its permit while the decode it started goes
+/// on running on its blocking thread; the permit is released when that work and the bytes it holds are gone.
 #[derive(Clone, Debug)]
 pub struct DecodeGate(Arc<Semaphore>);
 
@@ -36,6 +40,15 @@ impl DecodeGate {
     /// One decode per CPU core.
     pub fn per_core() -> Self {
         Self::new(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    }
+
+    /// Permits free right now (for tests and metrics).
+    pub fn available(&self) -> usize {
+        self.0.available_permits()
+    }
+
+    async fn acquire(&self) -> OwnedSemaphorePermit {
+        self.0.clone().acquire_owned().await.expect("the gate is never closed")
     }
 }
 
@@ -147,8 +160,9 @@ pub async fn process_tx(
     let object = ObjectKey::parse(object_key.as_deref().expect("a processing media has its object"))?;
     let limits = settings.limits;
     // Held until the end: the original and its pixels are in memory from here on. Taken before the advisory lock
-    // below, so the holder of that lock always holds a permit too and can finish.
-    let _permit = settings.gate.0.acquire().await.expect("the gate is never closed");
+    // below, so the holder of that lock always holds a permit too and can finish. It moves into each blocking closure
+    // and back (see [`DecodeGate`]).
+    let permit = settings.gate.acquire().await;
 
     // Never read more than the limit: the size first, then a bounded read (in case the object grew meanwhile).
     let too_large =
@@ -161,9 +175,9 @@ pub async fn process_tx(
         return reject_tx(tx, media_id, None, too_large()).await;
     };
 
-    let (bytes, sha256, inspected) = blocking(move || {
+    let ((bytes, sha256, inspected), permit) = blocking(permit, move || {
         let sha256: [u8; 32] = Sha256::digest(&bytes).into();
-        let inspected = images::inspect(&content_type, &bytes, limits);
+        let inspected = guarded(|| images::inspect(&content_type, &bytes, limits));
         (bytes, sha256, inspected)
     })
     .await?;
@@ -174,7 +188,7 @@ pub async fn process_tx(
     };
 
     // One derivation per content in the workspace: wait for a concurrent job on the same bytes, then look.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+    sqlx::query("SELECT $1::text")
         .bind(format!("conveyor-media-derivation:{workspace_id}:{sha_hex}"))
         .execute(&mut **tx)
         .await?;
@@ -189,7 +203,7 @@ pub async fn process_tx(
             let id = derivation_id(workspace_id, &sha256);
             let (derivation, manifest) = match stored_manifest(&settings.storage, workspace_id, id).await? {
                 Some(manifest) => (Derivation::Reused, manifest),
-                None => match derive_and_store(settings, workspace_id, id, bytes, checked).await? {
+                None => match derive_and_store(settings, permit, workspace_id, id, bytes, checked).await? {
                     Ok(manifest) => (Derivation::Derived, manifest),
                     Err(refusal) => return reject_tx(tx, media_id, Some(&sha_hex), refusal).await,
                 },
@@ -278,13 +292,22 @@ async fn stored_manifest(
 /// Decodes and derives on a blocking thread, then stores the derivatives and, last, their manifest.
 async fn derive_and_store(
     settings: &ProcessSettings,
+    permit: OwnedSemaphorePermit,
     workspace_id: WorkspaceId,
     derivation_id: Uuid,
     bytes: bytes::Bytes,
     checked: Checked,
 ) -> Result<Result<Manifest, Refusal>, ProcessError> {
     let limits = settings.limits;
-    let derived = match blocking(move || images::derive(&bytes, checked, limits)).await? {
+    let (derived, _permit) = blocking(permit, move || {
+        guarded(|| {
+            // Test hook: a decoder that panics.
+            fail::fail_point!("media::derive");
+            images::derive(&bytes, checked, limits)
+        })
+    })
+    .await?;
+    let derived = match derived {
         Ok(derived) => derived,
         Err(refusal) => return Ok(Err(refusal)),
     };
@@ -308,10 +331,50 @@ async fn derive_and_store(
     Ok(Ok(manifest))
 }
 
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, ProcessError> {
-    tokio::task::spawn_blocking(work).await.map_err(|e| ProcessError::Panicked(e.to_string()))
+/// Runs `work` on a blocking thread holding `permit`, and hands the permit back with the result. If the caller's
+/// future is dropped meanwhile, the permit stays with the work until it ends.
+async fn blocking<T: Send + 'static>(
+    permit: OwnedSemaphorePermit,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<(T, OwnedSemaphorePermit), ProcessError> {
+    tokio::task::spawn_blocking(move || (work(), permit)).await.map_err(|e| ProcessError::Panicked(e.to_string()))
+}
+
+/// Runs the checks or the derivation of one image, a panic (a decoder bug on hostile bytes) becoming a `CORRUPT`
+/// refusal: the media ends `rejected` instead of staying `processing` while its job is retried into a dead letter.
+fn guarded<T>(work: impl FnOnce() -> Result<T, Refusal>) -> Result<T, Refusal> {
+    match Ok::<_, Box<dyn std::any::Any + Send>>(work()) {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::warn!(panic = %what, "The image decoder panicked; the media is rejected as corrupt");
+            Err(panic_refusal())
+        }
+    }
+}
+
+/// What a client is told of an image the decoder panicked on.
+fn panic_refusal() -> Refusal {
+    Refusal { code: images::RejectionCode::Corrupt, detail: "the image could not be decoded".to_owned() }
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_in_the_decoder_is_a_corrupt_refusal() {
+        let refused = guarded::<()>(|| panic!("index out of bounds in a decoder"));
+        assert_eq!(refused, Err(panic_refusal()));
+        assert_eq!(refused.unwrap_err().code, images::RejectionCode::Corrupt);
+        assert_eq!(guarded(|| Ok::<_, Refusal>(7)), Ok(7));
+    }
 }

@@ -80,24 +80,29 @@ const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 ///
 /// The events come back by priority, then in due order, which keeps each workspace's events of one priority in the
 /// order they were written.
+///
+/// With a `window` (> 0), a workspace gets only as many as keep its jobs handed to workers and not yet ended within
+/// `window ×` its weight (`workspace_weights`), and none that a pause holds (`dispatch_pauses`): migration 0021.
 pub async fn claim(
     pool: &PgPool,
     workspaces: &[WorkspaceId],
     me: &str,
     lease: Duration,
     per_workspace: i64,
+    window: i32,
 ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
     let ids: Vec<Uuid> = workspaces.iter().map(|w| w.0).collect();
     let mut events = sqlx::query_as::<_, ClaimedEvent>(
         "SELECT tid::text AS tid, id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                 attempt_count, job_attempts, redrive_count, created_at, next_attempt_at, priority, max_attempts,
                 timeout_ms, backoff_ms, backoff_max_ms
-         FROM conveyor_claim_jobs($1, $2, $3, $4)",
+         FROM conveyor_claim_jobs_fair($1, $2, $3, $4, $5)",
     )
     .bind(&ids)
     .bind(me)
     .bind(lease.as_secs_f64())
     .bind(i32::try_from(per_workspace).unwrap_or(i32::MAX))
+    .bind(window)
     .fetch_all(pool)
     .await?;
     events.sort_by_key(|e| (e.priority, e.next_attempt_at, e.id));

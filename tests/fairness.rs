@@ -1,0 +1,243 @@
+//! Flow control against real PostgreSQL and Redis: each workspace's window of jobs in the workers' hands (and its
+//! weight), the bound it puts on how long a flood can delay another workspace, and pauses that hold jobs durably.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{TestApp, principal};
+use conveyor::{
+    Consumer, EnqueueOptions, FlowError, Handler, JobContext, JobError, JobKind, JobStatus, PauseScope, Worker,
+    WorkerSettings, WorkspaceId,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// A job of fixed cost; the handler records the order in which jobs start.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Work {
+    tag: String,
+}
+
+impl JobKind for Work {
+    const KIND: &'static str = "test.work";
+    const QUEUE: &'static str = "work";
+}
+
+/// Another kind on another queue, never paused in these tests.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Ping;
+
+impl JobKind for Ping {
+    const KIND: &'static str = "test.ping";
+    const QUEUE: &'static str = "pings";
+}
+
+#[derive(Clone, Default)]
+struct Starts(Arc<Mutex<Vec<String>>>);
+
+impl Starts {
+    fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+struct Worked {
+    starts: Starts,
+    cost: Duration,
+}
+
+impl Handler<Work> for Worked {
+    async fn handle(&self, job: Work, _: &mut JobContext) -> Result<Value, JobError> {
+        self.starts.0.lock().unwrap().push(job.tag);
+        tokio::time::sleep(self.cost).await;
+        Ok(json!(null))
+    }
+}
+
+struct Pong;
+
+impl Handler<Ping> for Pong {
+    async fn handle(&self, _: Ping, _: &mut JobContext) -> Result<Value, JobError> {
+        Ok(json!("pong"))
+    }
+}
+
+async fn worker(app: &TestApp, starts: &Starts, cost: Duration, concurrency: usize) -> Worker {
+    Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
+        .handle::<Work>(Worked { starts: starts.clone(), cost })
+        .handle::<Ping>(Pong)
+        .settings(WorkerSettings { concurrency, ..WorkerSettings::default() })
+        .build()
+        .unwrap()
+}
+
+async fn dispatcher(app: &TestApp, window: u32, shutdown: &CancellationToken) {
+    let dispatcher = common::test_dispatcher(app, &common::redis_url(), |v| {
+        v.insert("CONVEYOR_DISPATCH_POLL".into(), "100ms".into());
+        v.insert("CONVEYOR_DISPATCH_WINDOW".into(), window.to_string());
+    })
+    .await;
+    common::run_dispatcher(dispatcher, shutdown);
+}
+
+async fn enqueue(app: &TestApp, ws: WorkspaceId, tag: &str, n: usize) -> Vec<conveyor::JobId> {
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let jobs: Vec<Work> = (0..n).map(|i| Work { tag: format!("{tag}-{i}") }).collect();
+    let ids = conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new()))).await.unwrap();
+    tx.commit().await.unwrap();
+    ids.into_iter().map(|e| e.id).collect()
+}
+
+/// Jobs of the workspace handed to workers and not ended, by status.
+async fn in_flight(app: &TestApp, ws: WorkspaceId) -> i64 {
+    let rows = app.db.rows("outbox_events", ws).await;
+    rows.iter().filter(|e| e["status"] == "dispatching" || e["status"] == "dispatched").count() as i64
+}
+
+#[tokio::test]
+async fn each_workspace_has_a_window_of_jobs_in_the_workers_hands_times_its_weight() {
+    let app = TestApp::spawn().await;
+    let (light, heavy) = (principal().workspace_id, principal().workspace_id);
+    conveyor::set_workspace_weight(&app.db.pool, heavy, 3).await.unwrap();
+    enqueue(&app, light, "light", 200).await;
+    enqueue(&app, heavy, "heavy", 200).await;
+    // No worker: nothing ends, so the relay fills each window and stops there.
+    let shutdown = CancellationToken::new();
+    dispatcher(&app, 10, &shutdown).await;
+    let filled = common::eventually(Duration::from_secs(20), || async {
+        let counts = (in_flight(&app, light).await, in_flight(&app, heavy).await);
+        (counts == (10, 30)).then_some(counts)
+    })
+    .await;
+    assert_eq!(filled, Some((10, 30)));
+    // A few more sweeps change nothing: the rest waits in PostgreSQL, not in the stream.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!((in_flight(&app, light).await, in_flight(&app, heavy).await), (10, 30));
+    let stream = common::redis_client(&common::redis_url()).await;
+    let len: u64 = {
+        use fred::prelude::StreamsInterface;
+        stream.xlen(conveyor::stream::keys::Keys::new(&app.redis_prefix).stream("work")).await.unwrap()
+    };
+    assert_eq!(len, 40);
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_flooding_workspace_delays_another_ones_job_by_at_most_its_window() {
+    const WINDOW: usize = 8;
+    const CONCURRENCY: usize = 4;
+    let app = TestApp::spawn().await;
+    let (flood, light) = (principal().workspace_id, principal().workspace_id);
+    enqueue(&app, flood, "flood", 2000).await;
+    let shutdown = CancellationToken::new();
+    dispatcher(&app, WINDOW as u32, &shutdown).await;
+    let starts = Starts::default();
+    let worker = worker(&app, &starts, Duration::from_millis(10), CONCURRENCY).await;
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    common::eventually(Duration::from_secs(30), || async { (starts.all().len() >= 50).then_some(()) })
+        .await
+        .expect("the flood runs");
+
+    let before = starts.all().len();
+    let light_job = enqueue(&app, light, "light", 1).await[0];
+    let done = conveyor::wait_for_job(&app.db.pool, light, light_job, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(done.status, JobStatus::Succeeded);
+    let order = starts.all();
+    let position = order.iter().position(|t| t == "light-0").expect("the light job ran");
+    // Ahead of it: at most the flood's window (in the stream or running) and the jobs the workers had read, plus
+    // the one relay round that may have been under way when it was committed.
+    let flood_ahead = position - before;
+    assert!(
+        flood_ahead <= 2 * WINDOW + CONCURRENCY,
+        "the light job started after {flood_ahead} more of the flood's jobs (window {WINDOW})"
+    );
+    let waiting = app.db.rows("outbox_events", flood).await.iter().filter(|e| e["status"] == "pending").count();
+    assert!(waiting > 1000, "the flood's backlog waits in PostgreSQL ({waiting} jobs), not in the stream");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn paused_jobs_wait_durably_across_a_worker_restart_and_go_on_resume() {
+    let app = TestApp::spawn().await;
+    let (ws, other) = (principal().workspace_id, principal().workspace_id);
+    assert!(conveyor::pause(&app.db.pool, &PauseScope::kind::<Work>(), Some("maintenance")).await.unwrap());
+    assert!(!conveyor::pause(&app.db.pool, &PauseScope::kind::<Work>(), None).await.unwrap(), "already paused");
+    assert!(conveyor::pause(&app.db.pool, &PauseScope::workspace(other), None).await.unwrap());
+    let pauses = conveyor::list_pauses(&app.db.pool).await.unwrap();
+    assert_eq!(pauses.len(), 2);
+    assert_eq!(pauses[0].kind.as_deref(), Some("test.work"));
+    assert_eq!(pauses[0].reason.as_deref(), Some("maintenance"));
+
+    let held = enqueue(&app, ws, "held", 20).await;
+    let held_elsewhere = enqueue(&app, other, "elsewhere", 5).await;
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let ping = conveyor::enqueue_tx(&mut tx, &Ping, EnqueueOptions::new()).await.unwrap().id;
+    tx.commit().await.unwrap();
+
+    let shutdown = CancellationToken::new();
+    dispatcher(&app, 0, &shutdown).await;
+    let starts = Starts::default();
+    let first = CancellationToken::new();
+    tokio::spawn(worker(&app, &starts, Duration::ZERO, 4).await.run(first.clone(), Duration::from_secs(5)));
+    // Another kind of the same workspace flows; the paused ones stay in the outbox.
+    let pong = conveyor::wait_for_job(&app.db.pool, ws, ping, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(pong.status, JobStatus::Succeeded);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (workspace, job) in held.iter().map(|j| (ws, *j)).chain(held_elsewhere.iter().map(|j| (other, *j))) {
+        let info = conveyor::get_job(&app.db.pool, workspace, job).await.unwrap().unwrap();
+        assert_eq!(info.status, JobStatus::Queued, "held in the outbox");
+    }
+    assert!(starts.all().is_empty());
+
+    // The worker restarts; the pause lives in PostgreSQL, not in any process.
+    first.cancel();
+    let starts = Starts::default();
+    tokio::spawn(worker(&app, &starts, Duration::ZERO, 4).await.run(shutdown.clone(), Duration::from_secs(5)));
+    assert!(conveyor::resume(&app.db.pool, &PauseScope::kind::<Work>()).await.unwrap());
+    for job in &held {
+        let done = conveyor::wait_for_job(&app.db.pool, ws, *job, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(done.status, JobStatus::Succeeded);
+    }
+    let mut order: Vec<usize> = starts.all().iter().map(|t| t.trim_start_matches("held-").parse().unwrap()).collect();
+    assert_eq!(order.len(), 20, "each held job ran once");
+    order.sort_unstable();
+    order.dedup();
+    assert_eq!(order.len(), 20);
+    // The other workspace is still paused as a whole.
+    let info = conveyor::get_job(&app.db.pool, other, held_elsewhere[0]).await.unwrap().unwrap();
+    assert_eq!(info.status, JobStatus::Queued);
+    assert!(conveyor::resume(&app.db.pool, &PauseScope::workspace(other)).await.unwrap());
+    for job in &held_elsewhere {
+        let done = conveyor::wait_for_job(&app.db.pool, other, *job, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(done.status, JobStatus::Succeeded);
+    }
+    assert!(conveyor::list_pauses(&app.db.pool).await.unwrap().is_empty());
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn bad_flow_settings_are_refused_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let empty = conveyor::pause(&app.db.pool, &PauseScope::default(), None).await;
+    assert!(matches!(empty, Err(FlowError::EmptyScope)), "{empty:?}");
+    for scope in [PauseScope::queue("no spaces"), PauseScope::kind_named("Bad Kind!")] {
+        let refused = conveyor::pause(&app.db.pool, &scope, None).await;
+        assert!(matches!(refused, Err(FlowError::InvalidName(_))), "{refused:?}");
+    }
+    let long = "r".repeat(501);
+    let refused = conveyor::pause(&app.db.pool, &PauseScope::workspace(ws), Some(&long)).await;
+    assert!(matches!(refused, Err(FlowError::OutOfRange(_))), "{refused:?}");
+    for weight in [0, 1001] {
+        let refused = conveyor::set_workspace_weight(&app.db.pool, ws, weight).await;
+        assert!(matches!(refused, Err(FlowError::OutOfRange(_))), "{refused:?}");
+    }
+    assert!(conveyor::list_pauses(&app.db.pool).await.unwrap().is_empty());
+    assert!(!conveyor::resume(&app.db.pool, &PauseScope::queue("work")).await.unwrap(), "nothing to lift");
+    let weights: Vec<(i32,)> =
+        sqlx::query_as("SELECT weight FROM workspace_weights").fetch_all(&app.db.pool).await.unwrap();
+    assert!(weights.is_empty());
+}
