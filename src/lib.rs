@@ -15,8 +15,9 @@
 //!
 //! The library's whole surface is the list below: define a kind ([`JobKind`]), enqueue it ([`enqueue_tx`],
 //! [`enqueue_many_tx`], [`EnqueueOptions`]), run it ([`Worker`], [`Handler`], [`JobContext`]), relay it
-//! ([`Dispatcher`]), control it ([`get_job`], [`cancel_job`], [`wait_for_job`], [`subscribe`]), and apply Conveyor's schema to a
-//! database ([`migrate`]). The README's library section holds a complete program.
+//! ([`Dispatcher`]), control it ([`get_job`], [`cancel_job`], [`wait_for_job`], [`subscribe`]), repeat it on a cron
+//! or fixed schedule ([`upsert_schedule_tx`], [`ScheduleSpec`]), and apply Conveyor's schema to a database
+//! ([`migrate`]). The README's library section holds a complete program.
 //!
 //! The modules behind this list are the `conveyor` binary's own (HTTP API, store scenario, configuration) or the
 //! platform's internals; they stay reachable for the binary and the crate's integration tests, hidden from the

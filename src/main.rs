@@ -67,6 +67,12 @@ enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Hold jobs in the outbox (a queue, a kind, a workspace, or a combination), lift such a pause, list pauses,
+    /// or set a workspace's weight in the fair share.
+    Flow {
+        #[command(subcommand)]
+        command: FlowCommand,
+    },
     /// List, set and remove a workspace's repeatable jobs (schedules).
     Schedule {
         #[command(subcommand)]
@@ -103,6 +109,58 @@ enum DlqCommand {
     Replay {
         /// The job (outbox event) id.
         id: Uuid,
+    },
+}
+
+/// What a pause holds: every job matching all the options given (at least one).
+#[derive(clap::Args)]
+struct Scope {
+    /// Jobs of this queue.
+    #[arg(long)]
+    queue: Option<String>,
+    /// Jobs of this kind.
+    #[arg(long)]
+    kind: Option<String>,
+    /// Jobs of this workspace.
+    #[arg(long)]
+    workspace: Option<Uuid>,
+}
+
+impl Scope {
+    fn into_scope(self) -> conveyor::PauseScope {
+        conveyor::PauseScope {
+            queue: self.queue,
+            kind: self.kind,
+            workspace: self.workspace.map(conveyor::WorkspaceId),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum FlowCommand {
+    /// Hold the jobs of a scope in the outbox; jobs already handed to workers finish.
+    Pause {
+        #[command(flatten)]
+        scope: Scope,
+        /// Why (shown by `flow pauses`).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Lift the pause of exactly this scope; the held jobs go in their order.
+    Resume {
+        #[command(flatten)]
+        scope: Scope,
+    },
+    /// The pauses in force, one JSON object a line.
+    Pauses,
+    /// A workspace's weight: it keeps weight × CONVEYOR_DISPATCH_WINDOW jobs in the workers' hands (default 1).
+    Weight {
+        /// The workspace.
+        #[arg(long)]
+        workspace: Uuid,
+        /// 1 to 1000.
+        #[arg(long)]
+        weight: u32,
     },
 }
 
@@ -249,6 +307,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Schedule { command } => schedule(command).await,
+        Command::Flow { command } => {
+            let url = config::database_url(&Env)?;
+            let pool = conveyor::db::connect(url.expose(), 2).await?;
+            match command {
+                FlowCommand::Pause { scope, reason } => {
+                    let added = conveyor::pause(&pool, &scope.into_scope(), reason.as_deref()).await?;
+                    println!("{}", if added { "paused" } else { "already paused" });
+                }
+                FlowCommand::Resume { scope } => {
+                    if !conveyor::resume(&pool, &scope.into_scope()).await? {
+                        anyhow::bail!("no pause of exactly that scope (see `conveyor flow pauses`)");
+                    }
+                    println!("resumed");
+                }
+                FlowCommand::Pauses => {
+                    for pause in conveyor::list_pauses(&pool).await? {
+                        println!("{}", serde_json::to_string(&pause)?);
+                    }
+                }
+                FlowCommand::Weight { workspace, weight } => {
+                    conveyor::set_workspace_weight(&pool, conveyor::WorkspaceId(workspace), weight).await?;
+                    println!("weight {weight}");
+                }
+            }
+            Ok(())
+        }
         Command::Maintenance => app::run(Config::from_env()?, Role::Maintenance).await,
         Command::All => app::run(Config::from_env()?, Role::All).await,
         Command::Token { workspace, user, ttl } => {

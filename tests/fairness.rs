@@ -241,3 +241,45 @@ async fn bad_flow_settings_are_refused_and_change_nothing() {
         sqlx::query_as("SELECT weight FROM workspace_weights").fetch_all(&app.db.pool).await.unwrap();
     assert!(weights.is_empty());
 }
+
+fn cli(app: &TestApp, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(common::conveyor_bin())
+        .args(args)
+        .env_clear()
+        .envs(common::config_vars(&app.db, &app.redis_prefix))
+        .output()
+        .expect("run conveyor")
+}
+
+#[tokio::test]
+async fn the_cli_pauses_lists_resumes_and_weighs() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let ws_text = ws.0.to_string();
+    let out = cli(&app, &["flow", "pause", "--kind", "test.work", "--workspace", &ws_text, "--reason", "migration"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "paused");
+    let listed = cli(&app, &["flow", "pauses"]);
+    let line: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!((line["kind"].as_str(), line["reason"].as_str()), (Some("test.work"), Some("migration")));
+    assert_eq!(line["workspace_id"], ws_text.as_str());
+    assert_eq!(conveyor::list_pauses(&app.db.pool).await.unwrap().len(), 1);
+
+    let empty = cli(&app, &["flow", "pause"]);
+    assert!(!empty.status.success());
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("names a queue, a kind or a workspace"), "{empty:?}");
+    let other_scope = cli(&app, &["flow", "resume", "--kind", "test.work"]);
+    assert!(!other_scope.status.success(), "a resume lifts exactly the scope paused");
+    assert!(cli(&app, &["flow", "resume", "--kind", "test.work", "--workspace", &ws_text]).status.success());
+    assert!(conveyor::list_pauses(&app.db.pool).await.unwrap().is_empty());
+
+    assert!(cli(&app, &["flow", "weight", "--workspace", &ws_text, "--weight", "4"]).status.success());
+    let bad = cli(&app, &["flow", "weight", "--workspace", &ws_text, "--weight", "0"]);
+    assert!(!bad.status.success());
+    let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM workspace_weights WHERE workspace_id = $1")
+        .bind(ws.0)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(weight, 4);
+}

@@ -216,6 +216,42 @@ async fn another_workspace_can_neither_see_nor_change_a_schedule() {
 }
 
 #[tokio::test]
+async fn schedules_and_their_runs_are_walled_off_by_row_level_security() {
+    let app = TestApp::spawn().await;
+    let (a, b) = (principal().workspace_id, principal().workspace_id);
+    set(&app, a, "often", ScheduleSpec::every(Duration::from_secs(60)).unwrap(), ScheduleOptions::new()).await;
+    exec(&app, a, "UPDATE job_schedules SET next_run_at = now() - interval '1 second' WHERE name = $1", "often").await;
+    assert_eq!(fire_due(&app.db.pool).await.unwrap().fired, 1, "fired under RLS in its own workspace");
+    for table in ["job_schedules", "job_schedule_runs"] {
+        let mut owner = app.db.owner().await;
+        let (enabled, forced): (bool, bool) =
+            sqlx::query_as("SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE relname = $1")
+                .bind(table)
+                .fetch_one(&mut owner)
+                .await
+                .unwrap();
+        assert!(enabled && forced, "{table}: row-level security enabled and forced");
+        assert_eq!(app.db.count(table, a).await, 1, "{table}: A sees its row");
+        assert_eq!(app.db.count(table, b).await, 0, "{table}: B sees nothing");
+        // Without a workspace, the application role sees nothing either.
+        let mut conn = app.db.app_connection().await;
+        let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "{table}: no workspace, no rows");
+        let mut tx = conveyor::begin_workspace(&app.db.pool, b).await.unwrap();
+        let changed = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}")))
+            .execute(&mut *tx)
+            .await
+            .unwrap()
+            .rows_affected();
+        tx.commit().await.unwrap();
+        assert_eq!(changed, 0, "{table}: B deletes nothing of A's");
+    }
+}
+
+#[tokio::test]
 async fn a_paused_schedule_does_not_fire_and_resumes_from_the_next_tick() {
     let app = TestApp::spawn().await;
     let ws = principal().workspace_id;

@@ -47,7 +47,7 @@ impl Handler<ProcessMedia> for ProcessMediaHandler {
         }
         .map_err(|e| match e {
             ProcessError::Storage(e) => JobError::Retryable(format!("object storage: {e}")),
-            ProcessError::Database(e) => JobError::Retryable(format!("database: {e}")),
+            ProcessError::Database(e) => JobError::from(e),
             ProcessError::Panicked(e) => JobError::Permanent(e),
         })?;
         let label = match &outcome {

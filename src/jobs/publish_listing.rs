@@ -66,7 +66,7 @@ impl Handler<PublishListing> for PublishListingHandler {
             PublishJobError::Marketplace(MarketplaceError::Permanent(m)) => {
                 JobError::Permanent(format!("the marketplace refused the product: {m}"))
             }
-            PublishJobError::Database(e) => JobError::Retryable(format!("database: {e}")),
+            PublishJobError::Database(e) => JobError::from(e),
             other => JobError::Permanent(other.to_string()),
         })?;
         Ok(serde_json::to_value(outcome).expect("outcomes serialize"))

@@ -66,7 +66,7 @@ impl Handler<VerifyCredentials> for VerifyCredentialsHandler {
             }
             VerifyError::Marketplace(MarketplaceError::Permanent(m)) => JobError::Permanent(m),
             VerifyError::Unreadable => JobError::Permanent(e.to_string()),
-            VerifyError::Database(e) => JobError::Retryable(format!("database: {e}")),
+            VerifyError::Database(e) => JobError::from(e),
         })?;
         Ok(serde_json::to_value(outcome).expect("outcomes serialize"))
     }

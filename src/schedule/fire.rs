@@ -1,6 +1,7 @@
 //! Firing due ticks: what a dispatcher does once per sweep.
 
 use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -13,11 +14,22 @@ use crate::outbox::NOTIFY_CHANNEL;
 /// Schedules fired per pass at most; the rest stay due for the next pass, which comes at once.
 const SCHEDULES_PER_PASS: i32 = 1000;
 
+/// Schedules fired at once (each a transaction on a connection of its own).
+const FIRE_CONCURRENCY: usize = 4;
+
 /// How long the record of a fired tick is kept (the primary key guards ticks far younger than that).
 const RUNS_KEPT_DAYS: i32 = 7;
 
 /// A schedule whose stored spec no longer reads (a time zone a newer release dropped) is tried again this much later.
 const UNREADABLE_RETRY: chrono::Duration = chrono::Duration::hours(1);
+
+/// The earliest next tick, with a due schedule's workspace and id (both `NULL` when none is due).
+#[derive(sqlx::FromRow)]
+struct DueRow {
+    next_at: Option<DateTime<Utc>>,
+    workspace_id: Option<Uuid>,
+    schedule_id: Option<Uuid>,
+}
 
 /// What one pass over the due schedules did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -32,20 +44,32 @@ pub struct FireOutcome {
 /// its own under row-level security in its workspace, skipping those another dispatcher is firing. Safe to run from
 /// any number of processes at once: a tick fires once. A schedule that fails is logged and left due.
 pub async fn fire_due(pool: &PgPool) -> Result<FireOutcome, sqlx::Error> {
-    let due: Vec<(Uuid, Uuid)> = sqlx::query_as("SELECT workspace_id, schedule_id FROM conveyor_due_schedules($1)")
-        .bind(SCHEDULES_PER_PASS)
-        .fetch_all(pool)
-        .await?;
-    let mut fired = 0;
-    for (workspace, schedule) in due {
-        match fire_one(pool, WorkspaceId(workspace), schedule).await {
-            Ok(true) => fired += 1,
+    // One round trip when nothing is due (the common case, at every sweep): the next tick, and the due schedules.
+    let due: Vec<DueRow> = sqlx::query_as(
+        "SELECT n.next_at, d.workspace_id, d.schedule_id
+         FROM (SELECT conveyor_next_schedule_at() AS next_at) n
+         LEFT JOIN conveyor_due_schedules($1) d ON true",
+    )
+    .bind(SCHEDULES_PER_PASS)
+    .fetch_all(pool)
+    .await?;
+    let mut outcome = FireOutcome { fired: 0, next_at: due.first().and_then(|row| row.next_at) };
+    let due = due.into_iter().filter_map(|row| Some((WorkspaceId(row.workspace_id?), row.schedule_id?)));
+    let mut firing = futures_util::stream::iter(due)
+        .map(|(workspace, schedule)| async move { (workspace, schedule, fire_one(pool, workspace, schedule).await) })
+        .buffer_unordered(FIRE_CONCURRENCY);
+    while let Some((workspace, schedule, result)) = firing.next().await {
+        match result {
+            Ok(true) => outcome.fired += 1,
             Ok(false) => {}
             Err(e) => tracing::warn!(%workspace, %schedule, error = %e, "Could not fire a schedule"),
         }
     }
-    let next_at = sqlx::query_scalar("SELECT conveyor_next_schedule_at()").fetch_one(pool).await?;
-    Ok(FireOutcome { fired, next_at })
+    if outcome.next_at.is_some_and(|at| at <= Utc::now()) {
+        // Some were due: where they stand now.
+        outcome.next_at = sqlx::query_scalar("SELECT conveyor_next_schedule_at()").fetch_one(pool).await?;
+    }
+    Ok(outcome)
 }
 
 /// [`fire_due`] for the dispatcher's sweep: logs a failure, and answers when to sweep again for the next tick. A
@@ -121,58 +145,33 @@ async fn fire_one(pool: &PgPool, workspace: WorkspaceId, schedule: Uuid) -> Resu
         tx.commit().await?;
         return Ok(false);
     };
+    // The run, the job and the advance in one statement: a tick already recorded enqueues nothing (the primary key),
+    // and the schedule moves on either way.
     let job = Uuid::now_v7();
-    let recorded = sqlx::query(
-        "INSERT INTO job_schedule_runs (schedule_id, tick_at, workspace_id, job_id)
-         VALUES ($1, $2, conveyor_current_workspace(), $3)
-         ON CONFLICT (schedule_id, tick_at) DO NOTHING",
+    let key = format!("schedule:{schedule}:{}", tick.timestamp_millis());
+    let (recorded, enqueued): (bool, bool) = sqlx::query_as(
+        "WITH run AS (
+             INSERT INTO job_schedule_runs (schedule_id, tick_at, workspace_id, job_id)
+             VALUES ($1, $2, conveyor_current_workspace(), $3)
+             ON CONFLICT (schedule_id, tick_at) DO NOTHING
+             RETURNING job_id),
+         job AS (
+             INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, dedup_key, priority,
+                                        max_attempts)
+             SELECT run.job_id, conveyor_current_workspace(), $4, $5, $6, $7, coalesce($8, 1), $9
+             FROM run CROSS JOIN (SELECT pg_notify($10, conveyor_current_workspace()::text)) AS notified
+             ON CONFLICT (workspace_id, event_type, dedup_key)
+                 WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
+                 DO NOTHING
+             RETURNING id),
+         advanced AS (
+             UPDATE job_schedules SET next_run_at = $11, last_tick_at = $2, updated_at = now() WHERE id = $1),
+         pruned AS (
+             DELETE FROM job_schedule_runs WHERE schedule_id = $1 AND tick_at < $2 - make_interval(days => $12))
+         SELECT EXISTS (SELECT 1 FROM run), EXISTS (SELECT 1 FROM job)",
     )
     .bind(schedule)
     .bind(tick)
-    .bind(job)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
-    if recorded {
-        enqueue(&mut tx, schedule, tick, job, &due).await?;
-    }
-    sqlx::query("UPDATE job_schedules SET next_run_at = $2, last_tick_at = $3, updated_at = now() WHERE id = $1")
-        .bind(schedule)
-        .bind(next)
-        .bind(tick)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("DELETE FROM job_schedule_runs WHERE schedule_id = $1 AND tick_at < $2 - make_interval(days => $3)")
-        .bind(schedule)
-        .bind(tick)
-        .bind(RUNS_KEPT_DAYS)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(recorded)
-}
-
-/// Writes the tick's job (due now) and tells the dispatchers at commit. Its de-duplication key names the schedule
-/// and the tick; should a live job hold it already, the run records that job instead.
-async fn enqueue(
-    tx: &mut crate::db::WorkspaceTx,
-    schedule: Uuid,
-    tick: DateTime<Utc>,
-    job: Uuid,
-    due: &Due,
-) -> Result<(), sqlx::Error> {
-    let key = format!("schedule:{schedule}:{}", tick.timestamp_millis());
-    let inserted: Option<Uuid> = sqlx::query_scalar(
-        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, dedup_key, priority,
-                                    max_attempts)
-         SELECT $1, conveyor_current_workspace(), $2, $3, $4, $5, coalesce($6, 1), $7
-         FROM (SELECT pg_notify($8, conveyor_current_workspace()::text)) AS notified
-         ON CONFLICT (workspace_id, event_type, dedup_key)
-             WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
-             DO NOTHING
-         RETURNING id",
-    )
     .bind(job)
     .bind(&due.queue)
     .bind(&due.kind)
@@ -181,9 +180,12 @@ async fn enqueue(
     .bind(due.priority)
     .bind(due.max_attempts)
     .bind(NOTIFY_CHANNEL)
-    .fetch_optional(&mut **tx)
+    .bind(next)
+    .bind(RUNS_KEPT_DAYS)
+    .fetch_one(&mut *tx)
     .await?;
-    if inserted.is_none() {
+    if recorded && !enqueued {
+        // A live job holds the tick's de-duplication key already: the run records that job.
         sqlx::query(
             "UPDATE job_schedule_runs r SET job_id = e.id FROM outbox_events e
              WHERE r.schedule_id = $1 AND r.tick_at = $2
@@ -193,8 +195,9 @@ async fn enqueue(
         .bind(tick)
         .bind(&due.kind)
         .bind(&key)
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await?;
     }
-    Ok(())
+    tx.commit().await?;
+    Ok(recorded)
 }

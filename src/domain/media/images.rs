@@ -273,7 +273,7 @@ pub fn derive(bytes: &[u8], checked: Checked, limits: ImageLimits) -> Result<Der
     // Turned after the conversion to 8 bits (the decoded buffer is gone by then), so the copy a rotation makes is of
     // the smaller layout: at most 4 + 4 bytes a pixel at once, within the 12 of the memory bound.
     let mut pixels = eight_bit(decoded, checked.format);
-    let _ = orientation;
+    pixels.apply_orientation(orientation);
     let (width, height) = (pixels.width(), pixels.height());
     let large = fit(pixels, LARGE_PX);
     let thumb = fit(large.clone(), THUMB_PX);

@@ -188,7 +188,7 @@ pub async fn process_tx(
     };
 
     // One derivation per content in the workspace: wait for a concurrent job on the same bytes, then look.
-    sqlx::query("SELECT $1::text")
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!("conveyor-media-derivation:{workspace_id}:{sha_hex}"))
         .execute(&mut **tx)
         .await?;
@@ -343,7 +343,7 @@ async fn blocking<T: Send + 'static>(
 /// Runs the checks or the derivation of one image, a panic (a decoder bug on hostile bytes) becoming a `CORRUPT`
 /// refusal: the media ends `rejected` instead of staying `processing` while its job is retried into a dead letter.
 fn guarded<T>(work: impl FnOnce() -> Result<T, Refusal>) -> Result<T, Refusal> {
-    match Ok::<_, Box<dyn std::any::Any + Send>>(work()) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
         Ok(result) => result,
         Err(panic) => {
             let what = panic
