@@ -313,6 +313,10 @@ fn spawn_dispatcher(app: &common::TestApp, shutdown: CancellationToken) -> std::
             if let Ok(c) = std::env::var("DISPATCH_CONCURRENCY") {
                 v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), c);
             }
+            // The fairness window (default 256): `DISPATCH_WINDOW=0` measures the relay without it.
+            if let Ok(w) = std::env::var("DISPATCH_WINDOW") {
+                v.insert("CONVEYOR_DISPATCH_WINDOW".into(), w);
+            }
         })
         .await;
         dispatcher.run(shutdown).await.unwrap();
