@@ -664,6 +664,9 @@ async fn a_transfer_canceled_before_its_job_ran_reads_failed_with_canceled() {
     let t = transfer(&app, who, &id).await;
     assert_eq!((t["status"].as_str(), t["error"]["code"].as_str()), (Some("failed"), Some("CANCELED")), "{t}");
     assert_eq!(sandbox.stats().file_requests, 0);
+    // Its source URL (a token, perhaps) is forgotten with the end of its operation, though no job ran.
+    let rows = app.db.rows("asset_transfers", who.workspace_id).await;
+    assert!(rows[0]["source_url"].is_null(), "{}", rows[0]);
 }
 
 #[tokio::test]
