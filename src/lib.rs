@@ -15,7 +15,8 @@
 //!
 //! The library's whole surface is the list below: define a kind ([`JobKind`]), enqueue it ([`enqueue_tx`],
 //! [`enqueue_many_tx`], [`EnqueueOptions`]), run it ([`Worker`], [`Handler`], [`JobContext`]), relay it
-//! ([`Dispatcher`]), control it ([`get_job`], [`cancel_job`], [`wait_for_job`], [`subscribe`]), repeat it on a cron
+//! ([`Dispatcher`]), control it ([`get_job`], [`cancel_job`], [`wait_for_job`], [`subscribe`]), hold it back
+//! ([`pause`], [`set_workspace_weight`], [`set_key_limit`]), repeat it on a cron
 //! or fixed schedule ([`upsert_schedule_tx`], [`ScheduleSpec`]), and apply Conveyor's schema to a database
 //! ([`migrate`]). The README's library section holds a complete program.
 //!
@@ -49,6 +50,7 @@ pub mod ids;
 #[doc(hidden)]
 pub mod jobs;
 mod kind;
+mod limits;
 #[doc(hidden)]
 pub mod maintenance;
 #[doc(hidden)]
@@ -83,6 +85,7 @@ pub use dispatcher::Dispatcher;
 pub use flow::{FlowError, Pause, PauseScope, list_pauses, pause, resume, set_workspace_weight};
 pub use ids::{JobId, UserId, WorkspaceId};
 pub use kind::{JobKind, Priority};
+pub use limits::{KeyLimit, KeyLimits, list_key_limits, remove_key_limit, set_key_limit};
 pub use migrate::migrate;
 pub use outbox::control::{
     CancelError, JobEnds, JobInfo, JobStatus, WaitError, cancel_job, get_job, subscribe, wait_for_job,

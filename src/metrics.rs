@@ -44,10 +44,14 @@ pub struct Metrics {
     pub job_queue_wait: HistogramVec,
     /// `conveyor_job_retries_total{type}`.
     pub job_retries: IntCounterVec,
+    /// `conveyor_jobs_throttled_total{type}`: handlers' `JobError::RateLimited` answers (no attempt spent).
+    pub jobs_throttled: IntCounterVec,
     /// `conveyor_job_dead_letters_total{reason}`.
     pub job_dead_letters: IntCounterVec,
     /// `conveyor_worker_jobs_in_flight`.
     pub worker_jobs_in_flight: IntGauge,
+    /// `conveyor_dispatch_pauses`: pauses in force (`dispatch_pauses`), read by the dispatchers with the backlog.
+    pub dispatch_pauses: IntGauge,
     /// `conveyor_worker_concurrency_limit`.
     pub worker_concurrency_limit: IntGauge,
     /// `conveyor_worker_reclaims_total{queue}`: entries taken over from dead consumers.
@@ -194,6 +198,12 @@ impl Metrics {
                 &["queue"],
             ),
             job_retries: counter_vec(r, "conveyor_job_retries_total", "Jobs scheduled to run again", &["type"]),
+            jobs_throttled: counter_vec(
+                r,
+                "conveyor_jobs_throttled_total",
+                "Jobs whose handler answered rate limited: back to the outbox without spending an attempt",
+                &["type"],
+            ),
             job_dead_letters: counter_vec(
                 r,
                 "conveyor_job_dead_letters_total",
@@ -201,6 +211,7 @@ impl Metrics {
                 &["reason"],
             ),
             worker_jobs_in_flight: gauge(r, "conveyor_worker_jobs_in_flight", "Jobs running now"),
+            dispatch_pauses: gauge(r, "conveyor_dispatch_pauses", "Pauses in force (jobs held in the outbox)"),
             worker_concurrency_limit: gauge(r, "conveyor_worker_concurrency_limit", "Most jobs run at once"),
             worker_reclaims: counter_vec(
                 r,

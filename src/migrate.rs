@@ -37,6 +37,7 @@ const TABLES: &[&str] = &[
     "product_drafts",
     "workspace_weights",
     "dispatch_pauses",
+    "job_key_limits",
     "catalog_syncs",
     "store_products",
     "ai_usage_months",

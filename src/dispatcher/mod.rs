@@ -266,6 +266,8 @@ impl Dispatcher {
                 gauge.set(gauge.get().max(age));
             }
         }
+        let (pauses,): (i64,) = sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&self.pool).await?;
+        self.metrics.dispatch_pauses.set(pauses);
         Ok(())
     }
 

@@ -21,6 +21,7 @@ use crate::kind::{self, JobKind, Priority};
 /// let options = EnqueueOptions::new()
 ///     .delay(Duration::from_secs(30))
 ///     .dedup_key("order-42")
+///     .limit_key("store:7")
 ///     .priority(Priority::High)
 ///     .max_attempts(3)
 ///     .timeout(Duration::from_secs(10));
@@ -30,6 +31,7 @@ pub struct EnqueueOptions {
     run_at: Option<DateTime<Utc>>,
     delay: Option<Duration>,
     dedup_key: Option<String>,
+    limit_key: Option<String>,
     priority: Priority,
     max_attempts: Option<u32>,
     timeout: Option<Duration>,
@@ -62,6 +64,15 @@ impl EnqueueOptions {
     /// finished (succeeded, failed, canceled), the key is free again. 1 to 256 characters.
     pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
         self.dedup_key = Some(key.into());
+        self
+    }
+
+    /// The key whose limits this job obeys, per workspace (1 to 200 characters; `store:<id>`, `account:<id>`): at
+    /// most the key's `max_in_flight` of its jobs are handed to workers at once ([`crate::set_key_limit`]), and none
+    /// while the key is blocked by a handler's [`crate::JobError::RateLimited`]. A key without limits limits nothing;
+    /// a job without a key obeys none.
+    pub fn limit_key(mut self, key: impl Into<String>) -> Self {
+        self.limit_key = Some(key.into());
         self
     }
 
@@ -115,6 +126,9 @@ impl EnqueueOptions {
             && (key.is_empty() || key.chars().count() > 256)
         {
             return invalid("dedup_key must be 1 to 256 characters");
+        }
+        if self.limit_key.as_deref().is_some_and(|key| !crate::limits::valid_key(key)) {
+            return invalid("limit_key must be 1 to 200 characters");
         }
         if self.max_attempts.is_some_and(|a| !(1..=1000).contains(&a)) {
             return invalid("max_attempts must be between 1 and 1000");
@@ -188,6 +202,7 @@ struct Row {
     run_at: Option<DateTime<Utc>>,
     delay_secs: f64,
     dedup_key: Option<String>,
+    limit_key: Option<String>,
     priority: i16,
     max_attempts: Option<i32>,
     timeout_ms: Option<i64>,
@@ -207,6 +222,7 @@ impl Row {
             run_at: options.run_at,
             delay_secs: options.delay.unwrap_or_default().as_secs_f64(),
             dedup_key: options.dedup_key,
+            limit_key: options.limit_key,
             priority: options.priority.level(),
             max_attempts: options.max_attempts.map(|a| a as i32),
             timeout_ms: options.timeout.map(ms),
@@ -271,9 +287,9 @@ async fn insert_row<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -
         let inserted: Option<(Uuid,)> = sqlx::query_as(
             "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                                         next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
-                                        backoff_max_ms)
+                                        backoff_max_ms, limit_key)
              SELECT $1, conveyor_current_workspace(), $2, $3, $4, $5, $6,
-                    coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14
+                    coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14, $17
              FROM (SELECT pg_notify($15, conveyor_current_workspace()::text || $16)) AS notified
              WHERE $5::uuid IS NULL
                 OR EXISTS (SELECT 1 FROM operations o WHERE o.id = $5 AND o.status IN ('queued', 'running'))
@@ -298,6 +314,7 @@ async fn insert_row<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -
         .bind(row.backoff_max_ms)
         .bind(NOTIFY_CHANNEL)
         .bind(suffix)
+        .bind(&row.limit_key)
         .fetch_optional(&mut **tx)
         .await
         .map_err(no_workspace)?;
@@ -379,15 +396,15 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     let inserted: Vec<(Uuid,)> = sqlx::query_as(
         "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                                     next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
-                                    backoff_max_ms)
+                                    backoff_max_ms, limit_key)
          SELECT v.id, conveyor_current_workspace(), $1, $2, v.payload, v.operation_id, v.traceparent,
                 coalesce(v.run_at, now() + make_interval(secs => v.delay)), v.dedup_key, v.priority, v.max_attempts,
-                v.timeout_ms, v.backoff_ms, v.backoff_max_ms
+                v.timeout_ms, v.backoff_ms, v.backoff_max_ms, v.limit_key
          FROM (SELECT pg_notify($3, conveyor_current_workspace()::text || $4)) AS notified
          CROSS JOIN unnest($5::uuid[], $6::jsonb[], $7::uuid[], $8::text[], $9::timestamptz[], $10::float8[],
-                           $11::text[], $12::int2[], $13::int4[], $14::int8[], $15::int8[], $16::int8[])
+                           $11::text[], $12::int2[], $13::int4[], $14::int8[], $15::int8[], $16::int8[], $17::text[])
                     WITH ORDINALITY AS v(id, payload, operation_id, traceparent, run_at, delay, dedup_key, priority,
-                                         max_attempts, timeout_ms, backoff_ms, backoff_max_ms, n)
+                                         max_attempts, timeout_ms, backoff_ms, backoff_max_ms, limit_key, n)
          ORDER BY v.n
          ON CONFLICT (workspace_id, event_type, dedup_key)
              WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
@@ -410,6 +427,7 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     .bind(column(&rows, |r| r.timeout_ms))
     .bind(column(&rows, |r| r.backoff_ms))
     .bind(column(&rows, |r| r.backoff_max_ms))
+    .bind(column(&rows, |r| r.limit_key.clone()))
     .fetch_all(&mut **tx)
     .await
     .map_err(no_workspace)?;
@@ -455,6 +473,9 @@ mod tests {
         assert!(refused(EnqueueOptions::new().timeout(Duration::ZERO)).contains("timeout"));
         assert!(refused(EnqueueOptions::new().dedup_key("")).contains("dedup_key"));
         assert!(refused(EnqueueOptions::new().dedup_key("k".repeat(257))).contains("dedup_key"));
+        assert!(refused(EnqueueOptions::new().limit_key("")).contains("limit_key"));
+        assert!(refused(EnqueueOptions::new().limit_key("k".repeat(201))).contains("limit_key"));
+        assert!(EnqueueOptions::new().limit_key("é".repeat(200)).validate().is_ok());
         assert!(refused(EnqueueOptions::new().run_at(Utc::now()).delay(Duration::from_secs(1))).contains("run_at"));
         let inverted = Backoff { base: Duration::from_secs(10), max: Duration::from_secs(1) };
         assert!(refused(EnqueueOptions::new().backoff(inverted)).contains("backoff"));

@@ -225,6 +225,20 @@ impl Worker {
                     }
                     // Nobody canceled it: a failure like any other, retried below.
                 }
+                if let JobError::RateLimited { reason, until } = &e {
+                    // Not a failure of this job: no attempt spent, whatever attempt this was.
+                    let reason = redact(reason);
+                    tracing::info!(event_id = %d.event_id, %until, reason = %reason, "Job rate limited; its key waits until then");
+                    let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
+                    if !Box::pin(record::throttle(pool, workspace, event, d.redrive, operation, *until, &reason))
+                        .await?
+                    {
+                        tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not throttling it");
+                        return Ok((Outcome::Skipped, None));
+                    }
+                    self.0.metrics.jobs_throttled.with_label_values(&[&*d.event_type]).inc();
+                    return Ok((Outcome::Retried, None));
+                }
                 let error = redact(&e.to_string());
                 let permanent = matches!(e, JobError::Permanent(_));
                 if permanent || d.attempt >= max_attempts {

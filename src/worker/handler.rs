@@ -35,6 +35,20 @@ pub enum JobError {
         /// The earliest sensible retry, from now.
         after: std::time::Duration,
     },
+    /// The job's key (its [`crate::EnqueueOptions::limit_key`]) is rate limited until `until` (a `429` whose
+    /// `Retry-After` speaks for the whole account, a quota that resets at a known time): the job goes back to the
+    /// outbox due at `until` **without spending an attempt**, and none of the key's jobs is handed to workers before
+    /// then (jobs of other keys go on; those already in the workers' hands run, and may answer the same). A job without
+    /// a key just waits until `until`, without spending an attempt. Unlike [`JobError::RetryAfter`], which is a failure
+    /// of this job (it spends an attempt, and only this job waits), this says the job could not do its work yet (its
+    /// transaction rolls back): a handler that always answers it never dead-letters.
+    #[error("rate limited until {until}: {reason}")]
+    RateLimited {
+        /// Why (stored as the job's last error and the key's block reason).
+        reason: String,
+        /// Not before this time.
+        until: DateTime<Utc>,
+    },
     /// Retrying cannot help: dead-letter at once.
     #[error("{0}")]
     Permanent(String),
@@ -52,6 +66,11 @@ impl JobError {
     /// A failure worth retrying no sooner than `after` from now, from anything printable.
     pub fn retry_after(e: impl std::fmt::Display, after: std::time::Duration) -> Self {
         Self::RetryAfter { reason: e.to_string(), after }
+    }
+
+    /// The job's key is rate limited until `until` (see [`JobError::RateLimited`]), from anything printable.
+    pub fn rate_limited(reason: impl std::fmt::Display, until: DateTime<Utc>) -> Self {
+        Self::RateLimited { reason: reason.to_string(), until }
     }
 
     /// A failure retrying cannot fix, from anything printable.

@@ -60,7 +60,8 @@ pub enum Outcome {
     Succeeded,
     /// The job had already ended (a repeat delivery), or a newer delivery decides: nothing run.
     Skipped,
-    /// Failed; scheduled to run again after a back-off.
+    /// Failed; scheduled to run again after a back-off. Also a job rate limited ([`crate::JobError::RateLimited`]): back to
+    /// the outbox until its key may go again, without spending an attempt.
     Retried,
     /// Failed for good (permanent error, attempts exhausted, undecodable payload, no handler for its kind).
     DeadLettered,

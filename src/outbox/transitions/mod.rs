@@ -444,6 +444,74 @@ pub(crate) async fn retry(
     Ok(moved == 1)
 }
 
+/// Puts a job whose key is rate limited (the handler answered `JobError::RateLimited`) back to `pending`, due at
+/// `until`, **without spending an attempt** (`job_attempts` unchanged), with a new re-drive generation like [`retry`];
+/// blocks its key (if it has one) until the later of its block and `until`, so that the claim hands out none of the
+/// key's jobs before then; and puts the operation back to `queued`. Fenced by the delivery's generation exactly like
+/// [`retry`]: false, and nothing changes, when the generation has moved on.
+pub(crate) async fn throttle(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    event_id: Uuid,
+    redrive: Option<i32>,
+    operation: Option<Uuid>,
+    until: chrono::DateTime<chrono::Utc>,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    lock_operation_tx(&mut tx, operation).await?;
+    let moved: Option<(Option<String>, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "UPDATE outbox_events
+         SET status = 'pending', next_attempt_at = greatest($2, now()), redrive_count = redrive_count + 1,
+             last_error = $3, stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
+         WHERE id = $1 AND redrive_count = coalesce($4, redrive_count)
+           AND status IN ('pending', 'dispatching', 'dispatched')
+         RETURNING limit_key, next_attempt_at",
+    )
+    .bind(event_id)
+    .bind(until)
+    .bind(reason)
+    .bind(redrive)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((key, due)) = moved else {
+        tx.rollback().await?;
+        return Ok(false);
+    };
+    if let Some(key) = key {
+        sqlx::query(
+            "INSERT INTO job_key_limits (workspace_id, key, blocked_until, block_reason)
+             VALUES (conveyor_current_workspace(), $1, $2, $3)
+             ON CONFLICT (workspace_id, key) DO UPDATE
+                 SET blocked_until = greatest(job_key_limits.blocked_until, EXCLUDED.blocked_until),
+                     block_reason = EXCLUDED.block_reason, updated_at = now()",
+        )
+        .bind(&key)
+        .bind(due)
+        .bind(reason.get(..reason.floor_char_boundary(500)).unwrap_or_default())
+        .execute(&mut *tx)
+        .await?;
+    }
+    // Wakes the dispatchers when the job (and its key) is due again, not at their next sweep.
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(super::NOTIFY_CHANNEL)
+        .bind(format!("{}@{}", workspace.0, due.timestamp_millis()))
+        .execute(&mut *tx)
+        .await?;
+    if let Some(operation) = operation {
+        sqlx::query(
+            "UPDATE operations SET status = 'queued', error = $2, updated_at = now()
+             WHERE id = $1 AND status IN ('queued', 'running')",
+        )
+        .bind(operation)
+        .bind(reason)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
 /// Dead-letters the job: the outbox event keeps the redacted reason, the operation fails with it. Fenced by the
 /// delivery's generation, like [`retry`]: false, and nothing changes, when a newer delivery exists or the event is
 /// already dead-lettered. An event no longer in the outbox (purged) has no generation to protect: its operation

@@ -1,0 +1,97 @@
+//! Limits per key, read by the relay's claim (migration 0023): a job enqueued with
+//! [`EnqueueOptions::limit_key`](crate::EnqueueOptions::limit_key) obeys its key's limits in its workspace.
+//!
+//! - **Concurrency.** With [`KeyLimit::max_in_flight`], at most that many of the key's jobs are handed to workers and
+//!   not ended (`dispatching` or `dispatched`) at once; the rest wait in the outbox, and jobs of other keys (or of no
+//!   key) go on.
+//! - **Blocks.** A handler answering [`JobError::RateLimited`](crate::JobError::RateLimited) blocks its key until the
+//!   time it gives: none of the key's jobs is handed out before then.
+//!
+//! Keys are tenant data (they name a workspace's own stores or accounts): their rows are under row-level security,
+//! and every call takes the workspace.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::flow::FlowError;
+use crate::ids::WorkspaceId;
+
+/// The longest limit key, in characters.
+pub const MAX_KEY_CHARS: usize = 200;
+
+/// Whether `key` can be a limit key: 1 to 200 characters.
+pub(crate) fn valid_key(key: &str) -> bool {
+    !key.is_empty() && key.chars().count() <= MAX_KEY_CHARS
+}
+
+/// An operator's limits of one key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KeyLimit {
+    /// At most this many of the key's jobs in the workers' hands at once (1 to 1,000,000); `None`: no such limit.
+    pub max_in_flight: Option<u32>,
+}
+
+/// A key's limits and block, as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct KeyLimits {
+    /// The key.
+    pub key: String,
+    /// Its concurrency limit, if any.
+    pub max_in_flight: Option<i32>,
+    /// Its jobs are not handed out before this time (a handler's [`crate::JobError::RateLimited`]); in the past when
+    /// the block has passed.
+    pub blocked_until: Option<DateTime<Utc>>,
+    /// The reason the handler gave for the latest block.
+    pub block_reason: Option<String>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+fn check_key(key: &str) -> Result<(), FlowError> {
+    if valid_key(key) { Ok(()) } else { Err(FlowError::InvalidName("limit key (1 to 200 characters)")) }
+}
+
+/// Sets the limits of `key` in `workspace` (replacing earlier ones; a block in force stays), and wakes the dispatchers
+/// (a higher limit lets held jobs go at once).
+pub async fn set_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str, limit: KeyLimit) -> Result<(), FlowError> {
+    check_key(key)?;
+    if limit.max_in_flight.is_some_and(|m| !(1..=1_000_000).contains(&m)) {
+        return Err(FlowError::OutOfRange("max_in_flight is from 1 to 1000000"));
+    }
+    let mut tx = crate::db::begin_workspace(pool, workspace).await?;
+    sqlx::query(
+        "INSERT INTO job_key_limits (workspace_id, key, max_in_flight) VALUES (conveyor_current_workspace(), $1, $2)
+         ON CONFLICT (workspace_id, key) DO UPDATE SET max_in_flight = EXCLUDED.max_in_flight, updated_at = now()",
+    )
+    .bind(key)
+    .bind(limit.max_in_flight.map(|m| m as i32))
+    .execute(&mut *tx)
+    .await?;
+    crate::outbox::notify_tx(&mut tx, workspace).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Removes the limits of `key` in `workspace`, and its block if any, and wakes the dispatchers: the key's held jobs go.
+/// `false` when the key had none.
+pub async fn remove_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str) -> Result<bool, FlowError> {
+    check_key(key)?;
+    let mut tx = crate::db::begin_workspace(pool, workspace).await?;
+    let removed = sqlx::query("DELETE FROM job_key_limits WHERE key = $1").bind(key).execute(&mut *tx).await?;
+    crate::outbox::notify_tx(&mut tx, workspace).await?;
+    tx.commit().await?;
+    Ok(removed.rows_affected() == 1)
+}
+
+/// The keys of `workspace` with limits or blocks (passed ones included), by key.
+pub async fn list_key_limits(pool: &PgPool, workspace: WorkspaceId) -> Result<Vec<KeyLimits>, FlowError> {
+    let mut tx = crate::db::begin_workspace(pool, workspace).await?;
+    let rows = sqlx::query_as(
+        "SELECT key, max_in_flight, blocked_until, block_reason, updated_at FROM job_key_limits ORDER BY key",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(rows)
+}
