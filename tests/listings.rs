@@ -794,7 +794,7 @@ async fn a_publication_canceled_mid_call_then_asked_for_again_records_the_same_p
 }
 
 #[tokio::test]
-async fn a_rate_limited_product_creation_is_retried_no_sooner_than_its_retry_after() {
+async fn a_429_holds_back_only_its_stores_publications_until_its_retry_after_and_spends_no_attempt() {
     let app = TestApp::spawn().await;
     // The next product creation answers 429 with Retry-After: 5 (the kind's first back-off is at most 1 s).
     let settings = Settings { product_rate_limited_calls: 1, product_retry_after_secs: 5, ..Settings::default() };
@@ -803,28 +803,67 @@ async fn a_rate_limited_product_creation_is_retried_no_sooner_than_its_retry_aft
     start_dispatcher(&app, &shutdown).await;
     start_worker(&app, &market, &shutdown).await;
     let who = principal();
-    let store = active_store(&app, who).await;
-    let listing = create_listing(&app, who, &listing_body(&store, &[])).await;
+    let (limited, other) = (active_store(&app, who).await, active_store(&app, who).await);
+    let listing = create_listing(&app, who, &listing_body(&limited, &[])).await;
     let operation = publish_accepted(&app, who, &listing).await;
 
     let wait = common::eventually(Duration::from_secs(30), || async {
         let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-        let row: Option<(Option<String>, f64)> = sqlx::query_as(
-            "SELECT last_error, extract(epoch FROM next_attempt_at - now())::float8 FROM outbox_events
+        let row: Option<(Option<String>, f64, i32)> = sqlx::query_as(
+            "SELECT last_error, extract(epoch FROM next_attempt_at - now())::float8, job_attempts FROM outbox_events
              WHERE event_type = 'listing.publish' AND last_error IS NOT NULL",
         )
         .fetch_optional(&mut *tx)
         .await
         .unwrap();
         tx.commit().await.unwrap();
-        row.filter(|(error, _)| error.as_deref().is_some_and(|e| e.contains("429"))).map(|(_, wait)| wait)
+        row.filter(|(error, _, _)| error.as_deref().is_some_and(|e| e.contains("429"))).map(|(_, w, a)| (w, a))
     })
     .await
     .expect("the 429 was recorded");
-    assert!(wait > 2.5, "the retry waits for the marketplace's Retry-After, not the 1 s back-off: {wait} s");
+    assert!(wait.0 > 2.5, "the retry waits for the marketplace's Retry-After, not the 1 s back-off: {} s", wait.0);
+    assert_eq!(wait.1, 0, "a rate limit spends no attempt");
+    let keys = conveyor::list_key_limits(&app.db.pool, who.workspace_id).await.unwrap();
+    let blocked = format!("store:{limited}");
+    assert!(keys.iter().any(|k| k.key == blocked && k.blocked_until.is_some()), "{keys:?}");
+
+    // Another store's publication goes on meanwhile, and ends before the limited store may call again.
+    let other_listing = create_listing(&app, who, &listing_body(&other, &[])).await;
+    let other_operation = publish_accepted(&app, who, &other_listing).await;
+    common::operation_reaches(&app, who, &other_operation, "succeeded", Duration::from_secs(30)).await.expect("other");
+    assert_ne!(common::operation(&app, who, &operation).await["status"], "succeeded", "still held back");
+
     common::operation_reaches(&app, who, &operation, "succeeded", Duration::from_secs(30)).await.expect("published");
     let stats = sandbox.stats();
-    assert_eq!((stats.product_calls, stats.products_created), (2, 1), "one refused call, one that made the product");
+    assert_eq!((stats.product_calls, stats.products_created), (3, 2), "one refused call, one product per listing");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_stores_limit_holds_its_publications_to_that_many_simultaneous_marketplace_calls() {
+    let app = TestApp::spawn().await;
+    let (sandbox, market) = common::sandbox(Settings { latency_ms: 300, ..Settings::default() }).await;
+    let who = principal();
+    let store = active_store(&app, who).await;
+    let key = format!("store:{store}");
+    let limit = conveyor::KeyLimit { max_in_flight: Some(2), ..conveyor::KeyLimit::default() };
+    conveyor::set_key_limit(&app.db.pool, who.workspace_id, &key, limit).await.unwrap();
+    let mut operations = Vec::new();
+    for _ in 0..8 {
+        let listing = create_listing(&app, who, &listing_body(&store, &[])).await;
+        operations.push(publish_accepted(&app, who, &listing).await);
+    }
+    let shutdown = CancellationToken::new();
+    start_dispatcher(&app, &shutdown).await;
+    start_worker(&app, &market, &shutdown).await;
+    for operation in &operations {
+        common::operation_reaches(&app, who, operation, "succeeded", Duration::from_secs(60)).await.expect("published");
+    }
+    let stats = sandbox.stats();
+    assert_eq!(stats.products_created, 8);
+    // The marketplace's own view: never more than the store's limit of calls at once (8 worker slots were free).
+    assert!(stats.product_calls_max_concurrent <= 2, "{} calls at once", stats.product_calls_max_concurrent);
+    assert_eq!(stats.product_calls_in_flight, 0);
     shutdown.cancel();
 }
 

@@ -453,7 +453,9 @@ pub async fn publish_tx(
     }
     let operation =
         operations::create_tx(tx, principal.workspace_id, principal.user_id, PUBLISH_KIND, Some(id)).await?;
-    let mut options = EnqueueOptions::new().operation(operation.id);
+    // The store is the marketplace's unit of quota: its publications share a limit key, so an operator's limit on it
+    // (`set_key_limit`) and a rate limit the marketplace answers for it hold back this store's jobs only.
+    let mut options = EnqueueOptions::new().operation(operation.id).limit_key(store_limit_key(store_id));
     if let Some(traceparent) = traceparent {
         options = options.traceparent(traceparent);
     }
@@ -657,4 +659,9 @@ mod tests {
         let id = Uuid::now_v7();
         assert!(NewListing { media_ids: vec![id, id], ..valid }.validate().is_err());
     }
+}
+
+/// The limit key of a store's marketplace calls (`store:<id>`).
+pub fn store_limit_key(store_id: Uuid) -> String {
+    format!("store:{store_id}")
 }

@@ -60,9 +60,12 @@ impl Handler<PublishListing> for PublishListingHandler {
         }
         .map_err(|e| match e {
             PublishJobError::Marketplace(MarketplaceError::Transient(m)) => JobError::Retryable(m),
-            PublishJobError::Marketplace(MarketplaceError::RetryAfter { reason, after }) => {
-                JobError::retry_after(reason, after)
-            }
+            // The marketplace said when this store may call again: the store's jobs (one limit key) wait until then,
+            // without spending an attempt; other stores go on.
+            PublishJobError::Marketplace(MarketplaceError::RetryAfter { reason, after }) => JobError::rate_limited(
+                reason,
+                chrono::Utc::now() + chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX),
+            ),
             PublishJobError::Marketplace(MarketplaceError::Permanent(m)) => {
                 JobError::Permanent(format!("the marketplace refused the product: {m}"))
             }

@@ -91,6 +91,9 @@ async fn create_product(
     let answer = {
         let mut inner = sandbox.0.lock().expect("sandbox lock");
         inner.stats.product_calls += 1;
+        inner.stats.product_calls_in_flight += 1;
+        inner.stats.product_calls_max_concurrent =
+            inner.stats.product_calls_max_concurrent.max(inner.stats.product_calls_in_flight);
         if inner.settings.product_rate_limited_calls > 0 {
             inner.settings.product_rate_limited_calls -= 1;
             retry_after = Some(settings.product_retry_after_secs.max(1));
@@ -110,15 +113,27 @@ async fn create_product(
             (StatusCode::CREATED, serde_json::json!({ "id": id }))
         }
     };
+    // Counted until answered, or until the caller hangs up (the future is dropped).
+    let in_flight = InFlight(sandbox.clone());
     if settings.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(settings.latency_ms)).await;
     }
     if hang {
         tokio::time::sleep(Duration::from_millis(if settings.hang_ms == 0 { 30_000 } else { settings.hang_ms })).await;
     }
+    drop(in_flight);
     let mut response = (answer.0, Json(answer.1)).into_response();
     if let Some(secs) = retry_after {
         response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
     }
     response
+}
+
+/// One product creation call being answered.
+struct InFlight(Sandbox);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.0.lock().expect("sandbox lock").stats.product_calls_in_flight -= 1;
+    }
 }

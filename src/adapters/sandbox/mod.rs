@@ -60,6 +60,12 @@ pub struct Stats {
     pub calls_by_key: HashMap<String, u64>,
     /// Product creation calls received (repeats included).
     pub product_calls: u64,
+    /// The most product creation calls the sandbox was answering at once.
+    #[serde(default)]
+    pub product_calls_max_concurrent: u64,
+    /// Product creation calls being answered now.
+    #[serde(default)]
+    pub product_calls_in_flight: u64,
     /// Products made: one per distinct idempotency key.
     pub products_created: u64,
     /// Catalog pages served (`POST /v1/catalog/list` answered with products).
