@@ -442,6 +442,7 @@ async fn prefill(app: &common::TestApp, n: usize) {
                 enqueued_at_ms: chrono::Utc::now().timestamp_millis(),
                 traceparent: conveyor::telemetry::new_traceparent(),
                 redrive: 0,
+                class: String::new(),
                 options: Default::default(),
             })
             .collect();

@@ -6,8 +6,9 @@
 //! service ── one PostgreSQL transaction (begin_workspace sets app.workspace_id for RLS) ──────────────────┐
 //!             business rows + enqueue_tx / enqueue_many_tx (an outbox_events row per job, + pg_notify)   │
 //!             COMMIT ────────────────────────────────────────────────────────────────────────────────────┘
-//! Dispatcher ◀─ LISTEN/NOTIFY + sweeps + a timer for the next delayed job: claims due jobs per workspace by
-//!               priority (SKIP LOCKED, leased), XADDs them (de-duplicated by job id), marks them dispatched
+//! Dispatcher ◀─ LISTEN/NOTIFY + sweeps + a timer for the next delayed job or tick: claims each workspace's due jobs
+//!               by priority within its window, pauses, key and kind limits (SKIP LOCKED, leased), XADDs them
+//!               (de-duplicated by job id), marks them dispatched; tops a window up as its jobs end
 //! Worker ◀────── XREADGROUP: the kind's Handler in a workspace transaction, completion recorded in it, XACK after
 //!               commit; retries with back-off through the outbox, dead letters, cancellation, reclaim of dead consumers
 //! get_job / cancel_job / wait_for_job ── job control, under RLS
@@ -85,7 +86,10 @@ pub use dispatcher::Dispatcher;
 pub use flow::{FlowError, Pause, PauseScope, list_pauses, pause, resume, set_workspace_weight};
 pub use ids::{JobId, UserId, WorkspaceId};
 pub use kind::{JobKind, Priority};
-pub use limits::{KeyLimit, KeyLimits, list_key_limits, remove_key_limit, set_key_limit};
+pub use limits::{
+    KeyLimit, KeyLimits, KindLimit, list_key_limits, list_kind_limits, remove_key_limit, remove_kind_limit,
+    set_key_limit, set_kind_limit,
+};
 pub use migrate::migrate;
 pub use outbox::control::{
     CancelError, JobEnds, JobInfo, JobStatus, WaitError, cancel_job, get_job, subscribe, wait_for_job,

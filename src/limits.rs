@@ -4,11 +4,19 @@
 //! - **Concurrency.** With [`KeyLimit::max_in_flight`], at most that many of the key's jobs are handed to workers and
 //!   not ended (`dispatching` or `dispatched`) at once; the rest wait in the outbox, and jobs of other keys (or of no
 //!   key) go on.
+//! - **Rates.** With [`KeyLimit::max_per_interval`] `(n, interval)`, at most `n` of the key's jobs are handed out in
+//!   any `interval` (a sliding window: the claim keeps the times of the key's latest hand-outs on the key's row,
+//!   under the row lock it takes to count the key's room; migration 0024).
 //! - **Blocks.** A handler answering [`JobError::RateLimited`](crate::JobError::RateLimited) blocks its key until the
 //!   time it gives: none of the key's jobs is handed out before then.
 //!
+//! - **Kinds.** [`set_kind_limit`] keeps at most `max_in_flight` of a workspace's jobs of a kind in the workers' hands;
+//!   other kinds go on.
+//!
 //! Keys are tenant data (they name a workspace's own stores or accounts): their rows are under row-level security,
 //! and every call takes the workspace.
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -30,7 +38,15 @@ pub(crate) fn valid_key(key: &str) -> bool {
 pub struct KeyLimit {
     /// At most this many of the key's jobs in the workers' hands at once (1 to 1,000,000); `None`: no such limit.
     pub max_in_flight: Option<u32>,
+    /// At most `n` of the key's jobs handed out in any `interval` (`n` from 1 to 10,000, `interval` from 1 ms to a
+    /// day, in whole milliseconds); `None`: no rate.
+    pub max_per_interval: Option<(u32, Duration)>,
 }
+
+/// The most jobs a rate lets through in one interval.
+pub const MAX_PER_INTERVAL: u32 = 10_000;
+/// The longest rate interval: a day.
+pub const MAX_RATE_INTERVAL: Duration = Duration::from_secs(86_400);
 
 /// A key's limits and block, as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -39,6 +55,10 @@ pub struct KeyLimits {
     pub key: String,
     /// Its concurrency limit, if any.
     pub max_in_flight: Option<i32>,
+    /// Its rate, if any: at most this many jobs handed out per [`KeyLimits::interval_ms`].
+    pub max_per_interval: Option<i32>,
+    /// Its rate's interval, in milliseconds.
+    pub interval_ms: Option<i64>,
     /// Its jobs are not handed out before this time (a handler's [`crate::JobError::RateLimited`]); in the past when
     /// the block has passed.
     pub blocked_until: Option<DateTime<Utc>>,
@@ -59,13 +79,33 @@ pub async fn set_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str, lim
     if limit.max_in_flight.is_some_and(|m| !(1..=1_000_000).contains(&m)) {
         return Err(FlowError::OutOfRange("max_in_flight is from 1 to 1000000"));
     }
+    if let Some((n, interval)) = limit.max_per_interval {
+        if !(1..=MAX_PER_INTERVAL).contains(&n) {
+            return Err(FlowError::OutOfRange("max_per_interval's count is from 1 to 10000"));
+        }
+        if interval < Duration::from_millis(1)
+            || interval > MAX_RATE_INTERVAL
+            || interval.subsec_nanos() % 1_000_000 != 0
+        {
+            return Err(FlowError::OutOfRange("max_per_interval's interval is from 1 ms to 1 day, in whole ms"));
+        }
+    }
+    let (per, interval_ms) = match limit.max_per_interval {
+        Some((n, interval)) => (Some(n as i32), Some(interval.as_millis() as i64)),
+        None => (None, None),
+    };
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
     sqlx::query(
-        "INSERT INTO job_key_limits (workspace_id, key, max_in_flight) VALUES (conveyor_current_workspace(), $1, $2)
-         ON CONFLICT (workspace_id, key) DO UPDATE SET max_in_flight = EXCLUDED.max_in_flight, updated_at = now()",
+        "INSERT INTO job_key_limits (workspace_id, key, max_in_flight, max_per_interval, interval_ms)
+         VALUES (conveyor_current_workspace(), $1, $2, $3, $4)
+         ON CONFLICT (workspace_id, key) DO UPDATE
+         SET max_in_flight = EXCLUDED.max_in_flight, max_per_interval = EXCLUDED.max_per_interval,
+             interval_ms = EXCLUDED.interval_ms, updated_at = now()",
     )
     .bind(key)
     .bind(limit.max_in_flight.map(|m| m as i32))
+    .bind(per)
+    .bind(interval_ms)
     .execute(&mut *tx)
     .await?;
     crate::outbox::notify_tx(&mut tx, workspace).await?;
@@ -88,10 +128,73 @@ pub async fn remove_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str) 
 pub async fn list_key_limits(pool: &PgPool, workspace: WorkspaceId) -> Result<Vec<KeyLimits>, FlowError> {
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
     let rows = sqlx::query_as(
-        "SELECT key, max_in_flight, blocked_until, block_reason, updated_at FROM job_key_limits ORDER BY key",
+        "SELECT key, max_in_flight, max_per_interval, interval_ms, blocked_until, block_reason, updated_at
+         FROM job_key_limits ORDER BY key",
     )
     .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
+    Ok(rows)
+}
+
+/// A workspace's concurrency limit of one kind, as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct KindLimit {
+    /// The kind ([`crate::JobKind::KIND`]).
+    pub kind: String,
+    /// At most this many of the workspace's jobs of the kind in the workers' hands at once.
+    pub max_in_flight: i32,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+fn check_kind(kind: &str) -> Result<(), FlowError> {
+    if crate::kind::valid_kind_name(kind) { Ok(()) } else { Err(FlowError::InvalidName("kind")) }
+}
+
+/// Keeps at most `max_in_flight` (1 to 1,000,000) of `workspace`'s jobs of `kind` handed to workers and not ended
+/// (`dispatching` or `dispatched`) at once, replacing an earlier limit; the rest wait in the outbox, other kinds go on.
+/// Wakes the dispatchers.
+pub async fn set_kind_limit(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    kind: &str,
+    max_in_flight: u32,
+) -> Result<(), FlowError> {
+    check_kind(kind)?;
+    if !(1..=1_000_000).contains(&max_in_flight) {
+        return Err(FlowError::OutOfRange("max_in_flight is from 1 to 1000000"));
+    }
+    let mut tx = crate::db::begin_workspace(pool, workspace).await?;
+    sqlx::query(
+        "INSERT INTO job_kind_limits (workspace_id, kind, max_in_flight) VALUES (conveyor_current_workspace(), $1, $2)
+         ON CONFLICT (workspace_id, kind) DO UPDATE SET max_in_flight = EXCLUDED.max_in_flight, updated_at = now()",
+    )
+    .bind(kind)
+    .bind(max_in_flight as i32)
+    .execute(&mut *tx)
+    .await?;
+    crate::outbox::notify_tx(&mut tx, workspace).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Removes `workspace`'s limit of `kind` and wakes the dispatchers: its held jobs go. `false` when it had none.
+pub async fn remove_kind_limit(pool: &PgPool, workspace: WorkspaceId, kind: &str) -> Result<bool, FlowError> {
+    check_kind(kind)?;
+    let mut tx = crate::db::begin_workspace(pool, workspace).await?;
+    let removed = sqlx::query("DELETE FROM job_kind_limits WHERE kind = $1").bind(kind).execute(&mut *tx).await?;
+    crate::outbox::notify_tx(&mut tx, workspace).await?;
+    tx.commit().await?;
+    Ok(removed.rows_affected() == 1)
+}
+
+/// The kinds of `workspace` with limits, by kind.
+pub async fn list_kind_limits(pool: &PgPool, workspace: WorkspaceId) -> Result<Vec<KindLimit>, FlowError> {
+    let mut tx = crate::db::begin_workspace(pool, workspace).await?;
+    let rows = sqlx::query_as("SELECT kind, max_in_flight, updated_at FROM job_kind_limits ORDER BY kind")
+        .fetch_all(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(rows)
 }

@@ -40,7 +40,8 @@ pub struct Metrics {
     pub jobs: IntCounterVec,
     /// `conveyor_job_duration_seconds{queue, outcome}`.
     pub job_duration: HistogramVec,
-    /// `conveyor_job_queue_wait_seconds{queue}`: enqueue (commit) to handler start.
+    /// `conveyor_job_queue_wait_seconds{queue, class}`: enqueue (commit) to handler start, by the fair-share class of
+    /// the job's workspace when the relay claimed it (`light`, `backlogged`, or `unknown` for entries without one).
     pub job_queue_wait: HistogramVec,
     /// `conveyor_job_retries_total{type}`.
     pub job_retries: IntCounterVec,
@@ -193,9 +194,9 @@ impl Metrics {
             job_queue_wait: histogram_vec(
                 r,
                 "conveyor_job_queue_wait_seconds",
-                "Enqueue (commit) to handler start",
+                "Enqueue (commit) to handler start, by the workspace's fair-share class at the claim",
                 latency_buckets(),
-                &["queue"],
+                &["queue", "class"],
             ),
             job_retries: counter_vec(r, "conveyor_job_retries_total", "Jobs scheduled to run again", &["type"]),
             jobs_throttled: counter_vec(

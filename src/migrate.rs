@@ -38,6 +38,7 @@ const TABLES: &[&str] = &[
     "workspace_weights",
     "dispatch_pauses",
     "job_key_limits",
+    "job_kind_limits",
     "catalog_syncs",
     "store_products",
     "ai_usage_months",

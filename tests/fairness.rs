@@ -66,10 +66,21 @@ impl Handler<Ping> for Pong {
 }
 
 async fn worker(app: &TestApp, starts: &Starts, cost: Duration, concurrency: usize) -> Worker {
+    worker_with(app, starts, cost, concurrency, conveyor::metrics::Metrics::new()).await
+}
+
+async fn worker_with(
+    app: &TestApp,
+    starts: &Starts,
+    cost: Duration,
+    concurrency: usize,
+    metrics: conveyor::metrics::Metrics,
+) -> Worker {
     Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
         .handle::<Work>(Worked { starts: starts.clone(), cost })
         .handle::<Ping>(Pong)
         .settings(WorkerSettings { concurrency, ..WorkerSettings::default() })
+        .metrics(metrics)
         .build()
         .unwrap()
 }
@@ -282,4 +293,40 @@ async fn the_cli_pauses_lists_resumes_and_weighs() {
         .await
         .unwrap();
     assert_eq!(weight, 4);
+}
+
+#[tokio::test]
+async fn queue_wait_is_observed_by_workspace_class_light_or_backlogged() {
+    const WINDOW: u32 = 4;
+    let app = TestApp::spawn().await;
+    let (flood, light) = (principal().workspace_id, principal().workspace_id);
+    enqueue(&app, flood, "flood", 500).await;
+    let shutdown = CancellationToken::new();
+    dispatcher(&app, WINDOW, &shutdown).await;
+    let metrics = conveyor::metrics::Metrics::new();
+    let starts = Starts::default();
+    let worker = worker_with(&app, &starts, Duration::from_millis(10), 2, metrics.clone()).await;
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    common::eventually(Duration::from_secs(30), || async { (starts.all().len() >= 20).then_some(()) })
+        .await
+        .expect("the flood runs");
+
+    // The light workspace's jobs (on their own queue, to tell them apart in the metric) fit in its window.
+    let mut tx = conveyor::begin_workspace(&app.db.pool, light).await.unwrap();
+    let pings = conveyor::enqueue_many_tx(&mut tx, (0..3).map(|_| (&Ping, EnqueueOptions::new()))).await.unwrap();
+    tx.commit().await.unwrap();
+    for ping in &pings {
+        let done = conveyor::wait_for_job(&app.db.pool, light, ping.id, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(done.status, JobStatus::Succeeded);
+    }
+    let waited =
+        |queue: &str, class: &str| metrics.job_queue_wait.with_label_values(&[queue, class]).get_sample_count();
+    assert_eq!(waited("pings", "light"), 3, "the light workspace's jobs are light");
+    assert_eq!(waited("pings", "backlogged"), 0);
+    assert!(waited("work", "backlogged") >= 20, "the flood's jobs are backlogged: {}", waited("work", "backlogged"));
+    let waiting = app.db.rows("outbox_events", flood).await.iter().filter(|e| e["status"] == "pending").count();
+    assert!(waiting > 100, "the flood still has a backlog ({waiting} jobs)");
+    assert_eq!(waited("work", "light"), 0, "a workspace with more due than its window is never light");
+    assert_eq!(waited("work", "unknown") + waited("pings", "unknown"), 0, "every entry has its class");
+    shutdown.cancel();
 }

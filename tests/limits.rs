@@ -86,6 +86,44 @@ impl Handler<Call> for Caller {
     }
 }
 
+/// Another kind, on another queue, whose handler counts how many run at once.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Slow {
+    tag: String,
+}
+
+impl JobKind for Slow {
+    const KIND: &'static str = "test.slow";
+    const QUEUE: &'static str = "slow";
+}
+
+#[derive(Default)]
+struct Running {
+    now: AtomicUsize,
+    max: AtomicUsize,
+    ended: AtomicUsize,
+}
+
+struct Sleeper {
+    running: Arc<Running>,
+    cost: Duration,
+}
+
+impl Handler<Slow> for Sleeper {
+    async fn handle(&self, _: Slow, _: &mut JobContext) -> Result<Value, JobError> {
+        let now = self.running.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.running.max.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(self.cost).await;
+        self.running.now.fetch_sub(1, Ordering::SeqCst);
+        self.running.ended.fetch_add(1, Ordering::SeqCst);
+        Ok(json!(null))
+    }
+}
+
+fn caller(seen: &Arc<Seen>, cost: Duration) -> Caller {
+    Caller { seen: seen.clone(), cost, rate_limit_once: Vec::new(), limited_once: Mutex::default() }
+}
+
 async fn worker(app: &TestApp, caller: Caller, concurrency: usize) -> Worker {
     Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
         .handle::<Call>(caller)
@@ -129,7 +167,9 @@ async fn rows_of(app: &TestApp, ws: WorkspaceId, jobs: &[JobId]) -> Vec<Value> {
 async fn a_key_has_at_most_its_limit_in_flight_other_keys_go_on_and_the_limit_lifts() {
     let app = TestApp::spawn().await;
     let (ws, other) = (principal().workspace_id, principal().workspace_id);
-    conveyor::set_key_limit(&app.db.pool, ws, "store:a", KeyLimit { max_in_flight: Some(2) }).await.unwrap();
+    conveyor::set_key_limit(&app.db.pool, ws, "store:a", KeyLimit { max_in_flight: Some(2), ..KeyLimit::default() })
+        .await
+        .unwrap();
     let limits = conveyor::list_key_limits(&app.db.pool, ws).await.unwrap();
     assert_eq!(limits.len(), 1);
     assert_eq!((limits[0].key.as_str(), limits[0].max_in_flight), ("store:a", Some(2)));
@@ -256,7 +296,9 @@ async fn bad_limit_input_is_refused_and_writes_nothing() {
     let ws = principal().workspace_id;
     let long = "k".repeat(201);
     for key in ["", long.as_str()] {
-        let refused = conveyor::set_key_limit(&app.db.pool, ws, key, KeyLimit { max_in_flight: Some(1) }).await;
+        let refused =
+            conveyor::set_key_limit(&app.db.pool, ws, key, KeyLimit { max_in_flight: Some(1), ..KeyLimit::default() })
+                .await;
         assert!(matches!(refused, Err(FlowError::InvalidName(_))), "{refused:?}");
         let refused = conveyor::remove_key_limit(&app.db.pool, ws, key).await;
         assert!(matches!(refused, Err(FlowError::InvalidName(_))), "{refused:?}");
@@ -270,18 +312,172 @@ async fn bad_limit_input_is_refused_and_writes_nothing() {
         assert!(matches!(&refused, Err(EnqueueError::InvalidOptions(m)) if m.contains("limit_key")), "{refused:?}");
         tx.commit().await.unwrap();
     }
-    let zero = conveyor::set_key_limit(&app.db.pool, ws, "store:a", KeyLimit { max_in_flight: Some(0) }).await;
+    let zero = conveyor::set_key_limit(
+        &app.db.pool,
+        ws,
+        "store:a",
+        KeyLimit { max_in_flight: Some(0), ..KeyLimit::default() },
+    )
+    .await;
     assert!(matches!(zero, Err(FlowError::OutOfRange(_))), "{zero:?}");
     assert!(conveyor::list_key_limits(&app.db.pool, ws).await.unwrap().is_empty());
     assert!(app.db.rows("outbox_events", ws).await.is_empty());
 
     // The longest key is accepted, by the library and by the database.
     let longest = "é".repeat(200);
-    conveyor::set_key_limit(&app.db.pool, ws, &longest, KeyLimit { max_in_flight: Some(1) }).await.unwrap();
+    conveyor::set_key_limit(&app.db.pool, ws, &longest, KeyLimit { max_in_flight: Some(1), ..KeyLimit::default() })
+        .await
+        .unwrap();
     let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
     let job = Call { tag: "x".into(), key: Some(longest.clone()) };
     conveyor::enqueue_tx(&mut tx, &job, EnqueueOptions::new().limit_key(&longest)).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(app.db.rows("outbox_events", ws).await[0]["limit_key"], longest.as_str());
     assert!(conveyor::remove_key_limit(&app.db.pool, ws, &longest).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_keys_rate_holds_in_any_interval_by_the_databases_clock() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let rate = KeyLimit { max_per_interval: Some((3, Duration::from_secs(1))), ..KeyLimit::default() };
+    conveyor::set_key_limit(&app.db.pool, ws, "store:r", rate).await.unwrap();
+    let limits = conveyor::list_key_limits(&app.db.pool, ws).await.unwrap();
+    assert_eq!(
+        (limits[0].max_in_flight, limits[0].max_per_interval, limits[0].interval_ms),
+        (None, Some(3), Some(1000))
+    );
+
+    let seen = Arc::new(Seen::default());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(
+        worker(&app, caller(&seen, Duration::from_millis(10)), 8).await.run(shutdown.clone(), Duration::from_secs(5)),
+    );
+    dispatcher(&app, &shutdown).await;
+    let rated = enqueue(&app, ws, "r", Some("store:r"), 12).await;
+    let free = enqueue(&app, ws, "f", Some("store:f"), 6).await;
+    // Another key is not held by the rate: its jobs all end while most of the rated key's wait (12 at 3 per second).
+    wait_all(&app, ws, &free).await;
+    let rated_ended = rows_of(&app, ws, &rated).await.iter().filter(|r| r["status"] == "completed").count();
+    assert!(rated_ended <= 9, "{rated_ended} of the rated key's 12 jobs had ended when the other key's had");
+    wait_all(&app, ws, &rated).await;
+
+    // The hand-outs' times, by the database's clock: `dispatched_at`, written when the relay marks a job it has
+    // handed out (a little after the claim, whose time the rate goes by; hence the tolerance: without the rate the 12
+    // go within a few ms, and a fixed window would let 6 go across one of its boundaries).
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let ids: Vec<uuid::Uuid> = rated.iter().map(|j| j.0).collect();
+    let times: Vec<(DateTime<Utc>,)> = sqlx::query_as(
+        "SELECT dispatched_at FROM outbox_events WHERE id = ANY($1) AND dispatched_at IS NOT NULL ORDER BY dispatched_at",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(times.len(), 12);
+    let tolerance = chrono::Duration::milliseconds(400);
+    for (i, later) in times.iter().enumerate().skip(3) {
+        let gap = later.0 - times[i - 3].0;
+        assert!(
+            gap >= chrono::Duration::seconds(1) - tolerance,
+            "4 of the key's jobs handed out within {gap} (the {}th to the {}th): {times:?}",
+            i - 2,
+            i + 1
+        );
+    }
+    let span = times[11].0 - times[0].0;
+    assert!(span >= chrono::Duration::seconds(3) - tolerance, "12 jobs at 3 per second took {span}");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_kind_has_at_most_its_limit_running_while_other_kinds_go_on() {
+    let app = TestApp::spawn().await;
+    let (ws, other) = (principal().workspace_id, principal().workspace_id);
+    conveyor::set_kind_limit(&app.db.pool, ws, Slow::KIND, 2).await.unwrap();
+    let limits = conveyor::list_kind_limits(&app.db.pool, ws).await.unwrap();
+    assert_eq!((limits.len(), limits[0].kind.as_str(), limits[0].max_in_flight), (1, "test.slow", 2));
+    assert!(conveyor::list_kind_limits(&app.db.pool, other).await.unwrap().is_empty(), "tenant data");
+
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let jobs: Vec<Slow> = (0..12).map(|i| Slow { tag: format!("s-{i}") }).collect();
+    let slow: Vec<JobId> = conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new())))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    tx.commit().await.unwrap();
+    let calls = enqueue(&app, ws, "c", None, 8).await;
+
+    let running = Arc::new(Running::default());
+    let seen = Arc::new(Seen::default());
+    let shutdown = CancellationToken::new();
+    let worker =
+        Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
+            .handle::<Call>(caller(&seen, Duration::from_millis(20)))
+            .handle::<Slow>(Sleeper { running: running.clone(), cost: Duration::from_millis(200) })
+            .settings(WorkerSettings { concurrency: 8, ..WorkerSettings::default() })
+            .build()
+            .unwrap();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    dispatcher(&app, &shutdown).await;
+
+    // The other kind goes on while most of the limited kind waits (12 jobs, 2 at a time, 200 ms each).
+    wait_all(&app, ws, &calls).await;
+    let ended = running.ended.load(Ordering::SeqCst);
+    assert!(ended <= 8, "{ended} of the limited kind's 12 jobs had ended when the other kind's had");
+    wait_all(&app, ws, &slow).await;
+    assert_eq!(running.max.load(Ordering::SeqCst), 2, "at most (and, with 8 worker slots, exactly) 2 at once");
+
+    // Lifted: the kind runs as wide as the workers allow.
+    assert!(conveyor::remove_kind_limit(&app.db.pool, ws, Slow::KIND).await.unwrap());
+    assert!(!conveyor::remove_kind_limit(&app.db.pool, ws, Slow::KIND).await.unwrap(), "nothing left to remove");
+    running.max.store(0, Ordering::SeqCst);
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let again: Vec<JobId> = conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new())))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    tx.commit().await.unwrap();
+    wait_all(&app, ws, &again).await;
+    assert!(running.max.load(Ordering::SeqCst) > 2, "the limit no longer holds");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn bad_rate_and_kind_limits_are_refused_and_write_nothing() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let rate = |n, interval| KeyLimit { max_per_interval: Some((n, interval)), ..KeyLimit::default() };
+    for bad in [
+        rate(0, Duration::from_secs(1)),
+        rate(10_001, Duration::from_secs(1)),
+        rate(1, Duration::ZERO),
+        rate(1, Duration::from_micros(1500)),
+        rate(1, Duration::from_secs(86_401)),
+    ] {
+        let refused = conveyor::set_key_limit(&app.db.pool, ws, "store:a", bad).await;
+        assert!(matches!(refused, Err(FlowError::OutOfRange(_))), "{bad:?}: {refused:?}");
+    }
+    assert!(conveyor::list_key_limits(&app.db.pool, ws).await.unwrap().is_empty());
+    for (kind, max) in [("Not A Kind", 1), ("", 1), ("test.slow", 0), ("test.slow", 1_000_001)] {
+        let refused = conveyor::set_kind_limit(&app.db.pool, ws, kind, max).await;
+        assert!(
+            matches!(refused, Err(FlowError::InvalidName(_) | FlowError::OutOfRange(_))),
+            "{kind} {max}: {refused:?}"
+        );
+    }
+    assert!(matches!(
+        conveyor::remove_kind_limit(&app.db.pool, ws, "Not A Kind").await,
+        Err(FlowError::InvalidName(_))
+    ));
+    assert!(conveyor::list_kind_limits(&app.db.pool, ws).await.unwrap().is_empty());
+    // The bounds themselves are accepted.
+    conveyor::set_key_limit(&app.db.pool, ws, "store:a", rate(10_000, Duration::from_secs(86_400))).await.unwrap();
+    conveyor::set_key_limit(&app.db.pool, ws, "store:b", rate(1, Duration::from_millis(1))).await.unwrap();
+    conveyor::set_kind_limit(&app.db.pool, ws, "test.slow", 1_000_000).await.unwrap();
 }

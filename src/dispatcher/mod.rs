@@ -150,6 +150,7 @@ impl Dispatcher {
             enqueued_at_ms: event.created_at.timestamp_millis(),
             traceparent: event.traceparent.clone().unwrap_or_else(telemetry::new_traceparent),
             redrive: event.redrive_count,
+            class: event.workspace_class.clone(),
             options: JobOptions {
                 max_attempts: event.max_attempts,
                 timeout_ms: event.timeout_ms,

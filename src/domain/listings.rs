@@ -594,6 +594,11 @@ pub async fn publish_to_marketplace_tx(
     Ok(PublishOutcome::Published { marketplace_product_id: created.id })
 }
 
+/// The limit key of a store's marketplace calls (`store:<id>`).
+pub fn store_limit_key(store_id: Uuid) -> String {
+    format!("store:{store_id}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -659,9 +664,4 @@ mod tests {
         let id = Uuid::now_v7();
         assert!(NewListing { media_ids: vec![id, id], ..valid }.validate().is_err());
     }
-}
-
-/// The limit key of a store's marketplace calls (`store:<id>`).
-pub fn store_limit_key(store_id: Uuid) -> String {
-    format!("store:{store_id}")
 }

@@ -65,6 +65,9 @@ pub struct Message {
     pub traceparent: String,
     /// Re-drive generation (0 until the reconciler re-drives it).
     pub redrive: i32,
+    /// Its workspace's fair-share class when the relay claimed it (`light` or `backlogged`): the worker's queue-wait
+    /// metric is labelled with it. Written as the entry's `class` field when not empty.
+    pub class: String,
     /// The job's own options (runs, time-out, back-off base and cap, in ms), where it set them.
     pub options: JobOptions,
 }
@@ -119,6 +122,9 @@ impl Producer {
             "redrive".into(),
             m.redrive.to_string(),
         ];
+        if !m.class.is_empty() {
+            fields.extend(["class".to_owned(), m.class.clone()]);
+        }
         if let Some(op) = m.operation_id {
             fields.extend(["operation_id".to_owned(), op.to_string()]);
         }

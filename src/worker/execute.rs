@@ -69,6 +69,7 @@ impl Worker {
     pub(super) async fn process(&self, queue: Arc<Queue>, mut entry: Entry, abandon: CancellationToken) -> Outcome {
         let started = Instant::now();
         let kind = queue.kind_slot(entry.fields.get("type"));
+        let class = Queue::class_slot(entry.fields.get("class"));
         let (outcome, finished) = match Delivery::parse(&mut entry) {
             None => {
                 tracing::error!(queue = %queue.name, entry_id = %entry.id, "Stream entry is not a Conveyor job (no event or workspace id); dropping it");
@@ -77,7 +78,7 @@ impl Worker {
             Some(delivery) => {
                 if let Some(enqueued) = delivery.enqueued_at_ms {
                     let wait = (chrono::Utc::now().timestamp_millis() - enqueued).max(0) as f64 / 1000.0;
-                    queue.wait.observe(wait);
+                    queue.waited(class, wait);
                 }
                 let span = tracing::info_span!("job", event_id = %delivery.event_id, r#type = %delivery.event_type,
                     attempt = delivery.attempt, traceparent = %delivery.traceparent);

@@ -109,8 +109,8 @@ impl Outcome {
 /// labels and a lock.
 pub(super) struct Queue {
     pub(super) name: String,
-    /// Enqueue to start.
-    pub(super) wait: Histogram,
+    /// Enqueue to start, by the workspace's class at the claim (in the order of [`Queue::CLASSES`]).
+    wait: [Histogram; Queue::CLASSES.len()],
     /// Jobs and their duration by kind (the kinds registered on this queue, then `unknown` for anything else), by
     /// [`Outcome`] (in the order of [`Outcome::ALL`]).
     ended: Vec<(&'static str, Ended)>,
@@ -132,7 +132,24 @@ impl Queue {
                 (kind, ended)
             })
             .collect();
-        Self { name: name.to_owned(), wait: metrics.job_queue_wait.with_label_values(&[name]), ended }
+        let wait = Self::CLASSES.map(|class| metrics.job_queue_wait.with_label_values(&[name, class]));
+        Self { name: name.to_owned(), wait, ended }
+    }
+
+    /// The fair-share classes a stream entry's `class` field can name, then `unknown` (no field, or another value).
+    pub(super) const CLASSES: [&'static str; 3] = ["light", "backlogged", "unknown"];
+
+    /// The wait slot of `class` (as a stream entry names it), in [`Queue::CLASSES`].
+    pub(super) fn class_slot(class: Option<&str>) -> usize {
+        Self::CLASSES[..Self::CLASSES.len() - 1]
+            .iter()
+            .position(|c| Some(*c) == class)
+            .unwrap_or(Self::CLASSES.len() - 1)
+    }
+
+    /// Observes the queue wait of a job of the class in `slot` ([`Queue::class_slot`]).
+    pub(super) fn waited(&self, slot: usize, secs: f64) {
+        self.wait[slot].observe(secs);
     }
 
     /// The metrics slot of `kind` (as a stream entry names it): a registered kind's, or `unknown`'s.
@@ -505,5 +522,16 @@ mod tests {
         let bad = builder().handle::<BadName>(Nothing).build();
         assert!(bad.err().unwrap().to_string().contains("Not A Kind"));
         assert!(builder().build().err().unwrap().to_string().contains("at least one handler"));
+    }
+
+    #[test]
+    fn queue_wait_is_observed_by_the_entrys_class_or_unknown() {
+        let metrics = Metrics::new();
+        let queue = Queue::new("test", &["test.ping"], &metrics);
+        for class in [Some("light"), Some("backlogged"), Some("backlogged"), None, Some("other")] {
+            queue.waited(Queue::class_slot(class), 0.1);
+        }
+        let count = |class: &str| metrics.job_queue_wait.with_label_values(&["test", class]).get_sample_count();
+        assert_eq!((count("light"), count("backlogged"), count("unknown")), (1, 2, 2));
     }
 }

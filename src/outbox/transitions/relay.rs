@@ -50,6 +50,9 @@ pub struct ClaimedEvent {
     pub backoff_ms: Option<i64>,
     /// The job's own back-off cap, if set.
     pub backoff_max_ms: Option<i64>,
+    /// Its workspace's class at this claim (migration 0024): `backlogged` when the workspace's window held it back
+    /// (room 0, or smaller than its due jobs), else `light`.
+    pub workspace_class: String,
 }
 
 /// Which workspaces have due events (pending and due, or leased with an expired lease), most overdue first.
@@ -82,7 +85,8 @@ const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 /// order they were written.
 ///
 /// With a `window` (> 0), a workspace gets only as many as keep its jobs handed to workers and not yet ended within
-/// `window ×` its weight (`workspace_weights`), and none that a pause holds (`dispatch_pauses`): migration 0021.
+/// `window ×` its weight (`workspace_weights`), and none that a pause holds (`dispatch_pauses`): migration 0021. Key
+/// limits, blocks and rates, and kind limits hold back their jobs too (migrations 0023 and 0024).
 pub async fn claim(
     pool: &PgPool,
     workspaces: &[WorkspaceId],
@@ -95,7 +99,7 @@ pub async fn claim(
     let mut events = sqlx::query_as::<_, ClaimedEvent>(
         "SELECT tid::text AS tid, id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                 attempt_count, job_attempts, redrive_count, created_at, next_attempt_at, priority, max_attempts,
-                timeout_ms, backoff_ms, backoff_max_ms
+                timeout_ms, backoff_ms, backoff_max_ms, workspace_class
          FROM conveyor_claim_jobs_fair($1, $2, $3, $4, $5)",
     )
     .bind(&ids)
