@@ -231,6 +231,8 @@ async fn dispatch() {
         v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), concurrency.to_string());
         v.insert("CONVEYOR_DISPATCH_BATCH".into(), batch.to_string());
         v.insert("CONVEYOR_DISPATCH_DEDUP_TTL".into(), BENCH_DEDUP_TTL.into());
+        // The relay alone, no worker: nothing ends, so a fairness window would stop it once full.
+        v.insert("CONVEYOR_DISPATCH_WINDOW".into(), "0".into());
     })
     .await;
     let started = Instant::now();
@@ -306,6 +308,16 @@ fn on_own_runtime(
 /// A dispatcher over `app`'s database and prefix, on a runtime of its own, running until `shutdown`
 /// (`DISPATCH_CONCURRENCY` sets its concurrency).
 fn spawn_dispatcher(app: &common::TestApp, shutdown: CancellationToken) -> std::thread::JoinHandle<()> {
+    spawn_dispatcher_windowed(app, shutdown, std::env::var("DISPATCH_WINDOW").ok())
+}
+
+/// A dispatcher with the fairness window `window` (`None`: the default). Scenarios without a worker relay with no
+/// window ("0"): nothing ends there, so a window would stop the relay once full.
+fn spawn_dispatcher_windowed(
+    app: &common::TestApp,
+    shutdown: CancellationToken,
+    window: Option<String>,
+) -> std::thread::JoinHandle<()> {
     let (url, prefix) = (app.db.app_url.clone(), app.redis_prefix.clone());
     on_own_runtime("dispatcher", true, async move {
         let dispatcher = common::test_dispatcher_on(&url, &prefix, &common::redis_url(), |v| {
@@ -314,7 +326,7 @@ fn spawn_dispatcher(app: &common::TestApp, shutdown: CancellationToken) -> std::
                 v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), c);
             }
             // The fairness window (default 256): `DISPATCH_WINDOW=0` measures the relay without it.
-            if let Ok(w) = std::env::var("DISPATCH_WINDOW") {
+            if let Some(w) = window {
                 v.insert("CONVEYOR_DISPATCH_WINDOW".into(), w);
             }
         })
@@ -327,7 +339,7 @@ async fn dispatch_latency() {
     let (rate, seconds) = (env("RATE", 1000), env("SECONDS", 10));
     let app = common::TestApp::spawn().await;
     let shutdown = CancellationToken::new();
-    let dispatcher = spawn_dispatcher(&app, shutdown.clone());
+    let dispatcher = spawn_dispatcher_windowed(&app, shutdown.clone(), Some("0".into()));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let committed = steady_commits(&app, rate, seconds).await;
     let total = committed.len();
