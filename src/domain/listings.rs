@@ -595,7 +595,7 @@ pub async fn publish_to_marketplace_tx(
 }
 
 /// The limit key of a store's marketplace calls (`store:<id>`).
-pub fn store_limit_key(store_id: Uuid) -> String {
+fn store_limit_key(store_id: Uuid) -> String {
     format!("store:{store_id}")
 }
 
