@@ -127,6 +127,12 @@ pub struct Config {
     pub operation_keepalive: Duration,
     /// Object storage, media, transfer and TLS settings of the scenarios.
     pub scenarios: ScenarioSettings,
+    /// PostgreSQL URL of the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`): the admin API, the web UI and the
+    /// operator commands read across workspaces through it; unset, they are off.
+    pub operator_database_url: Option<Secret<String>>,
+    /// The shared operator token (`CONVEYOR_ADMIN_TOKEN`, at least 32 bytes): a bearer for `/admin/v1/...` and the
+    /// web UI's login. JWTs signed with `CONVEYOR_JWT_SECRET` that carry `"operator": true` are accepted too.
+    pub admin_token: Option<Secret<String>>,
 }
 
 /// Settings of the first-batch scenarios (media, asset transfers, external HTTPS).
@@ -468,7 +474,28 @@ impl Config {
             reconcile_after,
             operation_keepalive,
             scenarios: ScenarioSettings::from_source(src)?,
+            operator_database_url: operator_database_url(src)?,
+            admin_token: admin_token(src)?,
         })
+    }
+}
+
+/// Parses `CONVEYOR_OPERATOR_DATABASE_URL` (optional).
+pub fn operator_database_url(src: &dyn Source) -> Result<Option<Secret<String>>, ConfigError> {
+    const NAME: &str = "CONVEYOR_OPERATOR_DATABASE_URL";
+    match src.get(NAME) {
+        None => Ok(None),
+        Some(_) => postgres_url(src, NAME).map(Some),
+    }
+}
+
+/// Parses `CONVEYOR_ADMIN_TOKEN` (optional): at least 32 bytes.
+pub fn admin_token(src: &dyn Source) -> Result<Option<Secret<String>>, ConfigError> {
+    const NAME: &str = "CONVEYOR_ADMIN_TOKEN";
+    match src.get(NAME) {
+        None => Ok(None),
+        Some(token) if token.len() < 32 => Err(invalid(NAME, "must be at least 32 bytes long")),
+        Some(token) => Ok(Some(Secret::new(token))),
     }
 }
 

@@ -28,6 +28,8 @@
 #[doc(hidden)]
 pub mod adapters;
 #[doc(hidden)]
+pub mod admin;
+#[doc(hidden)]
 pub mod app;
 #[doc(hidden)]
 pub mod auth;

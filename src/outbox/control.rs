@@ -17,7 +17,7 @@ use crate::ids::{JobId, WorkspaceId};
 use crate::kind::Priority;
 
 /// Where a job is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobStatus {
     /// Waiting for its run-at time.

@@ -1,0 +1,108 @@
+//! Who may operate: the shared operator token (`CONVEYOR_ADMIN_TOKEN`), compared in constant time, or an HS256 JWT
+//! signed with `CONVEYOR_JWT_SECRET` whose claims carry `"operator": true` (a workspace user's token never does).
+
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+use super::Actor;
+use crate::config::Secret;
+
+/// Checks operator credentials.
+#[derive(Clone)]
+pub struct OperatorAuth {
+    token: Option<Secret<String>>,
+    jwt: DecodingKey,
+    validation: Validation,
+}
+
+#[derive(Deserialize)]
+struct OperatorClaims {
+    sub: String,
+    #[serde(default)]
+    operator: bool,
+}
+
+/// Why credentials were refused (for logs; callers answer 401 alike).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum OperatorAuthError {
+    /// Neither the operator token nor a valid operator JWT.
+    #[error("not an operator credential")]
+    Refused,
+}
+
+impl OperatorAuth {
+    /// Accepts `token` (when set) and operator JWTs signed with `jwt_secret`.
+    pub fn new(token: Option<Secret<String>>, jwt_secret: &Secret<Vec<u8>>) -> Self {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = 5;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        Self { token, jwt: DecodingKey::from_secret(jwt_secret.expose()).expect("an HMAC key of any length is valid"), validation }
+    }
+
+    /// The actor behind `credential` (a bearer token's value, or what the login form was given): `token` for the
+    /// shared operator token, `jwt:<sub>` for an operator JWT.
+    pub fn verify(&self, credential: &str) -> Result<Actor, OperatorAuthError> {
+        if let Some(token) = &self.token
+            && bool::from(token.expose().as_bytes().ct_eq(credential.as_bytes()))
+        {
+            return Ok(Actor("token".to_owned()));
+        }
+        match jsonwebtoken::decode::<OperatorClaims>(credential, &self.jwt, &self.validation) {
+            Ok(data) if data.claims.operator => Ok(Actor(format!("jwt:{}", data.claims.sub))),
+            _ => Err(OperatorAuthError::Refused),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    use jsonwebtoken::{EncodingKey, Header};
+    use serde_json::json;
+
+    use super::*;
+
+    const SECRET: &[u8] = b"a-test-jwt-secret-of-at-least-32-bytes!!";
+
+    fn auth() -> OperatorAuth {
+        OperatorAuth::new(
+            Some(Secret::new("an-operator-token-of-32-bytes-or-more".to_owned())),
+            &Secret::new(SECRET.to_vec()),
+        )
+    }
+
+    fn jwt(claims: serde_json::Value) -> String {
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(SECRET).unwrap()).unwrap()
+    }
+
+    fn exp() -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 600
+    }
+
+    #[test]
+    fn the_token_and_operator_jwts_pass_and_nothing_else_does() {
+        let auth = auth();
+        assert_eq!(auth.verify("an-operator-token-of-32-bytes-or-more"), Ok(Actor("token".into())));
+        assert_eq!(auth.verify("an-operator-token-of-32-bytes-or-mor"), Err(OperatorAuthError::Refused));
+        assert_eq!(auth.verify(""), Err(OperatorAuthError::Refused));
+        let op = jwt(json!({"sub": "alice", "exp": exp(), "operator": true}));
+        assert_eq!(auth.verify(&op), Ok(Actor("jwt:alice".into())));
+        // A workspace user's token (no operator claim), a false claim, an expired one: refused.
+        let user = jwt(json!({"sub": "bob", "exp": exp(), "workspace_id": uuid::Uuid::nil()}));
+        assert_eq!(auth.verify(&user), Err(OperatorAuthError::Refused));
+        let no = jwt(json!({"sub": "bob", "exp": exp(), "operator": false}));
+        assert_eq!(auth.verify(&no), Err(OperatorAuthError::Refused));
+        let old = jwt(json!({"sub": "alice", "exp": 1_000, "operator": true}));
+        assert_eq!(auth.verify(&old), Err(OperatorAuthError::Refused));
+    }
+
+    #[test]
+    fn without_a_token_only_jwts_pass() {
+        let auth = OperatorAuth::new(None, &Secret::new(SECRET.to_vec()));
+        assert_eq!(auth.verify(""), Err(OperatorAuthError::Refused));
+        let op = jwt(json!({"sub": "alice", "exp": exp(), "operator": true}));
+        assert_eq!(auth.verify(&op), Ok(Actor("jwt:alice".into())));
+    }
+}

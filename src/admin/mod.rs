@@ -1,0 +1,430 @@
+//! Operating Conveyor across workspaces: queue counts, job and operation search, one job's detail with its failed
+//! attempts, dead letters (replay, discard, one or in bulk), pauses and schedules. What the admin API
+//! (`/admin/v1/...`), the web UI (`/ui/`) and the operator commands (`conveyor queues|jobs|dlq`) call.
+//!
+//! Reading across workspaces goes through `conveyor_admin_*` functions (`SECURITY DEFINER`), which only the operator
+//! role (`CONVEYOR_OPERATOR_DATABASE_URL`) may execute, never the application role, and each call writes a row of
+//! `conveyor_admin_audit` (who, what, arguments). Changes (replay, discard, cancel, retry) run as the application
+//! role in the job's own workspace, under row-level security, through the one home of job transitions, and are
+//! audited the same way.
+
+mod auth;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::ids::{JobId, WorkspaceId};
+use crate::outbox::control::JobStatus;
+use crate::stream::RedisClient;
+use crate::stream::keys::Keys;
+
+/// Who acts, for the audit trail: `token` for the shared operator token, or a JWT's `sub`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Actor(pub String);
+
+/// Why an operator call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// A filter or argument that cannot be (bad status, cursor, limit out of 1..=500, ...).
+    #[error("{0}")]
+    Invalid(String),
+    /// PostgreSQL failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// Redis failed (queue lag).
+    #[error(transparent)]
+    Redis(#[from] fred::error::Error),
+}
+
+/// Jobs of a queue by state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateCounts {
+    /// Due, waiting for the relay.
+    pub queued: u64,
+    /// Waiting for their run-at time (never run yet).
+    pub delayed: u64,
+    /// Handed to the workers (in the stream or running).
+    pub running: u64,
+    /// Failed a run; waiting out their back-off.
+    pub retrying: u64,
+    /// Dead-lettered.
+    pub dead: u64,
+}
+
+/// One queue as an operator sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueSummary {
+    /// The queue's name.
+    pub name: String,
+    /// Its jobs by state.
+    pub counts: StateCounts,
+    /// Entries of its stream not yet delivered to its consumer group (Redis 7's `lag`); `None` when Redis does not
+    /// say (no group yet).
+    pub lag: Option<u64>,
+    /// Entries delivered and not yet acknowledged (capped by the workers' concurrency).
+    pub pending: Option<u64>,
+    /// Consumers of its group.
+    pub consumers: Option<u64>,
+    /// Jobs that succeeded per minute, over the last 5 minutes.
+    pub completed_per_minute: f64,
+    /// Jobs dead-lettered per minute, over the last 5 minutes.
+    pub failed_per_minute: f64,
+    /// Age in seconds of the oldest due job not yet handed to the workers.
+    pub oldest_queued_seconds: Option<f64>,
+    /// A pause names this queue alone.
+    pub paused: bool,
+}
+
+/// One page of a search, newest first. `next` is the cursor of the following page.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Page<T> {
+    /// The items.
+    pub items: Vec<T>,
+    /// Pass as `before` to get the next page; `None` on the last.
+    pub next: Option<Uuid>,
+}
+
+/// Which jobs a search answers (every field that is set must match).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct JobFilter {
+    /// Of this queue.
+    pub queue: Option<String>,
+    /// Of this kind.
+    pub kind: Option<String>,
+    /// In this state.
+    pub status: Option<JobStatus>,
+    /// Of this workspace.
+    pub workspace: Option<Uuid>,
+    /// Enqueued at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Enqueued before.
+    pub until: Option<DateTime<Utc>>,
+    /// Older than this job id (the previous page's `next`).
+    pub before: Option<Uuid>,
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<u32>,
+}
+
+/// A job in a list.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSummary {
+    /// Its id.
+    pub id: Uuid,
+    /// Its workspace.
+    pub workspace_id: Uuid,
+    /// Its kind.
+    pub kind: String,
+    /// Its queue.
+    pub queue: String,
+    /// Where it is.
+    pub status: JobStatus,
+    /// Runs that failed so far.
+    pub failed_runs: u32,
+    /// The last failure, redacted.
+    pub last_error: Option<String>,
+    /// The operation it advances.
+    pub operation_id: Option<Uuid>,
+    /// Enqueued.
+    pub created_at: DateTime<Utc>,
+    /// Due to run (next).
+    pub run_at: DateTime<Utc>,
+    /// Ended.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A failed run of a job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// Which run (1 = the first).
+    pub attempt: u32,
+    /// `job` (the handler failed) or `dispatch` (the relay could not hand it over).
+    pub stage: String,
+    /// The error, redacted.
+    pub error: Option<String>,
+    /// When it failed.
+    pub failed_at: DateTime<Utc>,
+}
+
+/// One job in full: what the list shows, its payload, progress, result and its failed runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobDetail {
+    /// The job as listed.
+    #[serde(flatten)]
+    pub job: JobSummary,
+    /// Its payload (ids only by contract; shown to operators).
+    pub payload: serde_json::Value,
+    /// Its priority (0 high, 1 normal, 2 low).
+    pub priority: i16,
+    /// Its own limit of runs, if it set one.
+    pub max_attempts: Option<u32>,
+    /// Its de-duplication key.
+    pub dedup_key: Option<String>,
+    /// The latest progress.
+    pub progress: Option<serde_json::Value>,
+    /// The handler's result, once succeeded.
+    pub result: Option<serde_json::Value>,
+    /// Last handed to the workers.
+    pub dispatched_at: Option<DateTime<Utc>>,
+    /// Its failed runs, oldest first.
+    pub attempts: Vec<Attempt>,
+}
+
+/// Which operations a search answers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct OperationFilter {
+    /// Of this kind.
+    pub kind: Option<String>,
+    /// In this status (`queued`, `running`, `succeeded`, `failed`, `canceled`).
+    pub status: Option<String>,
+    /// Of this workspace.
+    pub workspace: Option<Uuid>,
+    /// Created at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Created before.
+    pub until: Option<DateTime<Utc>>,
+    /// Older than this operation id.
+    pub before: Option<Uuid>,
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<u32>,
+}
+
+/// A user-visible operation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OperationSummary {
+    /// Its id.
+    pub id: Uuid,
+    /// Its workspace.
+    pub workspace_id: Uuid,
+    /// Its kind.
+    pub kind: String,
+    /// Its status.
+    pub status: String,
+    /// What it acts on.
+    pub subject_id: Option<Uuid>,
+    /// Its error, redacted.
+    pub error: Option<String>,
+    /// Runs so far.
+    pub attempt: i32,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Last changed.
+    pub updated_at: DateTime<Utc>,
+    /// Ended.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// Which dead letters a search, a bulk replay or a bulk discard takes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct DeadLetterFilter {
+    /// Of this queue.
+    pub queue: Option<String>,
+    /// Of this kind.
+    pub kind: Option<String>,
+    /// Of this workspace.
+    pub workspace: Option<Uuid>,
+    /// Dead-lettered at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Dead-lettered before.
+    pub until: Option<DateTime<Utc>>,
+    /// Older than this job id (searches only).
+    pub before: Option<Uuid>,
+    /// Page size of a search, or most taken by a bulk action (1 to 500, default 50 / 500).
+    pub limit: Option<u32>,
+}
+
+pub use self::auth::{OperatorAuth, OperatorAuthError};
+pub use crate::worker::dlq::{DeadLetter, Replay};
+
+/// What a bulk replay or discard did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkOutcome {
+    /// Dead letters matched.
+    pub matched: u64,
+    /// Replayed or discarded.
+    pub done: u64,
+    /// Skipped: their de-dup key is held by a live job, or they stopped being dead letters meanwhile.
+    pub skipped: u64,
+}
+
+/// What a cancel or retry of one job did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobAction {
+    /// Done.
+    Done,
+    /// No such job.
+    NotFound,
+    /// The job's state does not allow it (e.g. cancel of a finished job, retry of a running one).
+    NotAllowed,
+    /// Retry of a dead letter whose de-dup key a live job holds.
+    KeyHeld(Uuid),
+}
+
+/// An entry of the audit trail.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// When.
+    pub at: DateTime<Utc>,
+    /// Who (the actor).
+    pub actor: String,
+    /// The database role it ran as.
+    pub role: String,
+    /// What (`queues`, `jobs`, `replay_dead_letter`, ...).
+    pub action: String,
+    /// Its arguments.
+    pub arguments: serde_json::Value,
+}
+
+/// The operator's handle: the operator role's pool for reads across workspaces, the application role's pool for
+/// changes under row-level security, and Redis for stream lag.
+#[derive(Clone)]
+pub struct Admin {
+    operator: PgPool,
+    app: PgPool,
+    redis: RedisClient,
+    keys: Keys,
+}
+
+impl Admin {
+    /// An operator handle over both pools and Redis.
+    pub fn new(operator: PgPool, app: PgPool, redis: RedisClient, keys: Keys) -> Self {
+        Self { operator, app, redis, keys }
+    }
+
+    /// Every queue (registered kinds' queues and queues with jobs), by name.
+    pub async fn queues(&self, actor: &Actor) -> Result<Vec<QueueSummary>, AdminError> {
+        let _ = (actor, &self.operator, &self.app, &self.redis, &self.keys);
+        todo!()
+    }
+
+    /// One queue, or `None` when no kind or job names it.
+    pub async fn queue(&self, actor: &Actor, name: &str) -> Result<Option<QueueSummary>, AdminError> {
+        let _ = (actor, name);
+        todo!()
+    }
+
+    /// Jobs matching `filter`, newest first.
+    pub async fn jobs(&self, actor: &Actor, filter: &JobFilter) -> Result<Page<JobSummary>, AdminError> {
+        let _ = (actor, filter);
+        todo!()
+    }
+
+    /// One job in full, in whichever workspace.
+    pub async fn job(&self, actor: &Actor, id: JobId) -> Result<Option<JobDetail>, AdminError> {
+        let _ = (actor, id);
+        todo!()
+    }
+
+    /// Cancels a job that has not ended (a running handler sees it at once).
+    pub async fn cancel_job(&self, actor: &Actor, id: JobId) -> Result<JobAction, AdminError> {
+        let _ = (actor, id);
+        todo!()
+    }
+
+    /// Runs a job again: a dead letter from its first attempt (a replay), a retrying or delayed job now.
+    pub async fn retry_job(&self, actor: &Actor, id: JobId) -> Result<JobAction, AdminError> {
+        let _ = (actor, id);
+        todo!()
+    }
+
+    /// Operations matching `filter`, newest first.
+    pub async fn operations(
+        &self,
+        actor: &Actor,
+        filter: &OperationFilter,
+    ) -> Result<Page<OperationSummary>, AdminError> {
+        let _ = (actor, filter);
+        todo!()
+    }
+
+    /// Dead letters matching `filter`, newest first.
+    pub async fn dead_letters(&self, actor: &Actor, filter: &DeadLetterFilter) -> Result<Page<DeadLetter>, AdminError> {
+        let _ = (actor, filter);
+        todo!()
+    }
+
+    /// Replays one dead letter from its first attempt.
+    pub async fn replay_dead_letter(&self, actor: &Actor, id: JobId) -> Result<Replay, AdminError> {
+        let _ = (actor, id);
+        todo!()
+    }
+
+    /// Discards one dead letter (its job row goes; its operation stays failed). `false`: not a dead letter.
+    pub async fn discard_dead_letter(&self, actor: &Actor, id: JobId) -> Result<bool, AdminError> {
+        let _ = (actor, id);
+        todo!()
+    }
+
+    /// Replays every dead letter matching `filter` (at most its limit, default 500).
+    pub async fn replay_dead_letters(
+        &self,
+        actor: &Actor,
+        filter: &DeadLetterFilter,
+    ) -> Result<BulkOutcome, AdminError> {
+        let _ = (actor, filter);
+        todo!()
+    }
+
+    /// Discards every dead letter matching `filter` (at most its limit, default 500).
+    pub async fn discard_dead_letters(
+        &self,
+        actor: &Actor,
+        filter: &DeadLetterFilter,
+    ) -> Result<BulkOutcome, AdminError> {
+        let _ = (actor, filter);
+        todo!()
+    }
+
+    /// The pauses in force.
+    pub async fn pauses(&self, actor: &Actor) -> Result<Vec<crate::Pause>, AdminError> {
+        let _ = actor;
+        todo!()
+    }
+
+    /// Pauses a scope (see [`crate::pause`]); `false`: it was already paused.
+    pub async fn pause(
+        &self,
+        actor: &Actor,
+        scope: &crate::PauseScope,
+        reason: Option<&str>,
+    ) -> Result<bool, AdminError> {
+        let _ = (actor, scope, reason);
+        todo!()
+    }
+
+    /// Lifts the pause of exactly this scope; `false`: there was none.
+    pub async fn resume(&self, actor: &Actor, scope: &crate::PauseScope) -> Result<bool, AdminError> {
+        let _ = (actor, scope);
+        todo!()
+    }
+
+    /// Schedules of every workspace (or of one).
+    pub async fn schedules(
+        &self,
+        actor: &Actor,
+        workspace: Option<WorkspaceId>,
+    ) -> Result<Vec<(Uuid, crate::Schedule)>, AdminError> {
+        let _ = (actor, workspace);
+        todo!()
+    }
+
+    /// Pauses or resumes one schedule; `false`: no such schedule.
+    pub async fn set_schedule_paused(
+        &self,
+        actor: &Actor,
+        workspace: WorkspaceId,
+        name: &str,
+        paused: bool,
+    ) -> Result<bool, AdminError> {
+        let _ = (actor, workspace, name, paused);
+        todo!()
+    }
+
+    /// The newest entries of the audit trail.
+    pub async fn audit(&self, actor: &Actor, limit: u32) -> Result<Vec<AuditEntry>, AdminError> {
+        let _ = (actor, limit);
+        todo!()
+    }
+}
