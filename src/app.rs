@@ -54,7 +54,23 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
     let redis = stream::connect(config.redis_url.expose(), config.redis_command_timeout)
         .await
         .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
+    // The operator role's pool opens lazily: a process serves its own role even while that role cannot connect; the
+    // admin API then answers 503.
+    let admin = match &config.operator_database_url {
+        None => None,
+        Some(url) => {
+            let options: sqlx::postgres::PgConnectOptions =
+                url.expose().parse().context("CONVEYOR_OPERATOR_DATABASE_URL is not a valid PostgreSQL URL")?;
+            let operator = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_lazy_with(options);
+            Some(crate::admin::Admin::new(operator, pool.clone(), redis.clone(), Keys::new(&config.redis_prefix)))
+        }
+    };
     Ok(Shared {
+        admin,
+        operator_auth: crate::admin::OperatorAuth::new(config.admin_token.clone(), &config.jwt_secret),
         pool,
         redis,
         tokens: TokenKeys::new(&config.jwt_secret),

@@ -565,6 +565,9 @@ pub struct MigrateConfig {
     pub migration_database_url: Secret<String>,
     /// PostgreSQL URL of the application role (`CONVEYOR_DATABASE_URL`); its user is granted DML rights.
     pub database_url: Secret<String>,
+    /// PostgreSQL URL of the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`, optional); its user is granted the
+    /// audited `conveyor_admin_*` functions and nothing else.
+    pub operator_database_url: Option<Secret<String>>,
 }
 
 impl MigrateConfig {
@@ -573,6 +576,7 @@ impl MigrateConfig {
         Ok(Self {
             migration_database_url: postgres_url(src, "CONVEYOR_MIGRATION_DATABASE_URL")?,
             database_url: postgres_url(src, "CONVEYOR_DATABASE_URL")?,
+            operator_database_url: operator_database_url(src)?,
         })
     }
 }

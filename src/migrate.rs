@@ -100,6 +100,7 @@ pub async fn migrate(owner_url: &str, app_url: &str) -> anyhow::Result<()> {
     let config = MigrateConfig {
         migration_database_url: crate::config::Secret::new(owner_url.to_owned()),
         database_url: crate::config::Secret::new(app_url.to_owned()),
+        operator_database_url: None,
     };
     run(&config).await
 }

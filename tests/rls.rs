@@ -165,6 +165,7 @@ async fn migrate_refuses_an_application_role_that_would_bypass_the_wall() {
     let config = MigrateConfig {
         migration_database_url: Secret::new(db.owner_url.clone()),
         database_url: Secret::new(db.owner_url.clone()),
+        operator_database_url: None,
     };
     let err = conveyor::migrate::run(&config).await.unwrap_err();
     assert!(format!("{err:#}").contains("must not be"), "{err:#}");
@@ -172,6 +173,7 @@ async fn migrate_refuses_an_application_role_that_would_bypass_the_wall() {
     let config = MigrateConfig {
         migration_database_url: Secret::new(db.owner_url.clone()),
         database_url: Secret::new(db.app_url.clone()),
+        operator_database_url: None,
     };
     conveyor::migrate::run(&config).await.unwrap();
 }

@@ -55,6 +55,10 @@ pub struct Shared {
     pub storage: crate::storage::ObjectStorage,
     /// Media, transfer and TLS settings.
     pub scenarios: crate::config::ScenarioSettings,
+    /// Operating across workspaces (admin API, web UI); `None` without `CONVEYOR_OPERATOR_DATABASE_URL`.
+    pub admin: Option<crate::admin::Admin>,
+    /// Checks operator credentials (`CONVEYOR_ADMIN_TOKEN`, operator JWTs).
+    pub operator_auth: crate::admin::OperatorAuth,
     /// Test hook run right after an idempotency key is claimed; `None` in production.
     pub claim_hook: Option<idempotent::ClaimHook>,
 }

@@ -36,6 +36,13 @@ pub fn owner_base_url() -> String {
 }
 
 /// The application role's URL on the maintenance database (`CONVEYOR_TEST_APP_URL`).
+pub fn operator_base_url() -> String {
+    env_or("CONVEYOR_TEST_OPERATOR_URL", "postgres://conveyor_operator:conveyor_operator@127.0.0.1:5432/conveyor")
+}
+
+/// The operator token of every test app.
+pub const ADMIN_TOKEN: &str = "test-only-admin-token-0123456789abcdef";
+
 pub fn app_base_url() -> String {
     env_or("CONVEYOR_TEST_APP_URL", "postgres://conveyor_app:conveyor_app@127.0.0.1:5432/conveyor")
 }
@@ -58,6 +65,8 @@ pub struct TestDb {
     pub owner_url: String,
     /// The application role's URL on it.
     pub app_url: String,
+    /// The operator role's URL on it.
+    pub operator_url: String,
     /// A pool of the application role (subject to row-level security).
     pub pool: PgPool,
 }
@@ -75,13 +84,15 @@ impl TestDb {
             .expect("create test database");
         let owner_url = with_database(&owner_base_url(), &name);
         let app_url = with_database(&app_base_url(), &name);
+        let operator_url = with_database(&operator_base_url(), &name);
         let migrate = MigrateConfig {
             migration_database_url: Secret::new(owner_url.clone()),
             database_url: Secret::new(app_url.clone()),
+            operator_database_url: Some(Secret::new(operator_url.clone())),
         };
         conveyor::migrate::run(&migrate).await.expect("migrations apply");
         let pool = db::connect(&app_url, 16).await.expect("connect as the application role");
-        Self { name, owner_url, app_url, pool }
+        Self { name, owner_url, app_url, operator_url, pool }
     }
 
     /// A single connection of the owner role.
@@ -145,6 +156,8 @@ pub fn config_vars(db: &TestDb, redis_prefix: &str) -> HashMap<String, String> {
     HashMap::from([
         ("CONVEYOR_DATABASE_URL".to_owned(), db.app_url.clone()),
         ("CONVEYOR_MIGRATION_DATABASE_URL".to_owned(), db.owner_url.clone()),
+        ("CONVEYOR_OPERATOR_DATABASE_URL".to_owned(), db.operator_url.clone()),
+        ("CONVEYOR_ADMIN_TOKEN".to_owned(), ADMIN_TOKEN.to_owned()),
         ("CONVEYOR_REDIS_URL".to_owned(), redis_url()),
         ("CONVEYOR_REDIS_PREFIX".to_owned(), redis_prefix.to_owned()),
         ("CONVEYOR_JWT_SECRET".to_owned(), JWT_SECRET.to_owned()),
