@@ -1,7 +1,9 @@
 //! `conveyor migrate` (and [`migrate`], the same from a program): applies `migrations/` as the owner role, then grants
-//! the application role what it needs and no more (DML on Conveyor's tables, `EXECUTE` on Conveyor's functions),
-//! after checking that it is neither superuser, `BYPASSRLS`, the owner nor a member of the owner, any of which would
-//! walk through row-level security.
+//! the application role what it needs and no more (DML on Conveyor's tables, `EXECUTE` on Conveyor's functions but
+//! the operator's `conveyor_admin_*`), after checking that it is neither superuser, `BYPASSRLS`, the owner nor a
+//! member of the owner, any of which would walk through row-level security. With an operator role
+//! (`CONVEYOR_OPERATOR_DATABASE_URL`), checked the same way, that role gets `EXECUTE` on the audited
+//! `conveyor_admin_*` functions and nothing else.
 //!
 //! Conveyor keeps its migration history in a table of its own, [`HISTORY_TABLE`], so that a service that applies its
 //! own sqlx migrations to the same database (into sqlx's default `_sqlx_migrations`) never clashes with Conveyor's.
@@ -46,7 +48,11 @@ const TABLES: &[&str] = &[
     "ai_usage_ledger",
     "job_schedules",
     "job_schedule_runs",
+    "job_failures",
 ];
+
+/// The operator's functions (`LIKE` pattern): granted to the operator role only, never to the application role.
+const ADMIN_FUNCTIONS: &str = "conveyor\\_admin\\_%";
 
 /// The embedded migrations, recording their history in [`HISTORY_TABLE`].
 fn migrator() -> Migrator {
@@ -120,6 +126,87 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     adopt_old_history(&mut conn).await.context("Failed to adopt the migration history of an earlier release")?;
     migrator().run(&mut conn).await.context("Failed to apply migrations")?;
 
+    check_role(&mut conn, &app_role, "application role", "CONVEYOR_DATABASE_URL").await?;
+    let operator_role = match &config.operator_database_url {
+        None => None,
+        Some(url) => {
+            let options: PgConnectOptions =
+                url.expose().parse().context("CONVEYOR_OPERATOR_DATABASE_URL is not a valid PostgreSQL URL")?;
+            let role = options.get_username().to_owned();
+            if role == app_role {
+                bail!(
+                    "the operator role `{role}` of CONVEYOR_OPERATOR_DATABASE_URL is the application role: the \
+                     operator's functions read across workspaces and must not be granted to the application"
+                );
+            }
+            check_role(&mut conn, &role, "operator role", "CONVEYOR_OPERATOR_DATABASE_URL").await?;
+            Some(role)
+        }
+    };
+
+    let role = quote_ident(&app_role);
+    let mut tx = conn.begin().await?;
+    let database: (String,) = sqlx::query_as("SELECT current_database()::text").fetch_one(&mut *tx).await?;
+    let database = quote_ident(&database.0);
+    let tables: Vec<(String,)> =
+        sqlx::query_as("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' AND tablename = ANY($1)")
+            .bind(TABLES)
+            .fetch_all(&mut *tx)
+            .await?;
+    let functions: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT p.oid::regprocedure::text, p.proname LIKE $1 FROM pg_proc p
+         JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'public' AND p.proname LIKE 'conveyor\\_%'",
+    )
+    .bind(ADMIN_FUNCTIONS)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut grants = vec![
+        format!("GRANT CONNECT ON DATABASE {database} TO {role}"),
+        format!("GRANT USAGE ON SCHEMA public TO {role}"),
+        format!("GRANT SELECT ON {HISTORY_TABLE} TO {role}"),
+    ];
+    grants.extend(
+        tables.iter().map(|(t,)| format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}", quote_ident(t))),
+    );
+    for (function, admin) in &functions {
+        grants.push(if *admin {
+            // Defensively: an earlier release granted every `conveyor_` function to the application role.
+            format!("REVOKE EXECUTE ON FUNCTION {function} FROM {role}")
+        } else {
+            format!("GRANT EXECUTE ON FUNCTION {function} TO {role}")
+        });
+    }
+    if let Some(operator) = &operator_role {
+        let operator = quote_ident(operator);
+        grants.push(format!("GRANT CONNECT ON DATABASE {database} TO {operator}"));
+        grants.push(format!("GRANT USAGE ON SCHEMA public TO {operator}"));
+        grants.extend(
+            functions
+                .iter()
+                .filter(|(_, admin)| *admin)
+                .map(|(function, _)| format!("GRANT EXECUTE ON FUNCTION {function} TO {operator}")),
+        );
+    }
+    for grant in grants {
+        sqlx::query(sqlx::AssertSqlSafe(grant))
+            .execute(&mut *tx)
+            .await
+            .context("Failed to grant the application and operator roles")?;
+    }
+    tx.commit().await?;
+    tracing::info!(
+        role = %app_role,
+        operator = operator_role.as_deref().unwrap_or("none"),
+        tables = tables.len(),
+        "Migrations applied and roles granted"
+    );
+    Ok(())
+}
+
+/// Refuses `role` (the `what` of `variable`) unless it exists and row-level security applies to it: not a superuser,
+/// no `BYPASSRLS`, neither the owner (the connected role) nor a member of it.
+async fn check_role(conn: &mut PgConnection, role: &str, what: &str, variable: &str) -> anyhow::Result<()> {
     let (owner, exists, superuser, bypass, member): (String, bool, bool, bool, bool) = sqlx::query_as(
         "SELECT current_user::text,
                 r.rolname IS NOT NULL,
@@ -128,51 +215,19 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
                 r.rolname IS NOT NULL AND pg_has_role(r.rolname, current_user, 'MEMBER')
          FROM (SELECT 1) one LEFT JOIN pg_roles r ON r.rolname = $1",
     )
-    .bind(&app_role)
-    .fetch_one(&mut conn)
+    .bind(role)
+    .fetch_one(&mut *conn)
     .await
-    .context("Failed to inspect the application role")?;
+    .with_context(|| format!("Failed to inspect the {what}"))?;
     if !exists {
-        bail!("the application role `{app_role}` of CONVEYOR_DATABASE_URL does not exist; create it first");
+        bail!("the {what} `{role}` of {variable} does not exist; create it first");
     }
-    if superuser || bypass || member || owner == app_role {
+    if superuser || bypass || member || owner == role {
         bail!(
-            "the application role `{app_role}` must not be a superuser, have BYPASSRLS, or be (a member of) the owner \
-             `{owner}`: row-level security would not apply to it"
+            "the {what} `{role}` must not be a superuser, have BYPASSRLS, or be (a member of) the owner `{owner}`: \
+             row-level security would not apply to it"
         );
     }
-
-    let role = quote_ident(&app_role);
-    let mut tx = conn.begin().await?;
-    let database: (String,) = sqlx::query_as("SELECT current_database()::text").fetch_one(&mut *tx).await?;
-    let tables: Vec<(String,)> =
-        sqlx::query_as("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' AND tablename = ANY($1)")
-            .bind(TABLES)
-            .fetch_all(&mut *tx)
-            .await?;
-    let functions: Vec<(String,)> = sqlx::query_as(
-        "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-         WHERE n.nspname = 'public' AND p.proname LIKE 'conveyor\\_%'",
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    let mut grants = vec![
-        format!("GRANT CONNECT ON DATABASE {} TO {role}", quote_ident(&database.0)),
-        format!("GRANT USAGE ON SCHEMA public TO {role}"),
-        format!("GRANT SELECT ON {HISTORY_TABLE} TO {role}"),
-    ];
-    grants.extend(
-        tables.iter().map(|(t,)| format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}", quote_ident(t))),
-    );
-    grants.extend(functions.iter().map(|(f,)| format!("GRANT EXECUTE ON FUNCTION {f} TO {role}")));
-    for grant in grants {
-        sqlx::query(sqlx::AssertSqlSafe(grant))
-            .execute(&mut *tx)
-            .await
-            .context("Failed to grant the application role")?;
-    }
-    tx.commit().await?;
-    tracing::info!(role = %app_role, tables = tables.len(), "Migrations applied and application role granted");
     Ok(())
 }
 

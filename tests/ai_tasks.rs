@@ -538,7 +538,7 @@ async fn a_replayed_dead_letter_reserves_its_credits_again_and_is_charged_once()
     // charged once.
     let events = app.db.rows("outbox_events", who.workspace_id).await;
     let dead = events.iter().find(|e| e["status"] == "dead_letter").expect("a dead letter")["id"].as_str().unwrap();
-    let replayed = conveyor::worker::dlq::replay(&app.db.pool, dead.parse().unwrap()).await.unwrap();
+    let replayed = conveyor::worker::dlq::replay(&app.db.pool, who.workspace_id, dead.parse().unwrap()).await.unwrap();
     assert_eq!(replayed, conveyor::worker::dlq::Replay::Replayed);
     succeeded(&app, who, &operation, String::new).await;
     assert_eq!(credits_reserved(&app, who).await, 2);
@@ -583,7 +583,7 @@ async fn a_task_dead_lettered_after_a_call_that_may_have_run_keeps_its_credit_an
     sandbox.set(Settings::default());
     let events = app.db.rows("outbox_events", who.workspace_id).await;
     let dead = events.iter().find(|e| e["status"] == "dead_letter").expect("a dead letter")["id"].as_str().unwrap();
-    let replayed = conveyor::worker::dlq::replay(&app.db.pool, dead.parse().unwrap()).await.unwrap();
+    let replayed = conveyor::worker::dlq::replay(&app.db.pool, who.workspace_id, dead.parse().unwrap()).await.unwrap();
     assert_eq!(replayed, conveyor::worker::dlq::Replay::Replayed);
     succeeded(&app, who, &operation, String::new).await;
     one_ledger_row(&app, who, &task, 1).await;

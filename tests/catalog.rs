@@ -344,7 +344,7 @@ async fn a_replayed_dead_letter_is_its_stores_active_sync_again_unless_another_o
     let job: uuid::Uuid = job.expect("a dead letter")["id"].as_str().unwrap().parse().unwrap();
 
     // Replayed (nothing runs it yet): it is the store's active sync again, so a new request is refused in its name.
-    let replay = conveyor::worker::dlq::replay(&app.db.pool, job).await.unwrap();
+    let replay = conveyor::worker::dlq::replay(&app.db.pool, who.workspace_id, job).await.unwrap();
     assert!(matches!(replay, conveyor::worker::dlq::Replay::Replayed), "{replay:?}");
     assert_eq!(sync_state(&app, who, &sync).await["status"], "queued");
     let refused = start_sync(&app, who, &store).await;
@@ -355,7 +355,10 @@ async fn a_replayed_dead_letter_is_its_stores_active_sync_again_unless_another_o
     // is refused by the unique index: two syncs of one store never run at once.
     run_until_failed(sync.clone()).await;
     let (next, _) = accepted_sync(&app, who, &store).await;
-    assert!(conveyor::worker::dlq::replay(&app.db.pool, job).await.is_err(), "the unique index refuses the replay");
+    assert!(
+        conveyor::worker::dlq::replay(&app.db.pool, who.workspace_id, job).await.is_err(),
+        "the unique index refuses the replay"
+    );
     assert_eq!(sync_state(&app, who, &sync).await["status"], "failed");
     assert_eq!(sync_state(&app, who, &next).await["status"], "queued");
 }

@@ -881,10 +881,13 @@ async fn an_enqueue_refuses_another_workspaces_or_an_ended_operation_and_a_repla
         conveyor::enqueue_tx(&mut tx, &greet("l", "ok"), options().delay(Duration::from_secs(3600))).await.unwrap();
     tx.commit().await.unwrap();
     assert!(live.created);
-    let replay = conveyor::worker::dlq::replay(pool, dead.0).await.unwrap();
+    let replay = conveyor::worker::dlq::replay(pool, who.workspace_id, dead.0).await.unwrap();
     assert_eq!(replay, conveyor::worker::dlq::Replay::KeyHeld(live.id.0));
     conveyor::cancel_job(pool, who.workspace_id, live.id).await.unwrap();
-    assert_eq!(conveyor::worker::dlq::replay(pool, dead.0).await.unwrap(), conveyor::worker::dlq::Replay::Replayed);
+    assert_eq!(
+        conveyor::worker::dlq::replay(pool, who.workspace_id, dead.0).await.unwrap(),
+        conveyor::worker::dlq::Replay::Replayed
+    );
     shutdown.cancel();
 }
 

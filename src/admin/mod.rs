@@ -8,7 +8,14 @@
 //! role in the job's own workspace, under row-level security, through the one home of job transitions, and are
 //! audited the same way.
 
+mod audit;
 mod auth;
+mod dead_letters;
+mod filters;
+mod holds;
+mod jobs;
+mod operations;
+mod queues;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -36,6 +43,19 @@ pub enum AdminError {
     /// Redis failed (queue lag).
     #[error(transparent)]
     Redis(#[from] fred::error::Error),
+}
+
+impl AdminError {
+    /// Whether a unique index refused the change (a replay whose job or operation would hold what a live one holds,
+    /// such as a store's one active sync): a conflict with another resource's state, not a fault.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Database(e) if dead_letters::is_unique_violation(e))
+    }
+
+    /// Whether PostgreSQL could not be reached (or the operator role could not connect in time).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed))
+    }
 }
 
 /// Jobs of a queue by state.
@@ -283,50 +303,50 @@ pub struct AuditEntry {
 pub struct Admin {
     operator: PgPool,
     app: PgPool,
-    redis: RedisClient,
-    keys: Keys,
+    /// Redis and the key names, for the queues' consumer groups; `None` for tools that need no lag.
+    redis: Option<(RedisClient, Keys)>,
 }
 
 impl Admin {
     /// An operator handle over both pools and Redis.
     pub fn new(operator: PgPool, app: PgPool, redis: RedisClient, keys: Keys) -> Self {
-        Self { operator, app, redis, keys }
+        Self { operator, app, redis: Some((redis, keys)) }
     }
 
-    /// Every queue (registered kinds' queues and queues with jobs), by name.
+    /// An operator handle over both pools alone (the `conveyor dlq` commands): queues then show no lag, pending
+    /// entries or consumers.
+    pub fn without_redis(operator: PgPool, app: PgPool) -> Self {
+        Self { operator, app, redis: None }
+    }
+
+    /// Every queue (registered kinds' queues and queues with live, dead or recently finished jobs), by name.
     pub async fn queues(&self, actor: &Actor) -> Result<Vec<QueueSummary>, AdminError> {
-        let _ = (actor, &self.operator, &self.app, &self.redis, &self.keys);
-        todo!()
+        queues::list(self, actor, None).await
     }
 
-    /// One queue, or `None` when no kind or job names it.
+    /// One queue, or `None` when no registered kind names it and it has no live, dead or recently finished job.
     pub async fn queue(&self, actor: &Actor, name: &str) -> Result<Option<QueueSummary>, AdminError> {
-        let _ = (actor, name);
-        todo!()
+        Ok(queues::list(self, actor, Some(name)).await?.into_iter().next())
     }
 
     /// Jobs matching `filter`, newest first.
     pub async fn jobs(&self, actor: &Actor, filter: &JobFilter) -> Result<Page<JobSummary>, AdminError> {
-        let _ = (actor, filter);
-        todo!()
+        jobs::search(self, actor, filter).await
     }
 
     /// One job in full, in whichever workspace.
     pub async fn job(&self, actor: &Actor, id: JobId) -> Result<Option<JobDetail>, AdminError> {
-        let _ = (actor, id);
-        todo!()
+        jobs::detail(self, actor, id).await
     }
 
     /// Cancels a job that has not ended (a running handler sees it at once).
     pub async fn cancel_job(&self, actor: &Actor, id: JobId) -> Result<JobAction, AdminError> {
-        let _ = (actor, id);
-        todo!()
+        jobs::cancel(self, actor, id).await
     }
 
     /// Runs a job again: a dead letter from its first attempt (a replay), a retrying or delayed job now.
     pub async fn retry_job(&self, actor: &Actor, id: JobId) -> Result<JobAction, AdminError> {
-        let _ = (actor, id);
-        todo!()
+        jobs::retry(self, actor, id).await
     }
 
     /// Operations matching `filter`, newest first.
@@ -335,26 +355,23 @@ impl Admin {
         actor: &Actor,
         filter: &OperationFilter,
     ) -> Result<Page<OperationSummary>, AdminError> {
-        let _ = (actor, filter);
-        todo!()
+        operations::search(self, actor, filter).await
     }
 
     /// Dead letters matching `filter`, newest first.
     pub async fn dead_letters(&self, actor: &Actor, filter: &DeadLetterFilter) -> Result<Page<DeadLetter>, AdminError> {
-        let _ = (actor, filter);
-        todo!()
+        dead_letters::search(self, actor, filter).await
     }
 
-    /// Replays one dead letter from its first attempt.
+    /// Replays one dead letter from its first attempt. A unique index refusing it (a store's one active sync) is
+    /// [`AdminError::Database`]: see [`AdminError::is_conflict`].
     pub async fn replay_dead_letter(&self, actor: &Actor, id: JobId) -> Result<Replay, AdminError> {
-        let _ = (actor, id);
-        todo!()
+        dead_letters::replay_one(self, actor, id).await
     }
 
     /// Discards one dead letter (its job row goes; its operation stays failed). `false`: not a dead letter.
     pub async fn discard_dead_letter(&self, actor: &Actor, id: JobId) -> Result<bool, AdminError> {
-        let _ = (actor, id);
-        todo!()
+        dead_letters::discard_one(self, actor, id).await
     }
 
     /// Replays every dead letter matching `filter` (at most its limit, default 500).
@@ -363,8 +380,7 @@ impl Admin {
         actor: &Actor,
         filter: &DeadLetterFilter,
     ) -> Result<BulkOutcome, AdminError> {
-        let _ = (actor, filter);
-        todo!()
+        dead_letters::replay_many(self, actor, filter).await
     }
 
     /// Discards every dead letter matching `filter` (at most its limit, default 500).
@@ -373,14 +389,12 @@ impl Admin {
         actor: &Actor,
         filter: &DeadLetterFilter,
     ) -> Result<BulkOutcome, AdminError> {
-        let _ = (actor, filter);
-        todo!()
+        dead_letters::discard_many(self, actor, filter).await
     }
 
     /// The pauses in force.
     pub async fn pauses(&self, actor: &Actor) -> Result<Vec<crate::Pause>, AdminError> {
-        let _ = actor;
-        todo!()
+        holds::pauses(self, actor).await
     }
 
     /// Pauses a scope (see [`crate::pause`]); `false`: it was already paused.
@@ -390,14 +404,12 @@ impl Admin {
         scope: &crate::PauseScope,
         reason: Option<&str>,
     ) -> Result<bool, AdminError> {
-        let _ = (actor, scope, reason);
-        todo!()
+        holds::pause(self, actor, scope, reason).await
     }
 
     /// Lifts the pause of exactly this scope; `false`: there was none.
     pub async fn resume(&self, actor: &Actor, scope: &crate::PauseScope) -> Result<bool, AdminError> {
-        let _ = (actor, scope);
-        todo!()
+        holds::resume(self, actor, scope).await
     }
 
     /// Schedules of every workspace (or of one).
@@ -406,8 +418,7 @@ impl Admin {
         actor: &Actor,
         workspace: Option<WorkspaceId>,
     ) -> Result<Vec<(Uuid, crate::Schedule)>, AdminError> {
-        let _ = (actor, workspace);
-        todo!()
+        holds::schedules(self, actor, workspace).await
     }
 
     /// Pauses or resumes one schedule; `false`: no such schedule.
@@ -418,13 +429,11 @@ impl Admin {
         name: &str,
         paused: bool,
     ) -> Result<bool, AdminError> {
-        let _ = (actor, workspace, name, paused);
-        todo!()
+        holds::set_schedule_paused(self, actor, workspace, name, paused).await
     }
 
-    /// The newest entries of the audit trail.
+    /// The newest entries of the audit trail (`limit` 1 to 500).
     pub async fn audit(&self, actor: &Actor, limit: u32) -> Result<Vec<AuditEntry>, AdminError> {
-        let _ = (actor, limit);
-        todo!()
+        audit::trail(self, actor, limit).await
     }
 }

@@ -1,9 +1,11 @@
-//! Dead letters: list, show and replay (`conveyor dlq list|show|replay`). Listing goes through a narrow
-//! `SECURITY DEFINER` function (operator metadata and redacted reasons, never payloads); a replay writes under
-//! row-level security in the dead letter's own workspace.
+//! Dead letters: what one is, and replaying one of a workspace as the application role, under row-level security.
+//!
+//! Operators work across workspaces through [`crate::admin::Admin`] (`conveyor dlq list|show|replay|discard`, the
+//! admin API, the web UI): listing goes through the audited `conveyor_admin_dead_letters` function, which only the
+//! operator role may execute (operator metadata and redacted reasons, never payloads).
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -12,7 +14,7 @@ use crate::ids::WorkspaceId;
 pub use crate::outbox::transitions::Replay;
 
 /// A dead-lettered job.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct DeadLetter {
     /// The outbox event (job) id.
     pub id: Uuid,
@@ -36,23 +38,17 @@ pub struct DeadLetter {
     pub dead_lettered_at: Option<DateTime<Utc>>,
 }
 
-/// The newest `limit` dead letters.
-pub async fn list(pool: &PgPool, limit: i32) -> Result<Vec<DeadLetter>, sqlx::Error> {
-    sqlx::query_as("SELECT * FROM conveyor_dead_letters($1)").bind(limit).fetch_all(pool).await
-}
-
-/// One dead letter.
-pub async fn show(pool: &PgPool, id: Uuid) -> Result<Option<DeadLetter>, sqlx::Error> {
-    sqlx::query_as("SELECT * FROM conveyor_dead_letters(1, $1)").bind(id).fetch_optional(pool).await
-}
-
-/// Sends a dead letter through the outbox again, from its first attempt, and re-queues its operation; not while
-/// another live job holds its de-dup key.
-pub async fn replay(pool: &PgPool, id: Uuid) -> Result<Replay, sqlx::Error> {
-    let Some(dead) = show(pool, id).await? else { return Ok(Replay::NotDeadLetter) };
-    let workspace = WorkspaceId(dead.workspace_id);
+/// Sends the dead letter `id` of `workspace` through the outbox again, from its first attempt, and re-queues its
+/// operation; not while another live job holds its de-dup key. Another workspace's job is not a dead letter here.
+pub async fn replay(pool: &PgPool, workspace: WorkspaceId, id: Uuid) -> Result<Replay, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
-    let moved = crate::outbox::transitions::replay_tx(&mut tx, workspace, id, dead.operation_id).await?;
+    let operation: Option<Option<Uuid>> =
+        sqlx::query_scalar("SELECT operation_id FROM outbox_events WHERE id = $1 AND status = 'dead_letter'")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(operation) = operation else { return Ok(Replay::NotDeadLetter) };
+    let replayed = crate::outbox::transitions::replay_tx(&mut tx, workspace, id, operation).await?;
     tx.commit().await?;
-    Ok(moved)
+    Ok(replayed)
 }

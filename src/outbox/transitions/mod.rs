@@ -1,7 +1,8 @@
 //! Every status change of a job (an outbox event) and of its operation after the enqueue, in one place: an operation
-//! through `running` to its outcome, a job's completion, retries through the outbox, dead letters, re-drives and
-//! cancellation; the relay's claim, mark, failed hand-offs and retention are in [`relay`]. Each function runs under row-level
-//! security in its job's workspace. The fences, written once here:
+//! through `running` to its outcome, a job's completion, retries through the outbox, dead letters (each failed run
+//! recorded in `job_failures`), replays, discards, re-drives, running a waiting job now and cancellation; the relay's
+//! claim, mark, failed hand-offs and retention are in [`relay`]. Each function runs under row-level security in its
+//! job's workspace. The fences, written once here:
 //! - a job's run is current while its delivery's re-drive generation is the event's (`redrive_count`): a retry or a
 //!   dead letter of an older generation changes nothing;
 //! - an end state (completed, canceled, dead-lettered; an operation succeeded, failed or canceled) is never left:
@@ -394,7 +395,8 @@ pub(crate) async fn notify_done_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId)
 /// again). Any live status with the same generation means this delivery is the current one; a lease still
 /// held on it is simply lost (its holder's mark no longer matches, and its `XADD` found the old de-dup key). False,
 /// and nothing changes, when the generation has moved on (another delivery is already under way). `redrive` is
-/// `None` for an entry that carries no generation: it is taken for the current one.
+/// `None` for an entry that carries no generation: it is taken for the current one. The failed run is recorded in
+/// `job_failures` (attempt, redacted error) in the same transaction.
 pub(crate) async fn retry(
     pool: &PgPool,
     workspace: WorkspaceId,
@@ -406,13 +408,18 @@ pub(crate) async fn retry(
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     lock_operation_tx(&mut tx, operation).await?;
+    // The failed run is recorded in `job_failures` by the same statement.
     let moved = sqlx::query(
-        "UPDATE outbox_events
-         SET status = 'pending', next_attempt_at = now() + make_interval(secs => $2), job_attempts = job_attempts + 1,
-             redrive_count = redrive_count + 1, last_error = $3, stream_id = NULL, dispatched_at = NULL,
-             locked_by = NULL, locked_until = NULL
-         WHERE id = $1 AND redrive_count = coalesce($4, redrive_count)
-           AND status IN ('pending', 'dispatching', 'dispatched')",
+        "WITH moved AS (
+             UPDATE outbox_events
+             SET status = 'pending', next_attempt_at = now() + make_interval(secs => $2),
+                 job_attempts = job_attempts + 1, redrive_count = redrive_count + 1, last_error = $3,
+                 stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
+             WHERE id = $1 AND redrive_count = coalesce($4, redrive_count)
+               AND status IN ('pending', 'dispatching', 'dispatched')
+             RETURNING id, workspace_id, job_attempts)
+         INSERT INTO job_failures (job_id, workspace_id, attempt, stage, error)
+         SELECT id, workspace_id, job_attempts, 'job', left($3, 2000) FROM moved",
     )
     .bind(event_id)
     .bind(delay.as_secs_f64())
@@ -515,7 +522,7 @@ pub(crate) async fn throttle(
 /// Dead-letters the job: the outbox event keeps the redacted reason, the operation fails with it. Fenced by the
 /// delivery's generation, like [`retry`]: false, and nothing changes, when a newer delivery exists or the event is
 /// already dead-lettered. An event no longer in the outbox (purged) has no generation to protect: its operation
-/// fails.
+/// fails. The failed run is recorded in `job_failures` in the same transaction.
 pub(crate) async fn dead_letter(
     pool: &PgPool,
     workspace: WorkspaceId,
@@ -526,12 +533,17 @@ pub(crate) async fn dead_letter(
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     lock_operation_tx(&mut tx, operation).await?;
+    // The failed run is recorded in `job_failures` by the same statement.
     let moved = sqlx::query(
-        "UPDATE outbox_events
-         SET status = 'dead_letter', failure_stage = 'job', dead_lettered_at = now(), last_error = $2,
-             job_attempts = job_attempts + 1, locked_by = NULL, locked_until = NULL
-         WHERE id = $1 AND redrive_count = coalesce($3, redrive_count)
-           AND status IN ('pending', 'dispatching', 'dispatched')",
+        "WITH moved AS (
+             UPDATE outbox_events
+             SET status = 'dead_letter', failure_stage = 'job', dead_lettered_at = now(), last_error = $2,
+                 job_attempts = job_attempts + 1, locked_by = NULL, locked_until = NULL
+             WHERE id = $1 AND redrive_count = coalesce($3, redrive_count)
+               AND status IN ('pending', 'dispatching', 'dispatched')
+             RETURNING id, workspace_id, job_attempts)
+         INSERT INTO job_failures (job_id, workspace_id, attempt, stage, error)
+         SELECT id, workspace_id, job_attempts, 'job', left($2, 2000) FROM moved",
     )
     .bind(event_id)
     .bind(error)
@@ -614,6 +626,34 @@ pub(crate) async fn replay_tx(
     }
     super::notify_tx(tx, workspace).await?;
     Ok(if moved == 1 { Replay::Replayed } else { Replay::NotDeadLetter })
+}
+
+/// Discards, in the caller's transaction, those of `jobs` that are dead letters: their rows go (with their recorded
+/// failures); their operations stay failed. Returns the ids discarded.
+pub(crate) async fn discard_tx(tx: &mut WorkspaceTx, jobs: &[Uuid]) -> Result<Vec<Uuid>, sqlx::Error> {
+    let gone: Vec<(Uuid,)> =
+        sqlx::query_as("DELETE FROM outbox_events WHERE id = ANY($1) AND status = 'dead_letter' RETURNING id")
+            .bind(jobs)
+            .fetch_all(&mut **tx)
+            .await?;
+    Ok(gone.into_iter().map(|(id,)| id).collect())
+}
+
+/// Makes a job that waits (delayed, or a retry waiting out its back-off) due now, in the caller's transaction, and
+/// wakes the dispatchers at commit. False when the job is not waiting (due already, handed over, or ended).
+pub(crate) async fn run_now_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uuid) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE outbox_events SET next_attempt_at = now()
+         WHERE id = $1 AND status = 'pending' AND next_attempt_at > now()",
+    )
+    .bind(job)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if moved == 1 {
+        super::notify_tx(tx, workspace).await?;
+    }
+    Ok(moved == 1)
 }
 
 /// Re-drives, in the caller's transaction, the dispatched jobs of the operations of the workspace that made no

@@ -218,7 +218,7 @@ pub async fn settle(
 }
 
 /// In one transaction of `workspace`: returns `failures` to `pending` with their back-off, or to `dead_letter` once
-/// they reach `max_attempts`, failing their operation with a redacted reason.
+/// they reach `max_attempts`, failing their operation with a redacted reason; records each in `job_failures`.
 async fn record_failures(
     pool: &PgPool,
     workspace: WorkspaceId,
@@ -232,17 +232,23 @@ async fn record_failures(
     let delays: Vec<f64> = failures.iter().map(|f| f.delay.as_secs_f64()).collect();
     let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
     let redrives: Vec<i32> = failures.iter().map(|f| f.redrive).collect();
+    // Each failed hand-off is recorded in `job_failures` by the same statement.
     let rows: Vec<(String, Option<Uuid>)> = sqlx::query_as(
-        "UPDATE outbox_events e
-         SET attempt_count = e.attempt_count + 1,
-             status = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dead_letter' ELSE 'pending' END,
-             failure_stage = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dispatch' END,
-             dead_lettered_at = CASE WHEN e.attempt_count + 1 >= $4 THEN now() END,
-             next_attempt_at = now() + make_interval(secs => v.delay),
-             last_error = v.error, locked_by = NULL, locked_until = NULL
-         FROM unnest($1::uuid[], $2::float8[], $3::text[], $6::int[]) AS v(id, delay, error, redrive)
-         WHERE e.id = v.id AND e.status = 'dispatching' AND e.locked_by = $5 AND e.redrive_count = v.redrive
-         RETURNING e.status, e.operation_id",
+        "WITH moved AS (
+             UPDATE outbox_events e
+             SET attempt_count = e.attempt_count + 1,
+                 status = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dead_letter' ELSE 'pending' END,
+                 failure_stage = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dispatch' END,
+                 dead_lettered_at = CASE WHEN e.attempt_count + 1 >= $4 THEN now() END,
+                 next_attempt_at = now() + make_interval(secs => v.delay),
+                 last_error = v.error, locked_by = NULL, locked_until = NULL
+             FROM unnest($1::uuid[], $2::float8[], $3::text[], $6::int[]) AS v(id, delay, error, redrive)
+             WHERE e.id = v.id AND e.status = 'dispatching' AND e.locked_by = $5 AND e.redrive_count = v.redrive
+             RETURNING e.id, e.workspace_id, e.attempt_count, e.last_error, e.status, e.operation_id),
+         failed AS (
+             INSERT INTO job_failures (job_id, workspace_id, attempt, stage, error)
+             SELECT id, workspace_id, attempt_count, 'dispatch', left(last_error, 2000) FROM moved)
+         SELECT status, operation_id FROM moved",
     )
     .bind(&ids)
     .bind(&delays)

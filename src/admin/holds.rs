@@ -1,0 +1,111 @@
+//! What holds jobs back: pauses of the relay ([`crate::flow`], operator settings outside row-level security) and
+//! schedules (read across workspaces through `conveyor_admin_schedules`; paused and resumed as the application role
+//! in their workspace through [`crate::schedule`]). Every call is audited.
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::{Actor, Admin, AdminError, audit, filters};
+use crate::flow::{self, FlowError, Pause, PauseScope};
+use crate::ids::WorkspaceId;
+use crate::schedule::{self, Schedule, ScheduleError};
+
+impl From<FlowError> for AdminError {
+    fn from(e: FlowError) -> Self {
+        match e {
+            FlowError::Database(e) => Self::Database(e),
+            other => Self::Invalid(other.to_string()),
+        }
+    }
+}
+
+impl From<ScheduleError> for AdminError {
+    fn from(e: ScheduleError) -> Self {
+        match e {
+            ScheduleError::Database(e) => Self::Database(e),
+            other => Self::Invalid(other.to_string()),
+        }
+    }
+}
+
+fn scope_arguments(scope: &PauseScope) -> serde_json::Value {
+    json!({ "queue": scope.queue, "kind": scope.kind, "workspace": scope.workspace.map(|w| w.0) })
+}
+
+/// The pauses in force, oldest first.
+pub(super) async fn pauses(admin: &Admin, actor: &Actor) -> Result<Vec<Pause>, AdminError> {
+    audit::write(admin, actor, "pauses", json!({})).await?;
+    Ok(flow::list_pauses(&admin.app).await?)
+}
+
+/// Pauses `scope`; `false`: it was already paused.
+pub(super) async fn pause(
+    admin: &Admin,
+    actor: &Actor,
+    scope: &PauseScope,
+    reason: Option<&str>,
+) -> Result<bool, AdminError> {
+    filters::actor(actor)?;
+    let added = flow::pause(&admin.app, scope, reason).await?;
+    let mut arguments = scope_arguments(scope);
+    arguments["reason"] = json!(reason);
+    arguments["outcome"] = json!(if added { "paused" } else { "already_paused" });
+    audit::write(admin, actor, "pause", arguments).await?;
+    Ok(added)
+}
+
+/// Lifts the pause of exactly `scope`; `false`: there was none.
+pub(super) async fn resume(admin: &Admin, actor: &Actor, scope: &PauseScope) -> Result<bool, AdminError> {
+    filters::actor(actor)?;
+    let removed = flow::resume(&admin.app, scope).await?;
+    let mut arguments = scope_arguments(scope);
+    arguments["outcome"] = json!(if removed { "resumed" } else { "not_paused" });
+    audit::write(admin, actor, "resume", arguments).await?;
+    Ok(removed)
+}
+
+#[derive(sqlx::FromRow)]
+struct ScheduleRow {
+    workspace_id: Uuid,
+    #[sqlx(flatten)]
+    schedule: Schedule,
+}
+
+/// Schedules of every workspace (or of one), by workspace and name.
+pub(super) async fn schedules(
+    admin: &Admin,
+    actor: &Actor,
+    workspace: Option<WorkspaceId>,
+) -> Result<Vec<(Uuid, Schedule)>, AdminError> {
+    let rows: Vec<ScheduleRow> = sqlx::query_as(
+        "SELECT workspace_id, id, name, kind, queue, payload, cron, time_zone, every_ms, priority, max_attempts,
+                paused, next_run_at, last_tick_at, created_at, updated_at
+         FROM conveyor_admin_schedules($1, $2)",
+    )
+    .bind(filters::actor(actor)?)
+    .bind(workspace.map(|w| w.0))
+    .fetch_all(&admin.operator)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.workspace_id, r.schedule)).collect())
+}
+
+/// Pauses or resumes the schedule `name` of `workspace`; `false`: no such schedule.
+pub(super) async fn set_schedule_paused(
+    admin: &Admin,
+    actor: &Actor,
+    workspace: WorkspaceId,
+    name: &str,
+    paused: bool,
+) -> Result<bool, AdminError> {
+    filters::actor(actor)?;
+    filters::schedule_name(name)?;
+    let found = if paused {
+        schedule::pause_schedule(&admin.app, workspace, name).await?
+    } else {
+        schedule::resume_schedule(&admin.app, workspace, name).await?
+    };
+    let action = if paused { "pause_schedule" } else { "resume_schedule" };
+    let outcome = if found { "done" } else { "not_found" };
+    audit::write(admin, actor, action, json!({ "workspace": workspace.0, "name": name, "outcome": outcome })).await?;
+    Ok(found)
+}

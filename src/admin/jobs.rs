@@ -1,0 +1,210 @@
+//! Jobs across workspaces: search and detail through the operator's functions; cancel and retry as the application
+//! role in the job's own workspace, through the transitions module, audited with their outcome.
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::{Actor, Admin, AdminError, Attempt, JobAction, JobDetail, JobFilter, JobSummary, Page, audit, filters};
+use crate::db;
+use crate::ids::{JobId, WorkspaceId};
+use crate::outbox::control::JobStatus;
+use crate::outbox::transitions::{self, Cancel, Replay};
+
+/// The columns of [`JobSummary`] that `conveyor_admin_jobs` and `conveyor_admin_job` return.
+#[derive(sqlx::FromRow)]
+struct SummaryRow {
+    id: Uuid,
+    workspace_id: Uuid,
+    kind: String,
+    queue: String,
+    state: String,
+    failed_runs: i32,
+    last_error: Option<String>,
+    operation_id: Option<Uuid>,
+    created_at: DateTime<Utc>,
+    run_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+}
+
+impl TryFrom<SummaryRow> for JobSummary {
+    type Error = sqlx::Error;
+
+    fn try_from(r: SummaryRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: r.id,
+            workspace_id: r.workspace_id,
+            kind: r.kind,
+            queue: r.queue,
+            status: filters::parse_state(&r.state)?,
+            failed_runs: u32::try_from(r.failed_runs).unwrap_or(0),
+            last_error: r.last_error,
+            operation_id: r.operation_id,
+            created_at: r.created_at,
+            run_at: r.run_at,
+            finished_at: r.finished_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct DetailRow {
+    #[sqlx(flatten)]
+    summary: SummaryRow,
+    payload: serde_json::Value,
+    priority: i16,
+    max_attempts: Option<i32>,
+    dedup_key: Option<String>,
+    progress: Option<serde_json::Value>,
+    result: Option<serde_json::Value>,
+    dispatched_at: Option<DateTime<Utc>>,
+    failures: serde_json::Value,
+}
+
+const SUMMARY: &str =
+    "id, workspace_id, kind, queue, state, failed_runs, last_error, operation_id, created_at, run_at, finished_at";
+
+/// Jobs matching `filter`, newest first.
+pub(super) async fn search(admin: &Admin, actor: &Actor, filter: &JobFilter) -> Result<Page<JobSummary>, AdminError> {
+    let limit = filters::jobs(filter)?;
+    let rows: Vec<SummaryRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {SUMMARY} FROM conveyor_admin_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+    )))
+    .bind(filters::actor(actor)?)
+    .bind(&filter.queue)
+    .bind(&filter.kind)
+    .bind(filter.status.map(filters::state_name))
+    .bind(filter.workspace)
+    .bind(filter.since)
+    .bind(filter.until)
+    .bind(filter.before)
+    .bind(limit)
+    .fetch_all(&admin.operator)
+    .await?;
+    let items = rows.into_iter().map(JobSummary::try_from).collect::<Result<Vec<_>, _>>()?;
+    Ok(page(items, limit, |j| j.id))
+}
+
+/// The page of `items` (at most `limit`), with the cursor of the next when this one is full.
+pub(super) fn page<T>(items: Vec<T>, limit: i32, id: impl Fn(&T) -> Uuid) -> Page<T> {
+    let next = (items.len() == limit as usize).then(|| items.last().map(id)).flatten();
+    Page { items, next }
+}
+
+/// One job in full, in whichever workspace.
+pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Option<JobDetail>, AdminError> {
+    let row: Option<DetailRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {SUMMARY}, payload, priority, max_attempts, dedup_key, progress, result, dispatched_at, failures
+         FROM conveyor_admin_job($1, $2)"
+    )))
+    .bind(filters::actor(actor)?)
+    .bind(id.0)
+    .fetch_optional(&admin.operator)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let attempts: Vec<Attempt> = serde_json::from_value(row.failures)
+        .map_err(|e| sqlx::Error::Decode(format!("a job's failures do not decode: {e}").into()))?;
+    Ok(Some(JobDetail {
+        job: row.summary.try_into()?,
+        payload: row.payload,
+        priority: row.priority,
+        max_attempts: row.max_attempts.and_then(|a| u32::try_from(a).ok()),
+        dedup_key: row.dedup_key,
+        progress: row.progress,
+        result: row.result,
+        dispatched_at: row.dispatched_at,
+        attempts,
+    }))
+}
+
+/// Where a job is, before a change: its workspace, its operation, its state.
+pub(super) struct Located {
+    pub(super) workspace: WorkspaceId,
+    pub(super) operation: Option<Uuid>,
+    pub(super) status: JobStatus,
+}
+
+/// Finds the job `id` in whichever workspace (audited as `locate_job`).
+pub(super) async fn locate(admin: &Admin, actor: &Actor, id: JobId) -> Result<Option<Located>, AdminError> {
+    let row: Option<(Uuid, Option<Uuid>, String)> =
+        sqlx::query_as("SELECT workspace_id, operation_id, state FROM conveyor_admin_locate_job($1, $2)")
+            .bind(filters::actor(actor)?)
+            .bind(id.0)
+            .fetch_optional(&admin.operator)
+            .await?;
+    row.map(|(workspace, operation, state)| {
+        Ok(Located { workspace: WorkspaceId(workspace), operation, status: filters::parse_state(&state)? })
+    })
+    .transpose()
+}
+
+/// The audit name of an action's outcome.
+fn outcome(action: &JobAction) -> serde_json::Value {
+    match action {
+        JobAction::Done => json!("done"),
+        JobAction::NotFound => json!("not_found"),
+        JobAction::NotAllowed => json!("not_allowed"),
+        JobAction::KeyHeld(holder) => json!({ "key_held_by": holder }),
+    }
+}
+
+/// Cancels a job that has not ended, with its operation.
+pub(super) async fn cancel(admin: &Admin, actor: &Actor, id: JobId) -> Result<JobAction, AdminError> {
+    let located = locate(admin, actor, id).await?;
+    let action = match &located {
+        None => JobAction::NotFound,
+        Some(job) => {
+            let mut tx = db::begin_workspace(&admin.app, job.workspace).await?;
+            let canceled = transitions::cancel_job_tx(&mut tx, job.workspace, id).await?;
+            tx.commit().await?;
+            match canceled {
+                Cancel::Canceled => JobAction::Done,
+                Cancel::Finished(_) => JobAction::NotAllowed,
+                Cancel::NotFound => JobAction::NotFound,
+            }
+        }
+    };
+    let workspace = located.map(|j| j.workspace.0);
+    audit::write(
+        admin,
+        actor,
+        "cancel_job",
+        json!({ "job_id": id.0, "workspace": workspace, "outcome": outcome(&action) }),
+    )
+    .await?;
+    Ok(action)
+}
+
+/// Runs a job again: a dead letter from its first attempt, a delayed or retrying job now.
+pub(super) async fn retry(admin: &Admin, actor: &Actor, id: JobId) -> Result<JobAction, AdminError> {
+    let located = locate(admin, actor, id).await?;
+    let action = match &located {
+        None => JobAction::NotFound,
+        Some(job) if job.status == JobStatus::Failed => {
+            let mut tx = db::begin_workspace(&admin.app, job.workspace).await?;
+            let replayed = transitions::replay_tx(&mut tx, job.workspace, id.0, job.operation).await?;
+            tx.commit().await?;
+            match replayed {
+                Replay::Replayed => JobAction::Done,
+                Replay::KeyHeld(holder) => JobAction::KeyHeld(holder),
+                Replay::NotDeadLetter => JobAction::NotAllowed,
+            }
+        }
+        Some(job) if matches!(job.status, JobStatus::Scheduled | JobStatus::Retrying) => {
+            let mut tx = db::begin_workspace(&admin.app, job.workspace).await?;
+            let moved = transitions::run_now_tx(&mut tx, job.workspace, id.0).await?;
+            tx.commit().await?;
+            if moved { JobAction::Done } else { JobAction::NotAllowed }
+        }
+        Some(_) => JobAction::NotAllowed,
+    };
+    let workspace = located.map(|j| j.workspace.0);
+    audit::write(
+        admin,
+        actor,
+        "retry_job",
+        json!({ "job_id": id.0, "workspace": workspace, "outcome": outcome(&action) }),
+    )
+    .await?;
+    Ok(action)
+}
