@@ -42,8 +42,28 @@ app.kubernetes.io/part-of: conveyor
 {{- end -}}
 {{- end -}}
 
+{{/* The image: repository@digest when image.digest is set, else repository:tag (tag defaults to the appVersion). */}}
 {{- define "conveyor.image" -}}
-{{- printf "%s:%s" .Values.image.repository (toString .Values.image.tag) -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The port of a listen address ("0.0.0.0:8080", "[::]:8080"); rendering fails without one. */}}
+{{- define "conveyor.addrPort" -}}
+{{- $port := regexFind "[0-9]+$" (toString .addr) -}}
+{{- if not (regexMatch ":[0-9]+$" (toString .addr)) -}}
+{{- fail (printf "%s (%q) must end in :<port>" .name .addr) -}}
+{{- end -}}
+{{- $port -}}
+{{- end -}}
+{{- define "conveyor.httpPort" -}}
+{{- include "conveyor.addrPort" (dict "addr" .Values.config.httpAddr "name" "config.httpAddr") -}}
+{{- end -}}
+{{- define "conveyor.adminPort" -}}
+{{- include "conveyor.addrPort" (dict "addr" .Values.config.adminAddr "name" "config.adminAddr") -}}
 {{- end -}}
 
 {{/* The existing Secret; rendering fails without it. */}}
@@ -61,6 +81,24 @@ app.kubernetes.io/part-of: conveyor
       name: {{ $secret }}
       key: {{ . }}
 {{- end }}
+{{- /* Optional keys: the operator surface (admin API, web UI) is off without them. */}}
+{{- range list "CONVEYOR_OPERATOR_DATABASE_URL" "CONVEYOR_ADMIN_TOKEN" }}
+- name: {{ . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ . }}
+      optional: true
+{{- end }}
+{{- end -}}
+
+{{/* The roles whose Deployment this release renders. */}}
+{{- define "conveyor.enabledRoles" -}}
+{{- $roles := list -}}
+{{- range $role := list "api" "dispatcher" "worker" "maintenance" -}}
+{{- if (index $.Values $role).enabled -}}{{- $roles = append $roles $role -}}{{- end -}}
+{{- end -}}
+{{- join "," $roles -}}
 {{- end -}}
 
 {{/* Redis key names, mirroring src/stream/keys.rs. */}}
@@ -69,4 +107,16 @@ app.kubernetes.io/part-of: conveyor
 {{- end -}}
 {{- define "conveyor.groupKey" -}}
 {{- printf "%s:%s:workers" .root.Values.config.redisPrefix .queue -}}
+{{- end -}}
+
+{{/* NetworkPolicy peers: one namespaceSelector per namespace name, then the raw peers in `from`. */}}
+{{- define "conveyor.networkPolicyPeers" -}}
+{{- range .namespaces }}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ . | quote }}
+{{- end }}
+{{- with .from }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
