@@ -7,10 +7,10 @@
 
 use fred::prelude::StreamsInterface;
 use fred::types::Value;
-use fred::types::scripts::Script;
 
 use super::RedisClient;
 use super::keys::Keys;
+use super::script::LuaScript;
 
 const ACK_SCRIPT: &str = r#"
 local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
@@ -67,6 +67,12 @@ pub struct QueueStats {
     pub pending: u64,
     /// Entries not yet delivered to any consumer (`lag`; Redis may not know it after deletions).
     pub lag: Option<u64>,
+}
+
+/// Whether Redis answered that the stream or its group does not exist (Redis restarted empty, a failover promoted a
+/// replica that had not received the group yet, or someone deleted the stream).
+fn is_nogroup(e: &fred::error::Error) -> bool {
+    e.details().contains("NOGROUP") || e.to_string().contains("NOGROUP")
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -134,13 +140,13 @@ pub struct Consumer {
     blocking: RedisClient,
     keys: Keys,
     consumer: String,
-    ack_script: Script,
+    ack_script: LuaScript,
 }
 
 impl Consumer {
     /// A consumer named `consumer` (pod or host name plus process id). `blocking` must be a client of its own.
     pub fn new(client: RedisClient, blocking: RedisClient, keys: Keys, consumer: String) -> Self {
-        Self { client, blocking, keys, consumer, ack_script: Script::from_lua(ACK_SCRIPT) }
+        Self { client, blocking, keys, consumer, ack_script: LuaScript::new(ACK_SCRIPT) }
     }
 
     /// Connects to Redis at `url` with two clients (one for blocking reads) and names the consumer after this process
@@ -190,7 +196,7 @@ impl Consumer {
         block_ms: Option<u64>,
     ) -> Result<Vec<Entry>, fred::error::Error> {
         match self.read_group(queue, count, block_ms).await {
-            Err(e) if e.details().contains("NOGROUP") || e.to_string().contains("NOGROUP") => {
+            Err(e) if is_nogroup(&e) => {
                 self.ensure_group(queue).await?;
                 Ok(Vec::new())
             }
@@ -227,7 +233,7 @@ impl Consumer {
         let mut args = Vec::with_capacity(ids.len() + 1);
         args.push(self.keys.group(queue));
         args.extend(ids.iter().cloned());
-        self.ack_script.evalsha_with_reload(&self.client, vec![self.keys.stream(queue)], args).await
+        self.ack_script.run(&self.client, vec![self.keys.stream(queue)], args).await
     }
 
     /// Resets the idle time of entries this consumer is working on, so no one reclaims them while it lives.
@@ -235,7 +241,7 @@ impl Consumer {
         if ids.is_empty() {
             return Ok(());
         }
-        let _: Value = self
+        let claimed: Result<Value, _> = self
             .client
             .xclaim(
                 self.keys.stream(queue),
@@ -249,8 +255,13 @@ impl Consumer {
                 false,
                 true,
             )
-            .await?;
-        Ok(())
+            .await;
+        match claimed {
+            // The group is gone with the entries (see `read`): nothing to keep alive, make the group again.
+            Err(e) if is_nogroup(&e) => self.ensure_group(queue).await,
+            Err(e) => Err(e),
+            Ok(_) => Ok(()),
+        }
     }
 
     /// Takes over up to `count` entries of `queue` idle for at least `min_idle_ms` (their consumer is presumed
@@ -258,10 +269,17 @@ impl Consumer {
     pub async fn reclaim(&self, queue: &str, min_idle_ms: u64, count: u64) -> Result<Reclaimed, fred::error::Error> {
         let stream = self.keys.stream(queue);
         // Read as a raw reply: Redis 7 adds a third element, the ids it found deleted.
-        let reply: Value = self
+        let reply: Value = match self
             .client
             .xautoclaim(&stream, self.keys.group(queue), &self.consumer, min_idle_ms, "0-0", Some(count), false)
-            .await?;
+            .await
+        {
+            Err(e) if is_nogroup(&e) => {
+                self.ensure_group(queue).await?;
+                return Ok(Reclaimed::default());
+            }
+            reply => reply?,
+        };
         let Value::Array(mut parts) = reply else { return Ok(Reclaimed::default()) };
         let deleted = if parts.len() >= 3 {
             match parts.remove(2) {

@@ -12,6 +12,8 @@ pub mod admin;
 pub mod consumer;
 pub mod keys;
 pub mod producer;
+mod script;
+mod url;
 
 use std::time::Duration;
 
@@ -20,9 +22,12 @@ use fred::prelude::{Builder, ClientLike, Config as RedisConfig, ReconnectPolicy}
 pub use fred::clients::Client as RedisClient;
 
 /// Opens a Redis client that reconnects with exponential back-off forever (fred's default is never) and fails
-/// commands after `command_timeout` instead of queueing them while Redis is away.
+/// commands after `command_timeout` instead of queueing them while Redis is away. `url` is `redis://`, `rediss://`,
+/// `redis-sentinel://` or `redis-cluster://`; a cluster's seed nodes may be listed with commas
+/// (`redis-cluster://h1:6379,h2:6379`) or as fred's `?node=h2:6379` parameters. A cluster client follows `MOVED` and
+/// `ASK` redirections and re-reads the slot map after a failover.
 pub async fn connect(url: &str, command_timeout: Duration) -> Result<RedisClient, fred::error::Error> {
-    let config = RedisConfig::from_url(url)?;
+    let config = RedisConfig::from_url(&self::url::fred_url(url))?;
     let client = Builder::from_config(config)
         .with_connection_config(|c| {
             c.connection_timeout = Duration::from_secs(3);

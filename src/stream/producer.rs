@@ -9,12 +9,13 @@
 
 use std::collections::HashMap;
 
-use fred::prelude::{ClientLike, LuaInterface};
+use fred::prelude::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use uuid::Uuid;
 
 use super::RedisClient;
 use super::keys::Keys;
+use super::script::{LuaScript, is_noscript};
 
 /// Events per script call: large enough to amortize the call, small enough to keep Redis responsive.
 pub const CHUNK: usize = 100;
@@ -89,18 +90,20 @@ pub struct Producer {
     client: RedisClient,
     keys: Keys,
     dedup_ttl_ms: u64,
-    sha: String,
+    script: LuaScript,
 }
 
-fn is_noscript(e: &fred::error::Error) -> bool {
-    e.details().starts_with("NOSCRIPT") || e.to_string().contains("NOSCRIPT")
+/// How a chunk's script call goes out: by SHA, or with the script's text for a node that does not know it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Sha,
+    Text,
 }
 
 impl Producer {
     /// A producer whose de-dup keys live `dedup_ttl`.
     pub fn new(client: RedisClient, keys: Keys, dedup_ttl: std::time::Duration) -> Self {
-        let sha = fred::util::sha1_hash(PUBLISH_SCRIPT);
-        Self { client, keys, dedup_ttl_ms: dedup_ttl.as_millis().max(1) as u64, sha }
+        Self { client, keys, dedup_ttl_ms: dedup_ttl.as_millis().max(1) as u64, script: LuaScript::new(PUBLISH_SCRIPT) }
     }
 
     fn fields(m: &Message) -> Vec<String> {
@@ -140,20 +143,19 @@ impl Producer {
         fields
     }
 
-    /// The EVALSHA arguments for one chunk of one queue's messages.
-    fn command(&self, queue: &str, chunk: &[&Message]) -> Vec<String> {
-        let mut command = Vec::with_capacity(3 + chunk.len() * 20);
-        command.push(self.sha.clone());
-        command.push((chunk.len() + 1).to_string());
-        command.push(self.keys.stream(queue));
-        command.extend(chunk.iter().map(|m| self.keys.dedup(queue, &m.event_id, m.redrive)));
-        command.push(self.dedup_ttl_ms.to_string());
+    /// The script's keys and arguments for one chunk of one queue's messages.
+    fn call(&self, queue: &str, chunk: &[&Message]) -> (Vec<String>, Vec<String>) {
+        let mut keys = Vec::with_capacity(1 + chunk.len());
+        keys.push(self.keys.stream(queue));
+        keys.extend(chunk.iter().map(|m| self.keys.dedup(queue, &m.event_id, m.redrive)));
+        let mut args = Vec::with_capacity(1 + chunk.len() * 20);
+        args.push(self.dedup_ttl_ms.to_string());
         for m in chunk {
             let fields = Self::fields(m);
-            command.push(fields.len().to_string());
-            command.extend(fields);
+            args.push(fields.len().to_string());
+            args.extend(fields);
         }
-        command
+        (keys, args)
     }
 
     /// Shortens the de-dup keys of `handed_off` (queue, event id, re-drive generation) to expire after `ttl`, if they
@@ -189,19 +191,10 @@ impl Producer {
 
     /// Publishes `messages` in one pipeline. Each result is the stream entry id (new, or the one an earlier
     /// delivery of the same event got) or the error of its chunk. Safe to repeat: the de-dup keys make it so.
+    ///
+    /// The chunks go out by SHA; the chunks a node answered `NOSCRIPT` (first use on it, a restart, a replica
+    /// promoted by a failover) go again with the script's text, and the script is loaded on every primary.
     pub async fn publish(&self, messages: &[Message]) -> Vec<Result<String, fred::error::Error>> {
-        let mut results = self.publish_once(messages).await;
-        if results.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
-            // First use on this server (or after a restart or SCRIPT FLUSH): load and run the batch again.
-            if let Err(e) = self.client.script_load::<String, _>(PUBLISH_SCRIPT).await {
-                return messages.iter().map(|_| Err(e.clone())).collect();
-            }
-            results = self.publish_once(messages).await;
-        }
-        results
-    }
-
-    async fn publish_once(&self, messages: &[Message]) -> Vec<Result<String, fred::error::Error>> {
         // Chunks per queue, remembering where each message's answer goes.
         let mut by_queue: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, m) in messages.iter().enumerate() {
@@ -211,17 +204,46 @@ impl Producer {
             .into_iter()
             .flat_map(|(queue, idx)| idx.chunks(CHUNK).map(|c| (queue, c.to_vec())).collect::<Vec<_>>())
             .collect();
-        // Pipelines take no typed EVALSHA in fred, so it goes as a custom command routed by its first key.
-        let evalsha = CustomCommand::new("EVALSHA", ClusterHash::Offset(2), false);
-        let pipeline = self.client.pipeline();
         let mut results: Vec<Result<String, fred::error::Error>> = messages
             .iter()
             .map(|_| Err(fred::error::Error::new(fred::error::ErrorKind::Unknown, "not sent")))
             .collect();
-        for (queue, idx) in &chunks {
+        let unknown = self.publish_chunks(messages, &chunks, Call::Sha, &mut results).await;
+        if !unknown.is_empty() {
+            self.script.load_everywhere(&self.client);
+            let again: Vec<(&str, Vec<usize>)> = unknown.into_iter().map(|c| chunks[c].clone()).collect();
+            self.publish_chunks(messages, &again, Call::Text, &mut results).await;
+        }
+        results
+    }
+
+    /// Sends `chunks` of `messages` in one pipeline and writes each message's answer into `results`. Returns the
+    /// chunks answered `NOSCRIPT`.
+    async fn publish_chunks(
+        &self,
+        messages: &[Message],
+        chunks: &[(&str, Vec<usize>)],
+        how: Call,
+        results: &mut [Result<String, fred::error::Error>],
+    ) -> Vec<usize> {
+        let fail_all = |results: &mut [Result<String, fred::error::Error>], e: &fred::error::Error| {
+            for (_, idx) in chunks {
+                for &i in idx {
+                    results[i] = Err(e.clone());
+                }
+            }
+        };
+        let pipeline = self.client.pipeline();
+        for (queue, idx) in chunks {
             let chunk: Vec<&Message> = idx.iter().map(|&i| &messages[i]).collect();
-            if let Err(e) = pipeline.custom::<Value, _>(evalsha.clone(), self.command(queue, &chunk)).await {
-                return messages.iter().map(|_| Err(e.clone())).collect();
+            let (keys, args) = self.call(queue, &chunk);
+            let (cmd, command) = match how {
+                Call::Sha => self.script.evalsha(keys, args),
+                Call::Text => self.script.eval(keys, args),
+            };
+            if let Err(e) = pipeline.custom::<Value, _>(cmd, command).await {
+                fail_all(results, &e);
+                return Vec::new();
             }
         }
         let replies = pipeline.try_all::<Value>().await;
@@ -230,9 +252,11 @@ impl Producer {
                 .into_iter()
                 .find_map(Result::err)
                 .unwrap_or_else(|| fred::error::Error::new(fred::error::ErrorKind::Unknown, "short pipeline reply"));
-            return messages.iter().map(|_| Err(e.clone())).collect();
+            fail_all(results, &e);
+            return Vec::new();
         }
-        for ((_, idx), reply) in chunks.iter().zip(replies) {
+        let mut unknown = Vec::new();
+        for (c, ((_, idx), reply)) in chunks.iter().zip(replies).enumerate() {
             let ids: Result<Vec<String>, fred::error::Error> = reply.and_then(|v| match v {
                 Value::Array(items) if items.len() == idx.len() => items
                     .iter()
@@ -254,13 +278,16 @@ impl Producer {
                     }
                 }
                 Err(e) => {
+                    if is_noscript(&e) {
+                        unknown.push(c);
+                    }
                     for &i in idx {
                         results[i] = Err(e.clone());
                     }
                 }
             }
         }
-        results
+        unknown
     }
 
     /// The client, for status checks.

@@ -1,0 +1,259 @@
+//! Redis Cluster, for real: six `redis-server` processes on loopback (three masters with a replica each), the real
+//! `conveyor` processes (api, dispatcher, worker, maintenance) on `redis-cluster://`, and the sandbox marketplace.
+//! The whole path runs on the cluster; then a master is SIGKILLed mid-run and every accepted job still completes,
+//! with one marketplace effect each. The same kill behind Redis Sentinel (`redis-sentinel://`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::cluster::{RedisCluster, RedisSentinel};
+use common::{Process, TestApp};
+use conveyor::adapters::sandbox::{Sandbox, Settings};
+use conveyor::auth::Principal;
+use conveyor::stream::keys::Keys;
+use serde_json::Value;
+use uuid::Uuid;
+
+/// The variables of every process of one run on the Redis at `redis_url`.
+fn process_vars(app: &TestApp, redis_url: &str, market: &str) -> HashMap<String, String> {
+    let mut vars = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_REDIS_URL".into(), redis_url.to_owned());
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    vars.insert("CONVEYOR_MARKETPLACE_URL".into(), market.to_owned());
+    vars.insert("CONVEYOR_DISPATCH_POLL".into(), "200ms".into());
+    vars.insert("CONVEYOR_REDIS_COMMAND_TIMEOUT".into(), "2s".into());
+    vars.insert("CONVEYOR_MAINTENANCE_INTERVAL".into(), "1s".into());
+    vars.insert("CONVEYOR_OPERATION_KEEPALIVE".into(), "2s".into());
+    vars.insert("CONVEYOR_RECONCILE_AFTER".into(), "10s".into());
+    vars.insert("RUST_LOG".into(), "info".into());
+    vars
+}
+
+/// The api, dispatcher, worker and maintenance processes of one run, and the API's port.
+struct Roles {
+    api_port: u16,
+    processes: Vec<(&'static str, Process)>,
+}
+
+impl Roles {
+    fn spawn(vars: &HashMap<String, String>) -> Self {
+        let api_port = common::free_port();
+        let mut api_vars = vars.clone();
+        api_vars.insert("CONVEYOR_HTTP_ADDR".into(), format!("127.0.0.1:{api_port}"));
+        let mut processes = vec![("api", Process::spawn(&["api"], &api_vars))];
+        for role in ["dispatcher", "worker", "maintenance"] {
+            let mut vars = vars.clone();
+            vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+            processes.push((role, Process::spawn(&[role], &vars)));
+        }
+        Self { api_port, processes }
+    }
+
+    /// Every process's log, for a failure message.
+    fn logs(&self) -> String {
+        self.processes.iter().map(|(role, p)| format!("----- {role}\n{}", tail(&p.log(), 60))).collect()
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Creates a store through the API process (retrying while it starts); its operation id.
+async fn create_store(http: &reqwest::Client, port: u16, token: &str, n: usize) -> String {
+    for _ in 0..200 {
+        let sent = http
+            .post(format!("http://127.0.0.1:{port}/v1/stores"))
+            .bearer_auth(token)
+            .header("idempotency-key", Uuid::new_v4().to_string())
+            .json(&common::store_body(&format!("cluster-{n}")))
+            .send()
+            .await;
+        match sent {
+            Ok(resp) if resp.status() == 202 => {
+                let body: Value = resp.json().await.unwrap();
+                return body["operation"]["id"].as_str().unwrap().to_owned();
+            }
+            Ok(resp) => panic!("store creation answered {}: {}", resp.status(), resp.text().await.unwrap_or_default()),
+            Err(e) if e.is_connect() => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => panic!("store creation failed: {e}"),
+        }
+    }
+    panic!("the API process never listened");
+}
+
+/// Creates `n` stores over `workspaces`, eight requests at a time; their operation ids by workspace.
+async fn create_stores(app: &TestApp, port: u16, workspaces: &[Principal], n: usize) -> Vec<(Principal, String)> {
+    use futures_util::StreamExt;
+    let http = reqwest::Client::new();
+    futures_util::stream::iter(0..n)
+        .map(|i| {
+            let who = workspaces[i % workspaces.len()];
+            let (http, token) = (http.clone(), app.token(who));
+            async move { (who, create_store(&http, port, &token, i).await) }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await
+}
+
+/// Operations of `workspaces` by status.
+async fn operation_statuses(app: &TestApp, workspaces: &[Principal]) -> HashMap<String, usize> {
+    let mut by_status = HashMap::new();
+    for who in workspaces {
+        for op in app.db.rows("operations", who.workspace_id).await {
+            *by_status.entry(op["status"].as_str().unwrap_or("?").to_owned()).or_default() += 1;
+        }
+    }
+    by_status
+}
+
+/// Waits until every one of `n` operations succeeded, printing progress; panics with the logs otherwise.
+async fn all_succeed(app: &TestApp, workspaces: &[Principal], n: usize, roles: &Roles, limit: Duration) {
+    let started = std::time::Instant::now();
+    let mut shown = started;
+    let done = common::eventually(limit, || {
+        let show = shown.elapsed() >= Duration::from_secs(5);
+        if show {
+            shown = std::time::Instant::now();
+        }
+        async move {
+            let statuses = operation_statuses(app, workspaces).await;
+            if show {
+                let mut events: HashMap<String, usize> = HashMap::new();
+                for who in workspaces {
+                    for e in app.db.rows("outbox_events", who.workspace_id).await {
+                        *events.entry(e["status"].as_str().unwrap_or("?").to_owned()).or_default() += 1;
+                    }
+                }
+                eprintln!("after {:?}: operations {statuses:?}, events {events:?}", started.elapsed());
+            }
+            (statuses.get("succeeded").copied().unwrap_or(0) == n).then_some(())
+        }
+    })
+    .await;
+    if done.is_none() {
+        let statuses = operation_statuses(app, workspaces).await;
+        panic!("not every operation succeeded: {statuses:?}\n{}", roles.logs());
+    }
+}
+
+/// One marketplace effect per store: as many effects as operations, each operation's key called.
+fn one_effect_each(sandbox: &Sandbox, ops: &[(Principal, String)]) {
+    let stats = sandbox.stats();
+    assert_eq!(stats.effects, ops.len() as u64, "one marketplace effect per verification");
+    for (_, op) in ops {
+        assert!(stats.calls_by_key.get(op).is_some_and(|&c| c >= 1), "operation {op} reached the marketplace");
+    }
+}
+
+async fn app_on(url: &str) -> TestApp {
+    let url = url.to_owned();
+    TestApp::spawn_with(move |v| {
+        v.insert("CONVEYOR_REDIS_URL".into(), url);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn two_hundred_store_verifications_run_once_each_on_a_three_master_cluster() {
+    let cluster = RedisCluster::start().await;
+    let app = app_on(&cluster.url()).await;
+    let (sandbox, market) = common::sandbox(Settings::default()).await;
+    let roles = Roles::spawn(&process_vars(&app, &cluster.url(), &market));
+    let workspaces: Vec<Principal> = (0..10).map(|_| common::principal()).collect();
+
+    let ops = create_stores(&app, roles.api_port, &workspaces, 200).await;
+    all_succeed(&app, &workspaces, 200, &roles, Duration::from_secs(120)).await;
+
+    one_effect_each(&sandbox, &ops);
+    let stats = sandbox.stats();
+    let repeated: Vec<_> = stats.calls_by_key.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(repeated.is_empty(), "with no failure every job runs once: {repeated:?}");
+    // Every processed entry was acknowledged and deleted on the master serving the queue.
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let client = common::redis_client(&cluster.url()).await;
+    let left = common::eventually(Duration::from_secs(20), || async {
+        common::stream_event_ids(&client, &stream).await.is_empty().then_some(())
+    })
+    .await;
+    assert!(left.is_some(), "the stream drains\n{}", roles.logs());
+}
+
+/// Creates 200 stores at 20 a second through the API process, SIGKILLs a master (with `kill`, given the queue's
+/// stream key; it returns once a replica took over) when 40 verifications are done, and checks that every one of
+/// them completes with one marketplace effect each.
+async fn verifications_survive_a_master_kill(url: String, extra: &[(&str, &str)], kill: impl AsyncFnOnce(&str) -> u16) {
+    let app = app_on(&url).await;
+    let (sandbox, market) = common::sandbox(Settings { latency_ms: 20, ..Settings::default() }).await;
+    let mut vars = process_vars(&app, &url, &market);
+    vars.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    let roles = Roles::spawn(&vars);
+    let workspaces: Vec<Principal> = (0..10).map(|_| common::principal()).collect();
+
+    let port = roles.api_port;
+    let creating = {
+        let app_token: Vec<(Principal, String)> = workspaces.iter().map(|w| (*w, app.token(*w))).collect();
+        tokio::spawn(async move {
+            use futures_util::StreamExt;
+            let http = reqwest::Client::new();
+            let start = tokio::time::Instant::now();
+            futures_util::stream::iter(0..200)
+                .map(|i| {
+                    let (who, token) = app_token[i % app_token.len()].clone();
+                    let http = http.clone();
+                    async move {
+                        tokio::time::sleep_until(start + Duration::from_millis(50 * i as u64)).await;
+                        (who, create_store(&http, port, &token, i).await)
+                    }
+                })
+                .buffer_unordered(8)
+                .collect::<Vec<_>>()
+                .await
+        })
+    };
+    // Mid-run: some verifications done, more on their way.
+    let midway = common::eventually(Duration::from_secs(60), || async {
+        (operation_statuses(&app, &workspaces).await.get("succeeded").copied().unwrap_or(0) >= 40).then_some(())
+    })
+    .await;
+    assert!(midway.is_some(), "the run got going\n{}", roles.logs());
+    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let killed_at = std::time::Instant::now();
+    let killed = kill(&stream).await;
+    let done_before = operation_statuses(&app, &workspaces).await.get("succeeded").copied().unwrap_or(0);
+    eprintln!(
+        "killed master 127.0.0.1:{killed}, which served {stream}; a replica took over in {:?}, {done_before} of 200 \
+         done by then",
+        killed_at.elapsed()
+    );
+    assert!(done_before < 200, "the master died mid-run");
+
+    let ops = creating.await.expect("every store creation was accepted");
+    all_succeed(&app, &workspaces, 200, &roles, Duration::from_secs(180)).await;
+    one_effect_each(&sandbox, &ops);
+    let stats = sandbox.stats();
+    let repeated = stats.calls_by_key.values().filter(|c| **c > 1).count();
+    eprintln!(
+        "200 verifications, all done {:?} after the kill; {} marketplace calls, {repeated} repeated (answered by the key)",
+        killed_at.elapsed(),
+        stats.calls
+    );
+}
+
+#[tokio::test]
+async fn a_cluster_master_sigkilled_mid_run_loses_no_job_and_doubles_no_effect() {
+    let mut cluster = RedisCluster::start().await;
+    let url = cluster.url();
+    verifications_survive_a_master_kill(url, &[], async |stream| cluster.kill_master_of(stream).await).await;
+}
+
+#[tokio::test]
+async fn a_sentinel_failover_mid_run_loses_no_job_and_doubles_no_effect() {
+    let mut sentinel = RedisSentinel::start().await;
+    let url = sentinel.url();
+    verifications_survive_a_master_kill(url, &[], async |_| sentinel.kill_master().await).await;
+}
