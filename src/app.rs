@@ -44,6 +44,17 @@ impl Role {
     fn runs(self, part: Role) -> bool {
         self == Role::All || self == part
     }
+
+    /// Its name: the subcommand, the `role` of `conveyor_build_info`, the default `OTEL_SERVICE_NAME` suffix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Api => "api",
+            Role::Dispatcher => "dispatcher",
+            Role::Worker => "worker",
+            Role::Maintenance => "maintenance",
+            Role::All => "all",
+        }
+    }
 }
 
 /// Builds what the API shares, connecting to PostgreSQL and Redis.
@@ -51,6 +62,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
     let pool = db::connect(config.database_url.expose(), config.database_max_connections)
         .await
         .context("Failed to connect to PostgreSQL (CONVEYOR_DATABASE_URL)")?;
+    metrics.watch_pool("app", pool.clone());
     let redis = stream::connect(config.redis_url.expose(), config.redis_command_timeout)
         .await
         .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
@@ -65,12 +77,14 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
                 .max_connections(4)
                 .acquire_timeout(Duration::from_secs(5))
                 .connect_lazy_with(options);
+            metrics.watch_pool("operator", operator.clone());
             Some(crate::admin::Admin::new(operator, pool.clone(), redis.clone(), Keys::new(&config.redis_prefix)))
         }
     };
     Ok(Shared {
         admin,
         operator_auth: crate::admin::OperatorAuth::new(config.admin_token.clone(), &config.jwt_secret),
+        ui_sessions: http::ui::session::SessionKey::derive(config.admin_token.as_ref(), &config.jwt_secret),
         pool,
         redis,
         tokens: TokenKeys::new(&config.jwt_secret),
@@ -82,6 +96,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
         storage: crate::storage::ObjectStorage::open(&config.scenarios.object_store_url)
             .context("Failed to open object storage (CONVEYOR_OBJECT_STORE_URL)")?,
         scenarios: config.scenarios.clone(),
+        redis_readiness: http::readiness::RedisGrace::new(config.ready_redis_grace),
         claim_hook: None,
     })
 }
@@ -123,6 +138,10 @@ pub async fn run(config: Config, role: Role) -> anyhow::Result<()> {
     let tracker = TaskTracker::new();
     let failed = Arc::new(AtomicBool::new(false));
     let state = AppState(Arc::new(connect_state(&config, Metrics::new()).await?));
+    state.metrics.set_role(role.name());
+    if role.runs(Role::Api) {
+        state.metrics.init_api();
+    }
     // A part that fails stops the whole process: a half-running service is worse than a restart.
     let spawn = |name: &'static str, part: BoxFuture| {
         let (shutdown, failed) = (shutdown.clone(), failed.clone());
@@ -211,6 +230,8 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         .max_connections(u32::try_from(config.worker_concurrency).unwrap_or(u32::MAX))
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with((*state.pool.connect_options()).clone());
+    state.metrics.watch_pool("worker_handlers", handler_pool.clone());
+    state.metrics.init_media();
     let settings = WorkerSettings {
         concurrency: config.worker_concurrency,
         visibility: config.worker_visibility,

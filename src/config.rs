@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use base64::Engine as _;
 
+pub mod check;
+pub mod variables;
+
 /// Shortest idempotency retention the seed allows, whatever the setting says.
 pub const MIN_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
 
@@ -62,6 +65,15 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// The variable it is about.
+    pub fn variable(&self) -> &'static str {
+        match self {
+            Self::Missing(name) | Self::Invalid { name, .. } => name,
+        }
+    }
+}
+
 fn invalid(name: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { name, reason: reason.into() }
 }
@@ -108,6 +120,9 @@ pub struct Config {
     pub log_json: bool,
     /// Time-out of one Redis command (`CONVEYOR_REDIS_COMMAND_TIMEOUT`, default 5s).
     pub redis_command_timeout: Duration,
+    /// How long Redis may fail before `/readyz` reports the process not ready (`CONVEYOR_READY_REDIS_GRACE`,
+    /// default 10s; 0: at the first failure). PostgreSQL failures count at once.
+    pub ready_redis_grace: Duration,
     /// The outbox relay's settings.
     pub dispatcher: DispatcherSettings,
     /// Jobs a worker runs at once (`CONVEYOR_WORKER_CONCURRENCY`, default 16).
@@ -465,6 +480,7 @@ impl Config {
             database_max_connections,
             log_json,
             redis_command_timeout: duration(src, "CONVEYOR_REDIS_COMMAND_TIMEOUT", Duration::from_secs(5))?,
+            ready_redis_grace: duration(src, "CONVEYOR_READY_REDIS_GRACE", Duration::from_secs(10))?,
             dispatcher: DispatcherSettings::from_source(src)?,
             worker_concurrency: positive(src, "CONVEYOR_WORKER_CONCURRENCY", 16)?,
             worker_visibility: duration(src, "CONVEYOR_WORKER_VISIBILITY", Duration::from_secs(5))?,

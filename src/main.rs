@@ -8,7 +8,6 @@ use conveyor::adapters::sandbox::{Sandbox, SandboxTls, Settings};
 use conveyor::app::{self, Role};
 use conveyor::auth::{Principal, TokenKeys};
 use conveyor::config::{self, Config, Env, MigrateConfig};
-use conveyor::worker::dlq;
 use uuid::Uuid;
 
 /// mimalloc instead of glibc's malloc: a worker allocates and frees many small buffers per job (Redis frames,
@@ -62,6 +61,27 @@ enum Command {
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<std::path::PathBuf>,
     },
+    /// Every queue with its jobs by state, stream lag, throughput and oldest age (as the operator role).
+    Queues {
+        /// One JSON object a line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Find, show, cancel and retry jobs of any workspace (as the operator role; changes are audited).
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+    /// Check the configuration a role would start with.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Print a shell completion script (e.g. `conveyor completions bash > /etc/bash_completion.d/conveyor`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Inspect and replay dead-lettered jobs.
     Dlq {
         #[command(subcommand)]
@@ -93,23 +113,160 @@ enum Command {
 }
 
 #[derive(Subcommand)]
-enum DlqCommand {
-    /// The newest dead letters, one JSON object a line.
+enum JobsCommand {
+    /// Jobs matching the filters, newest first, one JSON object a line.
     List {
+        /// Of this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// In this state: scheduled, queued, retrying, active, succeeded, failed, canceled.
+        #[arg(long, value_parser = parse_status)]
+        status: Option<conveyor::JobStatus>,
+        /// Of this workspace.
+        #[arg(long)]
+        workspace: Option<Uuid>,
         /// How many.
         #[arg(long, default_value_t = 50)]
-        limit: i32,
+        limit: u32,
     },
-    /// One dead letter.
+    /// One job in full, with its failed attempts.
+    Show {
+        /// The job id.
+        id: Uuid,
+    },
+    /// Cancel a job that has not ended.
+    Cancel {
+        /// The job id.
+        id: Uuid,
+    },
+    /// Run a job again: a dead letter from its first attempt, a delayed or retrying job now.
+    Retry {
+        /// The job id.
+        id: Uuid,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CheckedRole {
+    Api,
+    Dispatcher,
+    Worker,
+    Maintenance,
+    All,
+    Migrate,
+    Operator,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate every variable the role reads (all problems at once) and print the effective configuration, secrets
+    /// redacted. Exits 1 when something is wrong.
+    Check {
+        /// The role to check for.
+        #[arg(long, value_enum, default_value = "all")]
+        role: CheckedRole,
+    },
+}
+
+fn parse_status(raw: &str) -> Result<conveyor::JobStatus, String> {
+    serde_json::from_value(serde_json::Value::String(raw.to_owned())).map_err(|_| {
+        "one of scheduled, queued, retrying, active, succeeded, failed, canceled".to_owned()
+    })
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// Dead letters of every workspace matching the filters, newest first, one JSON object a line.
+    List {
+        #[command(flatten)]
+        filter: DlqFilter,
+        /// Older than this job id (the last one of the previous page).
+        #[arg(long)]
+        before: Option<Uuid>,
+    },
+    /// One dead letter in full, with its failed attempts.
     Show {
         /// The job (outbox event) id.
         id: Uuid,
     },
-    /// Run a dead letter again from its first attempt.
+    /// Run a dead letter again from its first attempt; with --all, every one matching the filters.
     Replay {
         /// The job (outbox event) id.
-        id: Uuid,
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<Uuid>,
+        /// Every dead letter matching the filters (at most --limit, default 500).
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        filter: DlqFilter,
     },
+    /// Delete a dead letter (its operation stays failed); with --all, every one matching the filters.
+    Discard {
+        /// The job (outbox event) id.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<Uuid>,
+        /// Every dead letter matching the filters (at most --limit, default 500).
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        filter: DlqFilter,
+    },
+}
+
+/// Which dead letters a `dlq` command takes (every option given must match).
+#[derive(clap::Args)]
+struct DlqFilter {
+    /// Of this queue.
+    #[arg(long)]
+    queue: Option<String>,
+    /// Of this kind.
+    #[arg(long)]
+    kind: Option<String>,
+    /// Of this workspace.
+    #[arg(long)]
+    workspace: Option<Uuid>,
+    /// Dead-lettered at or after: an RFC 3339 time, or a duration ago (e.g. 2h).
+    #[arg(long, value_parser = parse_time)]
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Dead-lettered before: an RFC 3339 time, or a duration ago.
+    #[arg(long, value_parser = parse_time)]
+    until: Option<chrono::DateTime<chrono::Utc>>,
+    /// How many (1 to 500; default 50 for list, 500 for --all).
+    #[arg(long)]
+    limit: Option<u32>,
+}
+
+impl DlqFilter {
+    fn is_empty(&self) -> bool {
+        let Self { queue, kind, workspace, since, until, limit } = self;
+        queue.is_none()
+            && kind.is_none()
+            && workspace.is_none()
+            && since.is_none()
+            && until.is_none()
+            && limit.is_none()
+    }
+
+    fn into_filter(self, before: Option<Uuid>) -> conveyor::admin::DeadLetterFilter {
+        let Self { queue, kind, workspace, since, until, limit } = self;
+        conveyor::admin::DeadLetterFilter { queue, kind, workspace, since, until, before, limit }
+    }
+}
+
+/// An RFC 3339 time, or a duration before now (`90m`, `2h`, `1day`).
+fn parse_time(raw: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(raw) {
+        return Ok(at.with_timezone(&chrono::Utc));
+    }
+    let ago = humantime::parse_duration(raw)
+        .map_err(|_| format!("`{raw}` is neither an RFC 3339 time nor a duration such as 2h"))?;
+    chrono::Duration::from_std(ago)
+        .ok()
+        .and_then(|ago| chrono::Utc::now().checked_sub_signed(ago))
+        .ok_or_else(|| format!("`{raw}` reaches too far back"))
 }
 
 /// What a pause holds: every job matching all the options given (at least one).
@@ -212,7 +369,7 @@ enum ScheduleCommand {
 
 fn main() -> ExitCode {
     no_transparent_huge_pages();
-    let cli = Cli::parse();
+    let cli = parse_cli();
     // The dispatcher is one loop that waits on PostgreSQL and Redis in turn: on one thread, a notification reaches it
     // with no wake-up across threads. dispatch-latency, six alternating runs: p50 0.72 against 0.86 ms, p99 5.5
     // against 6.9 ms (medians).
@@ -220,13 +377,60 @@ fn main() -> ExitCode {
         Command::Dispatcher => tokio::runtime::Builder::new_current_thread(),
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
-    match builder.enable_all().build() {
+    // Logs, and traces for the long-running roles when OTEL_EXPORTER_OTLP_ENDPOINT is set; set up before the runtime
+    // (the exporter runs on threads of its own) and flushed after it.
+    let log_json = std::env::var("CONVEYOR_LOG_JSON").is_ok_and(|v| v == "true" || v == "1");
+    let service = role(&cli.command).map(|role| format!("conveyor-{}", role.name()));
+    let telemetry = match conveyor::telemetry::init(log_json, service.as_deref()) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("conveyor: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match builder.enable_all().build() {
         Ok(runtime) => runtime.block_on(start(cli)),
         Err(e) => {
             eprintln!("conveyor: cannot start the async runtime: {e}");
             ExitCode::FAILURE
         }
+    };
+    telemetry.shutdown();
+    code
+}
+
+/// The role a command runs, for the long-running ones.
+fn role(command: &Command) -> Option<Role> {
+    match command {
+        Command::Api => Some(Role::Api),
+        Command::Dispatcher => Some(Role::Dispatcher),
+        Command::Worker => Some(Role::Worker),
+        Command::Maintenance => Some(Role::Maintenance),
+        Command::All => Some(Role::All),
+        _ => None,
     }
+}
+
+/// Parses the command line, with each role's `--help` listing the variables it reads.
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    use conveyor::config::variables::{self as vars, help_for};
+    let mut command = Cli::command();
+    for (name, role) in [
+        ("api", vars::API),
+        ("dispatcher", vars::DISPATCHER),
+        ("worker", vars::WORKER),
+        ("maintenance", vars::MAINTENANCE),
+        ("all", vars::SERVERS),
+        ("migrate", vars::MIGRATE),
+        ("queues", vars::OPERATOR),
+        ("jobs", vars::OPERATOR),
+        ("dlq", vars::OPERATOR),
+    ] {
+        command = command.mut_subcommand(name, |sub| sub.after_long_help(help_for(role)));
+    }
+    let matches = command.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// Opts this process out of transparent huge pages, before any thread starts. Where the kernel applies them to every
@@ -242,8 +446,6 @@ async fn start(cli: Cli) -> ExitCode {
     // With the `failpoints` feature, FAILPOINTS=name=action;... arms crash points for tests; without it, nothing.
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
-    let log_json = std::env::var("CONVEYOR_LOG_JSON").is_ok_and(|v| v == "true" || v == "1");
-    conveyor::telemetry::init_logging(log_json);
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -282,31 +484,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Dlq { command } => {
-            let url = config::database_url(&Env)?;
-            let pool = conveyor::db::connect(url.expose(), 2).await?;
-            match command {
-                DlqCommand::List { limit } => {
-                    for dead in dlq::list(&pool, limit).await? {
-                        println!("{}", serde_json::to_string(&dead)?);
-                    }
-                }
-                DlqCommand::Show { id } => match dlq::show(&pool, id).await? {
-                    Some(dead) => println!("{}", serde_json::to_string_pretty(&dead)?),
-                    None => anyhow::bail!("no dead letter {id}"),
-                },
-                DlqCommand::Replay { id } => match dlq::replay(&pool, id).await? {
-                    dlq::Replay::Replayed => println!("replaying {id}"),
-                    dlq::Replay::NotDeadLetter => anyhow::bail!("no dead letter {id}"),
-                    dlq::Replay::KeyHeld(live) => anyhow::bail!(
-                        "dead letter {id} is not replayed: live job {live} holds its de-dup key (cancel it, or \
-                             wait for it to end)"
-                    ),
-                },
-            }
+        Command::Dlq { command } => dlq(command).await,
+        Command::Schedule { command } => schedule(command).await,
+        Command::Queues { json } => queues(json).await,
+        Command::Jobs { command } => jobs(command).await,
+        Command::Config { command: ConfigCommand::Check { role } } => config_check(role),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "conveyor", &mut std::io::stdout());
             Ok(())
         }
-        Command::Schedule { command } => schedule(command).await,
         Command::Flow { command } => {
             let url = config::database_url(&Env)?;
             let pool = conveyor::db::connect(url.expose(), 2).await?;
@@ -384,6 +571,189 @@ async fn schedule(command: ScheduleCommand) -> anyhow::Result<()> {
             anyhow::ensure!(removed, "no schedule `{name}` in workspace {workspace}");
             println!("removed {name}");
         }
+    }
+    Ok(())
+}
+
+/// The operator's handle from the environment: the operator role for reads across workspaces, the application role
+/// for changes under row-level security, Redis for stream lag. The actor of the audit trail is `cli:<user>`.
+async fn operator() -> anyhow::Result<(conveyor::admin::Admin, conveyor::admin::Actor)> {
+    use anyhow::Context;
+    let operator_url = config::operator_database_url(&Env)?
+        .context("CONVEYOR_OPERATOR_DATABASE_URL is required by the operator commands (the operator role's URL)")?;
+    let app_url = config::database_url(&Env)?;
+    let redis_url = std::env::var("CONVEYOR_REDIS_URL").context("CONVEYOR_REDIS_URL is required")?;
+    let prefix = std::env::var("CONVEYOR_REDIS_PREFIX").unwrap_or_else(|_| "conveyor".to_owned());
+    let operator = conveyor::db::connect(operator_url.expose(), 2)
+        .await
+        .context("Failed to connect as the operator role (CONVEYOR_OPERATOR_DATABASE_URL)")?;
+    let app = conveyor::db::connect(app_url.expose(), 2)
+        .await
+        .context("Failed to connect as the application role (CONVEYOR_DATABASE_URL)")?;
+    let redis = conveyor::stream::connect(&redis_url, Duration::from_secs(5))
+        .await
+        .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
+    let admin = conveyor::admin::Admin::new(operator, app, redis, conveyor::stream::keys::Keys::new(&prefix));
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned());
+    Ok((admin, conveyor::admin::Actor(format!("cli:{user}"))))
+}
+
+/// `conveyor queues`: a table (or JSON lines) of every queue.
+async fn queues(json: bool) -> anyhow::Result<()> {
+    let (admin, actor) = operator().await?;
+    let queues = admin.queues(&actor).await?;
+    if json {
+        for queue in &queues {
+            println!("{}", serde_json::to_string(queue)?);
+        }
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>7}",
+        "QUEUE", "QUEUED", "DELAYED", "RUNNING", "RETRYING", "DEAD", "LAG", "DONE/MIN", "OLDEST(s)", "PAUSED"
+    );
+    let or_dash = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    for q in &queues {
+        println!(
+            "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9.1} {:>10} {:>7}",
+            q.name,
+            q.counts.queued,
+            q.counts.delayed,
+            q.counts.running,
+            q.counts.retrying,
+            q.counts.dead,
+            or_dash(q.lag),
+            q.completed_per_minute,
+            q.oldest_queued_seconds.map_or_else(|| "-".to_owned(), |s| format!("{s:.0}")),
+            if q.paused { "yes" } else { "no" },
+        );
+    }
+    Ok(())
+}
+
+/// `conveyor jobs list|show|cancel|retry`.
+async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
+    use conveyor::admin::{JobAction, JobFilter};
+    let (admin, actor) = operator().await?;
+    let acted = |id: Uuid, action: JobAction, verb: &str| -> anyhow::Result<()> {
+        match action {
+            JobAction::Done => {
+                println!("{verb} {id}");
+                Ok(())
+            }
+            JobAction::NotFound => anyhow::bail!("no job {id}"),
+            JobAction::NotAllowed => anyhow::bail!("job {id} cannot be {verb} in its state (see `conveyor jobs show`)"),
+            JobAction::KeyHeld(live) => {
+                anyhow::bail!("job {id} is not {verb}: live job {live} holds its de-dup key")
+            }
+        }
+    };
+    match command {
+        JobsCommand::List { queue, kind, status, workspace, limit } => {
+            let filter = JobFilter { queue, kind, status, workspace, limit: Some(limit), ..JobFilter::default() };
+            for job in admin.jobs(&actor, &filter).await?.items {
+                println!("{}", serde_json::to_string(&job)?);
+            }
+            Ok(())
+        }
+        JobsCommand::Show { id } => match admin.job(&actor, conveyor::JobId(id)).await? {
+            Some(job) => {
+                println!("{}", serde_json::to_string_pretty(&job)?);
+                Ok(())
+            }
+            None => anyhow::bail!("no job {id}"),
+        },
+        JobsCommand::Cancel { id } => acted(id, admin.cancel_job(&actor, conveyor::JobId(id)).await?, "canceled"),
+        JobsCommand::Retry { id } => acted(id, admin.retry_job(&actor, conveyor::JobId(id)).await?, "retried"),
+    }
+}
+
+/// `conveyor config check`: prints the effective configuration (secrets redacted) and every problem.
+fn config_check(role: CheckedRole) -> anyhow::Result<()> {
+    use conveyor::config::variables as vars;
+    let mask = match role {
+        CheckedRole::Api => vars::API,
+        CheckedRole::Dispatcher => vars::DISPATCHER,
+        CheckedRole::Worker => vars::WORKER,
+        CheckedRole::Maintenance => vars::MAINTENANCE,
+        CheckedRole::All => vars::SERVERS,
+        CheckedRole::Migrate => vars::MIGRATE,
+        CheckedRole::Operator => vars::OPERATOR,
+    };
+    let report = conveyor::config::check::check(&Env, mask);
+    for (name, value, origin) in &report.effective {
+        println!("{name}={value}  # {origin}");
+    }
+    if report.is_ok() {
+        eprintln!("config check: ok");
+        return Ok(());
+    }
+    for error in &report.errors {
+        eprintln!("config check: {error}");
+    }
+    anyhow::bail!("{} problem(s) in the configuration", report.errors.len())
+}
+
+/// `conveyor dlq ...`: as the operator role across workspaces (changes as the application role in each dead letter's
+/// workspace), audited as `cli:<user>`. Needs CONVEYOR_OPERATOR_DATABASE_URL and CONVEYOR_DATABASE_URL, not Redis.
+async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use conveyor::admin::{Actor, Admin, Replay};
+    let operator_url = config::operator_database_url(&Env)?
+        .context("CONVEYOR_OPERATOR_DATABASE_URL is required by `conveyor dlq` (the operator role's URL)")?;
+    let app_url = config::database_url(&Env)?;
+    let operator = conveyor::db::connect(operator_url.expose(), 2)
+        .await
+        .context("Failed to connect as the operator role (CONVEYOR_OPERATOR_DATABASE_URL)")?;
+    let app = conveyor::db::connect(app_url.expose(), 2)
+        .await
+        .context("Failed to connect as the application role (CONVEYOR_DATABASE_URL)")?;
+    let admin = Admin::without_redis(operator, app);
+    let actor = Actor(format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned())));
+    let single = |id: Option<Uuid>, filter: &DlqFilter| -> anyhow::Result<Option<conveyor::JobId>> {
+        anyhow::ensure!(id.is_none() || filter.is_empty(), "the filters apply with --all, not to one id");
+        Ok(id.map(conveyor::JobId))
+    };
+    match command {
+        DlqCommand::List { filter, before } => {
+            let page = admin.dead_letters(&actor, &filter.into_filter(before)).await?;
+            for dead in &page.items {
+                println!("{}", serde_json::to_string(dead)?);
+            }
+            if let Some(next) = page.next {
+                eprintln!("more: --before {next}");
+            }
+        }
+        DlqCommand::Show { id } => match admin.job(&actor, conveyor::JobId(id)).await? {
+            Some(job) if job.job.status == conveyor::JobStatus::Failed => {
+                println!("{}", serde_json::to_string_pretty(&job)?)
+            }
+            _ => anyhow::bail!("no dead letter {id}"),
+        },
+        DlqCommand::Replay { id, all: _, filter } => match single(id, &filter)? {
+            Some(id) => match admin.replay_dead_letter(&actor, id).await? {
+                Replay::Replayed => println!("replaying {id}"),
+                Replay::NotDeadLetter => anyhow::bail!("no dead letter {id}"),
+                Replay::KeyHeld(live) => anyhow::bail!(
+                    "dead letter {id} is not replayed: live job {live} holds its de-dup key (cancel it, or wait for it \
+                     to end)"
+                ),
+            },
+            None => println!(
+                "{}",
+                serde_json::to_string(&admin.replay_dead_letters(&actor, &filter.into_filter(None)).await?)?
+            ),
+        },
+        DlqCommand::Discard { id, all: _, filter } => match single(id, &filter)? {
+            Some(id) => {
+                anyhow::ensure!(admin.discard_dead_letter(&actor, id).await?, "no dead letter {id}");
+                println!("discarded {id}");
+            }
+            None => println!(
+                "{}",
+                serde_json::to_string(&admin.discard_dead_letters(&actor, &filter.into_filter(None)).await?)?
+            ),
+        },
     }
     Ok(())
 }

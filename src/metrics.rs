@@ -2,9 +2,34 @@
 //!
 //! Names follow `conveyor_<thing>_<unit>[_total]`; labels come from small fixed sets only (never ids, keys,
 //! workspaces or raw paths). Queue names are a fixed set defined in code.
+//!
+//! Labelled counters whose label values are known in advance are created at 0 when the part that counts them starts
+//! (`init_*`), so that `increase()` sees their first event. `conveyor_build_info{role}` tells the roles apart; the
+//! process collector (`process_*`) and the connection pools (`conveyor_db_pool_*`, read at scrape) complete the
+//! picture of one process.
 
+use std::sync::{Arc, Mutex};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+use sqlx::PgPool;
+
+/// The reasons of `conveyor_job_dead_letters_total` (the worker's dead-letter paths).
+pub const JOB_DEAD_LETTER_REASONS: [&str; 4] = ["no_handler", "undecodable", "permanent", "exhausted"];
+/// The reasons of `conveyor_outbox_dispatch_errors_total` (the relay's failures).
+pub const DISPATCH_ERROR_REASONS: [&str; 3] = ["database", "redis_unavailable", "redis_error"];
+/// The outcomes of `conveyor_idempotency_requests_total`.
+pub const IDEMPOTENCY_OUTCOMES: [&str; 5] = ["executed", "replayed", "key_reused", "in_progress", "rejected"];
+/// The results of `conveyor_media_derivations_total`.
+pub const MEDIA_RESULTS: [&str; 3] = ["derived", "reused", "rejected"];
+
+/// The source revision this binary was built from (`CONVEYOR_GIT_REVISION` at build time), or `unknown`.
+pub const REVISION: &str = match option_env!("CONVEYOR_GIT_REVISION") {
+    Some(revision) => revision,
+    None => "unknown",
 };
 
 /// The metrics of one process.
@@ -65,6 +90,63 @@ pub struct Metrics {
     pub stream_group_lag: IntGaugeVec,
     /// `conveyor_media_derivations_total{result}`: `media.process` runs by result (`derived`, `reused`, `rejected`).
     pub media_derivations: IntCounterVec,
+    /// `conveyor_build_info{version, revision, role}` = 1, once [`Metrics::set_role`] names the role.
+    pub build_info: IntGaugeVec,
+    /// The pools `conveyor_db_pool_*` reads at scrape ([`Metrics::watch_pool`]).
+    pools: Pools,
+}
+
+/// Named connection pools, read at scrape.
+#[derive(Clone, Default)]
+struct Pools(Arc<Mutex<Vec<(&'static str, PgPool)>>>);
+
+/// `conveyor_db_pool_connections{pool, state}` (`idle`, `in_use`) and `conveyor_db_pool_max_connections{pool}`, read
+/// from the pools when scraped.
+struct PoolCollector {
+    pools: Pools,
+    connections: IntGaugeVec,
+    max: IntGaugeVec,
+}
+
+impl PoolCollector {
+    fn new(pools: Pools) -> Self {
+        let connections = IntGaugeVec::new(
+            Opts::new(
+                "conveyor_db_pool_connections",
+                "PostgreSQL connections open in the pool, by state (idle, in_use)",
+            ),
+            &["pool", "state"],
+        )
+        .expect("valid metric");
+        let max = IntGaugeVec::new(
+            Opts::new("conveyor_db_pool_max_connections", "Most connections the pool opens"),
+            &["pool"],
+        )
+        .expect("valid metric");
+        Self { pools, connections, max }
+    }
+}
+
+impl Collector for PoolCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.connections.desc().into_iter().chain(self.max.desc()).collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        // The lock also keeps two scrapes from interleaving their reset and sets.
+        let pools = self.pools.0.lock().expect("pools lock");
+        self.connections.reset();
+        self.max.reset();
+        for (name, pool) in pools.iter() {
+            let (open, idle) = (i64::from(pool.size()), pool.num_idle() as i64);
+            self.connections.with_label_values(&[name, "idle"]).set(idle);
+            self.connections.with_label_values(&[name, "in_use"]).set((open - idle).max(0));
+            self.max.with_label_values(&[name]).set(i64::from(pool.options().get_max_connections()));
+        }
+        let mut families = self.connections.collect();
+        families.extend(self.max.collect());
+        families
+    }
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -125,7 +207,20 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(outbox_oldest_pending_age.clone())).expect("unique metric");
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .expect("unique metric");
+        let pools = Pools::default();
+        registry.register(Box::new(PoolCollector::new(pools.clone()))).expect("unique metric");
         Self {
+            build_info: gauge_vec(
+                r,
+                "conveyor_build_info",
+                "Always 1: the version, source revision and role of this process",
+                &["version", "revision", "role"],
+            ),
+            pools,
             http_request_duration: histogram_vec(
                 r,
                 "conveyor_http_request_duration_seconds",
@@ -235,6 +330,64 @@ impl Metrics {
                 &["result"],
             ),
             registry,
+        }
+    }
+
+    /// Names this process's role (`api`, `dispatcher`, `worker`, `maintenance`, `all`) in `conveyor_build_info`.
+    pub fn set_role(&self, role: &str) {
+        self.build_info.reset();
+        self.build_info.with_label_values(&[env!("CARGO_PKG_VERSION"), REVISION, role]).set(1);
+    }
+
+    /// Reports `pool` as `conveyor_db_pool_*{pool=name}` from now on (replacing a pool watched under that name).
+    pub fn watch_pool(&self, name: &'static str, pool: PgPool) {
+        let mut pools = self.pools.0.lock().expect("pools lock");
+        pools.retain(|(watched, _)| *watched != name);
+        pools.push((name, pool));
+    }
+
+    /// Creates at 0 the counters of a worker consuming `queues` with handlers for `kinds`: dead letters by reason,
+    /// retries and throttles by kind, reclaims by queue. (`conveyor_jobs_total` is created per queue and kind by the
+    /// worker's queues.)
+    pub fn init_worker(&self, queues: &[&str], kinds: &[&str]) {
+        for reason in JOB_DEAD_LETTER_REASONS {
+            self.job_dead_letters.with_label_values(&[reason]);
+        }
+        for kind in kinds {
+            self.job_retries.with_label_values(&[kind]);
+            self.jobs_throttled.with_label_values(&[kind]);
+        }
+        for queue in queues {
+            self.worker_reclaims.with_label_values(&[queue]);
+        }
+    }
+
+    /// Creates at 0 the relay's failures by reason.
+    pub fn init_dispatcher(&self) {
+        for reason in DISPATCH_ERROR_REASONS {
+            self.outbox_dispatch_errors.with_label_values(&[reason]);
+        }
+    }
+
+    /// Creates at 0 the relay's counters of each of `queues` (dispatched, dead-lettered).
+    pub fn init_queues<'q>(&self, queues: impl IntoIterator<Item = &'q str>) {
+        for queue in queues {
+            self.outbox_dispatched.with_label_values(&[queue]);
+            self.outbox_dead_letters.with_label_values(&[queue]);
+        }
+    }
+
+    /// Creates at 0 the API's idempotent requests by outcome.
+    pub fn init_api(&self) {
+        for outcome in IDEMPOTENCY_OUTCOMES {
+            self.idempotency_requests.with_label_values(&[outcome]);
+        }
+    }
+
+    /// Creates at 0 the media derivations by result.
+    pub fn init_media(&self) {
+        for result in MEDIA_RESULTS {
+            self.media_derivations.with_label_values(&[result]);
         }
     }
 

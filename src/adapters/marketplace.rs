@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tracing::{Instrument, Span};
 
 /// What verifying credentials found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +121,44 @@ impl From<super::answer::Failure> for MarketplaceError {
     }
 }
 
+/// The span of one marketplace call (a client span, a child of the running job's); none while traces are off.
+fn call_span(operation: &'static str, path: &'static str) -> Span {
+    if !crate::telemetry::exporting() {
+        return Span::none();
+    }
+    tracing::info_span!(
+        "marketplace.call",
+        otel.name = operation,
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = "POST",
+        url.path = path,
+        http.response.status_code = tracing::field::Empty,
+    )
+}
+
+/// Sends `request` in `span`, with a `traceparent` header naming the span when traces are exported, and records the
+/// answer's status on it.
+async fn send_traced(request: reqwest::RequestBuilder, span: Span) -> reqwest::Result<reqwest::Response> {
+    let request = match crate::telemetry::traceparent_of(&span) {
+        Some(traceparent) => request.header("traceparent", traceparent),
+        None => request,
+    };
+    let sent = request.send().instrument(span.clone()).await;
+    match &sent {
+        Ok(response) => {
+            span.record("http.response.status_code", response.status().as_u16());
+            if !response.status().is_success() {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        Err(_) => {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+    sent
+}
+
 impl Marketplace for HttpMarketplace {
     fn verify_credentials<'a>(
         &'a self,
@@ -127,13 +166,13 @@ impl Marketplace for HttpMarketplace {
         credentials: &'a BTreeMap<String, String>,
     ) -> BoxFuture<'a, Result<Verification, MarketplaceError>> {
         Box::pin(async move {
-            let sent = self
+            let request = self
                 .http
                 .post(format!("{}/v1/credentials/verify", self.base))
                 .header("idempotency-key", token)
-                .json(&serde_json::json!({ "credentials": credentials }))
-                .send()
-                .await;
+                .json(&serde_json::json!({ "credentials": credentials }));
+            let sent =
+                send_traced(request, call_span("marketplace.verify_credentials", "/v1/credentials/verify")).await;
             let response = super::answer::read(sent).await?;
             let answer: VerifyAnswer =
                 response.json().await.map_err(|_| MarketplaceError::Permanent("malformed answer".into()))?;
@@ -148,13 +187,12 @@ impl Marketplace for HttpMarketplace {
         product: &'a NewProduct,
     ) -> BoxFuture<'a, Result<CreatedProduct, MarketplaceError>> {
         Box::pin(async move {
-            let sent = self
+            let request = self
                 .http
                 .post(format!("{}/v1/products", self.base))
                 .header("idempotency-key", token)
-                .json(&serde_json::json!({ "credentials": credentials, "product": product }))
-                .send()
-                .await;
+                .json(&serde_json::json!({ "credentials": credentials, "product": product }));
+            let sent = send_traced(request, call_span("marketplace.create_product", "/v1/products")).await;
             let response = super::answer::read(sent).await?;
             // A body cut short may still mean a product was made: worth a retry, which the token answers with it.
             let body = response.bytes().await.map_err(|e| MarketplaceError::Transient(e.without_url().to_string()))?;

@@ -39,6 +39,23 @@ use crate::stream::producer::{JobOptions, Message, Producer};
 use crate::telemetry;
 use claim::{ClaimedEvent, Delivered, Failure, Settled};
 
+/// The span of one job's hand-off to its stream (a producer span), a child of the job's `traceparent`.
+fn relay_span(event: &ClaimedEvent) -> tracing::Span {
+    let span = tracing::info_span!(
+        "outbox.relay",
+        otel.kind = "producer",
+        otel.status_code = tracing::field::Empty,
+        job.id = %event.id,
+        job.kind = %event.event_type,
+        job.queue = %event.queue,
+        job.attempt = event.job_attempts + 1,
+    );
+    if let Some(traceparent) = &event.traceparent {
+        telemetry::set_parent(&span, traceparent);
+    }
+    span
+}
+
 /// Workspaces looked at per pass.
 const WORKSPACES_PER_PASS: i32 = 1000;
 
@@ -76,6 +93,7 @@ impl Dispatcher {
 
     /// A dispatcher named `id` (unique per process: it is the lease holder, `locked_by`).
     pub fn new(pool: PgPool, producer: Producer, settings: DispatcherSettings, metrics: Metrics, id: String) -> Self {
+        metrics.init_dispatcher();
         Self { pool, producer, settings, metrics, id }
     }
 
@@ -203,7 +221,16 @@ impl Dispatcher {
             *per_workspace.entry(event.workspace_id).or_default() += 1;
         }
         let full = per_workspace.values().filter(|&&n| n >= self.settings.batch_size).count() as u64;
-        let messages: Vec<Message> = events.iter().map(Self::message).collect();
+        // With traces exported, each job's hand-off is a span, a child of the request that enqueued the job, and the
+        // stream entry carries the span's context on to the worker.
+        let spans: Vec<tracing::Span> =
+            if telemetry::exporting() { events.iter().map(relay_span).collect() } else { Vec::new() };
+        let mut messages: Vec<Message> = events.iter().map(Self::message).collect();
+        for (message, span) in messages.iter_mut().zip(&spans) {
+            if let Some(traceparent) = telemetry::traceparent_of(span) {
+                message.traceparent = traceparent;
+            }
+        }
         let t1 = std::time::Instant::now();
         let results = self.producer.publish(&messages).await;
         tracing::debug!(
@@ -217,7 +244,10 @@ impl Dispatcher {
         let backoff = Backoff { base: self.settings.backoff_base, max: self.settings.backoff_max };
         let now = chrono::Utc::now();
         let mut batch = HandedOff { delivered: Vec::with_capacity(events.len()), failures: Vec::new(), full };
-        for (event, result) in events.iter().zip(results) {
+        for (i, (event, result)) in events.iter().zip(results).enumerate() {
+            if let (Some(span), Err(_)) = (spans.get(i), &result) {
+                span.record("otel.status_code", "ERROR");
+            }
             match result {
                 Ok(stream_id) => {
                     let latency = (now - event.created_at).to_std().unwrap_or_default();
@@ -256,6 +286,10 @@ impl Dispatcher {
             sqlx::query_as("SELECT queue, status, events, oldest FROM conveyor_outbox_backlog()")
                 .fetch_all(&self.pool)
                 .await?;
+        // Every queue a worker registered, or the backlog shows, counts its dispatches and dead letters from 0.
+        let registered: Vec<String> =
+            sqlx::query_scalar("SELECT DISTINCT queue FROM job_kinds").fetch_all(&self.pool).await?;
+        self.metrics.init_queues(registered.iter().chain(rows.iter().map(|row| &row.0)).map(String::as_str));
         self.metrics.outbox_events.reset();
         self.metrics.outbox_oldest_pending_age.reset();
         let now = chrono::Utc::now();

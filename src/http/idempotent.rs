@@ -87,7 +87,8 @@ pub struct Idempotent<T> {
     pub principal: Principal,
     /// The parsed body.
     pub body: T,
-    /// The request's `traceparent` (incoming, or new).
+    /// The `traceparent` of the jobs this request enqueues: the request span's own while traces are exported (a
+    /// child of the incoming one), else the incoming one, or a new one.
     pub traceparent: String,
     scope: Scope,
     canonical: String,
@@ -130,7 +131,7 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for Idempotent<T> {
         });
         let body: T = serde_json::from_value(json)
             .map_err(|e| parse_json::<T>(&raw).err().unwrap_or(ApiError::Validation(e.to_string())))?;
-        let traceparent = telemetry::traceparent_or_new(headers.get("traceparent").and_then(|v| v.to_str().ok()));
+        let traceparent = telemetry::request_traceparent(headers.get("traceparent").and_then(|v| v.to_str().ok()));
         let scope = Scope {
             workspace_id: principal.workspace_id,
             user_id: principal.user_id,

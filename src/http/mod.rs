@@ -1,6 +1,7 @@
 //! The HTTP surface (axum): the public API router and the admin router. The only module that knows axum.
 
 mod admin;
+pub mod admin_api;
 mod ai_tasks;
 mod asset_transfers;
 mod auth;
@@ -12,7 +13,10 @@ mod listings;
 mod media;
 mod operations;
 mod product_drafts;
+pub mod readiness;
 mod stores;
+mod trace;
+pub mod ui;
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -59,6 +63,10 @@ pub struct Shared {
     pub admin: Option<crate::admin::Admin>,
     /// Checks operator credentials (`CONVEYOR_ADMIN_TOKEN`, operator JWTs).
     pub operator_auth: crate::admin::OperatorAuth,
+    /// Signs the operator UI's sessions and CSRF tokens (derived from the JWT secret and the operator token).
+    pub ui_sessions: ui::session::SessionKey,
+    /// Since when Redis checks of `/readyz` fail, and how long that may last (`CONVEYOR_READY_REDIS_GRACE`).
+    pub redis_readiness: readiness::RedisGrace,
     /// Test hook run right after an idempotency key is claimed; `None` in production.
     pub claim_hook: Option<idempotent::ClaimHook>,
 }
@@ -90,7 +98,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), track_metrics))
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http().make_span_with(trace::request_span).on_response(trace::record_response))
         .with_state(state)
 }
 

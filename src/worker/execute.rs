@@ -80,8 +80,17 @@ impl Worker {
                     let wait = (chrono::Utc::now().timestamp_millis() - enqueued).max(0) as f64 / 1000.0;
                     queue.waited(class, wait);
                 }
-                let span = tracing::info_span!("job", event_id = %delivery.event_id, r#type = %delivery.event_type,
-                    attempt = delivery.attempt, traceparent = %delivery.traceparent);
+                let span = if crate::telemetry::exporting() {
+                    // The job runs in the trace of the request that enqueued it, under the dispatcher's hand-off.
+                    let span = tracing::info_span!("job", event_id = %delivery.event_id,
+                        r#type = %delivery.event_type, attempt = delivery.attempt, traceparent = %delivery.traceparent,
+                        otel.name = format!("job {}", &*delivery.event_type), otel.kind = "consumer");
+                    crate::telemetry::set_parent(&span, &delivery.traceparent);
+                    span
+                } else {
+                    tracing::info_span!("job", event_id = %delivery.event_id, r#type = %delivery.event_type,
+                        attempt = delivery.attempt, traceparent = %delivery.traceparent)
+                };
                 let cancellation = Cancellation { requested: CancellationToken::new(), token: abandon.child_token() };
                 let ran = if self.0.running.lock().expect("running lock").start(delivery.event_id, cancellation.clone())
                 {

@@ -285,6 +285,8 @@ impl WorkerBuilder {
                 queue_names.push(queue);
             }
         }
+        let kinds: Vec<&str> = handlers.keys().copied().collect();
+        self.metrics.init_worker(&queue_names, &kinds);
         let queues: Vec<Arc<Queue>> = queue_names
             .into_iter()
             .map(|queue| {
@@ -299,6 +301,7 @@ impl WorkerBuilder {
                 .acquire_timeout(Duration::from_secs(5))
                 .connect_lazy_with((*self.pool.connect_options()).clone())
         });
+        self.metrics.watch_pool("worker_control", control.clone());
         self.metrics.worker_concurrency_limit.set(self.settings.concurrency as i64);
         let (acks, ack_queue) = mpsc::unbounded_channel();
         Ok(Worker(Arc::new(Inner {

@@ -2,6 +2,8 @@
 //! role granted), a unique Redis key prefix per test, the API served in-process or as a real child process.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;

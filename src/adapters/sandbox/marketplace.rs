@@ -40,6 +40,9 @@ async fn verify(State(sandbox): State<Sandbox>, headers: HeaderMap, Json(body): 
         tokio::time::sleep(Duration::from_millis(if settings.hang_ms == 0 { 30_000 } else { settings.hang_ms })).await;
     }
     let mut inner = sandbox.0.lock().expect("sandbox lock");
+    if let Some(traceparent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+        inner.traceparents.push(traceparent.to_owned());
+    }
     inner.stats.calls += 1;
     *inner.stats.calls_by_key.entry(key.clone()).or_default() += 1;
     if fail {
@@ -90,6 +93,9 @@ async fn create_product(
     let mut retry_after = None;
     let answer = {
         let mut inner = sandbox.0.lock().expect("sandbox lock");
+        if let Some(traceparent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+            inner.traceparents.push(traceparent.to_owned());
+        }
         inner.stats.product_calls += 1;
         inner.stats.product_calls_in_flight += 1;
         inner.stats.product_calls_max_concurrent =

@@ -102,6 +102,8 @@ pub(crate) struct Inner {
     pub(crate) files: files::FileState,
     /// The AI result given for each idempotency key.
     pub(crate) ai_results: HashMap<String, serde_json::Value>,
+    /// The `traceparent` headers of marketplace calls, in the order received.
+    pub(crate) traceparents: Vec<String>,
 }
 
 /// A running sandbox's shared state (also readable in-process).
@@ -117,6 +119,11 @@ impl Sandbox {
     /// A copy of the counters.
     pub fn stats(&self) -> Stats {
         self.0.lock().expect("sandbox lock").stats.clone()
+    }
+
+    /// The `traceparent` headers the marketplace calls carried, in the order received (calls without one: none).
+    pub fn traceparents(&self) -> Vec<String> {
+        self.0.lock().expect("sandbox lock").traceparents.clone()
     }
 
     /// The id of the product made for idempotency key `key`, if any.

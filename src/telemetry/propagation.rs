@@ -1,0 +1,82 @@
+//! W3C trace context between `tracing` spans and the `traceparent` strings that travel in headers, outbox rows and
+//! stream entries. Every function is a cheap no-op while traces are not exported ([`super::exporting`]).
+
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::{exporting, is_valid_traceparent, traceparent_or_new};
+
+/// The remote span context a `traceparent` names; `None` when it is not a valid version-00 header.
+fn remote_context(traceparent: &str) -> Option<SpanContext> {
+    if !is_valid_traceparent(traceparent) {
+        return None;
+    }
+    let mut parts = traceparent.split('-').skip(1);
+    let trace_id = TraceId::from_hex(parts.next()?).ok()?;
+    let span_id = SpanId::from_hex(parts.next()?).ok()?;
+    let flags = u8::from_str_radix(parts.next()?, 16).ok()?;
+    Some(SpanContext::new(
+        trace_id,
+        span_id,
+        TraceFlags::new(flags & TraceFlags::SAMPLED.to_u8()),
+        true,
+        TraceState::NONE,
+    ))
+}
+
+/// Makes the span `traceparent` names the parent of `span`, which must not have been entered yet. Ignored while
+/// traces are off, for a malformed `traceparent`, and for a span the exporter does not see.
+pub fn set_parent(span: &Span, traceparent: &str) {
+    if !exporting() || span.is_disabled() {
+        return;
+    }
+    if let Some(remote) = remote_context(traceparent) {
+        let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
+    }
+}
+
+/// The `traceparent` of `span` itself (its trace id and its own span id), to hand to whatever runs on its behalf
+/// next; `None` while traces are off or for a span the exporter does not see. Starts the span's clock if it had not
+/// started.
+pub fn traceparent_of(span: &Span) -> Option<String> {
+    if !exporting() || span.is_disabled() {
+        return None;
+    }
+    let cx = span.context();
+    let context = cx.span().span_context().clone();
+    context
+        .is_valid()
+        .then(|| format!("00-{}-{}-{:02x}", context.trace_id(), context.span_id(), context.trace_flags().to_u8()))
+}
+
+/// The `traceparent` a job enqueued by the current request carries: the request span's own context (a child of
+/// the caller's `traceparent`, when it sent one) while traces are exported; otherwise the caller's valid
+/// `traceparent` as it came, or a new one.
+pub fn request_traceparent(incoming: Option<&str>) -> String {
+    traceparent_of(&Span::current()).unwrap_or_else(|| traceparent_or_new(incoming))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traceparent_reads_as_a_remote_sampled_context() {
+        let context = remote_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        assert_eq!(context.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(context.span_id().to_string(), "00f067aa0ba902b7");
+        assert!(context.is_sampled() && context.is_remote());
+        let unsampled = remote_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").unwrap();
+        assert!(!unsampled.is_sampled());
+        assert!(remote_context("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01").is_none());
+        assert!(remote_context("not a traceparent").is_none());
+    }
+
+    #[test]
+    fn with_traces_off_the_incoming_traceparent_is_kept() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(request_traceparent(Some(tp)), tp);
+        assert!(traceparent_of(&Span::current()).is_none());
+    }
+}
