@@ -163,7 +163,8 @@ pub async fn run(config: Config, role: Role) -> anyhow::Result<()> {
         spawn("api", Box::pin(serve_api(state.clone(), listener, shutdown.clone())));
     }
     if role.runs(Role::Dispatcher) {
-        let producer = Producer::new(state.redis.clone(), Keys::new(&config.redis_prefix), config.dispatcher.dedup_ttl);
+        let producer = Producer::new(state.redis.clone(), Keys::new(&config.redis_prefix), config.dispatcher.dedup_ttl)
+            .with_partitions(config.stream_partitions);
         let dispatcher = Dispatcher::new(
             state.pool.clone(),
             producer,
@@ -217,7 +218,8 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         .await
         .context("Failed to open the blocking Redis connection")?;
     let consumer =
-        Consumer::new(state.redis.clone(), blocking, Keys::new(&config.redis_prefix), crate::ids::instance_name());
+        Consumer::new(state.redis.clone(), blocking, Keys::new(&config.redis_prefix), crate::ids::instance_name())
+            .with_partitions(config.stream_partitions);
     let marketplace = Arc::new(HttpMarketplace::trusting(
         marketplace_url,
         config.job_timeout,

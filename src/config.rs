@@ -120,6 +120,10 @@ pub struct Config {
     pub log_json: bool,
     /// Time-out of one Redis command (`CONVEYOR_REDIS_COMMAND_TIMEOUT`, default 5s).
     pub redis_command_timeout: Duration,
+    /// Streams each queue is split into (`CONVEYOR_STREAM_PARTITIONS`, default 1, at most 1024): the relay raises the
+    /// layout to it, workers read every partition (see `stream::layout`). It can be raised while jobs flow, never
+    /// lowered.
+    pub stream_partitions: u16,
     /// How long Redis may fail before `/readyz` reports the process not ready (`CONVEYOR_READY_REDIS_GRACE`,
     /// default 10s; 0: at the first failure). PostgreSQL failures count at once.
     pub ready_redis_grace: Duration,
@@ -392,6 +396,15 @@ fn idempotency_keys(src: &dyn Source) -> Result<Vec<FingerprintKey>, ConfigError
     Ok(keys)
 }
 
+fn stream_partitions(src: &dyn Source) -> Result<u16, ConfigError> {
+    const NAME: &str = "CONVEYOR_STREAM_PARTITIONS";
+    let max = crate::stream::layout::MAX_PARTITIONS;
+    match number(src, NAME, 1u16)? {
+        p if (1..=max).contains(&p) => Ok(p),
+        _ => Err(invalid(NAME, format!("must be between 1 and {max}"))),
+    }
+}
+
 fn encryption_key(src: &dyn Source) -> Result<Secret<Vec<u8>>, ConfigError> {
     const NAME: &str = "CONVEYOR_ENCRYPTION_KEY";
     let raw = required(src, NAME)?;
@@ -480,6 +493,7 @@ impl Config {
             database_max_connections,
             log_json,
             redis_command_timeout: duration(src, "CONVEYOR_REDIS_COMMAND_TIMEOUT", Duration::from_secs(5))?,
+            stream_partitions: stream_partitions(src)?,
             ready_redis_grace: duration(src, "CONVEYOR_READY_REDIS_GRACE", Duration::from_secs(10))?,
             dispatcher: DispatcherSettings::from_source(src)?,
             worker_concurrency: positive(src, "CONVEYOR_WORKER_CONCURRENCY", 16)?,

@@ -575,32 +575,47 @@ async fn schedule(command: ScheduleCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What an operator command connects to besides PostgreSQL.
+#[derive(PartialEq, Eq)]
+enum Needs {
+    /// PostgreSQL only (jobs, dead letters).
+    Postgres,
+    /// Redis too, for stream lag (queues).
+    Redis,
+}
+
 /// The operator's handle from the environment: the operator role for reads across workspaces, the application role
-/// for changes under row-level security, Redis for stream lag. The actor of the audit trail is `cli:<user>`.
-async fn operator() -> anyhow::Result<(conveyor::admin::Admin, conveyor::admin::Actor)> {
+/// for changes under row-level security, and Redis for stream lag when `needs` says so. The actor of the audit trail
+/// is `cli:<user>`.
+async fn operator(needs: Needs) -> anyhow::Result<(conveyor::admin::Admin, conveyor::admin::Actor)> {
     use anyhow::Context;
+    use conveyor::admin::{Actor, Admin};
     let operator_url = config::operator_database_url(&Env)?
         .context("CONVEYOR_OPERATOR_DATABASE_URL is required by the operator commands (the operator role's URL)")?;
     let app_url = config::database_url(&Env)?;
-    let redis_url = std::env::var("CONVEYOR_REDIS_URL").context("CONVEYOR_REDIS_URL is required")?;
-    let prefix = std::env::var("CONVEYOR_REDIS_PREFIX").unwrap_or_else(|_| "conveyor".to_owned());
     let operator = conveyor::db::connect(operator_url.expose(), 2)
         .await
         .context("Failed to connect as the operator role (CONVEYOR_OPERATOR_DATABASE_URL)")?;
     let app = conveyor::db::connect(app_url.expose(), 2)
         .await
         .context("Failed to connect as the application role (CONVEYOR_DATABASE_URL)")?;
-    let redis = conveyor::stream::connect(&redis_url, Duration::from_secs(5))
-        .await
-        .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
-    let admin = conveyor::admin::Admin::new(operator, app, redis, conveyor::stream::keys::Keys::new(&prefix));
+    let admin = if needs == Needs::Redis {
+        let redis_url = std::env::var("CONVEYOR_REDIS_URL").context("CONVEYOR_REDIS_URL is required")?;
+        let prefix = std::env::var("CONVEYOR_REDIS_PREFIX").unwrap_or_else(|_| "conveyor".to_owned());
+        let redis = conveyor::stream::connect(&redis_url, Duration::from_secs(5))
+            .await
+            .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
+        Admin::new(operator, app, redis, conveyor::stream::keys::Keys::new(&prefix))
+    } else {
+        Admin::without_redis(operator, app)
+    };
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned());
-    Ok((admin, conveyor::admin::Actor(format!("cli:{user}"))))
+    Ok((admin, Actor(format!("cli:{user}"))))
 }
 
 /// `conveyor queues`: a table (or JSON lines) of every queue.
 async fn queues(json: bool) -> anyhow::Result<()> {
-    let (admin, actor) = operator().await?;
+    let (admin, actor) = operator(Needs::Redis).await?;
     let queues = admin.queues(&actor).await?;
     if json {
         for queue in &queues {
@@ -634,7 +649,7 @@ async fn queues(json: bool) -> anyhow::Result<()> {
 /// `conveyor jobs list|show|cancel|retry`.
 async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
     use conveyor::admin::{JobAction, JobFilter};
-    let (admin, actor) = operator().await?;
+    let (admin, actor) = operator(Needs::Postgres).await?;
     let acted = |id: Uuid, action: JobAction, verb: &str| -> anyhow::Result<()> {
         match action {
             JobAction::Done => {
@@ -697,19 +712,8 @@ fn config_check(role: CheckedRole) -> anyhow::Result<()> {
 /// `conveyor dlq ...`: as the operator role across workspaces (changes as the application role in each dead letter's
 /// workspace), audited as `cli:<user>`. Needs CONVEYOR_OPERATOR_DATABASE_URL and CONVEYOR_DATABASE_URL, not Redis.
 async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
-    use anyhow::Context;
-    use conveyor::admin::{Actor, Admin, Replay};
-    let operator_url = config::operator_database_url(&Env)?
-        .context("CONVEYOR_OPERATOR_DATABASE_URL is required by `conveyor dlq` (the operator role's URL)")?;
-    let app_url = config::database_url(&Env)?;
-    let operator = conveyor::db::connect(operator_url.expose(), 2)
-        .await
-        .context("Failed to connect as the operator role (CONVEYOR_OPERATOR_DATABASE_URL)")?;
-    let app = conveyor::db::connect(app_url.expose(), 2)
-        .await
-        .context("Failed to connect as the application role (CONVEYOR_DATABASE_URL)")?;
-    let admin = Admin::without_redis(operator, app);
-    let actor = Actor(format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned())));
+    use conveyor::admin::Replay;
+    let (admin, actor) = operator(Needs::Postgres).await?;
     let single = |id: Option<Uuid>, filter: &DlqFilter| -> anyhow::Result<Option<conveyor::JobId>> {
         anyhow::ensure!(id.is_none() || filter.is_empty(), "the filters apply with --all, not to one id");
         Ok(id.map(conveyor::JobId))

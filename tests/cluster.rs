@@ -257,3 +257,228 @@ async fn a_sentinel_failover_mid_run_loses_no_job_and_doubles_no_effect() {
     let url = sentinel.url();
     verifications_survive_a_master_kill(url, &[], async |_| sentinel.kill_master().await).await;
 }
+
+/// Partitioned streams (`CONVEYOR_STREAM_PARTITIONS`).
+mod partitions {
+    use super::*;
+    use conveyor::stream::RedisClient;
+    use conveyor::stream::keys::Partition;
+    use conveyor::stream::producer::{JobOptions, Message, Producer};
+    use fred::prelude::{KeysInterface, StreamsInterface};
+    use fred::types::Value;
+
+    /// How many entries were ever added to `stream` (`XINFO STREAM` `entries-added`; 0 for no stream).
+    pub(super) async fn entries_added(client: &RedisClient, stream: &str) -> u64 {
+        let info: Value = match client.xinfo_stream(stream, false, None).await {
+            Ok(info) => info,
+            Err(_) => return 0,
+        };
+        let pairs: Vec<(String, Value)> = match info {
+            Value::Array(items) => {
+                items.chunks(2).filter_map(|kv| Some((kv.first()?.as_string()?, kv.get(1)?.clone()))).collect()
+            }
+            Value::Map(map) => {
+                map.inner().into_iter().filter_map(|(k, v)| Some((k.as_str()?.to_string(), v))).collect()
+            }
+            _ => Vec::new(),
+        };
+        pairs.into_iter().find(|(k, _)| k == "entries-added").and_then(|(_, v)| v.as_u64()).unwrap_or(0)
+    }
+
+    /// The whole stream and the first `n` partitions of `queue`.
+    pub(super) fn streams(keys: &Keys, queue: &str, n: u16) -> Vec<(Partition, String)> {
+        std::iter::once(Partition::Whole)
+            .chain((0..n).map(Partition::Part))
+            .map(|p| (p, keys.partition_stream(queue, p)))
+            .collect()
+    }
+
+    /// Waits until the layout's latest epoch has `partitions` and is in force.
+    pub(super) async fn layout_in_force(client: &RedisClient, keys: &Keys, partitions: u16) {
+        let in_force = common::eventually(Duration::from_secs(30), || async {
+            let layout: Option<String> = client.get(keys.layout()).await.ok().flatten();
+            let (p, since) = layout?.rsplit(',').next()?.split_once('@').map(|(p, s)| (p.to_owned(), s.to_owned()))?;
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64;
+            (p.parse::<u16>().ok()? == partitions && since.parse::<i64>().ok()? + 200 <= now).then_some(())
+        })
+        .await;
+        assert!(in_force.is_some(), "the layout reached {partitions} partitions");
+    }
+
+    fn message(workspace: Uuid, created_ms: i64) -> Message {
+        Message {
+            queue: "stores".into(),
+            event_id: Uuid::now_v7(),
+            workspace_id: workspace,
+            event_type: "store.verify_credentials".into(),
+            payload: "{}".into(),
+            operation_id: None,
+            attempt: 1,
+            enqueued_at_ms: created_ms,
+            traceparent: String::new(),
+            redrive: 0,
+            class: String::new(),
+            options: JobOptions::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_handed_off_again_after_the_partitions_were_raised_lands_in_its_first_stream_only() {
+        let cluster = RedisCluster::start().await;
+        let client = common::redis_client(&cluster.url()).await;
+        let keys = Keys::new(&format!("conveyor-test-{}", Uuid::new_v4().simple()));
+        let one = Producer::new(client.clone(), keys.clone(), Duration::from_secs(3600));
+        let now = chrono::Utc::now().timestamp_millis();
+        let workspaces: Vec<Uuid> = (0..16).map(|_| Uuid::new_v4()).collect();
+        // Handed off under one partition, never recorded (its dispatcher died).
+        let early: Vec<Message> = workspaces.iter().map(|w| message(*w, now)).collect();
+        let first: Vec<String> = one.publish(&early).await.into_iter().map(Result::unwrap).collect();
+        assert!(first.iter().all(|r| !r.contains('/')), "one partition: the whole stream, bare entry ids");
+
+        // A dispatcher configured with four raises the layout; by the time the old jobs are handed off again, the
+        // new epoch is in force.
+        let four = Producer::new(client.clone(), keys.clone(), Duration::from_secs(3600)).with_partitions(4);
+        assert!(four.publish(&[]).await.is_empty(), "publishing reads (and raises) the layout first");
+        layout_in_force(&client, &keys, 4).await;
+        let again: Vec<String> = four.publish(&early).await.into_iter().map(Result::unwrap).collect();
+        assert_eq!(again, first, "each job found in its first stream by its de-dup key");
+        let whole = keys.stream("stores");
+        assert_eq!(entries_added(&client, &whole).await, early.len() as u64, "no entry added twice");
+
+        // Jobs created under the new epoch spread over the partitions, each workspace keeping its own.
+        let later = chrono::Utc::now().timestamp_millis();
+        let fresh: Vec<Message> = workspaces.iter().flat_map(|w| [message(*w, later), message(*w, later)]).collect();
+        let refs: Vec<String> = four.publish(&fresh).await.into_iter().map(Result::unwrap).collect();
+        let partition_of = |r: &str| r.split_once('/').map(|(p, _)| p.to_owned()).expect("a partition's reference");
+        for pair in refs.chunks(2) {
+            assert_eq!(partition_of(&pair[0]), partition_of(&pair[1]), "one workspace, one partition: its order holds");
+        }
+        let used: std::collections::HashSet<String> = refs.iter().map(|r| partition_of(r)).collect();
+        assert!(used.len() >= 2, "16 workspaces over 4 partitions use several: {used:?}");
+        let mut added = 0;
+        for (_, stream) in streams(&keys, "stores", 4) {
+            added += entries_added(&client, &stream).await;
+        }
+        assert_eq!(added, (early.len() + fresh.len()) as u64);
+        // A consumer configured with one partition reads all five streams once the layout names them.
+        let consumer = conveyor::Consumer::new(
+            client.clone(),
+            common::redis_client(&cluster.url()).await,
+            keys.clone(),
+            "reader".into(),
+        );
+        assert_eq!(consumer.streams().await.unwrap().len(), 5);
+        let _: () = client.del(keys.layout()).await.unwrap();
+    }
+
+    /// Per stream of `stores` (whole, then partitions 0-3): entries ever added, and the master serving it.
+    async fn spread(cluster: &RedisCluster, client: &RedisClient, keys: &Keys) -> Vec<(Partition, u64, u16)> {
+        let mut spread = Vec::new();
+        for (partition, stream) in streams(keys, "stores", 4) {
+            spread.push((partition, entries_added(client, &stream).await, cluster.master_of(&stream)));
+        }
+        spread
+    }
+
+    /// Waits until every stream of `stores` is empty (each processed entry acknowledged and deleted).
+    async fn drained(client: &RedisClient, keys: &Keys, roles: &Roles) {
+        let empty = common::eventually(Duration::from_secs(30), || async {
+            for (_, stream) in streams(keys, "stores", 4) {
+                if client.xlen::<u64, _>(&stream).await.unwrap_or(1) > 0 {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await;
+        assert!(empty.is_some(), "every stream drains\n{}", roles.logs());
+    }
+
+    #[tokio::test]
+    async fn a_queue_in_four_partitions_spreads_over_the_masters_and_runs_each_job_once() {
+        let cluster = RedisCluster::start().await;
+        let app = app_on(&cluster.url()).await;
+        let (sandbox, market) = common::sandbox(Settings::default()).await;
+        let mut vars = process_vars(&app, &cluster.url(), &market);
+        vars.insert("CONVEYOR_STREAM_PARTITIONS".into(), "4".into());
+        let roles = Roles::spawn(&vars);
+        let client = common::redis_client(&cluster.url()).await;
+        let keys = Keys::new(&app.redis_prefix);
+        layout_in_force(&client, &keys, 4).await;
+        let workspaces: Vec<Principal> = (0..20).map(|_| common::principal()).collect();
+
+        let ops = create_stores(&app, roles.api_port, &workspaces, 200).await;
+        all_succeed(&app, &workspaces, 200, &roles, Duration::from_secs(120)).await;
+
+        one_effect_each(&sandbox, &ops);
+        let repeated = sandbox.stats().calls_by_key.values().filter(|c| **c > 1).count();
+        assert_eq!(repeated, 0, "with no failure every job runs once");
+        let spread = spread(&cluster, &client, &keys).await;
+        eprintln!("entries added per stream (partition, entries, master port): {spread:?}");
+        assert_eq!(spread.iter().map(|s| s.1).sum::<u64>(), 200, "each job added once, to one stream");
+        assert_eq!(spread[0].1, 0, "nothing in the whole stream once the layout is in force");
+        let masters: std::collections::HashSet<u16> = spread.iter().filter(|s| s.1 > 0).map(|s| s.2).collect();
+        assert!(masters.len() >= 2, "one queue's entries spread over at least two masters: {spread:?}");
+        drained(&client, &keys, &roles).await;
+    }
+
+    #[tokio::test]
+    async fn raising_the_partitions_from_one_to_four_mid_run_loses_and_doubles_nothing() {
+        let cluster = RedisCluster::start().await;
+        let app = app_on(&cluster.url()).await;
+        let (sandbox, market) = common::sandbox(Settings { latency_ms: 20, ..Settings::default() }).await;
+        let mut vars = process_vars(&app, &cluster.url(), &market);
+        vars.insert("CONVEYOR_DISPATCH_LEASE".into(), "5s".into());
+        // The worker keeps its setting of one partition: it follows the layout the relay raises.
+        let mut roles = Roles::spawn(&vars);
+        let client = common::redis_client(&cluster.url()).await;
+        let keys = Keys::new(&app.redis_prefix);
+        let workspaces: Vec<Principal> = (0..20).map(|_| common::principal()).collect();
+
+        let port = roles.api_port;
+        let tokens: Vec<(Principal, String)> = workspaces.iter().map(|w| (*w, app.token(*w))).collect();
+        let creating = tokio::spawn(async move {
+            use futures_util::StreamExt;
+            let http = reqwest::Client::new();
+            let start = tokio::time::Instant::now();
+            futures_util::stream::iter(0..300)
+                .map(|i| {
+                    let (who, token) = tokens[i % tokens.len()].clone();
+                    let http = http.clone();
+                    async move {
+                        tokio::time::sleep_until(start + Duration::from_millis(70 * i as u64)).await;
+                        (who, create_store(&http, port, &token, i).await)
+                    }
+                })
+                .buffer_unordered(8)
+                .collect::<Vec<_>>()
+                .await
+        });
+        let midway = common::eventually(Duration::from_secs(60), || async {
+            (operation_statuses(&app, &workspaces).await.get("succeeded").copied().unwrap_or(0) >= 50).then_some(())
+        })
+        .await;
+        assert!(midway.is_some(), "the run got going\n{}", roles.logs());
+        // The dispatcher dies wherever it is; its successor is configured with four partitions.
+        let at = roles.processes.iter().position(|(role, _)| *role == "dispatcher").unwrap();
+        roles.processes[at].1.kill();
+        let mut four = vars.clone();
+        four.insert("CONVEYOR_STREAM_PARTITIONS".into(), "4".into());
+        four.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+        roles.processes[at] = ("dispatcher", Process::spawn(&["dispatcher"], &four));
+
+        let ops = creating.await.expect("every store creation was accepted");
+        all_succeed(&app, &workspaces, 300, &roles, Duration::from_secs(120)).await;
+        one_effect_each(&sandbox, &ops);
+        let spread = spread(&cluster, &client, &keys).await;
+        eprintln!("entries added per stream (partition, entries, master port): {spread:?}");
+        assert_eq!(spread.iter().map(|s| s.1).sum::<u64>(), 300, "each job added once, to one stream");
+        assert!(spread[0].1 > 0, "jobs from before the raise went to the whole stream");
+        let masters: std::collections::HashSet<u16> = spread.iter().filter(|s| s.1 > 0).map(|s| s.2).collect();
+        assert!(spread[1..].iter().filter(|s| s.1 > 0).count() >= 2, "later jobs spread over the partitions");
+        assert!(masters.len() >= 2, "over at least two masters: {spread:?}");
+        drained(&client, &keys, &roles).await;
+        let worker = &roles.processes.iter().find(|(role, _)| *role == "worker").unwrap().1;
+        assert!(worker.log().contains("More stream partitions; reading them too"), "{}", worker.log());
+    }
+}

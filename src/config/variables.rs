@@ -64,6 +64,12 @@ pub const VARIABLES: &[Variable] = &[
     required("CONVEYOR_REDIS_URL", SERVERS | OPERATOR, true, "redis://, rediss:// or redis-cluster:// URL"),
     var("CONVEYOR_REDIS_PREFIX", SERVERS | OPERATOR, Some("conveyor"), "prefix of every Redis key"),
     var("CONVEYOR_REDIS_COMMAND_TIMEOUT", SERVERS, Some("5s"), "time-out of one Redis command"),
+    var(
+        "CONVEYOR_STREAM_PARTITIONS",
+        SERVERS,
+        Some("1"),
+        "streams per queue (1-1024); raise it to spread a hot queue over cluster masters, never lower it",
+    ),
     var("CONVEYOR_READY_REDIS_GRACE", SERVERS, Some("10s"), "how long Redis may fail before /readyz says not ready"),
     var("CONVEYOR_HTTP_ADDR", API, Some("127.0.0.1:8080"), "API listen address"),
     var("CONVEYOR_ADMIN_ADDR", SERVERS, Some("127.0.0.1:9090"), "admin listener: metrics, health, admin API, UI"),
@@ -112,6 +118,14 @@ pub const VARIABLES: &[Variable] = &[
     var("CONVEYOR_CATALOG_PAGE_SIZE", WORKER, Some("200"), "products asked per catalog page (1 to 1000)"),
     var("CONVEYOR_AI_CREDITS_PER_WORKSPACE", API, Some("1000"), "AI credits a workspace may reserve per month"),
     var("CONVEYOR_AI_PROVIDER_URL", WORKER, None, "base URL of the AI provider (default: the marketplace URL)"),
+    var(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        SERVERS,
+        None,
+        "OTLP/HTTP collector base URL; traces are exported only when it (or ..._TRACES_ENDPOINT) is set",
+    ),
+    var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", SERVERS, None, "OTLP/HTTP traces URL (overrides the base URL)"),
+    var("OTEL_SERVICE_NAME", SERVERS, None, "service name of exported spans (default: conveyor-<role>)"),
 ];
 
 /// The variables `role` (one of the constants above) reads, as `--help` text.
@@ -145,7 +159,8 @@ mod tests {
             .collect();
         read.sort_unstable();
         read.dedup();
-        let mut listed: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
+        let mut listed: Vec<&str> =
+            VARIABLES.iter().map(|v| v.name).filter(|name| name.starts_with("CONVEYOR_")).collect();
         listed.sort_unstable();
         let before = listed.len();
         listed.dedup();

@@ -23,7 +23,6 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -38,6 +37,8 @@ use crate::redact::redact;
 use crate::stream::producer::{JobOptions, Message, Producer};
 use crate::telemetry;
 use claim::{ClaimedEvent, Delivered, Failure, Settled};
+
+mod listen;
 
 /// The span of one job's hand-off to its stream (a producer span), a child of the job's `traceparent`.
 fn relay_span(event: &ClaimedEvent) -> tracing::Span {
@@ -319,37 +320,22 @@ impl Dispatcher {
             Ok(check) => tracing::info!(version = %check.version, policy = ?check.maxmemory_policy, "Redis checked"),
             Err(e) => tracing::warn!(error = %redact(&e.to_string()), "Could not check Redis at start-up"),
         }
-        let mut listener =
-            PgListener::connect_with(&self.pool).await.context("Failed to open the LISTEN connection")?;
-        listener.listen(NOTIFY_CHANNEL).await.context("Failed to LISTEN")?;
-        if self.settings.window > 0 {
-            // A job that ends frees room in its workspace's window: top that workspace up at once.
-            listener.listen(crate::outbox::DONE_CHANNEL).await.context("Failed to LISTEN")?;
+        // Raised to the configured partitions now, not at the first job: workers start reading the new streams.
+        match self.producer.layout().await {
+            Ok(layout) => tracing::info!(partitions = layout.latest(), "Stream partition layout"),
+            Err(e) => tracing::warn!(error = %redact(&e.to_string()), "Could not read the stream partition layout yet"),
         }
         // The listener runs in a task of its own, so that its `recv` is never cancelled half-way by the select below;
-        // it forwards what each notification asks for, or a sweep for one it cannot read or a failure.
+        // it forwards what each notification asks for, and a sweep each time it (re)opens: after a PostgreSQL restart
+        // or a connection reset it listens again, and the sweep finds what was committed meanwhile.
+        let mut channels = vec![NOTIFY_CHANNEL];
+        if self.settings.window > 0 {
+            // A job that ends frees room in its workspace's window: top that workspace up at once.
+            channels.push(crate::outbox::DONE_CHANNEL);
+        }
         let (wake_tx, mut wake) = mpsc::unbounded_channel::<Wake>();
-        let listen_stop = shutdown.clone();
         let poll = self.settings.poll_interval;
-        let listening = tokio::spawn(async move {
-            loop {
-                let next = tokio::select! {
-                    _ = listen_stop.cancelled() => return,
-                    next = listener.recv() => next,
-                };
-                let wake = match next {
-                    Ok(notification) => Wake::parse(notification.payload()),
-                    Err(e) => {
-                        tracing::warn!(error = ?e, "LISTEN connection failed; it reconnects, polling meanwhile");
-                        tokio::time::sleep(poll).await;
-                        Wake::default()
-                    }
-                };
-                if wake_tx.send(wake).is_err() {
-                    return;
-                }
-            }
-        });
+        let listening = tokio::spawn(listen::listen(self.pool.clone(), channels, wake_tx, shutdown.clone()));
         tracing::info!(id = %self.id, "Dispatcher started");
         let mut last_backlog = tokio::time::Instant::now() - Duration::from_secs(60);
         let mut last_sweep = tokio::time::Instant::now();
@@ -456,8 +442,8 @@ impl HandedOff {
             .context("Failed to record the outcome of a batch")?;
         settled.full = self.full;
         if !self.delivered.is_empty() {
-            let keys: Vec<(&str, Uuid, i32)> =
-                self.delivered.iter().map(|d| (d.queue.as_str(), d.id, d.redrive)).collect();
+            let keys: Vec<(&str, &str, Uuid, i32)> =
+                self.delivered.iter().map(|d| (d.queue.as_str(), d.stream_id.as_str(), d.id, d.redrive)).collect();
             if let Err(e) = producer.expire_dedup(&keys, settings.dedup_ttl_recorded).await {
                 // Harmless: the keys expire after their full life instead.
                 tracing::warn!(error = %redact(&e.to_string()), "Could not shorten the de-dup keys of a recorded batch");

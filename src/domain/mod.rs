@@ -7,6 +7,7 @@ pub mod listings;
 pub mod media;
 pub mod product_drafts;
 pub mod stores;
+pub mod whole_number;
 
 /// A domain rule was broken by the input; the message is safe to show the client.
 #[derive(Debug, thiserror::Error)]

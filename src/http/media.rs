@@ -6,7 +6,7 @@
 //!   `422 VALIDATION_FAILED`.
 //! - `PUT /v1/media/{id}/content` (not idempotency-keyed): the raw bytes, streamed into object storage in parts; an
 //!   upload replaces an earlier one while the media is `awaiting_upload`. More than `CONVEYOR_MEDIA_MAX_BYTES` → 413;
-//!   after completion → `409 MEDIA_ALREADY_COMPLETED` (with `operation_id`).
+//!   an empty body → `422 VALIDATION_FAILED`; after completion → `409 MEDIA_ALREADY_COMPLETED` (with `operation_id`).
 //! - `POST /v1/media/{id}/complete` (idempotent) → `202 {"media", "operation"}`; without an upload
 //!   `409 MEDIA_NOT_UPLOADED`; once completed (under another key) `409 MEDIA_ALREADY_COMPLETED` with `operation_id`,
 //!   unless that operation ended `canceled` or `failed`, when a new one starts.
@@ -125,6 +125,10 @@ async fn upload(
             UploadError::Body(detail) => ApiError::Validation(format!("the upload could not be read: {detail}")),
             UploadError::Storage(e) => storage_error(e),
         })?;
+    if size == 0 {
+        discard(&state, &object).await;
+        return Err(ApiError::Validation("the upload is empty: send the media's bytes as the request body".into()));
+    }
 
     let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
     let recorded = media::record_upload_tx(&mut tx, id, &object, size).await?;

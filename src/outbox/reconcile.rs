@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::db;
 use crate::ids::WorkspaceId;
 use crate::stream::RedisClient;
-use crate::stream::keys::Keys;
+use crate::stream::keys::{Keys, parse_stream_ref};
 
 /// Re-drives the events of operations stalled for `stalled_for`, at most `limit` per workspace. Returns how many.
 pub async fn redrive_stalled(pool: &PgPool, stalled_for: Duration, limit: i64) -> Result<u64, sqlx::Error> {
@@ -71,8 +71,13 @@ pub async fn redrive_lost(
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        let entries: Vec<(String, String)> =
-            candidates.iter().map(|(_, queue, stream_id)| (keys.stream(queue), stream_id.clone())).collect();
+        let entries: Vec<(String, String)> = candidates
+            .iter()
+            .map(|(_, queue, stream_id)| {
+                let (partition, entry_id) = parse_stream_ref(stream_id);
+                (keys.partition_stream(queue, partition), entry_id.to_owned())
+            })
+            .collect();
         let exist = crate::stream::admin::entries_exist(redis, &entries).await?;
         let lost: Vec<(Uuid, String)> = candidates
             .into_iter()

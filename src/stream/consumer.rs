@@ -5,11 +5,14 @@
 //! Processed entries are acknowledged and deleted in one script, so a stream holds only work not yet done: its length
 //! is bounded by the backlog, never by how many jobs ran, and nothing unacknowledged is ever trimmed away.
 
+use std::sync::Arc;
+
 use fred::prelude::StreamsInterface;
 use fred::types::Value;
 
 use super::RedisClient;
-use super::keys::Keys;
+use super::keys::{Keys, Partition};
+use super::layout::LayoutCache;
 use super::script::LuaScript;
 
 const ACK_SCRIPT: &str = r#"
@@ -25,6 +28,8 @@ pub struct Entry {
     pub id: String,
     /// Its fields.
     pub fields: Fields,
+    /// The stream of its queue it was read from.
+    pub partition: Partition,
 }
 
 /// Text read from Redis: an immutable UTF-8 slice of the reply's buffer, shared rather than copied.
@@ -58,7 +63,7 @@ pub struct Reclaimed {
     pub deleted: Vec<String>,
 }
 
-/// Group statistics of one queue.
+/// Group statistics of one queue (or one of its streams).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct QueueStats {
     /// `XLEN`.
@@ -111,7 +116,7 @@ fn entries_of(v: Value) -> Vec<Entry> {
             }
             let fields = fields_of(pair.pop()?)?;
             let id = text(&pair.pop()?)?;
-            Some(Entry { id, fields })
+            Some(Entry { id, fields, partition: Partition::Whole })
         })
         .collect()
 }
@@ -131,7 +136,7 @@ fn xread_reply(v: Value) -> Vec<Entry> {
     }
 }
 
-/// A consumer of some queues, named `consumer` within each queue's group.
+/// A consumer of some queues, named `consumer` within each queue's group (the group of each of a queue's streams).
 #[derive(Clone)]
 pub struct Consumer {
     /// For commands that do not block.
@@ -141,12 +146,24 @@ pub struct Consumer {
     keys: Keys,
     consumer: String,
     ack_script: LuaScript,
+    /// The layout, read only: the relay raises it.
+    layout: Arc<LayoutCache>,
+    /// Partitions read even before the layout names them (`CONVEYOR_STREAM_PARTITIONS`).
+    partitions: u16,
 }
 
 impl Consumer {
     /// A consumer named `consumer` (pod or host name plus process id). `blocking` must be a client of its own.
     pub fn new(client: RedisClient, blocking: RedisClient, keys: Keys, consumer: String) -> Self {
-        Self { client, blocking, keys, consumer, ack_script: LuaScript::new(ACK_SCRIPT) }
+        let layout = Arc::new(LayoutCache::new(client.clone(), &keys, 1));
+        Self { client, blocking, keys, consumer, ack_script: LuaScript::new(ACK_SCRIPT), layout, partitions: 1 }
+    }
+
+    /// Reads the partitions of `partitions` (`CONVEYOR_STREAM_PARTITIONS`) from the start, as well as every stream
+    /// the layout names (see [`super::layout`]).
+    pub fn with_partitions(mut self, partitions: u16) -> Self {
+        self.partitions = partitions.clamp(1, super::layout::MAX_PARTITIONS);
+        self
     }
 
     /// Connects to Redis at `url` with two clients (one for blocking reads) and names the consumer after this process
@@ -167,10 +184,24 @@ impl Consumer {
         &self.keys
     }
 
-    /// Creates the queue's group (and stream) if missing, reading from the beginning of the stream.
+    /// The streams every queue may hold entries in now: the whole stream, and each partition the layout or this
+    /// consumer's setting names. The layout is read again when the copy is a few seconds old.
+    pub async fn streams(&self) -> Result<Vec<Partition>, fred::error::Error> {
+        Ok(self.layout.get().await?.streams(self.partitions))
+    }
+
+    /// Creates the queue's group (and stream) in each of its streams where missing, reading from the beginning.
     pub async fn ensure_group(&self, queue: &str) -> Result<(), fred::error::Error> {
-        let created: Result<Value, _> =
-            self.client.xgroup_create(self.keys.stream(queue), self.keys.group(queue), "0", true).await;
+        for partition in self.streams().await? {
+            self.ensure_group_in(queue, partition).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates the queue's group (and stream) in one of its streams if missing, reading from the beginning.
+    pub async fn ensure_group_in(&self, queue: &str, partition: Partition) -> Result<(), fred::error::Error> {
+        let stream = self.keys.partition_stream(queue, partition);
+        let created: Result<Value, _> = self.client.xgroup_create(stream, self.keys.group(queue), "0", true).await;
         match created {
             Ok(_) => Ok(()),
             Err(e) if e.details().contains("BUSYGROUP") || e.to_string().contains("BUSYGROUP") => Ok(()),
@@ -178,73 +209,96 @@ impl Consumer {
         }
     }
 
-    /// Reads up to `count` new entries of `queue`, waiting up to `block_ms` for some. A group that Redis lost (it
-    /// restarted empty, or someone deleted the stream) is created again, and the read answers nothing.
+    /// Reads up to `count` new entries of `queue`'s whole stream, waiting up to `block_ms` for some (see
+    /// [`Consumer::read_in`]).
     pub async fn read(&self, queue: &str, count: u64, block_ms: u64) -> Result<Vec<Entry>, fred::error::Error> {
-        self.read_or_create(queue, count, Some(block_ms)).await
+        self.read_in(queue, Partition::Whole, count, block_ms).await
     }
 
-    /// Reads up to `count` new entries of `queue` that are there now, without waiting.
-    pub(crate) async fn read_now(&self, queue: &str, count: u64) -> Result<Vec<Entry>, fred::error::Error> {
-        self.read_or_create(queue, count, None).await
+    /// Reads up to `count` new entries of one stream of `queue`, waiting up to `block_ms` for some. A group that
+    /// Redis lost (it restarted empty, a failover promoted a replica that had not received it, someone deleted the
+    /// stream) is created again, and the read answers nothing.
+    pub async fn read_in(
+        &self,
+        queue: &str,
+        partition: Partition,
+        count: u64,
+        block_ms: u64,
+    ) -> Result<Vec<Entry>, fred::error::Error> {
+        self.read_or_create(queue, partition, count, Some(block_ms)).await
+    }
+
+    /// Reads up to `count` new entries of one stream of `queue` that are there now, without waiting.
+    pub(crate) async fn read_now_in(
+        &self,
+        queue: &str,
+        partition: Partition,
+        count: u64,
+    ) -> Result<Vec<Entry>, fred::error::Error> {
+        self.read_or_create(queue, partition, count, None).await
     }
 
     async fn read_or_create(
         &self,
         queue: &str,
+        partition: Partition,
         count: u64,
         block_ms: Option<u64>,
     ) -> Result<Vec<Entry>, fred::error::Error> {
-        match self.read_group(queue, count, block_ms).await {
-            Err(e) if is_nogroup(&e) => {
-                self.ensure_group(queue).await?;
-                Ok(Vec::new())
-            }
-            read => read,
-        }
-    }
-
-    async fn read_group(
-        &self,
-        queue: &str,
-        count: u64,
-        block_ms: Option<u64>,
-    ) -> Result<Vec<Entry>, fred::error::Error> {
-        let reply: Value = self
-            .blocking
+        // A read that does not block may share a connection with other commands.
+        let client = if block_ms.is_some() { &self.blocking } else { &self.client };
+        let read: Result<Value, _> = client
             .xreadgroup(
                 self.keys.group(queue),
                 &self.consumer,
                 Some(count),
                 block_ms,
                 false,
-                self.keys.stream(queue),
+                self.keys.partition_stream(queue, partition),
                 ">",
             )
-            .await?;
-        Ok(xread_reply(reply))
+            .await;
+        match read {
+            Err(e) if is_nogroup(&e) => {
+                self.ensure_group_in(queue, partition).await?;
+                Ok(Vec::new())
+            }
+            Err(e) => Err(e),
+            Ok(reply) => Ok(in_partition(xread_reply(reply), partition)),
+        }
     }
 
-    /// Acknowledges and deletes processed entries of `queue`. Returns how many were still pending.
+    /// Acknowledges and deletes processed entries of `queue`'s whole stream (see [`Consumer::ack_in`]).
     pub async fn ack(&self, queue: &str, ids: &[String]) -> Result<u64, fred::error::Error> {
+        self.ack_in(queue, Partition::Whole, ids).await
+    }
+
+    /// Acknowledges and deletes processed entries of one stream of `queue`. Returns how many were still pending.
+    pub async fn ack_in(&self, queue: &str, partition: Partition, ids: &[String]) -> Result<u64, fred::error::Error> {
         if ids.is_empty() {
             return Ok(0);
         }
         let mut args = Vec::with_capacity(ids.len() + 1);
         args.push(self.keys.group(queue));
         args.extend(ids.iter().cloned());
-        self.ack_script.run(&self.client, vec![self.keys.stream(queue)], args).await
+        self.ack_script.run(&self.client, vec![self.keys.partition_stream(queue, partition)], args).await
     }
 
-    /// Resets the idle time of entries this consumer is working on, so no one reclaims them while it lives.
-    pub async fn heartbeat(&self, queue: &str, ids: &[String]) -> Result<(), fred::error::Error> {
+    /// Resets the idle time of entries of one stream of `queue` this consumer is working on, so no one reclaims them
+    /// while it lives.
+    pub async fn heartbeat_in(
+        &self,
+        queue: &str,
+        partition: Partition,
+        ids: &[String],
+    ) -> Result<(), fred::error::Error> {
         if ids.is_empty() {
             return Ok(());
         }
         let claimed: Result<Value, _> = self
             .client
             .xclaim(
-                self.keys.stream(queue),
+                self.keys.partition_stream(queue, partition),
                 self.keys.group(queue),
                 &self.consumer,
                 0,
@@ -258,16 +312,22 @@ impl Consumer {
             .await;
         match claimed {
             // The group is gone with the entries (see `read`): nothing to keep alive, make the group again.
-            Err(e) if is_nogroup(&e) => self.ensure_group(queue).await,
+            Err(e) if is_nogroup(&e) => self.ensure_group_in(queue, partition).await,
             Err(e) => Err(e),
             Ok(_) => Ok(()),
         }
     }
 
-    /// Takes over up to `count` entries of `queue` idle for at least `min_idle_ms` (their consumer is presumed
-    /// dead), scanning from the start of the pending list.
-    pub async fn reclaim(&self, queue: &str, min_idle_ms: u64, count: u64) -> Result<Reclaimed, fred::error::Error> {
-        let stream = self.keys.stream(queue);
+    /// Takes over up to `count` entries of one stream of `queue` idle for at least `min_idle_ms` (their consumer is
+    /// presumed dead), scanning from the start of the pending list.
+    pub async fn reclaim_in(
+        &self,
+        queue: &str,
+        partition: Partition,
+        min_idle_ms: u64,
+        count: u64,
+    ) -> Result<Reclaimed, fred::error::Error> {
+        let stream = self.keys.partition_stream(queue, partition);
         // Read as a raw reply: Redis 7 adds a third element, the ids it found deleted.
         let reply: Value = match self
             .client
@@ -275,7 +335,7 @@ impl Consumer {
             .await
         {
             Err(e) if is_nogroup(&e) => {
-                self.ensure_group(queue).await?;
+                self.ensure_group_in(queue, partition).await?;
                 return Ok(Reclaimed::default());
             }
             reply => reply?,
@@ -289,27 +349,56 @@ impl Consumer {
         } else {
             Vec::new()
         };
-        let entries = if parts.len() >= 2 { entries_of(parts.remove(1)) } else { Vec::new() };
+        let entries = if parts.len() >= 2 { in_partition(entries_of(parts.remove(1)), partition) } else { Vec::new() };
         Ok(Reclaimed { entries, deleted })
     }
 
-    /// Length, pending entries and lag of `queue`'s stream and group.
+    /// Length, pending entries and lag of `queue`: its streams' and their groups', summed.
     pub async fn stats(&self, queue: &str) -> Result<QueueStats, fred::error::Error> {
-        let length: u64 = self.client.xlen(self.keys.stream(queue)).await?;
-        let groups: Value = self.client.xinfo_groups(self.keys.stream(queue)).await.unwrap_or(Value::Null);
-        let group = self.keys.group(queue);
-        let mut stats = QueueStats { length, ..QueueStats::default() };
-        if let Value::Array(groups) = groups {
-            for g in groups {
-                let Some(fields) = fields_of(g) else { continue };
-                if fields.get("name") == Some(group.as_str()) {
-                    stats.pending = fields.get("pending").and_then(|p| p.parse().ok()).unwrap_or(0);
-                    stats.lag = fields.get("lag").and_then(|l| l.parse().ok());
-                }
+        let mut total = QueueStats { lag: Some(0), ..QueueStats::default() };
+        for partition in self.streams().await? {
+            let stats = stream_stats(&self.client, &self.keys, queue, partition).await?;
+            total.length += stats.length;
+            total.pending += stats.pending;
+            total.lag = total.lag.zip(stats.lag).map(|(a, b)| a + b);
+        }
+        Ok(total)
+    }
+}
+
+/// Length, pending entries and lag of one stream of `queue` and its group.
+pub(crate) async fn stream_stats(
+    client: &RedisClient,
+    keys: &Keys,
+    queue: &str,
+    partition: Partition,
+) -> Result<QueueStats, fred::error::Error> {
+    let stream = keys.partition_stream(queue, partition);
+    let length: u64 = client.xlen(&stream).await?;
+    let groups: Value = client.xinfo_groups(&stream).await.unwrap_or(Value::Null);
+    let group = keys.group(queue);
+    let mut stats = QueueStats { length, ..QueueStats::default() };
+    if let Value::Array(groups) = groups {
+        for g in groups {
+            let Some(fields) = fields_of(g) else { continue };
+            if fields.get("name") == Some(group.as_str()) {
+                stats.pending = fields.get("pending").and_then(|p| p.parse().ok()).unwrap_or(0);
+                stats.lag = fields.get("lag").and_then(|l| l.parse().ok());
             }
         }
-        Ok(stats)
+    } else if length == 0 {
+        // No stream, no group: nothing waits.
+        stats.lag = Some(0);
     }
+    Ok(stats)
+}
+
+/// Marks `entries` as read from `partition`.
+fn in_partition(mut entries: Vec<Entry>, partition: Partition) -> Vec<Entry> {
+    for entry in &mut entries {
+        entry.partition = partition;
+    }
+    entries
 }
 
 #[cfg(test)]

@@ -6,11 +6,14 @@
 //! PEL; `XAUTOCLAIM` hands entries idle in a dead consumer's PEL to a live one. `XTRIM` bounds a stream's length.
 //!
 //! Keys (CONTRACT.md §3) are hash-tagged by queue, `<prefix>:{<queue>}:…`, so that a script touching a queue's stream
-//! and its de-dup keys stays in one Redis Cluster slot.
+//! and its de-dup keys stays in one Redis Cluster slot; a queue split into partitions has one tag, so one slot, per
+//! partition (`<prefix>:{<queue>:<p>}:…`, see [`layout`]). Scripts run on whichever node holds their slot, loaded
+//! or not ([`script`]); in a cluster, fred follows `MOVED`/`ASK` and re-reads the slot map after a failover.
 
 pub mod admin;
 pub mod consumer;
 pub mod keys;
+pub mod layout;
 pub mod producer;
 mod script;
 mod url;

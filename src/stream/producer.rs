@@ -3,19 +3,24 @@
 //!
 //! For each event the script reads its de-dup key; if it is set, the event is already in the stream and the script
 //! returns the stored entry id. Otherwise it `XADD`s with an auto id (explicit ids must grow, a UUID cannot be one)
-//! and sets the de-dup key to the new id with a TTL. All keys of a call belong to one queue and carry its hash tag,
-//! so a call stays in one Redis Cluster slot. A chunk that fails half-way is safe to run again: the events it had
+//! and sets the de-dup key to the new id with a TTL. All keys of a call belong to one stream (a queue, or one
+//! partition of it) and carry its hash tag, so a call stays in one Redis Cluster slot. A chunk that fails half-way is safe to run again: the events it had
 //! added are found by their de-dup keys.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use fred::prelude::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use uuid::Uuid;
 
 use super::RedisClient;
-use super::keys::Keys;
+use super::keys::{Keys, Partition, parse_stream_ref, stream_ref};
+use super::layout::LayoutCache;
 use super::script::{LuaScript, is_noscript};
+
+/// A queue and one of its streams.
+type Stream<'a> = (&'a str, Partition);
 
 /// Events per script call: large enough to amortize the call, small enough to keep Redis responsive.
 pub const CHUNK: usize = 100;
@@ -91,6 +96,7 @@ pub struct Producer {
     keys: Keys,
     dedup_ttl_ms: u64,
     script: LuaScript,
+    layout: Arc<LayoutCache>,
 }
 
 /// How a chunk's script call goes out: by SHA, or with the script's text for a node that does not know it.
@@ -101,9 +107,19 @@ enum Call {
 }
 
 impl Producer {
-    /// A producer whose de-dup keys live `dedup_ttl`.
+    /// A producer whose de-dup keys live `dedup_ttl`, into the streams the layout names (one per queue until
+    /// [`Producer::with_partitions`] raises it).
     pub fn new(client: RedisClient, keys: Keys, dedup_ttl: std::time::Duration) -> Self {
-        Self { client, keys, dedup_ttl_ms: dedup_ttl.as_millis().max(1) as u64, script: LuaScript::new(PUBLISH_SCRIPT) }
+        let layout = Arc::new(LayoutCache::new(client.clone(), &keys, 1));
+        let dedup_ttl_ms = dedup_ttl.as_millis().max(1) as u64;
+        Self { client, keys, dedup_ttl_ms, script: LuaScript::new(PUBLISH_SCRIPT), layout }
+    }
+
+    /// Splits every queue into `partitions` streams (`CONVEYOR_STREAM_PARTITIONS`): raises the layout to it (never
+    /// lowers it) for jobs created from [`super::layout::MARGIN`] on; see [`super::layout`].
+    pub fn with_partitions(mut self, partitions: u16) -> Self {
+        self.layout = Arc::new(LayoutCache::new(self.client.clone(), &self.keys, partitions));
+        self
     }
 
     fn fields(m: &Message) -> Vec<String> {
@@ -143,11 +159,11 @@ impl Producer {
         fields
     }
 
-    /// The script's keys and arguments for one chunk of one queue's messages.
-    fn call(&self, queue: &str, chunk: &[&Message]) -> (Vec<String>, Vec<String>) {
+    /// The script's keys and arguments for one chunk of one stream's messages.
+    fn call(&self, (queue, partition): Stream<'_>, chunk: &[&Message]) -> (Vec<String>, Vec<String>) {
         let mut keys = Vec::with_capacity(1 + chunk.len());
-        keys.push(self.keys.stream(queue));
-        keys.extend(chunk.iter().map(|m| self.keys.dedup(queue, &m.event_id, m.redrive)));
+        keys.push(self.keys.partition_stream(queue, partition));
+        keys.extend(chunk.iter().map(|m| self.keys.partition_dedup(queue, partition, &m.event_id, m.redrive)));
         let mut args = Vec::with_capacity(1 + chunk.len() * 20);
         args.push(self.dedup_ttl_ms.to_string());
         for m in chunk {
@@ -158,17 +174,21 @@ impl Producer {
         (keys, args)
     }
 
-    /// Shortens the de-dup keys of `handed_off` (queue, event id, re-drive generation) to expire after `ttl`, if they
-    /// would live longer: one script call per queue and chunk, in one pipeline (one command per key would cost the
-    /// client more than the keys cost Redis).
+    /// Shortens the de-dup keys of `handed_off` (queue, stream reference as [`Producer::publish`] returned it, event
+    /// id, re-drive generation) to expire after `ttl`, if they would live longer: one script call per stream and
+    /// chunk, in one pipeline (one command per key would cost the client more than the keys cost Redis).
     pub async fn expire_dedup(
         &self,
-        handed_off: &[(&str, Uuid, i32)],
+        handed_off: &[(&str, &str, Uuid, i32)],
         ttl: std::time::Duration,
     ) -> Result<(), fred::error::Error> {
-        let mut by_queue: HashMap<&str, Vec<String>> = HashMap::new();
-        for (queue, id, redrive) in handed_off {
-            by_queue.entry(queue).or_default().push(self.keys.dedup(queue, id, *redrive));
+        let mut by_queue: HashMap<Stream<'_>, Vec<String>> = HashMap::new();
+        for (queue, reference, id, redrive) in handed_off {
+            let (partition, _) = parse_stream_ref(reference);
+            by_queue
+                .entry((queue, partition))
+                .or_default()
+                .push(self.keys.partition_dedup(queue, partition, id, *redrive));
         }
         if by_queue.is_empty() {
             return Ok(());
@@ -189,20 +209,27 @@ impl Producer {
         pipeline.try_all::<Value>().await.into_iter().try_for_each(|r| r.map(drop))
     }
 
-    /// Publishes `messages` in one pipeline. Each result is the stream entry id (new, or the one an earlier
-    /// delivery of the same event got) or the error of its chunk. Safe to repeat: the de-dup keys make it so.
+    /// Publishes `messages` in one pipeline. Each result is the stream reference ([`stream_ref`]: the entry id, new
+    /// or the one an earlier delivery of the same event got, and its partition) or the error of its chunk. Safe to
+    /// repeat: the de-dup keys make it so.
     ///
-    /// The chunks go out by SHA; the chunks a node answered `NOSCRIPT` (first use on it, a restart, a replica
-    /// promoted by a failover) go again with the script's text, and the script is loaded on every primary.
+    /// Each job goes to the stream the layout gives its workspace and creation time ([`super::layout`]). The chunks
+    /// go out by SHA; the chunks a node answered `NOSCRIPT` (first use on it, a restart, a replica promoted by a
+    /// failover) go again with the script's text, and the script is loaded on every primary.
     pub async fn publish(&self, messages: &[Message]) -> Vec<Result<String, fred::error::Error>> {
-        // Chunks per queue, remembering where each message's answer goes.
-        let mut by_queue: HashMap<&str, Vec<usize>> = HashMap::new();
+        let layout = match self.layout.get().await {
+            Ok(layout) => layout,
+            Err(e) => return messages.iter().map(|_| Err(e.clone())).collect(),
+        };
+        // Chunks per stream, remembering where each message's answer goes.
+        let mut by_stream: HashMap<Stream<'_>, Vec<usize>> = HashMap::new();
         for (i, m) in messages.iter().enumerate() {
-            by_queue.entry(m.queue.as_str()).or_default().push(i);
+            let partition = layout.partition_of(&m.workspace_id, m.enqueued_at_ms);
+            by_stream.entry((m.queue.as_str(), partition)).or_default().push(i);
         }
-        let chunks: Vec<(&str, Vec<usize>)> = by_queue
+        let chunks: Vec<(Stream<'_>, Vec<usize>)> = by_stream
             .into_iter()
-            .flat_map(|(queue, idx)| idx.chunks(CHUNK).map(|c| (queue, c.to_vec())).collect::<Vec<_>>())
+            .flat_map(|(stream, idx)| idx.chunks(CHUNK).map(|c| (stream, c.to_vec())).collect::<Vec<_>>())
             .collect();
         let mut results: Vec<Result<String, fred::error::Error>> = messages
             .iter()
@@ -211,7 +238,7 @@ impl Producer {
         let unknown = self.publish_chunks(messages, &chunks, Call::Sha, &mut results).await;
         if !unknown.is_empty() {
             self.script.load_everywhere(&self.client);
-            let again: Vec<(&str, Vec<usize>)> = unknown.into_iter().map(|c| chunks[c].clone()).collect();
+            let again: Vec<(Stream<'_>, Vec<usize>)> = unknown.into_iter().map(|c| chunks[c].clone()).collect();
             self.publish_chunks(messages, &again, Call::Text, &mut results).await;
         }
         results
@@ -222,7 +249,7 @@ impl Producer {
     async fn publish_chunks(
         &self,
         messages: &[Message],
-        chunks: &[(&str, Vec<usize>)],
+        chunks: &[(Stream<'_>, Vec<usize>)],
         how: Call,
         results: &mut [Result<String, fred::error::Error>],
     ) -> Vec<usize> {
@@ -234,9 +261,9 @@ impl Producer {
             }
         };
         let pipeline = self.client.pipeline();
-        for (queue, idx) in chunks {
+        for (stream, idx) in chunks {
             let chunk: Vec<&Message> = idx.iter().map(|&i| &messages[i]).collect();
-            let (keys, args) = self.call(queue, &chunk);
+            let (keys, args) = self.call(*stream, &chunk);
             let (cmd, command) = match how {
                 Call::Sha => self.script.evalsha(keys, args),
                 Call::Text => self.script.eval(keys, args),
@@ -256,7 +283,7 @@ impl Producer {
             return Vec::new();
         }
         let mut unknown = Vec::new();
-        for (c, ((_, idx), reply)) in chunks.iter().zip(replies).enumerate() {
+        for (c, (((_, partition), idx), reply)) in chunks.iter().zip(replies).enumerate() {
             let ids: Result<Vec<String>, fred::error::Error> = reply.and_then(|v| match v {
                 Value::Array(items) if items.len() == idx.len() => items
                     .iter()
@@ -274,7 +301,7 @@ impl Producer {
             match ids {
                 Ok(ids) => {
                     for (&i, id) in idx.iter().zip(ids) {
-                        results[i] = Ok(id);
+                        results[i] = Ok(stream_ref(*partition, &id));
                     }
                 }
                 Err(e) => {
@@ -288,6 +315,12 @@ impl Producer {
             }
         }
         unknown
+    }
+
+    /// The partition layout jobs are routed by, read (and raised to this producer's partitions) if the copy is a
+    /// few seconds old.
+    pub async fn layout(&self) -> Result<super::layout::Layout, fred::error::Error> {
+        self.layout.get().await
     }
 
     /// The client, for status checks.

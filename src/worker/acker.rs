@@ -14,6 +14,7 @@ use super::runtime::{Done, Queue, Worker};
 use crate::outbox::CANCEL_CHANNEL;
 use crate::outbox::transitions::{self, Finished};
 use crate::redact::redact;
+use crate::stream::keys::Partition;
 
 impl Worker {
     /// Acknowledges (and deletes) finished entries in batches of up to 1,000: whatever has finished since the last
@@ -39,42 +40,41 @@ impl Worker {
     /// per queue acknowledging (and deleting) the entries. An end that cannot be recorded leaves its entry
     /// unacknowledged: the job runs again after the visibility time-out.
     pub(super) async fn settle(&self, done: Vec<Done>) {
-        // By queue: a worker has a queue or a few, so a short list.
-        let mut batch: Vec<(Arc<Queue>, Vec<String>)> = Vec::new();
+        // By stream: a worker has a queue or a few, each with a stream or a few, so a short list.
+        let mut batch: Vec<(Arc<Queue>, Partition, Vec<String>)> = Vec::new();
         let mut finished: Vec<Finished> = Vec::new();
-        let mut finished_entries: Vec<(Arc<Queue>, String)> = Vec::new();
-        let add = |batch: &mut Vec<(Arc<Queue>, Vec<String>)>, q: Arc<Queue>, id: String| match batch
-            .iter_mut()
-            .find(|(b, _)| Arc::ptr_eq(b, &q))
-        {
-            Some((_, ids)) => ids.push(id),
-            None => batch.push((q, vec![id])),
+        let mut finished_entries: Vec<(Arc<Queue>, Partition, String)> = Vec::new();
+        let add = |batch: &mut Vec<(Arc<Queue>, Partition, Vec<String>)>, q: Arc<Queue>, p: Partition, id: String| {
+            match batch.iter_mut().find(|(b, bp, _)| Arc::ptr_eq(b, &q) && *bp == p) {
+                Some((_, _, ids)) => ids.push(id),
+                None => batch.push((q, p, vec![id])),
+            }
         };
-        for (q, id, end) in done {
+        for (q, p, id, end) in done {
             match end {
                 Some(end) => {
                     finished.push(end);
-                    finished_entries.push((q, id));
+                    finished_entries.push((q, p, id));
                 }
-                None => add(&mut batch, q, id),
+                None => add(&mut batch, q, p, id),
             }
         }
         if !finished.is_empty() {
             if self.record_ends(&finished).await {
-                for (q, id) in finished_entries {
-                    add(&mut batch, q, id);
+                for (q, p, id) in finished_entries {
+                    add(&mut batch, q, p, id);
                 }
             } else {
-                for (q, id) in &finished_entries {
-                    self.untrack(&q.name, [id]);
+                for (q, p, id) in &finished_entries {
+                    self.untrack(&q.name, *p, [id]);
                 }
             }
         }
-        for (q, ids) in batch {
+        for (q, p, ids) in batch {
             let q = q.name.as_str();
             let mut last_error = None;
             for attempt in 0..3 {
-                match self.0.consumer.ack(q, &ids).await {
+                match self.0.consumer.ack_in(q, p, &ids).await {
                     Ok(_) => {
                         last_error = None;
                         break;
@@ -88,7 +88,7 @@ impl Worker {
             if let Some(e) = last_error {
                 tracing::warn!(queue = %q, count = ids.len(), error = %redact(&e.to_string()), "XACK failed; the entries will be taken over and skipped");
             }
-            self.untrack(q, &ids);
+            self.untrack(q, p, &ids);
         }
     }
 
@@ -113,7 +113,7 @@ impl Worker {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
-            let snapshot: Vec<(String, Vec<String>)> = self
+            let snapshot: Vec<((String, Partition), Vec<String>)> = self
                 .0
                 .in_flight
                 .lock()
@@ -121,8 +121,8 @@ impl Worker {
                 .iter()
                 .map(|(q, ids)| (q.clone(), ids.iter().cloned().collect()))
                 .collect();
-            for (queue, ids) in snapshot {
-                if let Err(e) = self.0.consumer.heartbeat(&queue, &ids).await {
+            for ((queue, partition), ids) in snapshot {
+                if let Err(e) = self.0.consumer.heartbeat_in(&queue, partition, &ids).await {
                     tracing::warn!(queue = %queue, error = %redact(&e.to_string()), "Heartbeat failed");
                 }
             }

@@ -114,9 +114,9 @@ impl Worker {
         queue.ended(kind, outcome, started.elapsed());
         if outcome.acknowledges() {
             // Acknowledged in batches by the ack loop; the heartbeat keeps the entry until then.
-            let _ = self.0.acks.send((queue, entry.id, finished));
+            let _ = self.0.acks.send((queue, entry.partition, entry.id, finished));
         } else {
-            self.untrack(&queue.name, [&entry.id]);
+            self.untrack(&queue.name, entry.partition, [&entry.id]);
         }
         outcome
     }

@@ -9,12 +9,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use super::runtime::{Outcome, Queue, Worker};
+use super::runtime::{Lane, Outcome, Queue, Worker};
 use crate::db;
 use crate::ids::WorkspaceId;
 use crate::outbox::transitions as record;
 use crate::redact::redact;
 use crate::stream::consumer::Entry;
+use crate::stream::keys::stream_ref;
 
 impl Worker {
     fn spawn_job(
@@ -55,20 +56,21 @@ impl Worker {
     /// neither run nor acknowledged, and another worker takes them over after the visibility time-out.
     pub(super) async fn start_jobs(
         &self,
-        queue: &Arc<Queue>,
+        (queue, partition): &Lane,
         entries: Vec<Entry>,
         first: Option<OwnedSemaphorePermit>,
         jobs: &TaskTracker,
         abandon: &CancellationToken,
         shutdown: &CancellationToken,
     ) {
-        self.track(&queue.name, entries.iter().map(|e| e.id.clone()));
+        let partition = *partition;
+        self.track(&queue.name, partition, entries.iter().map(|e| e.id.clone()));
         let ids: Vec<(WorkspaceId, Uuid, Option<i32>)> = entries.iter().filter_map(job_of).collect();
         let skip = match record::not_to_run(&self.0.pool, &ids).await {
             Ok(skip) => skip,
             Err(e) => {
                 tracing::warn!(queue = %queue.name, error = %redact(&e.to_string()), "Cannot check jobs before running them; leaving them for later");
-                self.untrack(&queue.name, entries.iter().map(|e| &e.id));
+                self.untrack(&queue.name, partition, entries.iter().map(|e| &e.id));
                 return;
             }
         };
@@ -77,7 +79,7 @@ impl Worker {
         while let Some(entry) = entries.next() {
             if !skip.is_empty() && job_of(&entry).is_some_and(|(_, id, _)| skip.contains(&id)) {
                 queue.ended(queue.kind_slot(entry.fields.get("type")), Outcome::Skipped, Duration::ZERO);
-                let _ = self.0.acks.send((queue.clone(), entry.id, None));
+                let _ = self.0.acks.send((queue.clone(), partition, entry.id, None));
                 continue;
             }
             let permit = match first.take() {
@@ -87,7 +89,7 @@ impl Worker {
                     None => {
                         let left: Vec<String> = std::iter::once(entry.id).chain(entries.map(|e| e.id)).collect();
                         tracing::info!(queue = %queue.name, left = left.len(), "Stopping: entries read but not started are left to another worker");
-                        self.untrack(&queue.name, &left);
+                        self.untrack(&queue.name, partition, &left);
                         return;
                     }
                 },
@@ -119,16 +121,16 @@ impl Worker {
 
     async fn take_one(&self) -> anyhow::Result<Option<Outcome>> {
         self.ensure_groups().await?;
-        for queue in &self.0.queues {
-            let Some(entry) = self.0.consumer.read_now(&queue.name, 1).await?.pop() else { continue };
-            self.track(&queue.name, [entry.id.clone()]);
+        for (queue, partition) in self.lanes().iter() {
+            let Some(entry) = self.0.consumer.read_now_in(&queue.name, *partition, 1).await?.pop() else { continue };
+            self.track(&queue.name, *partition, [entry.id.clone()]);
             let skip = match job_of(&entry) {
                 Some(job) => record::not_to_run(&self.0.pool, &[job]).await?.contains(&job.1),
                 None => false,
             };
             if skip {
                 queue.ended(queue.kind_slot(entry.fields.get("type")), Outcome::Skipped, Duration::ZERO);
-                let _ = self.0.acks.send((queue.clone(), entry.id, None));
+                let _ = self.0.acks.send((queue.clone(), *partition, entry.id, None));
                 return Ok(Some(Outcome::Skipped));
             }
             return Ok(Some(self.process(queue.clone(), entry, CancellationToken::new()).await));
@@ -136,6 +138,11 @@ impl Worker {
         Ok(None)
     }
 
+    /// Reads while job slots are free. With one stream to read, a blocking `XREADGROUP` on it. With several (queues,
+    /// partitions), a pass over all of them without waiting, starting one further each time, takes what waits until
+    /// the free slots are spoken for; only when nothing waits anywhere does it block, on one stream in turn and for
+    /// at most 100 ms, so that the others are looked at again soon. A stream with nothing costs one quick read, not a
+    /// wait.
     pub(super) async fn read_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
         let block_ms = self.0.settings.block.as_millis() as u64;
         let mut turn = 0usize;
@@ -143,36 +150,67 @@ impl Worker {
         // Slots are not held while blocked in XREADGROUP (the reclaimer needs them too); entries read beyond the
         // free slots wait for one, and are kept alive by the heartbeat meanwhile.
         while let Some((first, free)) = self.free_slots(&shutdown).await {
-            // Queues take turns, one blocking read each: the blocking connection serves one read at a time.
-            let queue = self.0.queues[turn % self.0.queues.len()].clone();
-            turn += 1;
-            let block = if self.0.queues.len() > 1 { block_ms.min(100) } else { block_ms };
             drop(first);
-            match self.0.consumer.read(&queue.name, free as u64, block).await {
-                Ok(entries) if entries.is_empty() => {}
-                Ok(entries) => {
-                    // The look at PostgreSQL before starting a read's jobs runs beside the next read, not before it:
-                    // at most two at once.
-                    let check = tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => break,
-                        check = checks.clone().acquire_owned() => check.expect("never closed"),
-                    };
-                    let (worker, jobs_, abandon, shutdown) =
-                        (self.clone(), jobs.clone(), abandon.clone(), shutdown.clone());
-                    jobs.spawn(async move {
-                        let _check = check;
-                        worker.start_jobs(&queue, entries, None, &jobs_, &abandon, &shutdown).await;
-                    });
+            let lanes = self.lanes();
+            turn = turn.wrapping_add(1);
+            let mut read: Vec<(Lane, Vec<Entry>)> = Vec::new();
+            let mut failures = 0;
+            if lanes.len() > 1 {
+                let mut wanted = free;
+                for k in 0..lanes.len() {
+                    if wanted == 0 {
+                        break;
+                    }
+                    let lane = &lanes[(turn + k) % lanes.len()];
+                    match self.0.consumer.read_now_in(&lane.0.name, lane.1, wanted as u64).await {
+                        Ok(entries) if entries.is_empty() => {}
+                        Ok(entries) => {
+                            wanted = wanted.saturating_sub(entries.len());
+                            read.push((lane.clone(), entries));
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            tracing::warn!(queue = %lane.0.name, partition = ?lane.1, error = %redact(&e.to_string()), "XREADGROUP failed; retrying");
+                        }
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(queue = %queue.name, error = %redact(&e.to_string()), "XREADGROUP failed; retrying");
+            }
+            if read.is_empty() && failures < lanes.len() {
+                // Nothing waits anywhere: wait for new entries on one stream.
+                let lane = &lanes[turn % lanes.len()];
+                let block = if lanes.len() > 1 { block_ms.min(100) } else { block_ms };
+                match self.0.consumer.read_in(&lane.0.name, lane.1, free as u64, block).await {
+                    Ok(entries) if entries.is_empty() => {}
+                    Ok(entries) => read.push((lane.clone(), entries)),
+                    Err(e) => {
+                        failures = lanes.len();
+                        tracing::warn!(queue = %lane.0.name, partition = ?lane.1, error = %redact(&e.to_string()), "XREADGROUP failed; retrying");
+                    }
+                }
+            }
+            if read.is_empty() {
+                if failures >= lanes.len() {
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
                         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                     }
                 }
+                continue;
             }
+            // The look at PostgreSQL before starting a read's jobs runs beside the next read, not before it: at most
+            // two at once.
+            let check = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                check = checks.clone().acquire_owned() => check.expect("never closed"),
+            };
+            let (worker, jobs_, abandon, shutdown) = (self.clone(), jobs.clone(), abandon.clone(), shutdown.clone());
+            jobs.spawn(async move {
+                let _check = check;
+                for (lane, entries) in read {
+                    worker.start_jobs(&lane, entries, None, &jobs_, &abandon, &shutdown).await;
+                }
+            });
         }
     }
 
@@ -183,9 +221,12 @@ impl Worker {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(self.0.settings.reclaim_interval) => {}
             }
-            for queue in self.0.queues.clone() {
-                if let Err(e) = self.reclaim(&queue, min_idle, &jobs, &abandon, &shutdown).await {
-                    tracing::warn!(queue = %queue.name, error = ?e, "Reclaiming idle entries failed");
+            if let Err(e) = self.follow_layout().await {
+                tracing::warn!(error = %redact(&e.to_string()), "Could not read the stream partition layout");
+            }
+            for lane in self.lanes().iter() {
+                if let Err(e) = self.reclaim(lane, min_idle, &jobs, &abandon, &shutdown).await {
+                    tracing::warn!(queue = %lane.0.name, partition = ?lane.1, error = ?e, "Reclaiming idle entries failed");
                 }
             }
             self.observe_streams().await;
@@ -194,7 +235,7 @@ impl Worker {
 
     async fn reclaim(
         &self,
-        queue: &Arc<Queue>,
+        lane: &Lane,
         min_idle: u64,
         jobs: &TaskTracker,
         abandon: &CancellationToken,
@@ -202,8 +243,8 @@ impl Worker {
     ) -> anyhow::Result<()> {
         let Ok(first) = self.0.permits.clone().try_acquire_owned() else { return Ok(()) };
         let count = 1 + self.0.permits.available_permits().min(99) as u64;
-        let name = queue.name.as_str();
-        let reclaimed = self.0.consumer.reclaim(name, min_idle, count).await?;
+        let (name, partition) = (lane.0.name.as_str(), lane.1);
+        let reclaimed = self.0.consumer.reclaim_in(name, partition, min_idle, count).await?;
         if !reclaimed.entries.is_empty() {
             tracing::info!(
                 queue = name,
@@ -211,13 +252,14 @@ impl Worker {
                 "Took over entries idle past the visibility time-out"
             );
             self.0.metrics.worker_reclaims.with_label_values(&[name]).inc_by(reclaimed.entries.len() as u64);
-            self.start_jobs(queue, reclaimed.entries, Some(first), jobs, abandon, shutdown).await;
+            self.start_jobs(lane, reclaimed.entries, Some(first), jobs, abandon, shutdown).await;
         }
         // Pending entries whose data Redis no longer has: the job is re-driven from PostgreSQL.
         for entry_id in reclaimed.deleted {
-            if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.pool, name, &entry_id).await? {
+            let reference = stream_ref(partition, &entry_id);
+            if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.pool, name, &reference).await? {
                 let mut tx = db::begin_workspace(&self.0.pool, workspace).await?;
-                if record::redrive_tx(&mut tx, workspace, event_id, &entry_id).await? {
+                if record::redrive_tx(&mut tx, workspace, event_id, &reference).await? {
                     tracing::warn!(queue = name, event_id = %event_id, "Stream entry lost by Redis; re-driven from PostgreSQL");
                 }
                 tx.commit().await?;

@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use crate::outbox::transitions::Finished;
 use crate::redact::redact;
 use crate::stream::consumer::Consumer;
+use crate::stream::keys::Partition;
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -165,9 +166,12 @@ impl Queue {
     }
 }
 
-/// An entry whose job ended and which the ack loop acknowledges: its queue, entry id, and the job's completion when
-/// the job had no transaction to record it in.
-pub(super) type Done = (Arc<Queue>, String, Option<Finished>);
+/// An entry whose job ended and which the ack loop acknowledges: its queue and stream, entry id, and the job's
+/// completion when the job had no transaction to record it in.
+pub(super) type Done = (Arc<Queue>, Partition, String, Option<Finished>);
+
+/// One stream the worker reads: a queue's whole stream or one of its partitions.
+pub(super) type Lane = (Arc<Queue>, Partition);
 
 /// A running job's cancellation: `requested` fires only when the job was canceled (not on a time-out or shutdown),
 /// `token` is the one its handler sees.
@@ -217,11 +221,13 @@ pub(super) struct Inner {
     pub(super) control: PgPool,
     pub(super) consumer: Consumer,
     pub(super) queues: Vec<Arc<Queue>>,
+    /// Every stream of its queues, in the order reads take them; more once the partition layout names more.
+    pub(super) lanes: Mutex<Arc<Vec<Lane>>>,
     pub(super) handlers: HashMap<&'static str, Arc<dyn Registered>>,
     pub(super) settings: WorkerSettings,
     pub(super) metrics: Metrics,
     pub(super) permits: Arc<Semaphore>,
-    pub(super) in_flight: Mutex<HashMap<String, HashSet<String>>>,
+    pub(super) in_flight: Mutex<HashMap<(String, Partition), HashSet<String>>>,
     pub(super) running: Mutex<Running>,
     pub(super) acks: mpsc::UnboundedSender<Done>,
     pub(super) ack_queue: Mutex<Option<mpsc::UnboundedReceiver<Done>>>,
@@ -310,6 +316,7 @@ impl WorkerBuilder {
             pool: self.pool,
             control,
             consumer: self.consumer,
+            lanes: Mutex::new(Arc::new(queues.iter().map(|q| (q.clone(), Partition::Whole)).collect())),
             queues,
             handlers,
             permits: Arc::new(Semaphore::new(self.settings.concurrency)),
@@ -359,12 +366,36 @@ impl Worker {
         self.0.queues.iter().map(|q| q.name.as_str())
     }
 
-    /// Creates the consumer groups (and streams) if missing.
+    /// Creates the consumer groups (and streams) if missing, in every stream of its queues (the whole stream, and
+    /// each partition the layout or the consumer's setting names), and reads all of them from then on.
     pub async fn ensure_groups(&self) -> Result<(), fred::error::Error> {
-        for queue in &self.0.queues {
-            self.0.consumer.ensure_group(&queue.name).await?;
+        let streams = self.0.consumer.streams().await?;
+        for &partition in &streams {
+            for queue in &self.0.queues {
+                self.0.consumer.ensure_group_in(&queue.name, partition).await?;
+            }
+        }
+        // Queues alternate within each partition, so that a pass over the lanes takes every queue early.
+        let lanes = streams.iter().flat_map(|&p| self.0.queues.iter().map(move |q| (q.clone(), p))).collect();
+        *self.0.lanes.lock().expect("lanes lock") = Arc::new(lanes);
+        Ok(())
+    }
+
+    /// Starts reading the streams the partition layout names since the last look (after raising
+    /// `CONVEYOR_STREAM_PARTITIONS`): their groups are created and they join the lanes.
+    pub(super) async fn follow_layout(&self) -> Result<(), fred::error::Error> {
+        let streams = self.0.consumer.streams().await?;
+        let known = self.lanes().len() / self.0.queues.len().max(1);
+        if streams.len() > known {
+            tracing::info!(streams = streams.len(), before = known, "More stream partitions; reading them too");
+            self.ensure_groups().await?;
         }
         Ok(())
+    }
+
+    /// The streams it reads now.
+    pub(super) fn lanes(&self) -> Arc<Vec<Lane>> {
+        self.0.lanes.lock().expect("lanes lock").clone()
     }
 
     /// Records its kinds, their queues and defaults in `job_kinds`, where the SQL enqueue function finds them.
@@ -446,13 +477,14 @@ impl Worker {
         Ok(())
     }
 
-    pub(super) fn track(&self, queue: &str, ids: impl IntoIterator<Item = String>) {
+    pub(super) fn track(&self, queue: &str, partition: Partition, ids: impl IntoIterator<Item = String>) {
         let mut in_flight = self.0.in_flight.lock().expect("in-flight lock");
-        in_flight.entry(queue.to_owned()).or_default().extend(ids);
+        in_flight.entry((queue.to_owned(), partition)).or_default().extend(ids);
     }
 
-    pub(super) fn untrack<'a>(&self, queue: &str, ids: impl IntoIterator<Item = &'a String>) {
-        if let Some(tracked) = self.0.in_flight.lock().expect("in-flight lock").get_mut(queue) {
+    pub(super) fn untrack<'a>(&self, queue: &str, partition: Partition, ids: impl IntoIterator<Item = &'a String>) {
+        if let Some(tracked) = self.0.in_flight.lock().expect("in-flight lock").get_mut(&(queue.to_owned(), partition))
+        {
             for id in ids {
                 tracked.remove(id);
             }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod postgres;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
