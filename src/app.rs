@@ -133,7 +133,18 @@ async fn bind(addr: std::net::SocketAddr, variable: &str) -> anyhow::Result<TcpL
 }
 
 /// Runs `role` until SIGTERM or SIGINT (or until one of its parts fails), then stops within the grace period.
-pub async fn run(config: Config, role: Role) -> anyhow::Result<()> {
+pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
+    // Only the API role serves the admin API and the web UI: the operator's credentials stay out of the processes
+    // that run job handlers on untrusted input (a worker fetching and decoding remote files).
+    if !role.runs(Role::Api) && (config.operator_database_url.is_some() || config.admin_token.is_some()) {
+        tracing::warn!(
+            ?role,
+            "CONVEYOR_OPERATOR_DATABASE_URL and CONVEYOR_ADMIN_TOKEN are ignored: only the api role serves /admin/v1 \
+             and /ui; do not give them to this process"
+        );
+        config.operator_database_url = None;
+        config.admin_token = None;
+    }
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let failed = Arc::new(AtomicBool::new(false));

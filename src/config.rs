@@ -425,21 +425,7 @@ impl Config {
 
     /// Reads and validates the configuration from any [`Source`].
     pub fn from_source(src: &dyn Source) -> Result<Self, ConfigError> {
-        let redis_url = required(src, "CONVEYOR_REDIS_URL")?;
-        if !(redis_url.starts_with("redis://")
-            || redis_url.starts_with("rediss://")
-            || redis_url.starts_with("redis-cluster://")
-            || redis_url.starts_with("redis-sentinel://"))
-        {
-            return Err(invalid(
-                "CONVEYOR_REDIS_URL",
-                "must be a redis://, rediss://, redis-cluster:// or redis-sentinel:// URL",
-            ));
-        }
-        let redis_prefix = src.get("CONVEYOR_REDIS_PREFIX").unwrap_or_else(|| "conveyor".to_owned());
-        if redis_prefix.contains(['{', '}', ' ']) {
-            return Err(invalid("CONVEYOR_REDIS_PREFIX", "must not contain braces or spaces"));
-        }
+        let (redis_url, redis_prefix) = redis(src)?;
         let idempotency_ttl = duration(src, "CONVEYOR_IDEMPOTENCY_TTL", Duration::from_secs(48 * 3600))?;
         if idempotency_ttl < MIN_IDEMPOTENCY_TTL {
             return Err(invalid("CONVEYOR_IDEMPOTENCY_TTL", "must be at least 24h (seed section 2.1)"));
@@ -508,6 +494,26 @@ impl Config {
             admin_token: admin_token(src)?,
         })
     }
+}
+
+/// Parses `CONVEYOR_REDIS_URL` (required) and `CONVEYOR_REDIS_PREFIX` (default `conveyor`).
+pub fn redis(src: &dyn Source) -> Result<(String, String), ConfigError> {
+    let redis_url = required(src, "CONVEYOR_REDIS_URL")?;
+    if !(redis_url.starts_with("redis://")
+        || redis_url.starts_with("rediss://")
+        || redis_url.starts_with("redis-cluster://")
+        || redis_url.starts_with("redis-sentinel://"))
+    {
+        return Err(invalid(
+            "CONVEYOR_REDIS_URL",
+            "must be a redis://, rediss://, redis-cluster:// or redis-sentinel:// URL",
+        ));
+    }
+    let redis_prefix = src.get("CONVEYOR_REDIS_PREFIX").unwrap_or_else(|| "conveyor".to_owned());
+    if redis_prefix.contains(['{', '}', ' ']) {
+        return Err(invalid("CONVEYOR_REDIS_PREFIX", "must not contain braces or spaces"));
+    }
+    Ok((redis_url, redis_prefix))
 }
 
 /// Parses `CONVEYOR_OPERATOR_DATABASE_URL` (optional).

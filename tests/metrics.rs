@@ -157,8 +157,9 @@ async fn a_fresh_worker_shows_its_role_and_every_fixed_counter_at_zero() {
     assert_value(&text, "conveyor_db_pool_max_connections", &[("pool", "app")], 16.0);
     assert_value(&text, "conveyor_db_pool_max_connections", &[("pool", "worker_handlers")], 7.0);
     assert_value(&text, "conveyor_db_pool_max_connections", &[("pool", "worker_control")], 2.0);
-    assert_value(&text, "conveyor_db_pool_max_connections", &[("pool", "operator")], 4.0);
-    for pool in ["app", "worker_handlers", "worker_control", "operator"] {
+    // A worker holds no operator pool, although it was given the operator URL: only the API serves /admin/v1.
+    assert!(value(&text, "conveyor_db_pool_max_connections", &[("pool", "operator")]).is_none(), "{text}");
+    for pool in ["app", "worker_handlers", "worker_control"] {
         for state in ["idle", "in_use"] {
             assert!(value(&text, "conveyor_db_pool_connections", &[("pool", pool), ("state", state)]).is_some());
         }

@@ -1,5 +1,7 @@
 //! Who may operate: the shared operator token (`CONVEYOR_ADMIN_TOKEN`), compared in constant time, or an HS256 JWT
-//! signed with `CONVEYOR_JWT_SECRET` whose claims carry `"operator": true` (a workspace user's token never does).
+//! signed with `CONVEYOR_JWT_SECRET` for the audience `conveyor-operator` whose claims carry `"operator": true` and no
+//! `workspace_id`. Workspace tokens share the signing key, so an operator token must differ from them in what a
+//! workspace token issuer never writes: its audience.
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
@@ -16,11 +18,17 @@ pub struct OperatorAuth {
     validation: Validation,
 }
 
+/// The audience an operator JWT must name (`aud`).
+pub const OPERATOR_AUDIENCE: &str = "conveyor-operator";
+
 #[derive(Deserialize)]
 struct OperatorClaims {
     sub: String,
+    exp: u64,
     #[serde(default)]
     operator: bool,
+    #[serde(default)]
+    workspace_id: Option<serde::de::IgnoredAny>,
 }
 
 /// Why credentials were refused (for logs; callers answer 401 alike).
@@ -36,20 +44,33 @@ impl OperatorAuth {
     pub fn new(token: Option<Secret<String>>, jwt_secret: &Secret<Vec<u8>>) -> Self {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = 5;
-        validation.set_required_spec_claims(&["exp", "sub"]);
-        Self { token, jwt: DecodingKey::from_secret(jwt_secret.expose()).expect("an HMAC key of any length is valid"), validation }
+        validation.set_required_spec_claims(&["exp", "sub", "aud"]);
+        validation.set_audience(&[OPERATOR_AUDIENCE]);
+        Self {
+            token,
+            jwt: DecodingKey::from_secret(jwt_secret.expose()).expect("an HMAC key of any length is valid"),
+            validation,
+        }
     }
 
     /// The actor behind `credential` (a bearer token's value, or what the login form was given): `token` for the
     /// shared operator token, `jwt:<sub>` for an operator JWT.
     pub fn verify(&self, credential: &str) -> Result<Actor, OperatorAuthError> {
+        self.verify_with_expiry(credential).map(|(actor, _)| actor)
+    }
+
+    /// [`Self::verify`], with when the credential stops being valid (seconds since the epoch): a JWT's `exp`, `None`
+    /// for the shared token. A session started with a credential must end no later.
+    pub fn verify_with_expiry(&self, credential: &str) -> Result<(Actor, Option<u64>), OperatorAuthError> {
         if let Some(token) = &self.token
             && bool::from(token.expose().as_bytes().ct_eq(credential.as_bytes()))
         {
-            return Ok(Actor("token".to_owned()));
+            return Ok((Actor("token".to_owned()), None));
         }
         match jsonwebtoken::decode::<OperatorClaims>(credential, &self.jwt, &self.validation) {
-            Ok(data) if data.claims.operator => Ok(Actor(format!("jwt:{}", data.claims.sub))),
+            Ok(data) if data.claims.operator && data.claims.workspace_id.is_none() => {
+                Ok((Actor(format!("jwt:{}", data.claims.sub)), Some(data.claims.exp)))
+            }
             _ => Err(OperatorAuthError::Refused),
         }
     }
@@ -74,7 +95,8 @@ mod tests {
     }
 
     fn jwt(claims: serde_json::Value) -> String {
-        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(SECRET).unwrap()).unwrap()
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(SECRET).unwrap())
+            .unwrap()
     }
 
     fn exp() -> u64 {
@@ -87,14 +109,25 @@ mod tests {
         assert_eq!(auth.verify("an-operator-token-of-32-bytes-or-more"), Ok(Actor("token".into())));
         assert_eq!(auth.verify("an-operator-token-of-32-bytes-or-mor"), Err(OperatorAuthError::Refused));
         assert_eq!(auth.verify(""), Err(OperatorAuthError::Refused));
-        let op = jwt(json!({"sub": "alice", "exp": exp(), "operator": true}));
+        let until = exp();
+        let op = jwt(json!({"sub": "alice", "exp": until, "aud": OPERATOR_AUDIENCE, "operator": true}));
         assert_eq!(auth.verify(&op), Ok(Actor("jwt:alice".into())));
+        assert_eq!(auth.verify_with_expiry(&op).unwrap().1, Some(until));
+        // Without the operator audience, or naming a workspace, the operator claim alone is not enough.
+        let no_aud = jwt(json!({"sub": "alice", "exp": exp(), "operator": true}));
+        assert_eq!(auth.verify(&no_aud), Err(OperatorAuthError::Refused));
+        let other_aud = jwt(json!({"sub": "alice", "exp": exp(), "aud": "shop", "operator": true}));
+        assert_eq!(auth.verify(&other_aud), Err(OperatorAuthError::Refused));
+        let tenant = jwt(
+            json!({"sub": "bob", "exp": exp(), "aud": OPERATOR_AUDIENCE, "operator": true, "workspace_id": uuid::Uuid::nil()}),
+        );
+        assert_eq!(auth.verify(&tenant), Err(OperatorAuthError::Refused));
         // A workspace user's token (no operator claim), a false claim, an expired one: refused.
         let user = jwt(json!({"sub": "bob", "exp": exp(), "workspace_id": uuid::Uuid::nil()}));
         assert_eq!(auth.verify(&user), Err(OperatorAuthError::Refused));
-        let no = jwt(json!({"sub": "bob", "exp": exp(), "operator": false}));
+        let no = jwt(json!({"sub": "bob", "exp": exp(), "aud": OPERATOR_AUDIENCE, "operator": false}));
         assert_eq!(auth.verify(&no), Err(OperatorAuthError::Refused));
-        let old = jwt(json!({"sub": "alice", "exp": 1_000, "operator": true}));
+        let old = jwt(json!({"sub": "alice", "exp": 1_000, "aud": OPERATOR_AUDIENCE, "operator": true}));
         assert_eq!(auth.verify(&old), Err(OperatorAuthError::Refused));
     }
 
@@ -102,7 +135,8 @@ mod tests {
     fn without_a_token_only_jwts_pass() {
         let auth = OperatorAuth::new(None, &Secret::new(SECRET.to_vec()));
         assert_eq!(auth.verify(""), Err(OperatorAuthError::Refused));
-        let op = jwt(json!({"sub": "alice", "exp": exp(), "operator": true}));
+        let op = jwt(json!({"sub": "alice", "exp": exp(), "aud": OPERATOR_AUDIENCE, "operator": true}));
         assert_eq!(auth.verify(&op), Ok(Actor("jwt:alice".into())));
+        assert_eq!(auth.verify_with_expiry("a-guess").unwrap_err(), OperatorAuthError::Refused);
     }
 }

@@ -42,9 +42,22 @@ fn parse(role: u8, src: &dyn Source) -> Result<(), ConfigError> {
     }
     if role == variables::OPERATOR {
         super::database_url(src)?;
+        super::redis(src)?;
         return super::operator_database_url(src).map(drop);
     }
     Config::from_source(src).map(drop)
+}
+
+/// `value` with the user and password of a URL (`scheme://user:password@host`) replaced by `[redacted]`: a URL that is
+/// not a secret as a whole may still carry one.
+fn without_userinfo(value: &str) -> String {
+    let Some(scheme_end) = value.find("://") else { return value.to_owned() };
+    let rest = &value[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}[redacted]{}", &value[..scheme_end + 3], &rest[at..]),
+        None => value.to_owned(),
+    }
 }
 
 /// Checks the variables `role` (a constant of [`variables`]) reads from `src`.
@@ -68,7 +81,7 @@ pub fn check(src: &dyn Source, role: u8) -> Report {
         }
         let (shown, origin) = match (src.get(v.name), v.default) {
             (Some(_), _) if v.secret => ("[redacted]".to_owned(), "set"),
-            (Some(value), _) => (value, "set"),
+            (Some(value), _) => (without_userinfo(&value), "set"),
             (None, Some(default)) => (default.to_owned(), "default"),
             (None, None) => (String::new(), "unset"),
         };
@@ -104,7 +117,8 @@ mod tests {
         ]);
         let report = check(&src, WORKER);
         let joined = report.errors.join("\n");
-        for name in ["CONVEYOR_WORKER_CONCURRENCY", "CONVEYOR_JOB_TIMEOUT", "CONVEYOR_REDIS_URL", "CONVEYOR_JWT_SECRET"] {
+        for name in ["CONVEYOR_WORKER_CONCURRENCY", "CONVEYOR_JOB_TIMEOUT", "CONVEYOR_REDIS_URL", "CONVEYOR_JWT_SECRET"]
+        {
             assert!(joined.contains(name), "{name} missing from:\n{joined}");
         }
         assert_eq!(report.errors.len(), 4, "{joined}");
@@ -122,6 +136,20 @@ mod tests {
         assert_eq!(get("CONVEYOR_MAX_BODY_BYTES"), ("CONVEYOR_MAX_BODY_BYTES", "65536".to_owned(), "default"));
         let printed = format!("{:?}", report.effective);
         assert!(!printed.contains("baseline-jwt-secret"), "{printed}");
+        // A URL that is not a secret as a whole loses its user and password.
+        let src = env(&[("CONVEYOR_AI_PROVIDER_URL", "https://key:hunter2@ai.example/v1?x=a@b")]);
+        let report = check(&src, WORKER);
+        let shown = report.effective.iter().find(|(n, ..)| *n == "CONVEYOR_AI_PROVIDER_URL").unwrap().1.clone();
+        assert_eq!(shown, "https://[redacted]@ai.example/v1?x=a@b");
+        assert_eq!(without_userinfo("s3://bucket/prefix"), "s3://bucket/prefix");
+        assert_eq!(without_userinfo("not a url"), "not a url");
+    }
+
+    #[test]
+    fn the_operator_commands_need_a_valid_redis_url_too() {
+        let src = env(&[("CONVEYOR_REDIS_URL", "http://redis")]);
+        let report = check(&src, crate::config::variables::OPERATOR);
+        assert!(report.errors.iter().any(|e| e.contains("CONVEYOR_REDIS_URL")), "{:?}", report.errors);
     }
 
     #[test]
