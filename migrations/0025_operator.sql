@@ -7,7 +7,8 @@
 -- `owner_scan` policies let it read across workspaces), returns operator metadata, and appends a row to the audit
 -- trail naming the actor (a parameter: the operator token, a JWT's subject, the CLI's user) and the database role
 -- (`session_user`). Changes (replay, discard, cancel, retry) run as the application role in the job's workspace,
--- under row-level security, and are recorded with `conveyor_admin_audit_write`.
+-- under row-level security, and are recorded with `conveyor_admin_audit_write`: an intent row before the change (which
+-- is refused if that row cannot be written), then an outcome row naming it.
 
 -- ---------------------------------------------------------------------------------------------------------------
 -- The audit trail: append-only, the owner's alone.
@@ -56,13 +57,70 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------------------------
--- Indexes for the operator's reads. Live and dead states each have a partial index already (0001, 0003, 0006);
--- what finished recently did not: completions are kept for days (retention), and a queue's throughput over the last
--- minutes would otherwise walk all of them.
-CREATE INDEX outbox_events_completed_at ON outbox_events (finished_at) WHERE status = 'completed';
--- Dead letters newest first (searches, bulk replay and discard): they stay until replayed or discarded, and are
--- rare, so walking the primary key back to the newest of them could cross most of the table.
-CREATE INDEX outbox_events_dead_by_id ON outbox_events (id) WHERE status = 'dead_letter';
+-- The operator's reads need two more indexes on outbox_events (recent completions, dead letters newest first). They
+-- are built by 0027 and 0028 with CREATE INDEX CONCURRENTLY, one per migration (PostgreSQL refuses it in a
+-- transaction, and sqlx sends a whole file as one statement string, which runs as one): a plain CREATE INDEX here
+-- would hold off every write to the outbox, that is every enqueue of the release still running, while it scans the
+-- table.
+
+-- ---------------------------------------------------------------------------------------------------------------
+-- A discarded dead letter leaves a tombstone (status `discarded`, ended at `finished_at`, its payload, errors and
+-- recorded failures gone) instead of no row: a delivery of it still in a stream (a worker that died between the dead
+-- letter's commit and its XACK, whose entry another worker claims later) must find the job ended, not missing. A
+-- missing row reads as "purged by retention" (nothing left to protect), and that delivery would run and commit its
+-- handler's writes. Tombstones are purged by retention like completed jobs; every read treats them as ended, and
+-- the operator's and the library's reads do not show them (a discarded job is gone to its owner).
+--
+-- Both checks are widened without a scan of the table: the new one is added NOT VALID (every row holds it already,
+-- since it held the narrower one; new and updated rows are checked) and the old one dropped, each a catalog change
+-- under a brief lock.
+ALTER TABLE outbox_events DROP CONSTRAINT outbox_events_status_check;
+ALTER TABLE outbox_events ADD CONSTRAINT outbox_events_status_check
+    CHECK (status IN ('pending', 'dispatching', 'dispatched', 'completed', 'canceled', 'dead_letter', 'discarded'))
+    NOT VALID;
+ALTER TABLE outbox_events DROP CONSTRAINT outbox_events_finished;
+ALTER TABLE outbox_events ADD CONSTRAINT outbox_events_finished
+    CHECK ((status IN ('completed', 'canceled', 'discarded')) = (finished_at IS NOT NULL)) NOT VALID;
+
+-- The worker's skip check (0008's): a tombstone is ended like a completed, canceled or dead-lettered job.
+CREATE OR REPLACE FUNCTION conveyor_jobs_not_to_run(workspaces uuid[], ids uuid[], redrives integer[])
+    RETURNS TABLE (id uuid)
+    LANGUAGE plpgsql STABLE SECURITY INVOKER
+    AS $$
+    #variable_conflict use_column
+    DECLARE
+        ws uuid;
+        caller text := current_setting('app.workspace_id', true);
+    BEGIN
+        FOR ws IN SELECT DISTINCT w FROM unnest(workspaces) AS w LOOP
+            PERFORM set_config('app.workspace_id', ws::text, true);
+            RETURN QUERY
+                SELECT e.id FROM public.outbox_events e
+                JOIN unnest(workspaces, ids, redrives) AS v(workspace_id, id, redrive)
+                  ON v.id = e.id AND v.workspace_id = ws
+                WHERE e.workspace_id = ws
+                  AND (e.status IN ('completed', 'canceled', 'dead_letter', 'discarded')
+                       OR (v.redrive IS NOT NULL AND e.redrive_count > v.redrive));
+        END LOOP;
+        PERFORM set_config('app.workspace_id', coalesce(caller, ''), true);
+    END
+    $$;
+
+-- Retention (0009's): workspaces holding ended jobs, tombstones included, older than the retention period.
+CREATE OR REPLACE FUNCTION conveyor_outbox_retention_workspaces_v2(older_than interval, max_workspaces integer)
+    RETURNS TABLE (workspace_id uuid)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, public
+    AS $$
+        SELECT w.workspace_id FROM (
+            SELECT e.workspace_id FROM public.outbox_events e
+            WHERE e.status IN ('completed', 'canceled') AND e.finished_at <= now() - older_than
+            UNION
+            SELECT e.workspace_id FROM public.outbox_events e
+            WHERE e.status = 'discarded' AND e.finished_at <= now() - older_than
+        ) w
+        LIMIT greatest(1, least(max_workspaces, 10000))
+    $$;
 
 -- ---------------------------------------------------------------------------------------------------------------
 -- A job's state as operators and the library name it (`JobStatus`; see src/outbox/control.rs).
@@ -73,6 +131,7 @@ CREATE FUNCTION conveyor_job_state(status text, next_attempt_at timestamptz, fai
                    WHEN 'completed' THEN 'succeeded'
                    WHEN 'canceled' THEN 'canceled'
                    WHEN 'dead_letter' THEN 'failed'
+                   WHEN 'discarded' THEN 'discarded'
                    WHEN 'dispatched' THEN 'active'
                    WHEN 'pending' THEN CASE WHEN next_attempt_at <= now() THEN 'queued'
                                             WHEN failures > 0 THEN 'retrying'
@@ -105,11 +164,14 @@ REVOKE ALL ON FUNCTION conveyor_admin_state_condition(text) FROM PUBLIC;
 
 -- ---------------------------------------------------------------------------------------------------------------
 -- Appends a row to the audit trail: who (`actor`), what (`action`), with which arguments; the role is the session's.
+-- Returns the row's id: a change's intent row (written before it) is named by its outcome row (written after).
 CREATE FUNCTION conveyor_admin_audit_write(actor text, action text, arguments jsonb DEFAULT '{}')
-    RETURNS void
+    RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = public, pg_temp
     AS $$
+    DECLARE
+        written bigint;
     BEGIN
         IF actor IS NULL OR length(actor) NOT BETWEEN 1 AND 200 THEN
             RAISE EXCEPTION 'conveyor_admin: the actor must be 1 to 200 characters' USING ERRCODE = '22023';
@@ -118,7 +180,9 @@ CREATE FUNCTION conveyor_admin_audit_write(actor text, action text, arguments js
             RAISE EXCEPTION 'conveyor_admin: bad action name %', action USING ERRCODE = '22023';
         END IF;
         INSERT INTO public.conveyor_admin_audit (actor, role, action, arguments)
-        VALUES (actor, session_user, action, coalesce(jsonb_strip_nulls(arguments), '{}'));
+        VALUES (actor, session_user, action, coalesce(jsonb_strip_nulls(arguments), '{}'))
+        RETURNING id INTO written;
+        RETURN written;
     END
     $$;
 REVOKE ALL ON FUNCTION conveyor_admin_audit_write(text, text, jsonb) FROM PUBLIC;
@@ -219,11 +283,11 @@ CREATE FUNCTION conveyor_admin_jobs(actor text, of_queue text, of_kind text, in_
     SET search_path = public, pg_temp
     AS $$
     DECLARE
-        conditions text := 'true';
+        conditions text := 'e.status <> ''discarded''';
     BEGIN
         PERFORM conveyor_admin_check_limit(max_rows);
         IF in_state IS NOT NULL AND conveyor_admin_state_condition(in_state) IS NULL THEN
-            RAISE EXCEPTION 'conveyor_admin: unknown job state %', state USING ERRCODE = '22023';
+            RAISE EXCEPTION 'conveyor_admin: unknown job state %', in_state USING ERRCODE = '22023';
         END IF;
         PERFORM conveyor_admin_audit_write(actor, 'jobs', jsonb_build_object(
             'queue', of_queue, 'kind', of_kind, 'status', in_state, 'workspace', of_workspace, 'since', since,
@@ -276,7 +340,7 @@ CREATE FUNCTION conveyor_admin_job(actor text, job_id uuid)
                              FROM public.job_failures f WHERE f.job_id = e.id), '[]'::jsonb)
             FROM public.outbox_events e
             LEFT JOIN public.operations o ON o.id = e.operation_id
-            WHERE e.id = conveyor_admin_job.job_id;
+            WHERE e.id = conveyor_admin_job.job_id AND e.status <> 'discarded';
     END
     $$;
 REVOKE ALL ON FUNCTION conveyor_admin_job(text, uuid) FROM PUBLIC;
@@ -295,7 +359,7 @@ CREATE FUNCTION conveyor_admin_locate_job(actor text, job_id uuid)
             SELECT e.workspace_id, e.operation_id,
                    conveyor_job_state(e.status, e.next_attempt_at, e.job_attempts + e.attempt_count)
             FROM public.outbox_events e
-            WHERE e.id = conveyor_admin_locate_job.job_id;
+            WHERE e.id = conveyor_admin_locate_job.job_id AND e.status <> 'discarded';
     END
     $$;
 REVOKE ALL ON FUNCTION conveyor_admin_locate_job(text, uuid) FROM PUBLIC;
@@ -313,7 +377,7 @@ CREATE FUNCTION conveyor_admin_operations(actor text, of_kind text, in_status te
     BEGIN
         PERFORM conveyor_admin_check_limit(max_rows);
         IF in_status IS NOT NULL AND in_status NOT IN ('queued', 'running', 'succeeded', 'failed', 'canceled') THEN
-            RAISE EXCEPTION 'conveyor_admin: unknown operation status %', status USING ERRCODE = '22023';
+            RAISE EXCEPTION 'conveyor_admin: unknown operation status %', in_status USING ERRCODE = '22023';
         END IF;
         PERFORM conveyor_admin_audit_write(actor, 'operations', jsonb_build_object(
             'kind', of_kind, 'status', in_status, 'workspace', of_workspace, 'since', since, 'until', until,

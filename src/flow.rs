@@ -52,7 +52,8 @@ impl PauseScope {
         self
     }
 
-    fn check(&self) -> Result<(), FlowError> {
+    /// Refuses a scope that names nothing, or a name no queue or kind can have.
+    pub(crate) fn check(&self) -> Result<(), FlowError> {
         if self.queue.is_none() && self.kind.is_none() && self.workspace.is_none() {
             return Err(FlowError::EmptyScope);
         }

@@ -250,9 +250,10 @@ impl DlqFilter {
             && limit.is_none()
     }
 
-    fn into_filter(self, before: Option<Uuid>) -> conveyor::admin::DeadLetterFilter {
+    /// The filter; `all`: a bulk action the operator asked for with `--all` (with or without other filters).
+    fn into_filter(self, before: Option<Uuid>, all: bool) -> conveyor::admin::DeadLetterFilter {
         let Self { queue, kind, workspace, since, until, limit } = self;
-        conveyor::admin::DeadLetterFilter { queue, kind, workspace, since, until, before, limit }
+        conveyor::admin::DeadLetterFilter { queue, kind, workspace, since, until, before, limit, all }
     }
 }
 
@@ -600,8 +601,7 @@ async fn operator(needs: Needs) -> anyhow::Result<(conveyor::admin::Admin, conve
         .await
         .context("Failed to connect as the application role (CONVEYOR_DATABASE_URL)")?;
     let admin = if needs == Needs::Redis {
-        let redis_url = std::env::var("CONVEYOR_REDIS_URL").context("CONVEYOR_REDIS_URL is required")?;
-        let prefix = std::env::var("CONVEYOR_REDIS_PREFIX").unwrap_or_else(|_| "conveyor".to_owned());
+        let (redis_url, prefix) = config::redis(&Env)?;
         let redis = conveyor::stream::connect(&redis_url, Duration::from_secs(5))
             .await
             .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
@@ -661,6 +661,7 @@ async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
             JobAction::KeyHeld(live) => {
                 anyhow::bail!("job {id} is not {verb}: live job {live} holds its de-dup key")
             }
+            JobAction::Held(why) => anyhow::bail!("job {id} is not {verb}: {why}"),
         }
     };
     match command {
@@ -720,7 +721,7 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
     };
     match command {
         DlqCommand::List { filter, before } => {
-            let page = admin.dead_letters(&actor, &filter.into_filter(before)).await?;
+            let page = admin.dead_letters(&actor, &filter.into_filter(before, false)).await?;
             for dead in &page.items {
                 println!("{}", serde_json::to_string(dead)?);
             }
@@ -745,7 +746,7 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             },
             None => println!(
                 "{}",
-                serde_json::to_string(&admin.replay_dead_letters(&actor, &filter.into_filter(None)).await?)?
+                serde_json::to_string(&admin.replay_dead_letters(&actor, &filter.into_filter(None, true)).await?)?
             ),
         },
         DlqCommand::Discard { id, all: _, filter } => match single(id, &filter)? {
@@ -755,7 +756,7 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             }
             None => println!(
                 "{}",
-                serde_json::to_string(&admin.discard_dead_letters(&actor, &filter.into_filter(None)).await?)?
+                serde_json::to_string(&admin.discard_dead_letters(&actor, &filter.into_filter(None, true)).await?)?
             ),
         },
     }

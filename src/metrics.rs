@@ -53,9 +53,11 @@ pub struct Metrics {
     pub outbox_dispatch_latency: HistogramVec,
     /// `conveyor_outbox_batch_size`: events per claimed batch (one claim, of one or more workspaces).
     pub outbox_batch_size: Histogram,
-    /// `conveyor_outbox_events{queue, status}`: backlog by status (pending, dispatching, dead_letter).
+    /// `conveyor_outbox_events{queue, status}`: jobs by state (`due`, `held` by a pause, `delayed`, `dispatching`,
+    /// `dispatched` to the workers and not ended, `dead_letter`; migration 0029).
     pub outbox_events: IntGaugeVec,
-    /// `conveyor_outbox_oldest_pending_age_seconds{queue}`.
+    /// `conveyor_outbox_oldest_pending_age_seconds{queue}`: how long the oldest due job has waited since it fell due
+    /// (a delayed job or a retry backing off is not due yet).
     pub outbox_oldest_pending_age: GaugeVec,
     /// `conveyor_outbox_events_purged_total`: dispatched events removed by retention.
     pub outbox_events_purged: IntCounter,
@@ -196,13 +198,13 @@ impl Metrics {
         .expect("valid metric");
         registry.register(Box::new(outbox_batch_size.clone())).expect("unique metric");
         let outbox_events = IntGaugeVec::new(
-            Opts::new("conveyor_outbox_events", "Outbox backlog by queue and status"),
+            Opts::new("conveyor_outbox_events", "Outbox jobs by queue and state (due, held, delayed, dispatched, ...)"),
             &["queue", "status"],
         )
         .expect("valid metric");
         registry.register(Box::new(outbox_events.clone())).expect("unique metric");
         let outbox_oldest_pending_age = GaugeVec::new(
-            Opts::new("conveyor_outbox_oldest_pending_age_seconds", "Age of the oldest undispatched event by queue"),
+            Opts::new("conveyor_outbox_oldest_pending_age_seconds", "Wait of the oldest due job since it fell due"),
             &["queue"],
         )
         .expect("valid metric");

@@ -26,7 +26,8 @@ use uuid::Uuid;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Chore {
     /// `ok`; `fail` (permanent, with a secret-bearing message); `flaky` (retryable, every time); `later` (retry in an
-    /// hour); `heal` (fails permanently until the test heals it).
+    /// hour); `heal` (fails permanently until the test heals it); `write` (like `heal`, and once healed writes an
+    /// operation of kind `admin.marker` in the job's own transaction).
     mode: String,
 }
 
@@ -46,12 +47,19 @@ struct Chores {
 }
 
 impl Handler<Chore> for Chores {
-    async fn handle(&self, job: Chore, _cx: &mut JobContext) -> Result<Value, JobError> {
+    async fn handle(&self, job: Chore, cx: &mut JobContext) -> Result<Value, JobError> {
         match job.mode.as_str() {
             "fail" => Err(JobError::permanent(SECRET_ERROR)),
             "flaky" => Err(JobError::retryable(SECRET_ERROR)),
             "later" => Err(JobError::retry_after("not yet", Duration::from_secs(3600))),
-            "heal" if !self.healed.load(Ordering::SeqCst) => Err(JobError::permanent("not healed yet")),
+            "heal" | "write" if !self.healed.load(Ordering::SeqCst) => Err(JobError::permanent("not healed yet")),
+            "write" => {
+                let workspace = cx.workspace_id();
+                let tx = cx.tx().await?;
+                conveyor::operations::create_tx(tx, workspace, conveyor::UserId(Uuid::nil()), "admin.marker", None)
+                    .await?;
+                Ok(json!({ "wrote": true }))
+            }
             _ => Ok(json!({ "done": job.mode })),
         }
     }
@@ -114,7 +122,7 @@ async fn reaches(app: &TestApp, ws: WorkspaceId, job: JobId, status: JobStatus) 
 /// An HS256 JWT signed with the test secret carrying `claims` (and a `sub` and `exp`).
 fn jwt(sub: &str, extra: Value) -> String {
     let exp = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 600;
-    let mut claims = json!({ "sub": sub, "exp": exp });
+    let mut claims = json!({ "sub": sub, "exp": exp, "aud": "conveyor-operator" });
     claims.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     let key = jsonwebtoken::EncodingKey::from_secret(common::JWT_SECRET.as_bytes()).unwrap();
     jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
@@ -203,7 +211,7 @@ async fn every_endpoint_refuses_no_credential_a_wrong_one_and_a_workspace_users_
     let wrong_secret = {
         let exp = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 600;
         let key = jsonwebtoken::EncodingKey::from_secret(b"another-secret-of-at-least-32-bytes!!").unwrap();
-        let claims = json!({ "sub": "mallory", "exp": exp, "operator": true });
+        let claims = json!({ "sub": "mallory", "exp": exp, "aud": "conveyor-operator", "operator": true });
         jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
     };
     let credentials: [Option<&str>; 6] = [
@@ -473,26 +481,83 @@ async fn every_call_leaves_an_audit_row_naming_the_actor_and_the_role() {
             "{method} {path}: {}",
             answer.json
         );
-        let rows: Vec<(String, String, String, Value)> =
-            sqlx::query_as("SELECT actor, role, action, arguments FROM conveyor_admin_audit WHERE id > $1 ORDER BY id")
-                .bind(before)
-                .fetch_all(&mut owner)
-                .await
-                .unwrap();
+        let rows: Vec<(i64, String, String, String, Value)> = sqlx::query_as(
+            "SELECT id, actor, role, action, arguments FROM conveyor_admin_audit WHERE id > $1 ORDER BY id",
+        )
+        .bind(before)
+        .fetch_all(&mut owner)
+        .await
+        .unwrap();
         assert!(!rows.is_empty(), "{method} {path} left no audit row");
-        for (actor, role, action, _) in &rows {
+        for (_, actor, role, action, _) in &rows {
             assert_eq!(
                 (actor.as_str(), role.as_str()),
                 ("jwt:alice", "conveyor_operator"),
                 "{method} {path}: {action}"
             );
         }
-        // A change records what it was given and what it did.
-        let last = rows.last().unwrap();
+        // A change writes its intent first, even when it then fails (every id and name here is unknown: most answer
+        // 404), and last what it did, naming its intent.
         if method != Method::GET {
-            assert!(last.3.get("outcome").is_some() || last.3.get("done").is_some(), "{method} {path}: {rows:?}");
+            let (first, last) = (rows.first().unwrap(), rows.last().unwrap());
+            assert_eq!(first.4["outcome"], "pending", "{method} {path}: the first row is the intent: {rows:?}");
+            assert_eq!(first.3, last.3, "{method} {path}: intent and outcome name one action: {rows:?}");
+            assert_eq!(last.4["intent"], json!(first.0), "{method} {path}: {rows:?}");
+            assert!(last.4["outcome"].is_string() || last.4["outcome"].is_object(), "{method} {path}: {rows:?}");
+            assert_ne!(last.4["outcome"], "pending", "{method} {path}: {rows:?}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_change_whose_intent_cannot_be_audited_is_not_made() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let delayed = enqueue(&app, ws, "ok", EnqueueOptions::new().delay(Duration::from_secs(3600))).await;
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let spec = conveyor::ScheduleSpec::every(Duration::from_secs(3600)).unwrap();
+    let chore = Chore { mode: "ok".into() };
+    conveyor::upsert_schedule_tx(&mut tx, "nightly", &chore, spec, conveyor::ScheduleOptions::new()).await.unwrap();
+    tx.commit().await.unwrap();
+    // The operator role loses the right to append to the audit trail (its reads still audit themselves: their
+    // functions run as the owner).
+    let mut owner = app.db.owner().await;
+    let operator: sqlx::postgres::PgConnectOptions = app.db.operator_url.parse().unwrap();
+    let right = |verb: &str| {
+        let (to, role) = (if verb == "GRANT" { "TO" } else { "FROM" }, operator.get_username());
+        format!("{verb} EXECUTE ON FUNCTION conveyor_admin_audit_write(text, text, jsonb) {to} \"{role}\"")
+    };
+    sqlx::query(sqlx::AssertSqlSafe(right("REVOKE"))).execute(&mut owner).await.unwrap();
+
+    let refused = op(&app, Method::POST, "/pauses", Some(json!({ "queue": "chores" }))).await;
+    assert!(refused.problem(StatusCode::SERVICE_UNAVAILABLE)["detail"].as_str().unwrap().contains("audit"));
+    assert!(conveyor::list_pauses(&app.db.pool).await.unwrap().is_empty(), "no pause without its audit row");
+    op(&app, Method::POST, &format!("/jobs/{delayed}/retry"), None).await.problem(StatusCode::SERVICE_UNAVAILABLE);
+    op(&app, Method::POST, &format!("/jobs/{delayed}/cancel"), None).await.problem(StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(conveyor::get_job(&app.db.pool, ws, delayed).await.unwrap().unwrap().status, JobStatus::Scheduled);
+    op(&app, Method::POST, &format!("/schedules/{ws}/nightly/pause"), None)
+        .await
+        .problem(StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!conveyor::list_schedules(&app.db.pool, ws).await.unwrap()[0].paused);
+    let bulk = op(&app, Method::POST, "/dead-letters/discard", Some(json!({ "all": true }))).await;
+    bulk.problem(StatusCode::SERVICE_UNAVAILABLE);
+    let (changes,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor_admin_audit WHERE arguments ? 'outcome'")
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
+    assert_eq!(changes, 0, "nothing recorded as done, and nothing done");
+
+    // The right back: the same change goes, intent first.
+    sqlx::query(sqlx::AssertSqlSafe(right("GRANT"))).execute(&mut owner).await.unwrap();
+    op(&app, Method::POST, "/pauses", Some(json!({ "queue": "chores" }))).await.expect(StatusCode::CREATED);
+    let trail: Vec<(String, Value)> =
+        sqlx::query_as("SELECT action, arguments FROM conveyor_admin_audit WHERE action = 'pause' ORDER BY id")
+            .fetch_all(&mut owner)
+            .await
+            .unwrap();
+    assert_eq!(trail.len(), 2, "{trail:?}");
+    assert_eq!((trail[0].1["outcome"].clone(), trail[1].1["outcome"].clone()), (json!("pending"), json!("paused")));
 }
 
 #[tokio::test]
@@ -566,6 +631,7 @@ async fn bulk_replay_and_discard_act_on_what_the_filter_matches_and_count_it() {
     let (a, b) = (principal().workspace_id, principal().workspace_id);
     let healed = Arc::new(AtomicBool::new(false));
     let platform = Platform::start(&app, &healed).await;
+    let before_any = chrono::Utc::now();
     let mut dead = Vec::new();
     for (ws, key) in [(a, Some("k1")), (a, None), (a, None), (b, None)] {
         let options = match key {
@@ -586,6 +652,22 @@ async fn bulk_replay_and_discard_act_on_what_the_filter_matches_and_count_it() {
     assert_eq!(problem.problem(StatusCode::BAD_REQUEST)["code"], "INVALID_BODY");
     let problem = op(&app, Method::POST, "/dead-letters/discard", Some(json!({ "limit": 0 }))).await;
     assert!(problem.problem(StatusCode::BAD_REQUEST)["detail"].as_str().unwrap().starts_with("limit"));
+    // An empty filter is not "every dead letter": a bulk action needs a filter, or says `"all": true`.
+    for (path, body) in [
+        ("/dead-letters/discard", json!({})),
+        ("/dead-letters/replay", json!({})),
+        ("/dead-letters/discard", json!({ "limit": 10 })),
+        ("/dead-letters/discard", json!({ "all": false })),
+    ] {
+        let problem = op(&app, Method::POST, path, Some(body.clone())).await.problem(StatusCode::BAD_REQUEST);
+        assert!(problem["detail"].as_str().unwrap().starts_with("all: a bulk replay or discard needs a filter"), "{body}");
+    }
+    let untouched = op(&app, Method::GET, "/dead-letters", None).await.expect(StatusCode::OK);
+    assert_eq!(untouched["items"].as_array().unwrap().len(), 4);
+    // `until` bounds it: nothing of workspace b was dead-lettered before the jobs were enqueued.
+    let bounded = json!({ "workspace": b.0, "until": before_any });
+    let none = op(&app, Method::POST, "/dead-letters/discard", Some(bounded)).await.expect(StatusCode::OK);
+    assert_eq!(none, json!({ "matched": 0, "done": 0, "skipped": 0 }));
 
     // Workspace b's only dead letter, discarded.
     let discarded = op(&app, Method::POST, "/dead-letters/discard", Some(json!({ "workspace": b.0 }))).await;
@@ -615,6 +697,9 @@ async fn bulk_replay_and_discard_act_on_what_the_filter_matches_and_count_it() {
     let none =
         op(&app, Method::POST, "/dead-letters/discard", Some(json!({ "queue": "chores", "kind": "other.kind" })));
     assert_eq!(none.await.expect(StatusCode::OK), json!({ "matched": 0, "done": 0, "skipped": 0 }));
+    // Every dead letter of every workspace, said explicitly: the one whose key is held, discarded.
+    let all = op(&app, Method::POST, "/dead-letters/discard", Some(json!({ "all": true }))).await;
+    assert_eq!(all.expect(StatusCode::OK), json!({ "matched": 1, "done": 1, "skipped": 0 }));
     // The audit trail has each bulk action with its filter and what it did.
     let trail = op(&app, Method::GET, "/audit?limit=100", None).await.expect(StatusCode::OK);
     let bulk: Vec<&Value> = trail["items"]
@@ -887,4 +972,104 @@ async fn failed_hand_offs_are_listed_as_dispatch_attempts_of_the_dead_letter() {
     let listed = op(&app, Method::GET, "/dead-letters?queue=chores", None).await.expect(StatusCode::OK);
     assert_eq!(listed["items"][0]["failure_stage"], "dispatch");
     assert_eq!(listed["items"][0]["attempts"], 2);
+}
+
+#[tokio::test]
+async fn a_discarded_dead_letters_stale_delivery_does_not_commit_its_handlers_writes() {
+    use fred::prelude::StreamsInterface;
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let redis = common::redis_url();
+    let healed = Arc::new(AtomicBool::new(false));
+    let dispatcher = common::test_dispatcher(&app, &redis, |_| {}).await;
+    let consumer = Consumer::connect(&redis, &app.redis_prefix).await.unwrap();
+    let worker = conveyor::Worker::builder(app.db.pool.clone(), consumer)
+        .handle::<Chore>(Chores { healed: healed.clone() })
+        .build()
+        .unwrap();
+    let client = common::redis_client(&redis).await;
+    let stream = conveyor::stream::keys::Keys::new(&app.redis_prefix).stream(Chore::QUEUE);
+
+    // A job that writes in its own transaction once healed; its first run fails for good.
+    let job = enqueue(&app, ws, "write", EnqueueOptions::new().max_attempts(1)).await;
+    dispatcher.dispatch_once().await.unwrap();
+    let entries: Vec<(String, HashMap<String, String>)> = client.xrange(&stream, "-", "+", None).await.unwrap();
+    assert_eq!(entries.len(), 1, "the job's one delivery");
+    assert_eq!(worker.process_one().await.unwrap(), Some(conveyor::Outcome::DeadLettered));
+    // Its delivery again, as a worker that died between the dead letter's commit and its XACK leaves it for another
+    // to claim.
+    let fields: Vec<(String, String)> = entries[0].1.clone().into_iter().collect();
+    let _: String = client.xadd(&stream, false, None, "*", fields).await.unwrap();
+
+    // The operator discards the dead letter: gone from every read.
+    op(&app, Method::DELETE, &format!("/dead-letters/{job}"), None).await.expect(StatusCode::NO_CONTENT);
+    op(&app, Method::GET, &format!("/jobs/{job}"), None).await.problem(StatusCode::NOT_FOUND);
+    assert!(conveyor::get_job(&app.db.pool, ws, job).await.unwrap().is_none());
+    op(&app, Method::POST, &format!("/jobs/{job}/cancel"), None).await.problem(StatusCode::NOT_FOUND);
+    op(&app, Method::DELETE, &format!("/dead-letters/{job}"), None).await.problem(StatusCode::NOT_FOUND);
+
+    // The lingering delivery, now that the handler would succeed: skipped, and nothing it would write is committed.
+    healed.store(true, Ordering::SeqCst);
+    assert_eq!(worker.process_one().await.unwrap(), Some(conveyor::Outcome::Skipped));
+    assert_eq!(worker.process_one().await.unwrap(), None, "nothing else to run");
+    assert_eq!(app.db.count("operations", ws).await, 0, "the handler's writes were not committed");
+    let mut owner = app.db.owner().await;
+    let (status, payload): (String, Value) =
+        sqlx::query_as("SELECT status, event_payload FROM outbox_events WHERE id = $1")
+            .bind(job.0)
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), payload), ("discarded", json!({})), "a tombstone, its payload dropped");
+
+    // Retention purges tombstones like ended jobs.
+    let purged =
+        conveyor::outbox::transitions::relay::purge_finished(&app.db.pool, Duration::ZERO, 100, 10).await.unwrap();
+    assert_eq!(purged, 1);
+    let (left,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut owner).await.unwrap();
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn run_now_of_a_job_held_by_a_pause_or_a_blocked_key_says_so_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let later = || EnqueueOptions::new().delay(Duration::from_secs(3600));
+    let paused = enqueue(&app, ws, "ok", later()).await;
+    let keyed = enqueue(&app, ws, "ok", later().limit_key("store:1")).await;
+
+    // A pause of its kind in its workspace holds the first.
+    op(&app, Method::POST, "/pauses", Some(json!({ "kind": Chore::KIND, "workspace": ws.0 })))
+        .await
+        .expect(StatusCode::CREATED);
+    let held = op(&app, Method::POST, &format!("/jobs/{paused}/retry"), None).await.problem(StatusCode::CONFLICT);
+    assert_eq!(held["code"], "JOB_HELD");
+    assert!(held["detail"].as_str().unwrap().contains(&format!("a pause of kind {}", Chore::KIND)), "{held}");
+    assert_eq!(conveyor::get_job(&app.db.pool, ws, paused).await.unwrap().unwrap().status, JobStatus::Scheduled);
+    op(&app, Method::DELETE, &format!("/pauses?kind={}&workspace={}", Chore::KIND, ws.0), None)
+        .await
+        .expect(StatusCode::NO_CONTENT);
+
+    // A rate limit blocked the second's key for ten minutes (what a 429 with Retry-After does).
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    sqlx::query(
+        "INSERT INTO job_key_limits (key, blocked_until, block_reason) VALUES ('store:1', now() + interval '10 minutes', 'HTTP 429')",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let held = op(&app, Method::POST, &format!("/jobs/{keyed}/retry"), None).await.problem(StatusCode::CONFLICT);
+    assert_eq!(held["code"], "JOB_HELD");
+    assert!(held["detail"].as_str().unwrap().contains("its limit key store:1 is blocked until"), "{held}");
+    assert_eq!(conveyor::get_job(&app.db.pool, ws, keyed).await.unwrap().unwrap().status, JobStatus::Scheduled);
+    let trail = op(&app, Method::GET, "/audit?limit=20", None).await.expect(StatusCode::OK);
+    let refused = trail["items"].as_array().unwrap().iter().find(|e| e["action"] == "retry_job").unwrap();
+    assert!(refused["arguments"]["outcome"]["held"].as_str().unwrap().contains("store:1"), "{refused}");
+
+    // With the pause lifted, the first runs now.
+    let done = op(&app, Method::POST, &format!("/jobs/{paused}/retry"), None).await.expect(StatusCode::OK);
+    assert_eq!(done["outcome"], "retried");
+    assert_eq!(conveyor::get_job(&app.db.pool, ws, paused).await.unwrap().unwrap().status, JobStatus::Queued);
 }

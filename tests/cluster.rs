@@ -183,16 +183,22 @@ async fn two_hundred_store_verifications_run_once_each_on_a_three_master_cluster
     assert!(left.is_some(), "the stream drains\n{}", roles.logs());
 }
 
-/// Creates 200 stores at 20 a second through the API process, SIGKILLs a master (with `kill`, given the queue's
-/// stream key; it returns once a replica took over) when 40 verifications are done, and checks that every one of
-/// them completes with one marketplace effect each.
-async fn verifications_survive_a_master_kill(url: String, extra: &[(&str, &str)], kill: impl AsyncFnOnce(&str) -> u16) {
+/// Creates 200 stores at 20 a second through the API process, with the queue in `partitions` streams, SIGKILLs a
+/// master (with `kill`, given the key of the stream to hit: the whole one, or partition 1; it returns once a replica
+/// took over) when 40 verifications are done, and checks that every one of them completes with one marketplace
+/// effect each.
+async fn verifications_survive_a_master_kill(url: String, partitions: u16, kill: impl AsyncFnOnce(&str) -> u16) {
     let app = app_on(&url).await;
     let (sandbox, market) = common::sandbox(Settings { latency_ms: 20, ..Settings::default() }).await;
     let mut vars = process_vars(&app, &url, &market);
-    vars.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    vars.insert("CONVEYOR_STREAM_PARTITIONS".into(), partitions.to_string());
     let roles = Roles::spawn(&vars);
-    let workspaces: Vec<Principal> = (0..10).map(|_| common::principal()).collect();
+    let keys = Keys::new(&app.redis_prefix);
+    let client = common::redis_client(&url).await;
+    if partitions > 1 {
+        partitions::layout_in_force(&client, &keys, partitions).await;
+    }
+    let workspaces: Vec<Principal> = (0..20).map(|_| common::principal()).collect();
 
     let port = roles.api_port;
     let creating = {
@@ -221,7 +227,10 @@ async fn verifications_survive_a_master_kill(url: String, extra: &[(&str, &str)]
     })
     .await;
     assert!(midway.is_some(), "the run got going\n{}", roles.logs());
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let stream = match partitions {
+        1 => keys.stream("stores"),
+        _ => keys.partition_stream("stores", conveyor::stream::keys::Partition::Part(1)),
+    };
     let killed_at = std::time::Instant::now();
     let killed = kill(&stream).await;
     let done_before = operation_statuses(&app, &workspaces).await.get("succeeded").copied().unwrap_or(0);
@@ -242,20 +251,35 @@ async fn verifications_survive_a_master_kill(url: String, extra: &[(&str, &str)]
         killed_at.elapsed(),
         stats.calls
     );
+    if partitions > 1 {
+        let mut used = Vec::new();
+        for (_, stream) in partitions::streams(&keys, "stores", partitions) {
+            used.push((partitions::entries_added(&client, &stream).await, stream));
+        }
+        eprintln!("entries added per stream: {used:?}");
+        assert!(used.iter().filter(|(n, _)| *n > 0).count() >= 2, "the queue used several partitions: {used:?}");
+    }
 }
 
 #[tokio::test]
 async fn a_cluster_master_sigkilled_mid_run_loses_no_job_and_doubles_no_effect() {
     let mut cluster = RedisCluster::start().await;
     let url = cluster.url();
-    verifications_survive_a_master_kill(url, &[], async |stream| cluster.kill_master_of(stream).await).await;
+    verifications_survive_a_master_kill(url, 1, async |stream| cluster.kill_master_of(stream).await).await;
+}
+
+#[tokio::test]
+async fn a_cluster_master_sigkilled_under_a_queue_in_four_partitions_loses_no_job_and_doubles_no_effect() {
+    let mut cluster = RedisCluster::start().await;
+    let url = cluster.url();
+    verifications_survive_a_master_kill(url, 4, async |stream| cluster.kill_master_of(stream).await).await;
 }
 
 #[tokio::test]
 async fn a_sentinel_failover_mid_run_loses_no_job_and_doubles_no_effect() {
     let mut sentinel = RedisSentinel::start().await;
     let url = sentinel.url();
-    verifications_survive_a_master_kill(url, &[], async |_| sentinel.kill_master().await).await;
+    verifications_survive_a_master_kill(url, 1, async |_| sentinel.kill_master().await).await;
 }
 
 /// Partitioned streams (`CONVEYOR_STREAM_PARTITIONS`).

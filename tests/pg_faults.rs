@@ -1,8 +1,8 @@
 //! PostgreSQL faults with real processes: the `api`, `dispatcher`, `worker` and `maintenance` roles of the `conveyor`
 //! binary on a PostgreSQL of the test's own (`common::postgres`), the shared Redis under a prefix of the test's own,
 //! and the sandbox marketplace. Clients create stores with idempotency keys and retry with the same key until they
-//! get a definite answer, while PostgreSQL is restarted (fast stop, start again) or every application connection is
-//! terminated (a failover-like reset). Every accepted request's operation ends `succeeded` once, with one
+//! get a definite answer, while PostgreSQL is restarted (fast stop, start again), crashes (SIGKILL of every server
+//! process, then crash recovery) or has every application connection terminated (a failover-like reset). Every accepted request's operation ends `succeeded` once, with one
 //! marketplace effect, and every role survives without a restart. After a restart the dispatcher `LISTEN`s again and
 //! relays a new job on its notification.
 
@@ -259,6 +259,17 @@ async fn every_accepted_operation_completes_once_across_a_postgres_restart() {
         pg.stop_fast().await;
         // Down for a while: requests fail meanwhile and clients retry with their keys.
         tokio::time::sleep(Duration::from_secs(2)).await;
+        pg.start_again().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn every_accepted_operation_completes_once_across_a_postgres_crash() {
+    creations_survive("a PostgreSQL crash (SIGKILL, then crash recovery)", async |pg, succeeded| {
+        succeeded(25).wait().await;
+        pg.kill_9().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         pg.start_again().await;
     })
     .await;

@@ -405,7 +405,7 @@ async fn no_secret_reaches_a_response_a_payload_a_plain_column_or_a_log_line() {
 async fn every_operation_of_the_openapi_document_is_routed_and_every_route_documented() {
     let app = TestApp::spawn().await;
     let doc: Value = app.http.get(app.url("/v1/openapi.json")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(doc["openapi"], "3.0.3");
+    assert_eq!(doc["openapi"], "3.1.0");
     let paths = doc["paths"].as_object().unwrap();
     let who = principal();
     let mut documented = Vec::new();

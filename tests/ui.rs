@@ -146,7 +146,7 @@ fn jwt(sub: &str, operator: bool) -> String {
     let key = jsonwebtoken::EncodingKey::from_secret(common::JWT_SECRET.as_bytes()).unwrap();
     jsonwebtoken::encode(
         &jsonwebtoken::Header::default(),
-        &json!({ "sub": sub, "exp": exp, "operator": operator }),
+        &json!({ "sub": sub, "exp": exp, "aud": "conveyor-operator", "operator": operator }),
         &key,
     )
     .unwrap()
@@ -411,15 +411,90 @@ async fn every_page_renders_and_its_forms_take_effect() {
     assert_eq!(post("/ui/schedules/resume", target()).await, "/ui/schedules?notice=resumed");
     assert!(!conveyor::list_schedules(pool, s.workspace).await.unwrap()[0].paused);
 
-    // Discard every dead letter matching a filter: none of another queue, then this queue's one.
-    let to = post("/ui/dead-letters/discard", vec![("queue", "another-queue".into())]).await;
-    assert_eq!(to, "/ui/dead-letters?queue=another-queue&notice=bulk-discarded&matched=0&done=0&skipped=0");
-    assert_eq!(s.status(s.dead).await, JobStatus::Failed);
+    // Discard every dead letter matching a filter. The list's button opens a confirmation page (a GET); a POST that
+    // did not come from it (no `until`) changes nothing and leads there.
+    let (_, list) = get("/ui/dead-letters?queue=ui-demo".into()).await;
+    assert!(list.contains(r#"<form class="inline" method="get" action="/ui/dead-letters/confirm">"#), "{list}");
     let to = post("/ui/dead-letters/discard", vec![("queue", "ui-demo".into())]).await;
+    assert_eq!(to, "/ui/dead-letters/confirm?action=discard&queue=ui-demo");
+    assert_eq!(s.status(s.dead).await, JobStatus::Failed, "an unconfirmed bulk POST changes nothing");
+    let (_, none) = get("/ui/dead-letters/confirm?action=discard&queue=another-queue".into()).await;
+    assert!(none.contains(r#"data-count="0""#) && none.contains("nothing to do") && !none.contains("until"));
+    // The page counts what the action will take, and carries the time it was shown.
+    let (status, confirm) = get("/ui/dead-letters/confirm?action=discard&queue=ui-demo".into()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(confirm.contains(r#"data-count="1""#) && confirm.contains("1 dead letter</strong> will be discarded"));
+    assert!(confirm.contains("those of queue ui-demo") && !confirm.contains(r#"name="all""#), "{confirm}");
+    let until = hidden_value(&confirm, "until");
+    // A letter dead-lettered after the page was shown (in another workspace: the kind is paused in this one) is not
+    // taken by its form.
+    let elsewhere = WorkspaceId(Uuid::new_v4());
+    let mut tx = conveyor::begin_workspace(pool, elsewhere).await.unwrap();
+    let late = conveyor::enqueue_tx(&mut tx, &Flaky { wait_for_flag: true }, EnqueueOptions::new()).await.unwrap().id;
+    tx.commit().await.unwrap();
+    let failed = conveyor::wait_for_job(pool, elsewhere, late, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(failed.status, JobStatus::Failed);
+    let to = post("/ui/dead-letters/discard", vec![("queue", "ui-demo".into()), ("until", until)]).await;
     assert_eq!(to, "/ui/dead-letters?queue=ui-demo&notice=bulk-discarded&matched=1&done=1&skipped=0");
     let (_, page) = get(to).await;
-    assert!(page.contains("1 matched, 1 discarded, 0 skipped") && page.contains("No dead letter matches."));
+    assert!(page.contains("1 matched, 1 discarded, 0 skipped") && page.contains(&format!("data-job=\"{}\"", late.0)));
     assert!(conveyor::get_job(pool, s.workspace, s.dead).await.unwrap().is_none(), "the dead letter is gone");
+    let late = conveyor::get_job(pool, elsewhere, late).await.unwrap().expect("the later one stays");
+    assert_eq!(late.status, JobStatus::Failed, "the later one stays a dead letter");
+    // Without a filter the page says it takes everything, and its form says so explicitly.
+    let (_, every) = get("/ui/dead-letters/confirm?action=replay".into()).await;
+    assert!(every.contains("every queue, kind and workspace") && every.contains(r#"name="all" value="true""#));
+    assert!(every.contains("will be replayed from their first attempt"), "{every}");
+}
+
+/// The value of the hidden field `name` of a page's form.
+fn hidden_value(html: &str, name: &str) -> String {
+    let marker = format!(r#"name="{name}" value=""#);
+    let at = html.find(&marker).unwrap_or_else(|| panic!("the page has a field {name}"));
+    let rest = &html[at + marker.len()..];
+    rest[..rest.find('"').unwrap()].to_owned()
+}
+
+/// An operator JWT for `sub` that expires at `exp` (Unix seconds).
+fn operator_jwt_until(sub: &str, exp: i64) -> String {
+    let key = jsonwebtoken::EncodingKey::from_secret(common::JWT_SECRET.as_bytes()).unwrap();
+    let claims = json!({ "sub": sub, "exp": exp, "aud": "conveyor-operator", "operator": true });
+    jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
+}
+
+/// The `Max-Age` of a `Set-Cookie` value, and the expiry the session cookie's value carries.
+fn cookie_lifetime(set_cookie: &str) -> (u64, u64) {
+    let max_age = set_cookie.split("Max-Age=").nth(1).unwrap().split(';').next().unwrap().parse().unwrap();
+    let value = set_cookie.split(';').next().unwrap().trim_start_matches("conveyor_ui=");
+    let expires_at = value.split('.').nth(1).unwrap().parse().unwrap();
+    (max_age, expires_at)
+}
+
+#[tokio::test]
+async fn a_session_ends_when_the_operator_jwt_it_was_started_with_does() {
+    let app = TestApp::spawn().await;
+    let login_with = |credential: String| {
+        let app = &app;
+        async move {
+            let response = http().post(ui(app, "/ui/login")).form(&[("credential", credential)]).send().await.unwrap();
+            let cookie = response.headers().get(SET_COOKIE).map(|v| v.to_str().unwrap().to_owned());
+            (response.status(), cookie)
+        }
+    };
+    // A JWT valid two more minutes: a session of two minutes, not eight hours.
+    let exp = chrono::Utc::now().timestamp() + 120;
+    let (status, cookie) = login_with(operator_jwt_until("alice", exp)).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let (max_age, expires_at) = cookie_lifetime(&cookie.unwrap());
+    assert_eq!(expires_at, exp as u64, "the session ends with the JWT");
+    assert!(max_age <= 120, "the browser keeps the cookie no longer: {max_age}");
+    // The operator token has no expiry of its own: the full eight hours.
+    let (_, cookie) = login_with(ADMIN_TOKEN.to_owned()).await;
+    let (max_age, _) = cookie_lifetime(&cookie.unwrap());
+    assert!(max_age > 7 * 3600 && max_age <= 8 * 3600, "{max_age}");
+    // A JWT that has just expired (still inside the verifier's clock leeway) starts no session at all.
+    let (status, cookie) = login_with(operator_jwt_until("alice", chrono::Utc::now().timestamp() - 2)).await;
+    assert_eq!((status, cookie), (StatusCode::UNAUTHORIZED, None));
 }
 
 #[tokio::test]

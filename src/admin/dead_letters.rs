@@ -1,7 +1,8 @@
 //! Dead letters across workspaces: search through `conveyor_admin_dead_letters`; replay and discard, one or in bulk,
-//! as the application role in each dead letter's own workspace, through the transitions module, audited with their
-//! outcome. A bulk action lists its targets through the same function (audited as the bulk action, with its filter),
-//! then acts on each, and records what it did.
+//! as the application role in each dead letter's own workspace, through the transitions module. Each change writes
+//! its intent to the audit trail first (and is not made if that fails), then its outcome. A bulk action needs a filter
+//! or `all`; it lists its targets through the same function (audited as the bulk action, with its filter), then acts
+//! on each, and records what it did.
 
 use std::collections::BTreeMap;
 
@@ -83,14 +84,22 @@ fn replay_outcome(replay: &Result<Replay, sqlx::Error>) -> serde_json::Value {
 
 /// Replays one dead letter from its first attempt.
 pub(super) async fn replay_one(admin: &Admin, actor: &Actor, id: JobId) -> Result<Replay, AdminError> {
-    let located = locate(admin, actor, id).await?.filter(|j| j.status == JobStatus::Failed);
+    let intent = audit::intent(admin, actor, "replay_dead_letter", json!({ "job_id": id.0 })).await?;
+    let located = match locate(admin, actor, id).await {
+        Ok(located) => located.filter(|j| j.status == JobStatus::Failed),
+        Err(e) => {
+            intent.failed(admin, actor, json!({ "job_id": id.0 }), &e).await;
+            return Err(e);
+        }
+    };
     let replayed = match &located {
         None => Ok(Replay::NotDeadLetter),
         Some(job) => replay_in(admin, job.workspace, id.0, job.operation).await,
     };
     let workspace = located.map(|j| j.workspace.0);
-    let arguments = json!({ "job_id": id.0, "workspace": workspace, "outcome": replay_outcome(&replayed) });
-    audit::write(admin, actor, "replay_dead_letter", arguments).await?;
+    intent
+        .record(admin, actor, json!({ "job_id": id.0, "workspace": workspace, "outcome": replay_outcome(&replayed) }))
+        .await;
     Ok(replayed?)
 }
 
@@ -104,28 +113,34 @@ async fn discard_in(admin: &Admin, workspace: WorkspaceId, ids: &[Uuid]) -> Resu
 
 /// Discards one dead letter; `false`: it is not one.
 pub(super) async fn discard_one(admin: &Admin, actor: &Actor, id: JobId) -> Result<bool, AdminError> {
-    let located = locate(admin, actor, id).await?.filter(|j| j.status == JobStatus::Failed);
-    let discarded = match &located {
-        None => false,
-        Some(job) => !discard_in(admin, job.workspace, &[id.0]).await?.is_empty(),
-    };
-    let workspace = located.map(|j| j.workspace.0);
-    let outcome = if discarded { "discarded" } else { "not_dead_letter" };
-    audit::write(
-        admin,
-        actor,
-        "discard_dead_letter",
-        json!({ "job_id": id.0, "workspace": workspace, "outcome": outcome }),
-    )
-    .await?;
-    Ok(discarded)
+    let intent = audit::intent(admin, actor, "discard_dead_letter", json!({ "job_id": id.0 })).await?;
+    let discarded = async {
+        let located = locate(admin, actor, id).await?.filter(|j| j.status == JobStatus::Failed);
+        let discarded = match &located {
+            None => false,
+            Some(job) => !discard_in(admin, job.workspace, &[id.0]).await?.is_empty(),
+        };
+        Ok::<_, AdminError>((located.map(|j| j.workspace.0), discarded))
+    }
+    .await;
+    match discarded {
+        Ok((workspace, discarded)) => {
+            let outcome = if discarded { "discarded" } else { "not_dead_letter" };
+            intent.record(admin, actor, json!({ "job_id": id.0, "workspace": workspace, "outcome": outcome })).await;
+            Ok(discarded)
+        }
+        Err(e) => {
+            intent.failed(admin, actor, json!({ "job_id": id.0 }), &e).await;
+            Err(e)
+        }
+    }
 }
 
 /// The filter's fields, for the audit trail.
 fn filter_arguments(filter: &DeadLetterFilter, limit: i32) -> serde_json::Value {
     json!({
         "queue": filter.queue, "kind": filter.kind, "workspace": filter.workspace, "since": filter.since,
-        "until": filter.until, "limit": limit,
+        "until": filter.until, "limit": limit, "all": filter.all.then_some(true),
     })
 }
 
@@ -137,7 +152,15 @@ pub(super) async fn replay_many(
     filter: &DeadLetterFilter,
 ) -> Result<BulkOutcome, AdminError> {
     let limit = filters::dead_letters(filter, true)?;
-    let targets = list(admin, actor, "replay_dead_letters", filter, limit).await?;
+    let arguments = filter_arguments(filter, limit);
+    let intent = audit::intent(admin, actor, "replay_dead_letters", json!({ "filter": arguments })).await?;
+    let targets = match list(admin, actor, "replay_dead_letters", filter, limit).await {
+        Ok(targets) => targets,
+        Err(e) => {
+            intent.failed(admin, actor, json!({ "filter": arguments }), &e).await;
+            return Err(e);
+        }
+    };
     let mut outcome = BulkOutcome { matched: targets.len() as u64, ..BulkOutcome::default() };
     let mut replayed = Vec::new();
     let mut failure = None;
@@ -155,16 +178,7 @@ pub(super) async fn replay_many(
             }
         }
     }
-    record_bulk(
-        admin,
-        actor,
-        "replay_dead_letters",
-        filter_arguments(filter, limit),
-        &outcome,
-        &replayed,
-        failure.is_some(),
-    )
-    .await?;
+    intent.record(admin, actor, bulk_arguments(arguments, &outcome, &replayed, failure.is_some())).await;
     match failure {
         Some(e) => Err(e.into()),
         None => Ok(outcome),
@@ -178,7 +192,15 @@ pub(super) async fn discard_many(
     filter: &DeadLetterFilter,
 ) -> Result<BulkOutcome, AdminError> {
     let limit = filters::dead_letters(filter, true)?;
-    let targets = list(admin, actor, "discard_dead_letters", filter, limit).await?;
+    let arguments = filter_arguments(filter, limit);
+    let intent = audit::intent(admin, actor, "discard_dead_letters", json!({ "filter": arguments })).await?;
+    let targets = match list(admin, actor, "discard_dead_letters", filter, limit).await {
+        Ok(targets) => targets,
+        Err(e) => {
+            intent.failed(admin, actor, json!({ "filter": arguments }), &e).await;
+            return Err(e);
+        }
+    };
     let mut by_workspace: BTreeMap<Uuid, Vec<Uuid>> = BTreeMap::new();
     for dead in &targets {
         by_workspace.entry(dead.workspace_id).or_default().push(dead.id);
@@ -196,39 +218,22 @@ pub(super) async fn discard_many(
     }
     let done = discarded.len() as u64;
     let outcome = BulkOutcome { matched: targets.len() as u64, done, skipped: targets.len() as u64 - done };
-    record_bulk(
-        admin,
-        actor,
-        "discard_dead_letters",
-        filter_arguments(filter, limit),
-        &outcome,
-        &discarded,
-        failure.is_some(),
-    )
-    .await?;
+    intent.record(admin, actor, bulk_arguments(arguments, &outcome, &discarded, failure.is_some())).await;
     match failure {
         Some(e) => Err(e.into()),
         None => Ok(outcome),
     }
 }
 
-/// Records what a bulk action did: its filter, its counts, the ids it changed, and whether it stopped on an error.
-async fn record_bulk(
-    admin: &Admin,
-    actor: &Actor,
-    action: &str,
-    filter: serde_json::Value,
-    outcome: &BulkOutcome,
-    changed: &[Uuid],
-    failed: bool,
-) -> Result<(), AdminError> {
-    let arguments = json!({
+/// What a bulk action did, for its outcome row: its filter, its counts, the ids it changed, and whether it stopped on
+/// an error.
+fn bulk_arguments(filter: serde_json::Value, outcome: &BulkOutcome, changed: &[Uuid], failed: bool) -> serde_json::Value {
+    json!({
         "filter": filter,
+        "outcome": if failed { "stopped_by_error" } else { "done" },
         "matched": outcome.matched,
         "done": outcome.done,
         "skipped": outcome.skipped,
         "job_ids": changed,
-        "stopped_by_error": failed.then_some(true),
-    });
-    audit::write(admin, actor, action, arguments).await
+    })
 }

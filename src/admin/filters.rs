@@ -125,8 +125,8 @@ pub(super) fn operations(filter: &OperationFilter) -> Result<i32, AdminError> {
     limit(filter.limit, DEFAULT_PAGE)
 }
 
-/// Checks a dead-letter search (`bulk`: for a bulk replay or discard, which takes no cursor and defaults to the
-/// largest batch); returns its page size.
+/// Checks a dead-letter search (`bulk`: for a bulk replay or discard, which takes no cursor, needs a filter or `all`,
+/// and defaults to the largest batch); returns its page size.
 pub(super) fn dead_letters(filter: &DeadLetterFilter, bulk: bool) -> Result<i32, AdminError> {
     queue(filter.queue.as_deref())?;
     kind(filter.kind.as_deref())?;
@@ -136,7 +136,20 @@ pub(super) fn dead_letters(filter: &DeadLetterFilter, bulk: bool) -> Result<i32,
             "before: a bulk replay or discard takes every match up to its limit, not a page".to_owned(),
         ));
     }
-    limit(filter.limit, if bulk { MAX_LIMIT } else { DEFAULT_PAGE })
+    let limit = limit(filter.limit, if bulk { MAX_LIMIT } else { DEFAULT_PAGE })?;
+    let filtered = filter.queue.is_some()
+        || filter.kind.is_some()
+        || filter.workspace.is_some()
+        || filter.since.is_some()
+        || filter.until.is_some();
+    if bulk && !filtered && !filter.all {
+        return Err(AdminError::Invalid(
+            "all: a bulk replay or discard needs a filter (queue, kind, workspace, since, until), or \"all\": true \
+             to take every dead letter of every workspace"
+                .to_owned(),
+        ));
+    }
+    Ok(limit)
 }
 
 #[cfg(test)]
@@ -167,7 +180,13 @@ mod tests {
         let cursor = DeadLetterFilter { before: Some(uuid::Uuid::nil()), ..DeadLetterFilter::default() };
         assert!(dead_letters(&cursor, false).is_ok());
         assert!(dead_letters(&cursor, true).unwrap_err().to_string().starts_with("before:"));
-        assert_eq!(dead_letters(&DeadLetterFilter::default(), true).unwrap(), 500);
+        // A bulk action with no filter is refused unless it says `all`.
+        let e = dead_letters(&DeadLetterFilter::default(), true).unwrap_err().to_string();
+        assert!(e.starts_with("all: a bulk replay or discard needs a filter"), "{e}");
+        assert_eq!(dead_letters(&DeadLetterFilter { all: true, ..DeadLetterFilter::default() }, true).unwrap(), 500);
+        let until = DeadLetterFilter { until: Some(now), limit: Some(10), ..DeadLetterFilter::default() };
+        assert_eq!(dead_letters(&until, true).unwrap(), 10);
+        assert!(dead_letters(&DeadLetterFilter::default(), false).is_ok(), "a search needs no filter");
         assert!(actor(&Actor(String::new())).is_err());
         assert!(schedule_name("nightly-report").is_ok() && schedule_name("Nightly").is_err());
     }

@@ -1,6 +1,7 @@
 //! What holds jobs back: pauses of the relay ([`crate::flow`], operator settings outside row-level security) and
 //! schedules (read across workspaces through `conveyor_admin_schedules`; paused and resumed as the application role
-//! in their workspace through [`crate::schedule`]). Every call is audited.
+//! in their workspace through [`crate::schedule`]). Every call is audited; a change writes its intent first (and is
+//! not made if that fails), then its outcome.
 
 use serde_json::json;
 use uuid::Uuid;
@@ -45,23 +46,39 @@ pub(super) async fn pause(
     scope: &PauseScope,
     reason: Option<&str>,
 ) -> Result<bool, AdminError> {
-    filters::actor(actor)?;
-    let added = flow::pause(&admin.app, scope, reason).await?;
+    scope.check()?;
     let mut arguments = scope_arguments(scope);
     arguments["reason"] = json!(reason);
-    arguments["outcome"] = json!(if added { "paused" } else { "already_paused" });
-    audit::write(admin, actor, "pause", arguments).await?;
-    Ok(added)
+    let intent = audit::intent(admin, actor, "pause", arguments.clone()).await?;
+    match flow::pause(&admin.app, scope, reason).await.map_err(AdminError::from) {
+        Ok(added) => {
+            arguments["outcome"] = json!(if added { "paused" } else { "already_paused" });
+            intent.record(admin, actor, arguments).await;
+            Ok(added)
+        }
+        Err(e) => {
+            intent.failed(admin, actor, arguments, &e).await;
+            Err(e)
+        }
+    }
 }
 
 /// Lifts the pause of exactly `scope`; `false`: there was none.
 pub(super) async fn resume(admin: &Admin, actor: &Actor, scope: &PauseScope) -> Result<bool, AdminError> {
-    filters::actor(actor)?;
-    let removed = flow::resume(&admin.app, scope).await?;
+    scope.check()?;
     let mut arguments = scope_arguments(scope);
-    arguments["outcome"] = json!(if removed { "resumed" } else { "not_paused" });
-    audit::write(admin, actor, "resume", arguments).await?;
-    Ok(removed)
+    let intent = audit::intent(admin, actor, "resume", arguments.clone()).await?;
+    match flow::resume(&admin.app, scope).await.map_err(AdminError::from) {
+        Ok(removed) => {
+            arguments["outcome"] = json!(if removed { "resumed" } else { "not_paused" });
+            intent.record(admin, actor, arguments).await;
+            Ok(removed)
+        }
+        Err(e) => {
+            intent.failed(admin, actor, arguments, &e).await;
+            Err(e)
+        }
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -97,15 +114,24 @@ pub(super) async fn set_schedule_paused(
     name: &str,
     paused: bool,
 ) -> Result<bool, AdminError> {
-    filters::actor(actor)?;
     filters::schedule_name(name)?;
-    let found = if paused {
-        schedule::pause_schedule(&admin.app, workspace, name).await?
-    } else {
-        schedule::resume_schedule(&admin.app, workspace, name).await?
-    };
     let action = if paused { "pause_schedule" } else { "resume_schedule" };
-    let outcome = if found { "done" } else { "not_found" };
-    audit::write(admin, actor, action, json!({ "workspace": workspace.0, "name": name, "outcome": outcome })).await?;
-    Ok(found)
+    let mut arguments = json!({ "workspace": workspace.0, "name": name });
+    let intent = audit::intent(admin, actor, action, arguments.clone()).await?;
+    let found = if paused {
+        schedule::pause_schedule(&admin.app, workspace, name).await
+    } else {
+        schedule::resume_schedule(&admin.app, workspace, name).await
+    };
+    match found.map_err(AdminError::from) {
+        Ok(found) => {
+            arguments["outcome"] = json!(if found { "done" } else { "not_found" });
+            intent.record(admin, actor, arguments).await;
+            Ok(found)
+        }
+        Err(e) => {
+            intent.failed(admin, actor, arguments, &e).await;
+            Err(e)
+        }
+    }
 }

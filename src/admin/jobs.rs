@@ -1,5 +1,6 @@
 //! Jobs across workspaces: search and detail through the operator's functions; cancel and retry as the application
-//! role in the job's own workspace, through the transitions module, audited with their outcome.
+//! role in the job's own workspace, through the transitions module, each with its intent on the audit trail before it
+//! runs (not made if that fails) and its outcome after.
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -9,7 +10,7 @@ use super::{Actor, Admin, AdminError, Attempt, JobAction, JobDetail, JobFilter, 
 use crate::db;
 use crate::ids::{JobId, WorkspaceId};
 use crate::outbox::control::JobStatus;
-use crate::outbox::transitions::{self, Cancel, Replay};
+use crate::outbox::transitions::{self, Cancel, Replay, RunNow};
 
 /// The columns of [`JobSummary`] that `conveyor_admin_jobs` and `conveyor_admin_job` return.
 #[derive(sqlx::FromRow)]
@@ -145,66 +146,76 @@ fn outcome(action: &JobAction) -> serde_json::Value {
         JobAction::NotFound => json!("not_found"),
         JobAction::NotAllowed => json!("not_allowed"),
         JobAction::KeyHeld(holder) => json!({ "key_held_by": holder }),
+        JobAction::Held(why) => json!({ "held": why }),
+    }
+}
+
+/// Runs `change` on job `id` as `action`: its intent on the audit trail first (nothing runs if that fails), then the
+/// change, then its outcome (with the job's workspace when it was found).
+async fn audited<F>(admin: &Admin, actor: &Actor, action: &'static str, id: JobId, change: F) -> Result<JobAction, AdminError>
+where
+    F: AsyncFnOnce() -> Result<(Option<WorkspaceId>, JobAction), AdminError>,
+{
+    let intent = audit::intent(admin, actor, action, json!({ "job_id": id.0 })).await?;
+    match change().await {
+        Ok((workspace, done)) => {
+            let arguments = json!({ "job_id": id.0, "workspace": workspace.map(|w| w.0), "outcome": outcome(&done) });
+            intent.record(admin, actor, arguments).await;
+            Ok(done)
+        }
+        Err(e) => {
+            intent.failed(admin, actor, json!({ "job_id": id.0 }), &e).await;
+            Err(e)
+        }
     }
 }
 
 /// Cancels a job that has not ended, with its operation.
 pub(super) async fn cancel(admin: &Admin, actor: &Actor, id: JobId) -> Result<JobAction, AdminError> {
-    let located = locate(admin, actor, id).await?;
-    let action = match &located {
-        None => JobAction::NotFound,
-        Some(job) => {
-            let mut tx = db::begin_workspace(&admin.app, job.workspace).await?;
-            let canceled = transitions::cancel_job_tx(&mut tx, job.workspace, id).await?;
-            tx.commit().await?;
-            match canceled {
-                Cancel::Canceled => JobAction::Done,
-                Cancel::Finished(_) => JobAction::NotAllowed,
-                Cancel::NotFound => JobAction::NotFound,
-            }
-        }
-    };
-    let workspace = located.map(|j| j.workspace.0);
-    audit::write(
-        admin,
-        actor,
-        "cancel_job",
-        json!({ "job_id": id.0, "workspace": workspace, "outcome": outcome(&action) }),
-    )
-    .await?;
-    Ok(action)
+    audited(admin, actor, "cancel_job", id, async || {
+        let Some(job) = locate(admin, actor, id).await? else { return Ok((None, JobAction::NotFound)) };
+        let mut tx = db::begin_workspace(&admin.app, job.workspace).await?;
+        let canceled = transitions::cancel_job_tx(&mut tx, job.workspace, id).await?;
+        tx.commit().await?;
+        let done = match canceled {
+            Cancel::Canceled => JobAction::Done,
+            Cancel::Finished(_) => JobAction::NotAllowed,
+            Cancel::NotFound => JobAction::NotFound,
+        };
+        Ok((Some(job.workspace), done))
+    })
+    .await
 }
 
-/// Runs a job again: a dead letter from its first attempt, a delayed or retrying job now.
+/// Runs a job again: a dead letter from its first attempt, a delayed or retrying job now (unless a pause or its key's
+/// rate-limit block holds it: see [`RunNow::Held`]).
 pub(super) async fn retry(admin: &Admin, actor: &Actor, id: JobId) -> Result<JobAction, AdminError> {
-    let located = locate(admin, actor, id).await?;
-    let action = match &located {
-        None => JobAction::NotFound,
-        Some(job) if job.status == JobStatus::Failed => {
-            let mut tx = db::begin_workspace(&admin.app, job.workspace).await?;
-            let replayed = transitions::replay_tx(&mut tx, job.workspace, id.0, job.operation).await?;
-            tx.commit().await?;
-            match replayed {
-                Replay::Replayed => JobAction::Done,
-                Replay::KeyHeld(holder) => JobAction::KeyHeld(holder),
-                Replay::NotDeadLetter => JobAction::NotAllowed,
+    audited(admin, actor, "retry_job", id, async || {
+        let Some(job) = locate(admin, actor, id).await? else { return Ok((None, JobAction::NotFound)) };
+        let done = match job.status {
+            JobStatus::Failed => {
+                let mut tx = db::begin_workspace(&admin.app, job.workspace).await?;
+                let replayed = transitions::replay_tx(&mut tx, job.workspace, id.0, job.operation).await?;
+                tx.commit().await?;
+                match replayed {
+                    Replay::Replayed => JobAction::Done,
+                    Replay::KeyHeld(holder) => JobAction::KeyHeld(holder),
+                    Replay::NotDeadLetter => JobAction::NotAllowed,
+                }
             }
-        }
-        Some(job) if matches!(job.status, JobStatus::Scheduled | JobStatus::Retrying) => {
-            let mut tx = db::begin_workspace(&admin.app, job.workspace).await?;
-            let moved = transitions::run_now_tx(&mut tx, job.workspace, id.0).await?;
-            tx.commit().await?;
-            if moved { JobAction::Done } else { JobAction::NotAllowed }
-        }
-        Some(_) => JobAction::NotAllowed,
-    };
-    let workspace = located.map(|j| j.workspace.0);
-    audit::write(
-        admin,
-        actor,
-        "retry_job",
-        json!({ "job_id": id.0, "workspace": workspace, "outcome": outcome(&action) }),
-    )
-    .await?;
-    Ok(action)
+            JobStatus::Scheduled | JobStatus::Retrying => {
+                let mut tx = db::begin_workspace(&admin.app, job.workspace).await?;
+                let moved = transitions::run_now_tx(&mut tx, job.workspace, id.0).await?;
+                tx.commit().await?;
+                match moved {
+                    RunNow::Moved => JobAction::Done,
+                    RunNow::NotWaiting => JobAction::NotAllowed,
+                    RunNow::Held(why) => JobAction::Held(why),
+                }
+            }
+            _ => JobAction::NotAllowed,
+        };
+        Ok((Some(job.workspace), done))
+    })
+    .await
 }

@@ -4,9 +4,10 @@
 //!
 //! Reading across workspaces goes through `conveyor_admin_*` functions (`SECURITY DEFINER`), which only the operator
 //! role (`CONVEYOR_OPERATOR_DATABASE_URL`) may execute, never the application role, and each call writes a row of
-//! `conveyor_admin_audit` (who, what, arguments). Changes (replay, discard, cancel, retry) run as the application
-//! role in the job's own workspace, under row-level security, through the one home of job transitions, and are
-//! audited the same way.
+//! `conveyor_admin_audit` (who, what, arguments). Changes (replay, discard, cancel, retry, pauses, schedules) run as
+//! the application role in the job's own workspace, under row-level security, through the one home of job
+//! transitions; each writes its intent to the audit trail before it runs (and does not run if that fails), then its
+//! outcome.
 
 mod audit;
 mod auth;
@@ -43,6 +44,9 @@ pub enum AdminError {
     /// Redis failed (queue lag).
     #[error(transparent)]
     Redis(#[from] fred::error::Error),
+    /// The audit trail did not take a change's intent, so the change was not made.
+    #[error("the audit trail could not record the change, so it was not made: {0}")]
+    Unaudited(#[source] sqlx::Error),
 }
 
 impl AdminError {
@@ -54,11 +58,16 @@ impl AdminError {
 
     /// Whether PostgreSQL could not be reached (or the operator role could not connect in time).
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Self::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed))
+        matches!(
+            self,
+            Self::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed)
+                | Self::Unaudited(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed)
+        )
     }
 }
 
-/// Jobs of a queue by state.
+/// Jobs of a queue by state. A job put back by a rate limit (its handler answered `JobError::RateLimited`, its key
+/// blocked until then) counts as delayed, or retrying once a run of it failed: it waits for a time, like those.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateCounts {
     /// Due, waiting for the relay.
@@ -235,7 +244,9 @@ pub struct OperationSummary {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-/// Which dead letters a search, a bulk replay or a bulk discard takes.
+/// Which dead letters a search, a bulk replay or a bulk discard takes. A bulk action needs at least one of `queue`,
+/// `kind`, `workspace`, `since`, `until`, or `all` (every dead letter of every workspace, up to its limit): an empty
+/// filter is refused, not taken to mean everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct DeadLetterFilter {
     /// Of this queue.
@@ -252,9 +263,12 @@ pub struct DeadLetterFilter {
     pub before: Option<Uuid>,
     /// Page size of a search, or most taken by a bulk action (1 to 500, default 50 / 500).
     pub limit: Option<u32>,
+    /// A bulk action meant for every dead letter the other fields (if any) match, said explicitly.
+    #[serde(default)]
+    pub all: bool,
 }
 
-pub use self::auth::{OperatorAuth, OperatorAuthError};
+pub use self::auth::{OPERATOR_AUDIENCE, OperatorAuth, OperatorAuthError};
 pub use crate::worker::dlq::{DeadLetter, Replay};
 
 /// What a bulk replay or discard did.
@@ -280,6 +294,9 @@ pub enum JobAction {
     NotAllowed,
     /// Retry of a dead letter whose de-dup key a live job holds.
     KeyHeld(Uuid),
+    /// Run now of a waiting job that something holds back whatever its due time (a pause, a rate-limit block of its
+    /// key), named here: nothing changed, since making it due would not run it.
+    Held(String),
 }
 
 /// An entry of the audit trail.
@@ -293,7 +310,8 @@ pub struct AuditEntry {
     pub role: String,
     /// What (`queues`, `jobs`, `replay_dead_letter`, ...).
     pub action: String,
-    /// Its arguments.
+    /// Its arguments. A change writes two entries: its intent (`"outcome": "pending"`) before it runs, then what it
+    /// did (`outcome`, and `"intent"`: the id of its intent entry).
     pub arguments: serde_json::Value,
 }
 
@@ -344,7 +362,8 @@ impl Admin {
         jobs::cancel(self, actor, id).await
     }
 
-    /// Runs a job again: a dead letter from its first attempt (a replay), a retrying or delayed job now.
+    /// Runs a job again: a dead letter from its first attempt (a replay), a retrying or delayed job now (refused,
+    /// [`JobAction::Held`], while a pause or its key's rate-limit block holds it back).
     pub async fn retry_job(&self, actor: &Actor, id: JobId) -> Result<JobAction, AdminError> {
         jobs::retry(self, actor, id).await
     }
@@ -369,7 +388,8 @@ impl Admin {
         dead_letters::replay_one(self, actor, id).await
     }
 
-    /// Discards one dead letter (its job row goes; its operation stays failed). `false`: not a dead letter.
+    /// Discards one dead letter (no read shows it any more; its row stays as a tombstone, which retention purges, so
+    /// that a delivery of it still in a stream is skipped; its operation stays failed). `false`: not a dead letter.
     pub async fn discard_dead_letter(&self, actor: &Actor, id: JobId) -> Result<bool, AdminError> {
         dead_letters::discard_one(self, actor, id).await
     }

@@ -31,7 +31,6 @@ pub(super) async fn listen(
     let mut retry = RETRY_MIN;
     // Set once a listener was lost, until one is open again (for the log).
     let mut lost: Option<std::time::Instant> = None;
-    let mut opened_once = false;
     loop {
         let opening = async {
             let mut listener = PgListener::connect_with(&pool).await?;
@@ -59,15 +58,13 @@ pub(super) async fn listen(
             }
         };
         retry = RETRY_MIN;
-        if let Some(since) = lost.take() {
-            tracing::info!(
+        match lost.take() {
+            Some(since) => tracing::info!(
                 down_ms = since.elapsed().as_millis() as u64,
                 "LISTEN re-established; sweeping for what was missed"
-            );
-        } else if !opened_once {
-            tracing::debug!(?channels, "Listening");
+            ),
+            None => tracing::debug!(?channels, "Listening"),
         }
-        opened_once = true;
         if wake.send(Wake::default()).is_err() {
             return;
         }

@@ -281,10 +281,13 @@ impl Dispatcher {
         Ok(Some(batch))
     }
 
-    /// Refreshes the backlog gauges (counts per queue and status, oldest pending age).
+    /// Refreshes the backlog gauges from `conveyor_outbox_backlog_due()` (migration 0029): jobs per queue and state
+    /// (`due`, `held` by a pause, `delayed`, `dispatching`, `dispatched` to the workers and not ended,
+    /// `dead_letter`), and per queue the age of the oldest due job, counted from when it fell due (0 when none is):
+    /// a job delayed on purpose, or a retry backing off, ages nothing until it is due.
     pub async fn observe_backlog(&self) -> Result<(), sqlx::Error> {
-        let rows: Vec<(String, String, i64, Option<chrono::DateTime<chrono::Utc>>)> =
-            sqlx::query_as("SELECT queue, status, events, oldest FROM conveyor_outbox_backlog()")
+        let rows: Vec<(String, String, i64, Option<f64>)> =
+            sqlx::query_as("SELECT queue, state, jobs, oldest_due_seconds FROM conveyor_outbox_backlog_due()")
                 .fetch_all(&self.pool)
                 .await?;
         // Every queue a worker registered, or the backlog shows, counts its dispatches and dead letters from 0.
@@ -293,14 +296,10 @@ impl Dispatcher {
         self.metrics.init_queues(registered.iter().chain(rows.iter().map(|row| &row.0)).map(String::as_str));
         self.metrics.outbox_events.reset();
         self.metrics.outbox_oldest_pending_age.reset();
-        let now = chrono::Utc::now();
-        for (queue, status, events, oldest) in rows {
-            self.metrics.outbox_events.with_label_values(&[&queue, &status]).set(events);
-            if status != "dead_letter" {
-                let age = oldest.map(|o| (now - o).num_milliseconds().max(0) as f64 / 1000.0).unwrap_or(0.0);
-                let gauge = self.metrics.outbox_oldest_pending_age.with_label_values(&[&queue]);
-                gauge.set(gauge.get().max(age));
-            }
+        for (queue, state, jobs, oldest_due) in rows {
+            self.metrics.outbox_events.with_label_values(&[&queue, &state]).set(jobs);
+            let gauge = self.metrics.outbox_oldest_pending_age.with_label_values(&[&queue]);
+            gauge.set(gauge.get().max(oldest_due.unwrap_or(0.0).max(0.0)));
         }
         let (pauses,): (i64,) = sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&self.pool).await?;
         self.metrics.dispatch_pauses.set(pauses);

@@ -59,7 +59,7 @@ pub fn price(kind: AiKind) -> u32 {
 #[serde(deny_unknown_fields)]
 struct TextInput {
     prompt: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::whole_number::optional")]
     max_words: Option<u32>,
 }
 

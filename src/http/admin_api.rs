@@ -8,6 +8,7 @@
 //! GET    /dead-letters?queue&kind&workspace&since&until&before&limit
 //! POST   /dead-letters/{id}/replay      DELETE /dead-letters/{id}
 //! POST   /dead-letters/replay, /dead-letters/discard   body: a filter (queue, kind, workspace, since, until, limit)
+//!                                                      with at least one of its fields, or "all": true
 //! GET    /pauses   POST /pauses (scope + reason)   DELETE /pauses (scope in the body or the query)
 //! GET    /schedules?workspace   POST /schedules/{workspace}/{name}/pause|resume
 //! GET    /audit?limit
@@ -15,7 +16,8 @@
 //!
 //! Every call needs an operator ([`Operator`]: `Authorization: Bearer` with `CONVEYOR_ADMIN_TOKEN` or an operator
 //! JWT); without the operator database it answers 503 `ADMIN_NOT_CONFIGURED`. Every call, reads included, leaves a
-//! row in the audit trail. Errors are problem+json: 400 names the parameter, 404 an unknown id, 409 a state that
+//! row in the audit trail; a change leaves its intent there before it runs (503 `SERVICE_UNAVAILABLE`, and nothing
+//! changes, when that cannot be written), then its outcome. Errors are problem+json: 400 names the parameter, 404 an unknown id, 409 a state that
 //! refuses the change.
 
 mod operator;
@@ -139,6 +141,11 @@ fn job_action(id: Uuid, action: JobAction, done: &'static str, refused: &'static
             named: None,
         }),
         JobAction::KeyHeld(live) => Err(key_held(id, live)),
+        JobAction::Held(why) => Err(AdminApiError::Conflict {
+            code: "JOB_HELD",
+            detail: format!("job {id} is not run now: {why}"),
+            named: None,
+        }),
     }
 }
 
@@ -186,6 +193,7 @@ async fn dead_letters(op: Operating, query: RawQuery) -> Answer {
         until: p.time("until")?,
         before: p.uuid("before")?,
         limit: p.limit("limit")?,
+        all: false,
     };
     ok(op.admin.dead_letters(&op.actor, &filter).await?)
 }
@@ -208,7 +216,7 @@ async fn discard_dead_letter(op: Operating, Path(raw): Path<String>) -> Answer {
     }
 }
 
-/// The filter of a bulk replay or discard.
+/// The filter of a bulk replay or discard: at least one field, or `"all": true` (checked by the operator module).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BulkFilter {
@@ -218,6 +226,8 @@ struct BulkFilter {
     since: Option<DateTime<Utc>>,
     until: Option<DateTime<Utc>>,
     limit: Option<u32>,
+    #[serde(default)]
+    all: bool,
 }
 
 impl From<BulkFilter> for DeadLetterFilter {
@@ -230,6 +240,7 @@ impl From<BulkFilter> for DeadLetterFilter {
             until: f.until,
             before: None,
             limit: f.limit,
+            all: f.all,
         }
     }
 }

@@ -46,6 +46,7 @@ pub fn routes(state: &AppState) -> Router<AppState> {
 struct CreateMedia {
     filename: String,
     content_type: String,
+    #[serde(deserialize_with = "crate::domain::whole_number::deserialize")]
     size_bytes: u64,
 }
 

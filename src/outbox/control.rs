@@ -140,11 +140,12 @@ impl From<Row> for JobInfo {
     }
 }
 
-/// The job `id` of `workspace`, if it exists there.
+/// The job `id` of `workspace`, if it exists there (a discarded dead letter does not: its tombstone is the worker's).
 pub async fn get_job(pool: &PgPool, workspace: WorkspaceId, id: JobId) -> Result<Option<JobInfo>, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM outbox_events e LEFT JOIN operations o ON o.id = e.operation_id WHERE e.id = $1"
+        "SELECT {COLUMNS} FROM outbox_events e LEFT JOIN operations o ON o.id = e.operation_id
+         WHERE e.id = $1 AND e.status <> 'discarded'"
     )))
     .bind(id.0)
     .fetch_optional(&mut *tx)

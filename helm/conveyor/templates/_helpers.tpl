@@ -81,7 +81,12 @@ app.kubernetes.io/part-of: conveyor
       name: {{ $secret }}
       key: {{ . }}
 {{- end }}
-{{- /* Optional keys: the operator surface (admin API, web UI) is off without them. */}}
+{{- end -}}
+
+{{/* The operator surface's keys (admin API, web UI), optional: it is off without them. Only the API serves it, so
+only the API's Pods get them (deployments.yaml), and the migrate Job the operator role's URL. */}}
+{{- define "conveyor.operatorSecretEnv" -}}
+{{- $secret := include "conveyor.secretName" . -}}
 {{- range list "CONVEYOR_OPERATOR_DATABASE_URL" "CONVEYOR_ADMIN_TOKEN" }}
 - name: {{ . }}
   valueFrom:

@@ -74,6 +74,10 @@ impl From<AdminError> for AdminApiError {
         }
         match e {
             AdminError::Invalid(detail) => Self::Invalid(detail),
+            AdminError::Unaudited(e) => Self::Unavailable(
+                "the audit trail cannot be written, so the change was not made",
+                anyhow::Error::new(e),
+            ),
             AdminError::Database(sqlx::Error::Database(d))
                 if matches!(d.code().as_deref(), Some("28P01" | "28000" | "3D000" | "42501")) =>
             {

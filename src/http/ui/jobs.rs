@@ -191,6 +191,7 @@ fn after(id: JobId, action: JobAction, done: &str) -> Response {
         JobAction::NotFound => Notice::url(&path, "not-found", None),
         JobAction::NotAllowed => Notice::url(&path, "not-allowed", None),
         JobAction::KeyHeld(holder) => Notice::held_url(&path, holder),
+        JobAction::Held(_) => Notice::url(&path, "held-back", None),
     };
     Redirect::to(&url).into_response()
 }

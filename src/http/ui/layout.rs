@@ -279,6 +279,12 @@ impl Notice {
             "resumed" => ("Resumed.".to_owned(), false),
             "not-paused" => ("There was no such pause.".to_owned(), true),
             "not-allowed" => ("The job's state does not allow that.".to_owned(), true),
+            "held-back" => (
+                "Not run now: a pause of its queue, kind or workspace, or a rate-limit block of its key, holds it; it \
+                 runs once that ends (see Overview for pauses)."
+                    .to_owned(),
+                true,
+            ),
             "not-dead-letter" => ("It is not a dead letter (any more).".to_owned(), true),
             "not-found" => ("No such job.".to_owned(), true),
             "no-schedule" => ("No such schedule.".to_owned(), true),

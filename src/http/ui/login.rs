@@ -44,10 +44,11 @@ pub(super) async fn submit(
     if let Err(why) = same_origin(&headers) {
         return (StatusCode::FORBIDDEN, layout::message_page("Refused", why)).into_response();
     }
-    match state.operator_auth.verify(form.credential.trim()) {
-        Ok(actor) => {
-            tracing::info!(actor = %actor.0, "Operator signed in to the UI");
-            let session = Session::start(actor);
+    let verified = state.operator_auth.verify_with_expiry(form.credential.trim()).ok();
+    // A session lasts no longer than its credential: an operator JWT's expiry bounds it.
+    match verified.and_then(|(actor, expiry)| Session::start(actor, expiry)) {
+        Some(session) => {
+            tracing::info!(actor = %session.actor.0, expires_at = session.expires_at, "Operator signed in to the UI");
             let cookie = session::set_cookie(&state.ui_sessions, &session, &headers);
             let mut response = see_other(&target(form.next.as_deref()));
             if let Ok(value) = cookie.parse() {
@@ -55,7 +56,7 @@ pub(super) async fn submit(
             }
             response
         }
-        Err(_) => {
+        None => {
             tracing::warn!("Operator UI login refused");
             let error = "That is neither the operator token nor an operator JWT.";
             (StatusCode::UNAUTHORIZED, login_page(&state, form.next.as_deref(), Some(error))).into_response()
@@ -101,7 +102,8 @@ fn login_page(state: &AppState, next: Option<&str>, error: Option<&str>) -> Mark
                         @if let Some(next) = next { input type="hidden" name="next" value=(next); }
                         button.primary type="submit" { "Log in" }
                     }
-                    p.muted { "The session lasts 8 hours; it names you, never the credential." }
+                    p.muted { "The session lasts 8 hours, or until the JWT you log in with expires if sooner; it \
+                               names you, never the credential." }
                 }
             }
         },

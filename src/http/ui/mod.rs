@@ -7,6 +7,7 @@
 //! GET  /ui/queues/{name}                   one queue's counts and jobs (status filter), pause / resume
 //! GET  /ui/jobs, /ui/jobs/{id}             job search; one job with its attempts and payload, cancel / retry
 //! GET  /ui/dead-letters                    filter by queue, kind, workspace; replay / discard one or all matching
+//! GET  /ui/dead-letters/confirm            a bulk action's count and confirmation form (bounded by its `until`)
 //! GET  /ui/operations, /ui/schedules       operation search; schedules with pause / resume
 //! POST ...                                 every change: a form carrying the session's CSRF token
 //! ```
@@ -55,6 +56,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/ui/jobs/{id}/cancel", post(jobs::cancel))
         .route("/ui/jobs/{id}/retry", post(jobs::retry))
         .route("/ui/dead-letters", get(dead_letters::list))
+        .route("/ui/dead-letters/confirm", get(dead_letters::confirm))
         .route("/ui/dead-letters/replay", post(dead_letters::replay_matching))
         .route("/ui/dead-letters/discard", post(dead_letters::discard_matching))
         .route("/ui/dead-letters/{id}/replay", post(dead_letters::replay))

@@ -7,8 +7,11 @@
 //! secret ends them all. A form's CSRF token is an HMAC of the session id under a separate label: a page of another
 //! origin can neither read it nor compute it.
 //!
-//! Sessions are stateless: logging out clears the browser's cookie; a copied cookie stays valid until it expires
-//! ([`SESSION_TTL`]) or a secret rotates.
+//! A session never outlives the credential that started it: it ends [`SESSION_TTL`] after login, or when the operator
+//! JWT it was started with expires, whichever comes first (the shared operator token has no expiry of its own).
+//!
+//! Sessions are stateless: logging out clears the browser's cookie; a copied cookie stays valid until it expires or a
+//! secret rotates.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -27,7 +30,7 @@ use crate::http::AppState;
 /// The session cookie's name.
 pub const COOKIE_NAME: &str = "conveyor_ui";
 
-/// How long a session lasts after login.
+/// How long a session lasts after login at most.
 pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 
 const SESSION_LABEL: &[u8] = b"conveyor-ui-session:";
@@ -75,12 +78,24 @@ pub struct Session {
 }
 
 impl Session {
-    /// A new session for `actor`, ending [`SESSION_TTL`] from now.
-    pub fn start(actor: Actor) -> Self {
+    /// A new session for `actor`, ending [`SESSION_TTL`] from now or when its credential does (`credential_expiry`,
+    /// Unix seconds: an operator JWT's `exp`), whichever is sooner. `None` when that leaves no time at all (a JWT
+    /// accepted within its clock leeway after it expired).
+    pub fn start(actor: Actor, credential_expiry: Option<u64>) -> Option<Self> {
+        let now = now();
+        let expires_at = credential_expiry.map_or(now + SESSION_TTL.as_secs(), |exp| exp.min(now + SESSION_TTL.as_secs()));
+        if expires_at <= now {
+            return None;
+        }
         let mut id = [0u8; 16];
         rand::rng().fill_bytes(&mut id);
         let id = id.iter().map(|b| format!("{b:02x}")).collect();
-        Self { id, actor, expires_at: now() + SESSION_TTL.as_secs() }
+        Some(Self { id, actor, expires_at })
+    }
+
+    /// Seconds until the session ends (0 once it has).
+    pub fn remaining(&self) -> u64 {
+        self.expires_at.saturating_sub(now())
     }
 
     /// The cookie value: the session and its signature.
@@ -161,14 +176,14 @@ fn plain_loopback(headers: &HeaderMap) -> bool {
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// The `Set-Cookie` value that starts `session`. `Secure` is always set, except when the browser addressed the UI
-/// by a loopback host over plain HTTP (a port-forward or a local run: the cookie never leaves the machine, and a
-/// browser may refuse a `Secure` cookie there).
+/// The `Set-Cookie` value that starts `session`, kept by the browser until the session ends. `Secure` is always set,
+/// except when the browser addressed the UI by a loopback host over plain HTTP (a port-forward or a local run: the
+/// cookie never leaves the machine, and a browser may refuse a `Secure` cookie there).
 pub fn set_cookie(key: &SessionKey, session: &Session, headers: &HeaderMap) -> String {
     format!(
         "{COOKIE_NAME}={}; Path=/ui; Max-Age={}; HttpOnly; SameSite=Strict{}",
         session.encode(key),
-        SESSION_TTL.as_secs(),
+        session.remaining(),
         if plain_loopback(headers) { "" } else { "; Secure" }
     )
 }
@@ -194,7 +209,7 @@ mod tests {
     #[test]
     fn a_session_round_trips_and_names_the_actor_not_the_credential() {
         let key = key("the-operator-token");
-        let session = Session::start(Actor("jwt:alice".into()));
+        let session = Session::start(Actor("jwt:alice".into()), None).unwrap();
         let value = session.encode(&key);
         assert!(!value.contains("the-operator-token"));
         assert_eq!(Session::decode(&key, &value), Some(session));
@@ -203,7 +218,7 @@ mod tests {
     #[test]
     fn a_tampered_expired_or_foreign_session_is_refused() {
         let key = key("the-operator-token");
-        let session = Session::start(Actor("token".into()));
+        let session = Session::start(Actor("token".into()), None).unwrap();
         let value = session.encode(&key);
         // Another actor under the same signature.
         let forged = value.replacen(&B64.encode("token"), &B64.encode("jwt:mallory"), 1);
@@ -219,9 +234,32 @@ mod tests {
     }
 
     #[test]
+    fn a_session_ends_no_later_than_the_credential_that_started_it() {
+        let key = key("t");
+        let start = now();
+        // The shared token has no expiry: the full session.
+        let token = Session::start(Actor("token".into()), None).unwrap();
+        assert!((start + SESSION_TTL.as_secs()..=now() + SESSION_TTL.as_secs()).contains(&token.expires_at));
+        // A JWT that expires in five minutes: a five-minute session, and a cookie the browser drops then.
+        let soon = start + 300;
+        let jwt = Session::start(Actor("jwt:alice".into()), Some(soon)).unwrap();
+        assert_eq!(jwt.expires_at, soon);
+        assert_eq!(Session::decode(&key, &jwt.encode(&key)).map(|s| s.expires_at), Some(soon));
+        let cookie = set_cookie(&key, &jwt, &HeaderMap::new());
+        let max_age: u64 = cookie.split("Max-Age=").nth(1).unwrap().split(';').next().unwrap().parse().unwrap();
+        assert!(max_age <= 300, "{cookie}");
+        // A JWT valid for days: still at most the session's own lifetime.
+        let later = Session::start(Actor("jwt:alice".into()), Some(start + 7 * 86_400)).unwrap();
+        assert!(later.expires_at <= now() + SESSION_TTL.as_secs());
+        // Already expired (accepted within the leeway): no session.
+        assert_eq!(Session::start(Actor("jwt:alice".into()), Some(start - 1)), None);
+        assert_eq!(Session::start(Actor("jwt:alice".into()), Some(start)), None);
+    }
+
+    #[test]
     fn the_csrf_token_is_bound_to_its_session() {
         let key = key("the-operator-token");
-        let (a, b) = (Session::start(Actor("token".into())), Session::start(Actor("token".into())));
+        let (a, b) = (Session::start(Actor("token".into()), None).unwrap(), Session::start(Actor("token".into()), None).unwrap());
         assert!(a.csrf_matches(&key, &a.csrf_token(&key)));
         assert!(!a.csrf_matches(&key, &b.csrf_token(&key)));
         assert!(!a.csrf_matches(&key, ""));
@@ -231,7 +269,7 @@ mod tests {
     #[test]
     fn the_cookie_is_secure_except_on_plain_loopback() {
         let key = key("t");
-        let session = Session::start(Actor("token".into()));
+        let session = Session::start(Actor("token".into()), None).unwrap();
         let with = |host: &str, proto: Option<&str>| {
             let mut headers = HeaderMap::new();
             headers.insert(HOST, HeaderValue::from_str(host).unwrap());

@@ -5,9 +5,11 @@
 //! job's workspace. The fences, written once here:
 //! - a job's run is current while its delivery's re-drive generation is the event's (`redrive_count`): a retry or a
 //!   dead letter of an older generation changes nothing;
-//! - an end state (completed, canceled, dead-lettered; an operation succeeded, failed or canceled) is never left:
-//!   every update to one matches the live states only, so a cancellation that commits first wins over a run that ends
-//!   later, and the run's transaction rolls back.
+//! - an end state (completed, canceled, dead-lettered, discarded; an operation succeeded, failed or canceled) is never
+//!   left: every update to one matches the live states only, so a cancellation that commits first wins over a run that
+//!   ends later, and the run's transaction rolls back;
+//! - a discarded dead letter keeps its row as a tombstone (`discarded`) until retention purges it, so that a delivery
+//!   of it still in a stream finds the job ended rather than missing (a missing job reads as purged, and would run).
 
 pub mod relay;
 
@@ -101,7 +103,8 @@ pub(crate) enum Completion {
     Recorded,
     /// The job was canceled meanwhile: the caller rolls back.
     Canceled,
-    /// It already ended otherwise (another delivery completed it, or it was dead-lettered): the caller rolls back.
+    /// It already ended otherwise (another delivery completed it, or it was dead-lettered, or discarded): the caller
+    /// rolls back.
     Stale,
     /// The job is no longer in the outbox (purged by retention): nothing to record.
     Gone,
@@ -248,6 +251,10 @@ pub(crate) async fn cancel_job_tx(
             .fetch_optional(&mut **tx)
             .await?;
     let Some((operation, status)) = row else { return Ok(Cancel::NotFound) };
+    if status == "discarded" {
+        // A discarded dead letter is gone to everyone but the worker's fence.
+        return Ok(Cancel::NotFound);
+    }
     if !matches!(status.as_str(), "pending" | "dispatching" | "dispatched") {
         return Ok(Cancel::Finished(status));
     }
@@ -306,7 +313,8 @@ pub(crate) async fn end_orphan_tx(
 /// run learns here that it has nothing left to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct JobState {
-    /// The job's end is not recorded (a job no longer in the outbox, purged by retention, has no end to protect).
+    /// The job's end is not recorded (a job no longer in the outbox, purged by retention, has no end to protect; a
+    /// discarded one keeps a tombstone, and is not live).
     pub(crate) live: bool,
     /// It advances an operation that has ended (or no longer exists): a run would repeat finished work.
     pub(crate) operation_ended: bool,
@@ -628,32 +636,101 @@ pub(crate) async fn replay_tx(
     Ok(if moved == 1 { Replay::Replayed } else { Replay::NotDeadLetter })
 }
 
-/// Discards, in the caller's transaction, those of `jobs` that are dead letters: their rows go (with their recorded
-/// failures); their operations stay failed. Returns the ids discarded.
+/// Discards, in the caller's transaction, those of `jobs` that are dead letters: each becomes a tombstone (status
+/// `discarded`, ended now, its payload, progress, result and error cleared, its recorded failures deleted) that
+/// retention purges like a completed job; until then a delivery of it still in a stream is skipped, as for any ended
+/// job. Their operations stay failed. Returns the ids discarded.
 pub(crate) async fn discard_tx(tx: &mut WorkspaceTx, jobs: &[Uuid]) -> Result<Vec<Uuid>, sqlx::Error> {
-    let gone: Vec<(Uuid,)> =
-        sqlx::query_as("DELETE FROM outbox_events WHERE id = ANY($1) AND status = 'dead_letter' RETURNING id")
-            .bind(jobs)
-            .fetch_all(&mut **tx)
-            .await?;
+    let gone: Vec<(Uuid,)> = sqlx::query_as(
+        "WITH discarded AS (
+             UPDATE outbox_events
+             SET status = 'discarded', finished_at = clock_timestamp(), event_payload = '{}', progress = NULL,
+                 result = NULL, last_error = NULL, locked_by = NULL, locked_until = NULL
+             WHERE id = ANY($1) AND status = 'dead_letter'
+             RETURNING id),
+         forgotten AS (DELETE FROM job_failures WHERE job_id IN (SELECT id FROM discarded))
+         SELECT id FROM discarded",
+    )
+    .bind(jobs)
+    .fetch_all(&mut **tx)
+    .await?;
     Ok(gone.into_iter().map(|(id,)| id).collect())
 }
 
+/// What running a waiting job now did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RunNow {
+    /// It is due now; the dispatchers are told at commit.
+    Moved,
+    /// It is not waiting (due already, handed over, or ended): nothing changed.
+    NotWaiting,
+    /// Nothing changed: making it due would not run it, because this holds it back until it ends (a pause naming its
+    /// queue, kind or workspace, or a block of its limit key after a rate limit).
+    Held(String),
+}
+
 /// Makes a job that waits (delayed, or a retry waiting out its back-off) due now, in the caller's transaction, and
-/// wakes the dispatchers at commit. False when the job is not waiting (due already, handed over, or ended).
-pub(crate) async fn run_now_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uuid) -> Result<bool, sqlx::Error> {
-    let moved = sqlx::query(
-        "UPDATE outbox_events SET next_attempt_at = now()
-         WHERE id = $1 AND status = 'pending' AND next_attempt_at > now()",
+/// wakes the dispatchers at commit. Refused ([`RunNow::Held`]) when a pause or its key's rate-limit block holds the
+/// job: the relay would not hand it over before that ends, so "now" would be untrue (a concurrency limit of its key
+/// or kind is not a refusal: it runs as soon as a slot frees, ahead of jobs due later).
+pub(crate) async fn run_now_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uuid) -> Result<RunNow, sqlx::Error> {
+    let waiting: Option<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT queue, event_type, limit_key FROM outbox_events
+         WHERE id = $1 AND status = 'pending' AND next_attempt_at > now()
+         FOR UPDATE",
     )
     .bind(job)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
-    if moved == 1 {
-        super::notify_tx(tx, workspace).await?;
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some((queue, kind, key)) = waiting else { return Ok(RunNow::NotWaiting) };
+    if let Some(held) = hold_of(tx, workspace, &queue, &kind, key.as_deref()).await? {
+        return Ok(RunNow::Held(held));
     }
-    Ok(moved == 1)
+    sqlx::query("UPDATE outbox_events SET next_attempt_at = now() WHERE id = $1").bind(job).execute(&mut **tx).await?;
+    super::notify_tx(tx, workspace).await?;
+    Ok(RunNow::Moved)
+}
+
+/// What holds a job of `queue`, `kind` and limit `key` back from the relay whatever its due time, said for an operator:
+/// a pause of its workspace, queue or kind (the claim's rule, 0021), or a block of its key until a time to come.
+async fn hold_of(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    queue: &str,
+    kind: &str,
+    key: Option<&str>,
+) -> Result<Option<String>, sqlx::Error> {
+    let pause: Option<(Option<String>, Option<String>, Option<Uuid>)> = sqlx::query_as(
+        "SELECT queue, kind, workspace_id FROM dispatch_pauses
+         WHERE (workspace_id IS NULL OR workspace_id = $1)
+           AND ((queue IS NULL AND kind IS NULL) OR (kind IS NULL AND queue = $2) OR kind = $3)
+         ORDER BY id LIMIT 1",
+    )
+    .bind(workspace.0)
+    .bind(queue)
+    .bind(kind)
+    .fetch_optional(&mut **tx)
+    .await?;
+    if let Some((q, k, w)) = pause {
+        let scope: Vec<String> = [
+            q.map(|q| format!("queue {q}")),
+            k.map(|k| format!("kind {k}")),
+            w.map(|w| format!("workspace {w}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        return Ok(Some(format!("a pause of {} holds it until it is resumed", scope.join(", "))));
+    }
+    let Some(key) = key else { return Ok(None) };
+    let blocked: Option<(chrono::DateTime<chrono::Utc>,)> =
+        sqlx::query_as("SELECT blocked_until FROM job_key_limits WHERE key = $1 AND blocked_until > now()")
+            .bind(key)
+            .fetch_optional(&mut **tx)
+            .await?;
+    Ok(blocked.map(|(until,)| {
+        format!("its limit key {key} is blocked until {} (rate limited)", until.to_rfc3339())
+    }))
 }
 
 /// Re-drives, in the caller's transaction, the dispatched jobs of the operations of the workspace that made no
