@@ -318,7 +318,7 @@ fn spawn_dispatcher_windowed(
     shutdown: CancellationToken,
     window: Option<String>,
 ) -> std::thread::JoinHandle<()> {
-    let (url, prefix) = (app.db.app_url.clone(), app.redis_prefix.clone());
+    let (url, prefix) = (app.db.runtime_url.clone(), app.redis_prefix.clone());
     on_own_runtime("dispatcher", true, async move {
         let dispatcher = common::test_dispatcher_on(&url, &prefix, &common::redis_url(), |v| {
             v.insert("CONVEYOR_DISPATCH_DEDUP_TTL".into(), BENCH_DEDUP_TTL.into());
@@ -345,7 +345,7 @@ async fn dispatch_latency() {
     let total = committed.len();
     let drained = common::eventually(Duration::from_secs(60), || async {
         let rows: Vec<(String, i64)> = sqlx::query_as("SELECT status, events FROM conveyor_outbox_backlog()")
-            .fetch_all(&app.db.pool)
+            .fetch_all(&app.db.runtime_pool)
             .await
             .unwrap();
         rows.iter().all(|(status, n)| status == "dead_letter" || *n == 0).then_some(())
@@ -427,7 +427,12 @@ async fn noop_worker_with(pool: sqlx::PgPool, prefix: &str, concurrency: usize, 
     let client = conveyor::stream::connect(&redis, Duration::from_secs(5)).await.unwrap();
     let blocking = conveyor::stream::connect(&redis, Duration::from_secs(10)).await.unwrap();
     let consumer = conveyor::stream::consumer::Consumer::new(client, blocking, Keys::new(prefix), "bench".into());
+    // The worker's bookkeeping as the runtime role, on the same database as `pool`.
+    let database = pool.connect_options().get_database().expect("a database").to_owned();
+    let runtime_url = format!("{}/{database}", common::runtime_base_url().rsplit_once('/').unwrap().0);
+    let runtime = db::connect(&runtime_url, 4).await.unwrap();
     Worker::builder(pool, consumer)
+        .runtime_pool(runtime)
         .handle::<VerifyCredentials>(handler)
         .settings(WorkerSettings { concurrency, ..WorkerSettings::default() })
         .metrics(Metrics::new())

@@ -77,6 +77,7 @@ async fn platform(app: &common::TestApp, window: u64, starts: &Starts, shutdown:
     .await;
     let worker =
         Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
+            .runtime_pool(app.db.runtime_pool.clone())
             .handle::<Job>(Fixed { starts: starts.clone(), cost: Duration::from_millis(env("COST_MS", 5)) })
             .settings(WorkerSettings { concurrency: env("CONC", 32) as usize, ..WorkerSettings::default() })
             .build()

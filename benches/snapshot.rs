@@ -206,6 +206,9 @@ fn spawn_role(db: &common::TestDb, prefix: &str, redis: &str, role: &str, extra:
 
 /// SIGTERM, then waits for the process to end its in-flight work and exit (SIGKILL after 60 s).
 async fn stop(process: &mut common::Process) {
+    if process.child.try_wait().ok().flatten().is_some() {
+        return;
+    }
     process.signal(15);
     for _ in 0..600 {
         if process.child.try_wait().ok().flatten().is_some() {
@@ -309,7 +312,14 @@ async fn run(with_snapshot: bool) -> Value {
     let (dispatcher_cpu0, pg_cpu0) =
         (cpu_seconds(dispatcher.child.id(), false), pg_port.and_then(postgres_cpu_seconds));
 
-    let pool = conveyor::db::connect(&db.app_url, 32).await.unwrap();
+    // Connections opened before the clock starts, and a wait for one that a slow moment cannot turn into a panic.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(32)
+        .min_connections(32)
+        .acquire_timeout(Duration::from_secs(600))
+        .connect(&db.app_url)
+        .await
+        .unwrap();
     let committed = Arc::new(Committed::default());
     let load = tokio::spawn(commit_steadily(pool.clone(), workspaces.clone(), rate, seconds, committed.clone()));
     let started = Instant::now();
@@ -358,7 +368,7 @@ async fn run(with_snapshot: bool) -> Value {
     stop(&mut worker).await;
     commit_backlog(&pool, &workspaces, drain_n).await;
     sqlx::query("ANALYZE outbox_events").execute(&mut owner).await.unwrap();
-    let relay = common::test_dispatcher_on(&db.app_url, &prefix, &redis.url(), |v| {
+    let relay = common::test_dispatcher_on(&db.runtime_url, &prefix, &redis.url(), |v| {
         v.insert("CONVEYOR_DISPATCH_WINDOW".into(), "0".into());
         v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), env("DISPATCH_CONCURRENCY", 4).to_string());
         v.insert("CONVEYOR_DISPATCH_BATCH".into(), env("DISPATCH_BATCH", 500).to_string());

@@ -1,8 +1,10 @@
 //! A service that uses Conveyor as a library: it defines a job kind, writes an order and enqueues the order's receipt
 //! in one transaction, runs a dispatcher and a worker in-process, waits for the job, and exits.
 //!
-//! Needs `CONVEYOR_DATABASE_URL` (the application role, after `conveyor migrate`) and `CONVEYOR_REDIS_URL`. With
-//! `CONVEYOR_MIGRATION_DATABASE_URL` (the owner role) set too, it applies Conveyor's schema itself first.
+//! Needs `CONVEYOR_DATABASE_URL` (the application role, after `conveyor migrate`), `CONVEYOR_RUNTIME_DATABASE_URL`
+//! (the runtime role: the dispatcher and the worker's bookkeeping work across workspaces, which the application role
+//! may not) and `CONVEYOR_REDIS_URL`. With `CONVEYOR_MIGRATION_DATABASE_URL` (the owner role) set too, it applies
+//! Conveyor's schema itself first.
 
 use std::env;
 use std::time::Duration;
@@ -51,17 +53,20 @@ impl Handler<SendReceipt> for Receipts {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let database_url = env::var("CONVEYOR_DATABASE_URL").context("set CONVEYOR_DATABASE_URL")?;
+    let runtime_url = env::var("CONVEYOR_RUNTIME_DATABASE_URL").context("set CONVEYOR_RUNTIME_DATABASE_URL")?;
     let redis_url = env::var("CONVEYOR_REDIS_URL").context("set CONVEYOR_REDIS_URL")?;
     let prefix = env::var("CONVEYOR_REDIS_PREFIX").unwrap_or_else(|_| "conveyor".into());
     if let Ok(owner_url) = env::var("CONVEYOR_MIGRATION_DATABASE_URL") {
-        conveyor::migrate(&owner_url, &database_url).await?; // what `conveyor migrate` does; safe to run again
+        conveyor::migrate(&owner_url, &database_url, &runtime_url).await?; // `conveyor migrate`; safe to run again
     }
 
-    // Conveyor's pool (its dispatcher keeps one connection for LISTEN, and so does each wait_for_job while it waits).
+    // The application role's pool (each wait_for_job keeps one connection for LISTEN while it waits), and the runtime
+    // role's, for the dispatcher (one connection for LISTEN) and the worker's bookkeeping across workspaces.
     let pool = PgPoolOptions::new().max_connections(8).connect(&database_url).await?;
+    let runtime = PgPoolOptions::new().max_connections(8).connect(&runtime_url).await?;
     // The application role may not create tables, so this demo keeps its orders in a TEMP table, which only one
     // session sees: a pool of one connection, for the order's transaction and for the worker's jobs. A real service
-    // writes its own tables, and has one pool for its requests, the worker and the dispatcher.
+    // writes its own tables, and has one pool for its requests and the worker's jobs.
     let shop = PgPoolOptions::new().max_connections(1).connect(&database_url).await?;
     sqlx::query(
         "CREATE TEMP TABLE IF NOT EXISTS orders (id uuid PRIMARY KEY, email text NOT NULL,
@@ -72,10 +77,11 @@ async fn main() -> anyhow::Result<()> {
 
     // The relay (outbox to Redis Streams) and a worker, in this process until `shutdown`.
     let shutdown = CancellationToken::new();
-    let dispatcher = Dispatcher::connect(pool.clone(), &redis_url, &prefix).await?;
+    let dispatcher = Dispatcher::connect(runtime.clone(), &redis_url, &prefix).await?;
     let dispatching = tokio::spawn(dispatcher.run(shutdown.clone()));
     let consumer = conveyor::Consumer::connect(&redis_url, &prefix).await?;
-    let worker = Worker::builder(shop.clone(), consumer).handle::<SendReceipt>(Receipts).build()?;
+    let worker =
+        Worker::builder(shop.clone(), consumer).runtime_pool(runtime).handle::<SendReceipt>(Receipts).build()?;
     let working = tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(10)));
 
     // One transaction, scoped to a tenant: the order and its jobs commit together, or not at all.

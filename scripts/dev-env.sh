@@ -4,6 +4,7 @@
 : "${REDIS_PORT:=6379}"
 export CONVEYOR_DATABASE_URL="${CONVEYOR_DATABASE_URL:-postgres://conveyor_app:conveyor_app@127.0.0.1:$PGPORT/conveyor}"
 export CONVEYOR_MIGRATION_DATABASE_URL="${CONVEYOR_MIGRATION_DATABASE_URL:-postgres://conveyor_owner:conveyor_owner@127.0.0.1:$PGPORT/conveyor}"
+export CONVEYOR_RUNTIME_DATABASE_URL="${CONVEYOR_RUNTIME_DATABASE_URL:-postgres://conveyor_runtime:conveyor_runtime@127.0.0.1:$PGPORT/conveyor}"
 export CONVEYOR_OPERATOR_DATABASE_URL="${CONVEYOR_OPERATOR_DATABASE_URL:-postgres://conveyor_operator:conveyor_operator@127.0.0.1:$PGPORT/conveyor}"
 export CONVEYOR_ADMIN_TOKEN="${CONVEYOR_ADMIN_TOKEN:-dev-only-admin-token-0123456789abcdef0123}"
 export CONVEYOR_REDIS_URL="${CONVEYOR_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Makes sure PostgreSQL and Redis answer on loopback, then creates Conveyor's roles (owner, application, operator)
-# and database.
+# Makes sure PostgreSQL and Redis answer on loopback, then creates Conveyor's roles (owner, application, runtime,
+# operator) and database.
 #
 # Reuses servers that already answer on 127.0.0.1:${PGPORT:-5432} and 127.0.0.1:${REDIS_PORT:-6379}; otherwise
 # installs them from Debian's packages (as root) and starts them. Safe to run again. Both README commands use it.
@@ -11,6 +11,7 @@ REDIS_PORT=${REDIS_PORT:-6379}
 OWNER_ROLE=${CONVEYOR_OWNER_ROLE:-conveyor_owner}
 APP_ROLE=${CONVEYOR_APP_ROLE:-conveyor_app}
 OPERATOR_ROLE=${CONVEYOR_OPERATOR_ROLE:-conveyor_operator}
+RUNTIME_ROLE=${CONVEYOR_RUNTIME_ROLE:-conveyor_runtime}
 DATABASE=${CONVEYOR_DATABASE:-conveyor}
 
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -76,11 +77,15 @@ BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$OPERATOR_ROLE') THEN
     CREATE ROLE $OPERATOR_ROLE LOGIN PASSWORD '$OPERATOR_ROLE';
   END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$RUNTIME_ROLE') THEN
+    CREATE ROLE $RUNTIME_ROLE LOGIN PASSWORD '$RUNTIME_ROLE';
+  END IF;
 END
 \$\$;
 ALTER ROLE $OWNER_ROLE LOGIN CREATEDB NOSUPERUSER NOBYPASSRLS;
 ALTER ROLE $APP_ROLE LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT;
 ALTER ROLE $OPERATOR_ROLE LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT;
+ALTER ROLE $RUNTIME_ROLE LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT;
 SQL
 if [ "$(as_superuser -c "SELECT 1 FROM pg_database WHERE datname = '$DATABASE'")" != 1 ]; then
   as_superuser -c "CREATE DATABASE $DATABASE OWNER $OWNER_ROLE"
@@ -98,4 +103,4 @@ else
   for _ in $(seq 1 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
   redis-cli -p "$REDIS_PORT" ping >/dev/null || { log "Redis did not come up"; exit 1; }
 fi
-log "ready: PostgreSQL 127.0.0.1:$PGPORT (database $DATABASE, roles $OWNER_ROLE/$APP_ROLE/$OPERATOR_ROLE), Redis 127.0.0.1:$REDIS_PORT"
+log "ready: PostgreSQL 127.0.0.1:$PGPORT (database $DATABASE, roles $OWNER_ROLE/$APP_ROLE/$RUNTIME_ROLE/$OPERATOR_ROLE), Redis 127.0.0.1:$REDIS_PORT"

@@ -153,6 +153,13 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
     if role.runs(Role::Api) {
         state.metrics.init_api();
     }
+    // The dispatcher, maintenance and the worker's bookkeeping (its own pool, see `build_worker`) work across
+    // workspaces: as the runtime role, which the API and the job handlers' transactions never use.
+    let runtime = if role.runs(Role::Dispatcher) || role.runs(Role::Maintenance) {
+        Some(connect_runtime(&config, &state.metrics, "runtime").await?)
+    } else {
+        None
+    };
     // A part that fails stops the whole process: a half-running service is worse than a restart.
     let spawn = |name: &'static str, part: BoxFuture| {
         let (shutdown, failed) = (shutdown.clone(), failed.clone());
@@ -177,7 +184,7 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
         let producer = Producer::new(state.redis.clone(), Keys::new(&config.redis_prefix), config.dispatcher.dedup_ttl)
             .with_partitions(config.stream_partitions);
         let dispatcher = Dispatcher::new(
-            state.pool.clone(),
+            runtime.clone().context("the runtime pool")?,
             producer,
             config.dispatcher.clone(),
             state.metrics.clone(),
@@ -187,14 +194,15 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
     }
     if role.runs(Role::Maintenance) {
         let maintenance = Maintenance::new(
-            state.pool.clone(),
+            runtime.clone().context("the runtime pool")?,
             state.redis.clone(),
             Keys::new(&config.redis_prefix),
             state.metrics.clone(),
             config.maintenance_interval,
             config.dispatcher.retention,
             config.reconcile_after,
-        );
+        )
+        .with_audit_retention(config.audit_retention);
         spawn("maintenance", Box::pin(maintenance.run(shutdown.clone())));
     }
     if role.runs(Role::Worker) {
@@ -219,8 +227,24 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The worker of this process: every handler Conveyor ships, over the configured marketplace.
+/// A pool of the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`, required by the dispatcher, maintenance and worker
+/// roles), watched by the metrics as `name`.
+pub async fn connect_runtime(config: &Config, metrics: &Metrics, name: &'static str) -> anyhow::Result<sqlx::PgPool> {
+    let url = config.runtime_database_url.as_ref().context(
+        "CONVEYOR_RUNTIME_DATABASE_URL is required by the dispatcher, maintenance and worker roles (the runtime role's \
+         URL: they work across workspaces, which the application role of CONVEYOR_DATABASE_URL may not)",
+    )?;
+    let pool = db::connect(url.expose(), config.database_max_connections)
+        .await
+        .context("Failed to connect to PostgreSQL as the runtime role (CONVEYOR_RUNTIME_DATABASE_URL)")?;
+    metrics.watch_pool(name, pool.clone());
+    Ok(pool)
+}
+
+/// The worker of this process: every handler Conveyor ships, over the configured marketplace; the jobs' transactions
+/// as the application role, its bookkeeping across workspaces as the runtime role (a pool of its own).
 pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<Worker> {
+    let runtime = connect_runtime(config, &state.metrics, "worker_runtime").await?;
     let marketplace_url = config
         .marketplace_url
         .as_deref()
@@ -252,6 +276,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         ..WorkerSettings::default()
     };
     Worker::builder(state.pool.clone(), consumer)
+        .runtime_pool(runtime)
         .handle::<VerifyCredentials>(VerifyCredentialsHandler {
             sealer: state.sealer.clone(),
             marketplace: marketplace.clone(),

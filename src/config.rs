@@ -149,6 +149,11 @@ pub struct Config {
     /// PostgreSQL URL of the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`): the admin API, the web UI and the
     /// operator commands read across workspaces through it; unset, they are off.
     pub operator_database_url: Option<Secret<String>>,
+    /// PostgreSQL URL of the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`): the dispatcher, maintenance and the
+    /// worker's bookkeeping work across workspaces through it; required by those roles, unused by the API.
+    pub runtime_database_url: Option<Secret<String>>,
+    /// Retention of the operators' audit trail (`CONVEYOR_AUDIT_RETENTION`, default 90d, at least 1d).
+    pub audit_retention: Duration,
     /// The shared operator token (`CONVEYOR_ADMIN_TOKEN`, at least 32 bytes): a bearer for `/admin/v1/...` and the
     /// web UI's login. JWTs signed with `CONVEYOR_JWT_SECRET` that carry `"operator": true` are accepted too.
     pub admin_token: Option<Secret<String>>,
@@ -491,6 +496,8 @@ impl Config {
             operation_keepalive,
             scenarios: ScenarioSettings::from_source(src)?,
             operator_database_url: operator_database_url(src)?,
+            runtime_database_url: optional_runtime_database_url(src)?,
+            audit_retention: audit_retention(src)?,
             admin_token: admin_token(src)?,
         })
     }
@@ -523,6 +530,27 @@ pub fn operator_database_url(src: &dyn Source) -> Result<Option<Secret<String>>,
         None => Ok(None),
         Some(_) => postgres_url(src, NAME).map(Some),
     }
+}
+
+/// Parses `CONVEYOR_RUNTIME_DATABASE_URL` (required).
+pub fn runtime_database_url(src: &dyn Source) -> Result<Secret<String>, ConfigError> {
+    postgres_url(src, "CONVEYOR_RUNTIME_DATABASE_URL")
+}
+
+fn optional_runtime_database_url(src: &dyn Source) -> Result<Option<Secret<String>>, ConfigError> {
+    match src.get("CONVEYOR_RUNTIME_DATABASE_URL") {
+        None => Ok(None),
+        Some(_) => runtime_database_url(src).map(Some),
+    }
+}
+
+fn audit_retention(src: &dyn Source) -> Result<Duration, ConfigError> {
+    const NAME: &str = "CONVEYOR_AUDIT_RETENTION";
+    let retention = duration(src, NAME, Duration::from_secs(90 * 24 * 3600))?;
+    if retention < Duration::from_secs(24 * 3600) {
+        return Err(invalid(NAME, "must be at least 1d"));
+    }
+    Ok(retention)
 }
 
 /// Parses `CONVEYOR_ADMIN_TOKEN` (optional): at least 32 bytes.
@@ -594,13 +622,16 @@ impl DispatcherSettings {
     }
 }
 
-/// What `conveyor migrate` needs: the owner's URL, and the application role to grant.
+/// What `conveyor migrate` needs: the owner's URL, and the roles to grant.
 #[derive(Clone, Debug)]
 pub struct MigrateConfig {
     /// PostgreSQL URL of the owner role (`CONVEYOR_MIGRATION_DATABASE_URL`).
     pub migration_database_url: Secret<String>,
     /// PostgreSQL URL of the application role (`CONVEYOR_DATABASE_URL`); its user is granted DML rights.
     pub database_url: Secret<String>,
+    /// PostgreSQL URL of the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`); its user is granted DML rights and the
+    /// functions that work across workspaces.
+    pub runtime_database_url: Secret<String>,
     /// PostgreSQL URL of the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`, optional); its user is granted the
     /// audited `conveyor_admin_*` functions and nothing else.
     pub operator_database_url: Option<Secret<String>>,
@@ -612,6 +643,7 @@ impl MigrateConfig {
         Ok(Self {
             migration_database_url: postgres_url(src, "CONVEYOR_MIGRATION_DATABASE_URL")?,
             database_url: postgres_url(src, "CONVEYOR_DATABASE_URL")?,
+            runtime_database_url: runtime_database_url(src)?,
             operator_database_url: operator_database_url(src)?,
         })
     }
@@ -683,6 +715,8 @@ mod tests {
             ("CONVEYOR_AI_CREDITS_PER_WORKSPACE", "0"),
             ("CONVEYOR_AI_CREDITS_PER_WORKSPACE", "lots"),
             ("CONVEYOR_AI_PROVIDER_URL", "ftp://x"),
+            ("CONVEYOR_RUNTIME_DATABASE_URL", "mysql://x"),
+            ("CONVEYOR_AUDIT_RETENTION", "1h"),
             ("CONVEYOR_OPERATION_KEEPALIVE", "0s"),
             // Shorter than four leases (default 30 s), then longer than the de-dup key's whole life (24 h).
             ("CONVEYOR_DISPATCH_DEDUP_TTL_RECORDED", "1m"),

@@ -4,8 +4,9 @@
 //! handed to workers finish; held jobs keep their order and go when the pause is lifted, whatever restarted meanwhile.
 //! A weight gives a workspace a larger window of jobs in the workers' hands: `CONVEYOR_DISPATCH_WINDOW × weight`.
 //!
-//! These are operator settings, not tenant data: they live outside row-level security, and only these calls change
-//! them.
+//! These are operator settings under row-level security (migration 0026): a weight, and a pause that names a
+//! workspace, are that workspace's rows, written in its context (these calls set it); a pause that names no workspace
+//! belongs to none. The relay's claim, as the runtime role, reads every pause.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -99,12 +100,22 @@ pub enum FlowError {
     Database(#[from] sqlx::Error),
 }
 
+/// A transaction in the context of the workspace `scope` names, if it names one (row-level security: a workspace's
+/// pause is its row), or in none.
+async fn begin_scope(pool: &PgPool, scope: &PauseScope) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    match scope.workspace {
+        Some(workspace) => crate::db::begin_workspace(pool, workspace).await,
+        None => pool.begin().await,
+    }
+}
+
 /// Holds the jobs of `scope` in the outbox from the relay's next claim on. `false` when that pause already held them.
 pub async fn pause(pool: &PgPool, scope: &PauseScope, reason: Option<&str>) -> Result<bool, FlowError> {
     scope.check()?;
     if reason.is_some_and(|r| r.len() > 500) {
         return Err(FlowError::OutOfRange("a pause's reason is at most 500 bytes"));
     }
+    let mut tx = begin_scope(pool, scope).await?;
     let added = sqlx::query(
         "INSERT INTO dispatch_pauses (queue, kind, workspace_id, reason) VALUES ($1, $2, $3, $4)
          ON CONFLICT (coalesce(queue, ''), coalesce(kind, ''),
@@ -114,16 +125,17 @@ pub async fn pause(pool: &PgPool, scope: &PauseScope, reason: Option<&str>) -> R
     .bind(&scope.kind)
     .bind(scope.workspace.map(|w| w.0))
     .bind(reason)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?
     .rows_affected();
+    tx.commit().await?;
     Ok(added == 1)
 }
 
 /// Lifts the pause of exactly `scope` and wakes the dispatchers. `false` when there was none.
 pub async fn resume(pool: &PgPool, scope: &PauseScope) -> Result<bool, FlowError> {
     scope.check()?;
-    let mut tx = pool.begin().await?;
+    let mut tx = begin_scope(pool, scope).await?;
     let removed = sqlx::query(
         "DELETE FROM dispatch_pauses
          WHERE queue IS NOT DISTINCT FROM $1 AND kind IS NOT DISTINCT FROM $2 AND workspace_id IS NOT DISTINCT FROM $3",
@@ -140,7 +152,9 @@ pub async fn resume(pool: &PgPool, scope: &PauseScope) -> Result<bool, FlowError
     Ok(removed == 1)
 }
 
-/// The pauses in force, oldest first.
+/// The pauses in force that `pool`'s role reads outside any workspace, oldest first: every one with the runtime role's
+/// pool; with the application role's, those that name no workspace (a workspace's own are its rows, read in its
+/// context). Operators see all of them through the admin API (`GET /admin/v1/pauses`) or `conveyor flow pauses`.
 pub async fn list_pauses(pool: &PgPool) -> Result<Vec<Pause>, FlowError> {
     Ok(sqlx::query_as("SELECT queue, kind, workspace_id, reason, created_at FROM dispatch_pauses ORDER BY id")
         .fetch_all(pool)
@@ -152,13 +166,15 @@ pub async fn set_workspace_weight(pool: &PgPool, workspace: WorkspaceId, weight:
     if !(1..=1000).contains(&weight) {
         return Err(FlowError::OutOfRange("a weight is from 1 to 1000"));
     }
+    let mut tx = crate::db::begin_workspace(pool, workspace).await?;
     sqlx::query(
         "INSERT INTO workspace_weights (workspace_id, weight) VALUES ($1, $2)
          ON CONFLICT (workspace_id) DO UPDATE SET weight = EXCLUDED.weight, updated_at = now()",
     )
     .bind(workspace.0)
     .bind(weight as i32)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(())
 }

@@ -510,7 +510,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     println!("resumed");
                 }
                 FlowCommand::Pauses => {
-                    for pause in conveyor::list_pauses(&pool).await? {
+                    // Every workspace's pauses: an operator's read, through the operator role, audited.
+                    let (admin, actor) = operator(Needs::Postgres).await?;
+                    for pause in admin.pauses(&actor).await? {
                         println!("{}", serde_json::to_string(&pause)?);
                     }
                 }

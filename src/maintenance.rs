@@ -1,5 +1,7 @@
-//! The maintenance role: periodic retention of expired idempotency records and of dispatched outbox events, and the
-//! reconciler that re-drives jobs Redis lost. Each pass is bounded; the loop sleeps between passes.
+//! The maintenance role: periodic retention of expired idempotency records, of ended outbox events and of the
+//! operators' audit trail, and the reconciler that re-drives jobs Redis lost. Each pass is bounded; the loop sleeps
+//! between passes. Its pool is the runtime role's: it finds the workspaces to clean through functions that read
+//! across workspaces, then cleans each in its own context.
 
 use std::time::Duration;
 
@@ -27,7 +29,12 @@ pub struct PassReport {
     pub outbox_purged: u64,
     /// Stalled jobs re-driven from PostgreSQL.
     pub redriven: u64,
+    /// Entries of the audit trail past their retention deleted.
+    pub audit_purged: u64,
 }
+
+/// Default retention of the audit trail (`CONVEYOR_AUDIT_RETENTION`).
+pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
 
 /// Periodic housekeeping over one database.
 pub struct Maintenance {
@@ -38,12 +45,13 @@ pub struct Maintenance {
     interval: Duration,
     outbox_retention: Duration,
     reconcile_after: Duration,
+    audit_retention: Duration,
 }
 
 impl Maintenance {
-    /// Housekeeping every `interval`; dispatched events are kept `outbox_retention`; operations without progress
-    /// for `reconcile_after`, and jobs without an operation dispatched that long ago whose entry Redis (with keys
-    /// `keys`) lost, are re-driven.
+    /// Housekeeping every `interval` over `pool` (the runtime role's); ended jobs are kept `outbox_retention`;
+    /// operations without progress for `reconcile_after`, and jobs without an operation dispatched that long ago whose
+    /// entry Redis (with keys `keys`) lost, are re-driven. The audit trail is kept [`DEFAULT_AUDIT_RETENTION`].
     pub fn new(
         pool: PgPool,
         redis: RedisClient,
@@ -53,7 +61,39 @@ impl Maintenance {
         outbox_retention: Duration,
         reconcile_after: Duration,
     ) -> Self {
-        Self { pool, redis, keys, metrics, interval, outbox_retention, reconcile_after }
+        Self {
+            pool,
+            redis,
+            keys,
+            metrics,
+            interval,
+            outbox_retention,
+            reconcile_after,
+            audit_retention: DEFAULT_AUDIT_RETENTION,
+        }
+    }
+
+    /// Keeps the audit trail `retention` (at least a day: the database refuses less).
+    pub fn with_audit_retention(mut self, retention: Duration) -> Self {
+        self.audit_retention = retention;
+        self
+    }
+
+    /// Deletes the audit trail's entries older than its retention, [`BATCH`] at a time; how many.
+    pub async fn purge_audit(&self) -> Result<u64, sqlx::Error> {
+        let mut purged = 0;
+        for _ in 0..MAX_BATCHES_PER_PASS {
+            let (done,): (i64,) = sqlx::query_as("SELECT conveyor_audit_purge(make_interval(secs => $1), $2)")
+                .bind(self.audit_retention.as_secs_f64())
+                .bind(BATCH as i32)
+                .fetch_one(&self.pool)
+                .await?;
+            purged += done as u64;
+            if done < BATCH {
+                break;
+            }
+        }
+        Ok(purged)
     }
 
     /// One bounded pass.
@@ -67,7 +107,8 @@ impl Maintenance {
         let lost = reconcile::redrive_lost(&self.pool, &self.redis, &self.keys, self.reconcile_after, BATCH).await?;
         let redriven = stalled + lost;
         self.metrics.outbox_redriven.inc_by(redriven);
-        Ok(PassReport { idempotency_purged, outbox_purged, redriven })
+        let audit_purged = self.purge_audit().await?;
+        Ok(PassReport { idempotency_purged, outbox_purged, redriven, audit_purged })
     }
 
     /// Passes every interval until `shutdown`. A failed pass is logged and retried at the next interval.

@@ -1,9 +1,18 @@
 //! `conveyor migrate` (and [`migrate`], the same from a program): applies `migrations/` as the owner role, then grants
-//! the application role what it needs and no more (DML on Conveyor's tables, `EXECUTE` on Conveyor's functions but
-//! the operator's `conveyor_admin_*`), after checking that it is neither superuser, `BYPASSRLS`, the owner nor a
-//! member of the owner, any of which would walk through row-level security. With an operator role
-//! (`CONVEYOR_OPERATOR_DATABASE_URL`), checked the same way, that role gets `EXECUTE` on the audited
-//! `conveyor_admin_*` functions and nothing else.
+//! each role what it needs and no more, after checking that it is neither superuser, `BYPASSRLS`, the owner nor a
+//! member of the owner, any of which would walk through row-level security:
+//!
+//! - the application role (`CONVEYOR_DATABASE_URL`: the API, job handlers): DML on Conveyor's tables (`job_kinds`
+//!   read only) and `EXECUTE` on the functions of [`APPLICATION_FUNCTIONS`] alone, each proven to stay in the
+//!   caller's workspace;
+//! - the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`: dispatcher, maintenance, the worker's bookkeeping): the same
+//!   tables, every `conveyor_` function but the operator's (among them those that read or change rows of several
+//!   workspaces in one call), and a policy that reads every pause (the relay's claim reads them across workspaces);
+//! - the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`, optional): `EXECUTE` on the audited `conveyor_admin_*`
+//!   functions and nothing else.
+//!
+//! PUBLIC loses `EXECUTE` on every `conveyor_` function (PostgreSQL grants it on creation), so a function added
+//! later reaches no role but the runtime until it is listed.
 //!
 //! Conveyor keeps its migration history in a table of its own, [`HISTORY_TABLE`], so that a service that applies its
 //! own sqlx migrations to the same database (into sqlx's default `_sqlx_migrations`) never clashes with Conveyor's.
@@ -54,6 +63,32 @@ const TABLES: &[&str] = &[
 /// The operator's functions (`LIKE` pattern): granted to the operator role only, never to the application role.
 const ADMIN_FUNCTIONS: &str = "conveyor\\_admin\\_%";
 
+/// The functions the application role may execute (every overload of each name): each reads and writes only the
+/// workspace of the caller's context (`app.workspace_id`, under row-level security), or no table at all. Every other
+/// `conveyor_` function but the operator's is the runtime role's. `tests/rls.rs` proves each one and fails when the
+/// application role can execute anything else.
+pub const APPLICATION_FUNCTIONS: &[&str] = &[
+    // The workspace of the caller's context: what every row-level security policy compares with.
+    "conveyor_current_workspace",
+    // Pure: no table.
+    "conveyor_uuid_v7",
+    "conveyor_job_state",
+    // Enqueues in the caller's workspace, refused without one (SECURITY INVOKER, under row-level security).
+    "conveyor_enqueue",
+    // Trigger functions: PostgreSQL refuses to call them but as the triggers of a row the caller writes.
+    "conveyor_listing_publication_is_final",
+    "conveyor_catalog_sync_ended",
+    "conveyor_catalog_sync_replayed",
+    "conveyor_asset_transfer_ended",
+];
+
+/// The table the application role only reads (the worker's bookkeeping, as the runtime role, registers kinds).
+const READ_ONLY_TABLES: &[&str] = &["job_kinds"];
+
+/// The policy through which the runtime role reads every pause (`dispatch_pauses`, under row-level security since
+/// migration 0026): the relay's claim reads them for every workspace it claims from.
+const RUNTIME_PAUSES_POLICY: &str = "runtime_scan";
+
 /// The embedded migrations, recording their history in [`HISTORY_TABLE`].
 fn migrator() -> Migrator {
     let mut migrator = Migrator::with_migrations(MIGRATOR.iter().cloned().collect());
@@ -95,23 +130,40 @@ async fn adopt_old_history(conn: &mut PgConnection) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Which role may execute a function.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// The operator role alone (`conveyor_admin_*`).
+    Operator,
+    /// The application role and the runtime role ([`APPLICATION_FUNCTIONS`]).
+    Application,
+    /// The runtime role alone (every other `conveyor_` function).
+    Runtime,
+}
+
 fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// Applies Conveyor's migrations to the database at `owner_url` (as its owner role) and grants the application role
-/// of `app_url` what it needs and no more, after checking that row-level security applies to it. Safe to run again;
-/// what `conveyor migrate` does.
-pub async fn migrate(owner_url: &str, app_url: &str) -> anyhow::Result<()> {
+/// of `app_url` and the runtime role of `runtime_url` what each needs and no more, after checking that row-level
+/// security applies to both. Safe to run again; what `conveyor migrate` does.
+///
+/// The application role is the one of your requests and of the job handlers' transactions; the runtime role is the
+/// one of the [`Dispatcher`](crate::Dispatcher)'s pool and of the worker's bookkeeping
+/// ([`WorkerBuilder::runtime_pool`](crate::WorkerBuilder::runtime_pool)): it alone may call the functions that work
+/// on several workspaces at once.
+pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> anyhow::Result<()> {
     let config = MigrateConfig {
         migration_database_url: crate::config::Secret::new(owner_url.to_owned()),
         database_url: crate::config::Secret::new(app_url.to_owned()),
+        runtime_database_url: crate::config::Secret::new(runtime_url.to_owned()),
         operator_database_url: None,
     };
     run(&config).await
 }
 
-/// Applies every migration and grants the application role. Safe to run again.
+/// Applies every migration and grants the application, runtime and operator roles. Safe to run again.
 pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     let owner_options: PgConnectOptions = config
         .migration_database_url
@@ -127,6 +179,19 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     migrator().run(&mut conn).await.context("Failed to apply migrations")?;
 
     check_role(&mut conn, &app_role, "application role", "CONVEYOR_DATABASE_URL").await?;
+    let runtime_options: PgConnectOptions = config
+        .runtime_database_url
+        .expose()
+        .parse()
+        .context("CONVEYOR_RUNTIME_DATABASE_URL is not a valid PostgreSQL URL")?;
+    let runtime_role = runtime_options.get_username().to_owned();
+    if runtime_role == app_role {
+        bail!(
+            "the runtime role `{runtime_role}` of CONVEYOR_RUNTIME_DATABASE_URL is the application role: the runtime's \
+             functions work across workspaces and must not be granted to the application"
+        );
+    }
+    check_role(&mut conn, &runtime_role, "runtime role", "CONVEYOR_RUNTIME_DATABASE_URL").await?;
     let operator_role = match &config.operator_database_url {
         None => None,
         Some(url) => {
@@ -139,12 +204,19 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
                      operator's functions read across workspaces and must not be granted to the application"
                 );
             }
+            if role == runtime_role {
+                bail!(
+                    "the operator role `{role}` of CONVEYOR_OPERATOR_DATABASE_URL is the runtime role of \
+                     CONVEYOR_RUNTIME_DATABASE_URL: give each its own role"
+                );
+            }
             check_role(&mut conn, &role, "operator role", "CONVEYOR_OPERATOR_DATABASE_URL").await?;
             Some(role)
         }
     };
 
     let role = quote_ident(&app_role);
+    let runtime = quote_ident(&runtime_role);
     let mut tx = conn.begin().await?;
     let database: (String,) = sqlx::query_as("SELECT current_database()::text").fetch_one(&mut *tx).await?;
     let database = quote_ident(&database.0);
@@ -153,30 +225,59 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
             .bind(TABLES)
             .fetch_all(&mut *tx)
             .await?;
-    let functions: Vec<(String, bool)> = sqlx::query_as(
-        "SELECT p.oid::regprocedure::text, p.proname LIKE $1 FROM pg_proc p
+    let functions: Vec<(String, Reach)> = sqlx::query_as::<_, (String, bool, bool)>(
+        "SELECT p.oid::regprocedure::text, p.proname LIKE $1, p.proname = ANY($2) FROM pg_proc p
          JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = 'public' AND p.proname LIKE 'conveyor\\_%'",
     )
     .bind(ADMIN_FUNCTIONS)
+    .bind(APPLICATION_FUNCTIONS)
     .fetch_all(&mut *tx)
-    .await?;
-    let mut grants = vec![
-        format!("GRANT CONNECT ON DATABASE {database} TO {role}"),
-        format!("GRANT USAGE ON SCHEMA public TO {role}"),
-        format!("GRANT SELECT ON {HISTORY_TABLE} TO {role}"),
-    ];
-    grants.extend(
-        tables.iter().map(|(t,)| format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {role}", quote_ident(t))),
-    );
-    for (function, admin) in &functions {
-        grants.push(if *admin {
-            // Defensively: an earlier release granted every `conveyor_` function to the application role.
-            format!("REVOKE EXECUTE ON FUNCTION {function} FROM {role}")
-        } else {
-            format!("GRANT EXECUTE ON FUNCTION {function} TO {role}")
-        });
+    .await?
+    .into_iter()
+    .map(|(function, admin, application)| {
+        let reach = match (admin, application) {
+            (true, _) => Reach::Operator,
+            (false, true) => Reach::Application,
+            (false, false) => Reach::Runtime,
+        };
+        (function, reach)
+    })
+    .collect();
+    let mut grants = Vec::new();
+    for grantee in [&role, &runtime] {
+        grants.push(format!("GRANT CONNECT ON DATABASE {database} TO {grantee}"));
+        grants.push(format!("GRANT USAGE ON SCHEMA public TO {grantee}"));
+        grants.push(format!("GRANT SELECT ON {HISTORY_TABLE} TO {grantee}"));
+        grants.extend(tables.iter().map(|(t,)| {
+            format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {grantee}", quote_ident(t))
+        }));
     }
+    // The application role reads the kinds the workers register; it changes none (a kind is every workspace's).
+    grants.extend(tables.iter().filter(|(t,)| READ_ONLY_TABLES.contains(&t.as_str())).map(|(t,)| {
+        format!("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {} FROM {role}", quote_ident(t))
+    }));
+    for (function, reach) in &functions {
+        // Defensively too: an earlier release granted every `conveyor_` function to the application role.
+        grants.push(format!("REVOKE ALL ON FUNCTION {function} FROM PUBLIC"));
+        match reach {
+            Reach::Operator => {
+                grants.push(format!("REVOKE ALL ON FUNCTION {function} FROM {role}"));
+                grants.push(format!("REVOKE ALL ON FUNCTION {function} FROM {runtime}"));
+            }
+            Reach::Application => {
+                grants.push(format!("GRANT EXECUTE ON FUNCTION {function} TO {role}"));
+                grants.push(format!("GRANT EXECUTE ON FUNCTION {function} TO {runtime}"));
+            }
+            Reach::Runtime => {
+                grants.push(format!("REVOKE ALL ON FUNCTION {function} FROM {role}"));
+                grants.push(format!("GRANT EXECUTE ON FUNCTION {function} TO {runtime}"));
+            }
+        }
+    }
+    // Recreated on every run, so that it follows the runtime role when the URL names another.
+    grants.push(format!("DROP POLICY IF EXISTS {RUNTIME_PAUSES_POLICY} ON dispatch_pauses"));
+    grants.push(format!("CREATE POLICY {RUNTIME_PAUSES_POLICY} ON dispatch_pauses FOR SELECT TO {runtime} USING (true)"));
     if let Some(operator) = &operator_role {
         let operator = quote_ident(operator);
         grants.push(format!("GRANT CONNECT ON DATABASE {database} TO {operator}"));
@@ -184,7 +285,7 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
         grants.extend(
             functions
                 .iter()
-                .filter(|(_, admin)| *admin)
+                .filter(|(_, reach)| *reach == Reach::Operator)
                 .map(|(function, _)| format!("GRANT EXECUTE ON FUNCTION {function} TO {operator}")),
         );
     }
@@ -192,11 +293,12 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
         sqlx::query(sqlx::AssertSqlSafe(grant))
             .execute(&mut *tx)
             .await
-            .context("Failed to grant the application and operator roles")?;
+            .context("Failed to grant the application, runtime and operator roles")?;
     }
     tx.commit().await?;
     tracing::info!(
         role = %app_role,
+        runtime = %runtime_role,
         operator = operator_role.as_deref().unwrap_or("none"),
         tables = tables.len(),
         "Migrations applied and roles granted"

@@ -83,6 +83,7 @@ impl Platform {
         let dispatcher = tokio::spawn(dispatcher.run(shutdown.clone()));
         let consumer = Consumer::connect(&redis, &app.redis_prefix).await.unwrap();
         let worker = conveyor::Worker::builder(app.db.pool.clone(), consumer)
+            .runtime_pool(app.db.runtime_pool.clone())
             .handle::<Chore>(Chores { healed: healed.clone() })
             .settings(WorkerSettings { concurrency: 4, ..WorkerSettings::default() })
             .build()
@@ -235,7 +236,7 @@ async fn every_endpoint_refuses_no_credential_a_wrong_one_and_a_workspace_users_
     let (audited,): (i64,) =
         sqlx::query_as("SELECT count(*) FROM conveyor_admin_audit").fetch_one(&mut owner).await.unwrap();
     assert_eq!(audited, 0);
-    assert!(conveyor::list_pauses(&app.db.pool).await.unwrap().is_empty());
+    assert!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
 
     // The operator token and an operator's JWT pass, and the audit trail names each.
     op(&app, Method::GET, "/queues", None).await.expect(StatusCode::OK);
@@ -531,7 +532,7 @@ async fn a_change_whose_intent_cannot_be_audited_is_not_made() {
 
     let refused = op(&app, Method::POST, "/pauses", Some(json!({ "queue": "chores" }))).await;
     assert!(refused.problem(StatusCode::SERVICE_UNAVAILABLE)["detail"].as_str().unwrap().contains("audit"));
-    assert!(conveyor::list_pauses(&app.db.pool).await.unwrap().is_empty(), "no pause without its audit row");
+    assert!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty(), "no pause without its audit row");
     op(&app, Method::POST, &format!("/jobs/{delayed}/retry"), None).await.problem(StatusCode::SERVICE_UNAVAILABLE);
     op(&app, Method::POST, &format!("/jobs/{delayed}/cancel"), None).await.problem(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(conveyor::get_job(&app.db.pool, ws, delayed).await.unwrap().unwrap().status, JobStatus::Scheduled);
@@ -541,11 +542,10 @@ async fn a_change_whose_intent_cannot_be_audited_is_not_made() {
     assert!(!conveyor::list_schedules(&app.db.pool, ws).await.unwrap()[0].paused);
     let bulk = op(&app, Method::POST, "/dead-letters/discard", Some(json!({ "all": true }))).await;
     bulk.problem(StatusCode::SERVICE_UNAVAILABLE);
-    let (changes,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM conveyor_admin_audit WHERE arguments ? 'outcome'")
-            .fetch_one(&mut owner)
-            .await
-            .unwrap();
+    let (changes,): (i64,) = sqlx::query_as("SELECT count(*) FROM conveyor_admin_audit WHERE arguments ? 'outcome'")
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
     assert_eq!(changes, 0, "nothing recorded as done, and nothing done");
 
     // The right back: the same change goes, intent first.
@@ -660,7 +660,10 @@ async fn bulk_replay_and_discard_act_on_what_the_filter_matches_and_count_it() {
         ("/dead-letters/discard", json!({ "all": false })),
     ] {
         let problem = op(&app, Method::POST, path, Some(body.clone())).await.problem(StatusCode::BAD_REQUEST);
-        assert!(problem["detail"].as_str().unwrap().starts_with("all: a bulk replay or discard needs a filter"), "{body}");
+        assert!(
+            problem["detail"].as_str().unwrap().starts_with("all: a bulk replay or discard needs a filter"),
+            "{body}"
+        );
     }
     let untouched = op(&app, Method::GET, "/dead-letters", None).await.expect(StatusCode::OK);
     assert_eq!(untouched["items"].as_array().unwrap().len(), 4);
@@ -811,7 +814,7 @@ async fn pauses_and_schedules_are_listed_and_changed_through_the_api() {
     let body = json!({ "kind": "admin.chore", "workspace": a.0 });
     op(&app, Method::DELETE, "/pauses", Some(body)).await.expect(StatusCode::NO_CONTENT);
     op(&app, Method::DELETE, "/pauses", None).await.problem(StatusCode::BAD_REQUEST);
-    assert!(conveyor::list_pauses(&app.db.pool).await.unwrap().is_empty());
+    assert!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
 
     // Schedules of both workspaces; one workspace's; paused and resumed in their workspace.
     for ws in [a, b] {
@@ -853,6 +856,7 @@ async fn migrate_refuses_an_operator_role_that_would_bypass_the_wall_or_is_the_a
     let config = |operator: &str| conveyor::config::MigrateConfig {
         migration_database_url: conveyor::config::Secret::new(db.owner_url.clone()),
         database_url: conveyor::config::Secret::new(db.app_url.clone()),
+        runtime_database_url: conveyor::config::Secret::new(db.runtime_url.clone()),
         operator_database_url: Some(conveyor::config::Secret::new(operator.to_owned())),
     };
     let err = conveyor::migrate::run(&config(&db.owner_url)).await.unwrap_err();
@@ -984,6 +988,7 @@ async fn a_discarded_dead_letters_stale_delivery_does_not_commit_its_handlers_wr
     let dispatcher = common::test_dispatcher(&app, &redis, |_| {}).await;
     let consumer = Consumer::connect(&redis, &app.redis_prefix).await.unwrap();
     let worker = conveyor::Worker::builder(app.db.pool.clone(), consumer)
+        .runtime_pool(app.db.runtime_pool.clone())
         .handle::<Chore>(Chores { healed: healed.clone() })
         .build()
         .unwrap();
@@ -1024,10 +1029,9 @@ async fn a_discarded_dead_letters_stale_delivery_does_not_commit_its_handlers_wr
 
     // Retention purges tombstones like ended jobs.
     let purged =
-        conveyor::outbox::transitions::relay::purge_finished(&app.db.pool, Duration::ZERO, 100, 10).await.unwrap();
+        conveyor::outbox::transitions::relay::purge_finished(&app.db.runtime_pool, Duration::ZERO, 100, 10).await.unwrap();
     assert_eq!(purged, 1);
-    let (left,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut owner).await.unwrap();
+    let (left,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut owner).await.unwrap();
     assert_eq!(left, 0);
 }
 
@@ -1054,7 +1058,8 @@ async fn run_now_of_a_job_held_by_a_pause_or_a_blocked_key_says_so_and_changes_n
     // A rate limit blocked the second's key for ten minutes (what a 429 with Retry-After does).
     let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
     sqlx::query(
-        "INSERT INTO job_key_limits (key, blocked_until, block_reason) VALUES ('store:1', now() + interval '10 minutes', 'HTTP 429')",
+        "INSERT INTO job_key_limits (key, blocked_until, block_reason)
+         VALUES ('store:1', now() + interval '10 minutes', 'HTTP 429')",
     )
     .execute(&mut *tx)
     .await
@@ -1072,4 +1077,45 @@ async fn run_now_of_a_job_held_by_a_pause_or_a_blocked_key_says_so_and_changes_n
     let done = op(&app, Method::POST, &format!("/jobs/{paused}/retry"), None).await.expect(StatusCode::OK);
     assert_eq!(done["outcome"], "retried");
     assert_eq!(conveyor::get_job(&app.db.pool, ws, paused).await.unwrap().unwrap().status, JobStatus::Queued);
+}
+
+#[tokio::test]
+async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_outside_a_transaction() {
+    // From the operator's migration on, an index on the outbox is built CONCURRENTLY (a plain CREATE INDEX holds off
+    // every write of the release still running while it scans the table), alone in a `-- no-transaction` file
+    // (PostgreSQL refuses it in a transaction, and a file of several statements runs as one).
+    let mut built = Vec::new();
+    for migration in conveyor::migrate::MIGRATOR.iter().filter(|m| m.version >= 25) {
+        let sql = migration.sql.as_str();
+        // Statements without their comments (0025's functions hold semicolons too: enough to count more than one).
+        let statements: Vec<String> = sql
+            .split(';')
+            .map(|s| s.lines().filter(|l| !l.trim_start().starts_with("--")).collect::<Vec<_>>().join(" "))
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect();
+        for statement in statements.iter().filter(|s| s.contains("CREATE INDEX") && s.contains(" ON outbox_events ")) {
+            let v = migration.version;
+            assert!(statement.contains("CREATE INDEX CONCURRENTLY IF NOT EXISTS"), "{v}: {statement}");
+            assert!(migration.no_tx, "{v} builds an outbox index in a transaction");
+            assert_eq!(statements.len(), 1, "{v}: a concurrent build alone in its file");
+            built.push(v);
+        }
+    }
+    assert_eq!(built, [27, 28]);
+    // Applied by `conveyor migrate`, they are there and valid.
+    let app = TestApp::spawn().await;
+    let mut owner = app.db.owner().await;
+    let indexes: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT c.relname::text, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         WHERE i.indrelid = 'outbox_events'::regclass
+           AND c.relname IN ('outbox_events_completed_at', 'outbox_events_dead_by_id') ORDER BY 1",
+    )
+    .fetch_all(&mut owner)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        [("outbox_events_completed_at".to_owned(), true), ("outbox_events_dead_by_id".to_owned(), true)]
+    );
 }

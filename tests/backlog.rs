@@ -29,13 +29,16 @@ impl JobKind for Report {
     const QUEUE: &'static str = "reports";
 }
 
-/// A dispatcher over the test's database reporting into `metrics`, on a key prefix of its own.
+/// A dispatcher over the test's database reporting into `metrics`, on a key prefix of its own, connected as a
+/// dispatcher process of the harness would be (the runtime role's URL when the harness has one).
 async fn dispatcher(db: &TestDb, metrics: &Metrics) -> Dispatcher {
-    let settings = DispatcherSettings::default();
+    let prefix = format!("conveyor-test-{}", Uuid::new_v4().simple());
+    let vars = common::config_vars(db, &prefix);
+    let url = vars.get("CONVEYOR_RUNTIME_DATABASE_URL").or_else(|| vars.get("CONVEYOR_DATABASE_URL")).unwrap();
+    let pool = conveyor::db::connect(url, 4).await.unwrap();
     let client = conveyor::stream::connect(&common::redis_url(), Duration::from_secs(2)).await.unwrap();
-    let keys = Keys::new(&format!("conveyor-test-{}", Uuid::new_v4().simple()));
-    let producer = Producer::new(client, keys, Duration::from_secs(60));
-    Dispatcher::new(db.pool.clone(), producer, settings, metrics.clone(), "backlog-test".to_owned())
+    let producer = Producer::new(client, Keys::new(&prefix), Duration::from_secs(60));
+    Dispatcher::new(pool, producer, DispatcherSettings::default(), metrics.clone(), "backlog-test".to_owned())
 }
 
 /// Enqueues one job of the workspace, then rewrites its timestamps as `shape` says (a fixed SQL fragment), as if it

@@ -377,7 +377,7 @@ async fn retention_deletes_only_jobs_that_ended_past_the_period() {
     .unwrap();
     tx.commit().await.unwrap();
     let purged =
-        conveyor::outbox::transitions::relay::purge_finished(&app.db.pool, Duration::from_secs(7 * 86400), 4, 100)
+        conveyor::outbox::transitions::relay::purge_finished(&app.db.runtime_pool, Duration::from_secs(7 * 86400), 4, 100)
             .await
             .unwrap();
     assert_eq!(purged, 5);
@@ -501,7 +501,7 @@ async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leave
     let (a, b, c) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
     let (in_a, in_b, in_c) = (enqueue(&app, a, 3).await, enqueue(&app, b, 5).await, enqueue(&app, c, 2).await);
 
-    let claimed = claim::claim(&app.db.pool, &[a, b], "me", Duration::from_secs(30), 4, 0).await.unwrap();
+    let claimed = claim::claim(&app.db.runtime_pool, &[a, b], "me", Duration::from_secs(30), 4, 0).await.unwrap();
     let of =
         |ws: WorkspaceId| -> Vec<Uuid> { claimed.iter().filter(|e| e.workspace_id == ws.0).map(|e| e.id).collect() };
     assert_eq!(of(a), in_a, "all of a's, in the order written");
@@ -511,7 +511,7 @@ async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leave
     assert_eq!(count_status(&app, &[b], "pending").await, 1);
 
     // Inside a caller's transaction, the call leaves no workspace behind: the next statement sees nothing.
-    let mut conn = app.db.app_connection().await;
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&app.db.runtime_url).await.unwrap();
     let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
     let again: Vec<(String,)> = sqlx::query_as("SELECT tid::text FROM conveyor_claim_outbox($1, 'me', 30, 10)")
         .bind(vec![c.0])
@@ -525,9 +525,9 @@ async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leave
 
     // The mark is fenced per event: a stale row version (or another holder) marks nothing.
     let delivered: Vec<claim::Delivered> = claimed.iter().map(|e| claim::Delivered::new(e, "1-1".into())).collect();
-    let by_other = claim::settle(&app.db.pool, "someone-else", &delivered, &[], 10).await.unwrap();
+    let by_other = claim::settle(&app.db.runtime_pool, "someone-else", &delivered, &[], 10).await.unwrap();
     assert_eq!((by_other.dispatched, by_other.lost_lease), (0, delivered.len() as u64));
-    let mine = claim::settle(&app.db.pool, "me", &delivered, &[], 10).await.unwrap();
+    let mine = claim::settle(&app.db.runtime_pool, "me", &delivered, &[], 10).await.unwrap();
     assert_eq!((mine.dispatched, mine.lost_lease), (delivered.len() as u64, 0));
     assert_eq!(count_status(&app, &[a, b], "dispatched").await, delivered.len());
 }
@@ -538,17 +538,17 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = enqueue(&app, ws, 2).await;
-    let first = claim::claim(&app.db.pool, &[ws], "dead", Duration::from_millis(1), 10, 0).await.unwrap();
+    let first = claim::claim(&app.db.runtime_pool, &[ws], "dead", Duration::from_millis(1), 10, 0).await.unwrap();
     assert_eq!(first.len(), 2);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let second = claim::claim(&app.db.pool, &[ws], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
+    let second = claim::claim(&app.db.runtime_pool, &[ws], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
     assert_eq!(second.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "the expired leases, taken over");
     let delivered = |events: &[claim::ClaimedEvent]| -> Vec<claim::Delivered> {
         events.iter().map(|e| claim::Delivered::new(e, "1-1".into())).collect()
     };
-    let late = claim::settle(&app.db.pool, "dead", &delivered(&first), &[], 10).await.unwrap();
+    let late = claim::settle(&app.db.runtime_pool, "dead", &delivered(&first), &[], 10).await.unwrap();
     assert_eq!((late.dispatched, late.lost_lease), (0, 2), "the old holder's mark is fenced off");
-    let settled = claim::settle(&app.db.pool, "alive", &delivered(&second), &[], 10).await.unwrap();
+    let settled = claim::settle(&app.db.runtime_pool, "alive", &delivered(&second), &[], 10).await.unwrap();
     assert_eq!(settled.dispatched, 2);
 }
 
@@ -558,7 +558,7 @@ async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatcher
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = enqueue(&app, ws, 1).await;
-    let claimed = claim::claim(&app.db.pool, &[ws], "me", Duration::from_secs(30), 10, 0).await.unwrap();
+    let claimed = claim::claim(&app.db.runtime_pool, &[ws], "me", Duration::from_secs(30), 10, 0).await.unwrap();
     assert_eq!((claimed.len(), claimed[0].redrive_count), (1, 0));
     // Meanwhile its job ran and asked for a retry (generation 1), and this dispatcher claimed that generation too.
     let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
@@ -577,7 +577,7 @@ async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatcher
         error: "XADD failed: timed out".into(),
         redrive: 0,
     };
-    let settled = claim::settle(&app.db.pool, "me", &[], &[stale], 10).await.unwrap();
+    let settled = claim::settle(&app.db.runtime_pool, "me", &[], &[stale], 10).await.unwrap();
     assert_eq!((settled.retried, settled.lost_lease), (0, 1), "the generation-0 failure is fenced off");
     let event = &events(&app, ws).await[0];
     assert_eq!((event["status"].as_str(), &event["attempt_count"]), (Some("dispatching"), &serde_json::json!(0)));
@@ -598,9 +598,9 @@ async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatcher
         queue: "stores".into(),
         redrive,
     };
-    let late = claim::settle(&app.db.pool, "me", &[mark(0)], &[], 10).await.unwrap();
+    let late = claim::settle(&app.db.runtime_pool, "me", &[mark(0)], &[], 10).await.unwrap();
     assert_eq!((late.dispatched, late.lost_lease), (0, 1), "the generation-0 mark is fenced off");
-    let current = claim::settle(&app.db.pool, "me", &[mark(1)], &[], 10).await.unwrap();
+    let current = claim::settle(&app.db.runtime_pool, "me", &[mark(1)], &[], 10).await.unwrap();
     assert_eq!(current.dispatched, 1, "the generation-1 mark lands");
 }
 
@@ -610,7 +610,7 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
     // One connection, so that its cached plans are the ones under test: made on an empty table, then reused.
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&app.db.app_url).await.unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&app.db.runtime_url).await.unwrap();
     for _ in 0..8 {
         let events = claim::claim(&pool, &[ws], "me", Duration::from_secs(30), 10, 0).await.unwrap();
         assert!(events.is_empty());

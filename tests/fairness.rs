@@ -77,6 +77,7 @@ async fn worker_with(
     metrics: conveyor::metrics::Metrics,
 ) -> Worker {
     Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
+        .runtime_pool(app.db.runtime_pool.clone())
         .handle::<Work>(Worked { starts: starts.clone(), cost })
         .handle::<Ping>(Pong)
         .settings(WorkerSettings { concurrency, ..WorkerSettings::default() })
@@ -177,7 +178,7 @@ async fn paused_jobs_wait_durably_across_a_worker_restart_and_go_on_resume() {
     assert!(conveyor::pause(&app.db.pool, &PauseScope::kind::<Work>(), Some("maintenance")).await.unwrap());
     assert!(!conveyor::pause(&app.db.pool, &PauseScope::kind::<Work>(), None).await.unwrap(), "already paused");
     assert!(conveyor::pause(&app.db.pool, &PauseScope::workspace(other), None).await.unwrap());
-    let pauses = conveyor::list_pauses(&app.db.pool).await.unwrap();
+    let pauses = conveyor::list_pauses(&app.db.runtime_pool).await.unwrap();
     assert_eq!(pauses.len(), 2);
     assert_eq!(pauses[0].kind.as_deref(), Some("test.work"));
     assert_eq!(pauses[0].reason.as_deref(), Some("maintenance"));
@@ -225,7 +226,7 @@ async fn paused_jobs_wait_durably_across_a_worker_restart_and_go_on_resume() {
         let done = conveyor::wait_for_job(&app.db.pool, other, *job, Duration::from_secs(30)).await.unwrap();
         assert_eq!(done.status, JobStatus::Succeeded);
     }
-    assert!(conveyor::list_pauses(&app.db.pool).await.unwrap().is_empty());
+    assert!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
     shutdown.cancel();
 }
 
@@ -246,10 +247,10 @@ async fn bad_flow_settings_are_refused_and_change_nothing() {
         let refused = conveyor::set_workspace_weight(&app.db.pool, ws, weight).await;
         assert!(matches!(refused, Err(FlowError::OutOfRange(_))), "{refused:?}");
     }
-    assert!(conveyor::list_pauses(&app.db.pool).await.unwrap().is_empty());
+    assert!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
     assert!(!conveyor::resume(&app.db.pool, &PauseScope::queue("work")).await.unwrap(), "nothing to lift");
-    let weights: Vec<(i32,)> =
-        sqlx::query_as("SELECT weight FROM workspace_weights").fetch_all(&app.db.pool).await.unwrap();
+    let mut owner = app.db.owner().await;
+    let weights: Vec<(i32,)> = sqlx::query_as("SELECT weight FROM workspace_weights").fetch_all(&mut owner).await.unwrap();
     assert!(weights.is_empty());
 }
 
@@ -274,7 +275,7 @@ async fn the_cli_pauses_lists_resumes_and_weighs() {
     let line: Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!((line["kind"].as_str(), line["reason"].as_str()), (Some("test.work"), Some("migration")));
     assert_eq!(line["workspace_id"], ws_text.as_str());
-    assert_eq!(conveyor::list_pauses(&app.db.pool).await.unwrap().len(), 1);
+    assert_eq!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().len(), 1);
 
     let empty = cli(&app, &["flow", "pause"]);
     assert!(!empty.status.success());
@@ -282,16 +283,19 @@ async fn the_cli_pauses_lists_resumes_and_weighs() {
     let other_scope = cli(&app, &["flow", "resume", "--kind", "test.work"]);
     assert!(!other_scope.status.success(), "a resume lifts exactly the scope paused");
     assert!(cli(&app, &["flow", "resume", "--kind", "test.work", "--workspace", &ws_text]).status.success());
-    assert!(conveyor::list_pauses(&app.db.pool).await.unwrap().is_empty());
+    assert!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
 
     assert!(cli(&app, &["flow", "weight", "--workspace", &ws_text, "--weight", "4"]).status.success());
     let bad = cli(&app, &["flow", "weight", "--workspace", &ws_text, "--weight", "0"]);
     assert!(!bad.status.success());
+    // A workspace's weight is its row: read in its context.
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
     let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM workspace_weights WHERE workspace_id = $1")
         .bind(ws.0)
-        .fetch_one(&app.db.pool)
+        .fetch_one(&mut *tx)
         .await
         .unwrap();
+    tx.commit().await.unwrap();
     assert_eq!(weight, 4);
 }
 

@@ -352,6 +352,7 @@ fn check(accepted: &[Accepted], db: &Recorded, sandbox: &Sandbox) -> Verdict {
 
 #[tokio::test]
 async fn a_minute_of_random_sigkills_loses_no_accepted_operation_and_doubles_no_effect() {
+    let set_up = Instant::now();
     let db = Arc::new(TestDb::create().await);
     let prefix = format!("conveyor-test-{}", Uuid::new_v4().simple());
     let (sandbox, market) = common::sandbox(Settings { latency_ms: 10, ..Settings::default() }).await;
@@ -360,6 +361,7 @@ async fn a_minute_of_random_sigkills_loses_no_accepted_operation_and_doubles_no_
     let workspaces: Vec<Principal> = (0..3).map(|_| common::principal()).collect();
 
     let started = Instant::now();
+    let set_up = started - set_up;
     let until = started + LOAD;
     let clients: Vec<_> =
         (0..6).map(|i| tokio::spawn(client(workspaces[i % workspaces.len()], api_port, until))).collect();
@@ -378,9 +380,9 @@ async fn a_minute_of_random_sigkills_loses_no_accepted_operation_and_doubles_no_
     let retried = accepted.iter().filter(|a| a.tries > 1).count();
     let stats = sandbox.stats();
     eprintln!(
-        "load {loaded:?} with kills {kills:?} ({exited} exits on their own); {} accepted requests ({} creations, {} \
-         replacements), {retried} retried with their key; {} verifications asked the marketplace: {} effects, {} \
-         calls; drained {:?} after the load",
+        "set up in {set_up:?}; load {loaded:?} with kills {kills:?} ({exited} exits on their own); {} accepted \
+         requests ({} creations, {} replacements), {retried} retried with their key; {} verifications asked the \
+         marketplace: {} effects, {} calls; drained {:?} after the load",
         accepted.len(),
         accepted.iter().filter(|a| a.kind == Kind::Create).count(),
         accepted.iter().filter(|a| a.kind == Kind::Replace).count(),

@@ -119,6 +119,7 @@ async fn worker_of<K: JobKind>(
     settings: WorkerSettings,
 ) -> Worker {
     Worker::builder(pool.clone(), Consumer::connect(redis, &app.redis_prefix).await.unwrap())
+        .runtime_pool(app.db.runtime_pool.clone())
         .handle::<K>(handler)
         .settings(settings)
         .build()
@@ -613,7 +614,7 @@ async fn jobs_without_an_operation_survive_a_redis_that_loses_everything() {
         worker_of::<Greet>(&app, &app.db.pool, &redis.url(), Greeter(log.clone()), WorkerSettings::default()).await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
     let maintenance = conveyor::maintenance::Maintenance::new(
-        app.db.pool.clone(),
+        app.db.runtime_pool.clone(),
         common::redis_client(&redis.url()).await,
         conveyor::stream::keys::Keys::new(&app.redis_prefix),
         conveyor::metrics::Metrics::new(),
@@ -677,7 +678,8 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
     use conveyor::outbox::transitions::relay;
     let app = TestApp::spawn().await;
     let ws = principal().workspace_id;
-    let pool = &app.db.pool;
+    // The relay's and the worker's bookkeeping: the runtime role's (it enqueues under RLS as well).
+    let pool = &app.db.runtime_pool;
     // Three jobs, a < c < x by id (UUIDv7s written in that order), claimed by the relay "me".
     let mut tx = conveyor::begin_workspace(pool, ws).await.unwrap();
     let jobs = [greet("a", "ok"), greet("c", "ok"), greet("x", "ok")];

@@ -126,6 +126,7 @@ fn caller(seen: &Arc<Seen>, cost: Duration) -> Caller {
 
 async fn worker(app: &TestApp, caller: Caller, concurrency: usize) -> Worker {
     Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
+        .runtime_pool(app.db.runtime_pool.clone())
         .handle::<Call>(caller)
         .settings(WorkerSettings { concurrency, ..WorkerSettings::default() })
         .build()
@@ -416,6 +417,7 @@ async fn a_kind_has_at_most_its_limit_running_while_other_kinds_go_on() {
     let shutdown = CancellationToken::new();
     let worker =
         Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
+            .runtime_pool(app.db.runtime_pool.clone())
             .handle::<Call>(caller(&seen, Duration::from_millis(20)))
             .handle::<Slow>(Sleeper { running: running.clone(), cost: Duration::from_millis(200) })
             .settings(WorkerSettings { concurrency: 8, ..WorkerSettings::default() })

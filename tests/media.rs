@@ -224,6 +224,7 @@ async fn media_worker(app: &TestApp, metrics: Metrics) -> Worker {
         format!("test-{}", Uuid::new_v4().simple()),
     );
     Worker::builder(app.db.pool.clone(), consumer)
+        .runtime_pool(app.db.runtime_pool.clone())
         .handle::<ProcessMedia>(ProcessMediaHandler {
             settings: process_settings(app),
             metrics: metrics.clone(),

@@ -9,14 +9,14 @@ use sqlx::migrate::Migrator;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-/// An empty database of the test's own: the owner's and the application role's URLs on it.
-async fn empty_database() -> (String, String) {
+/// An empty database of the test's own: the owner's, the application role's and the runtime role's URLs on it.
+async fn empty_database() -> (String, String, String) {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
     let name = format!("conveyor_test_{now}_{}", &Uuid::new_v4().simple().to_string()[..12]);
     let mut admin = PgConnection::connect(&common::owner_base_url()).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
     let on = |url: String| format!("{}/{name}", url.rsplit_once('/').unwrap().0);
-    (on(common::owner_base_url()), on(common::app_base_url()))
+    (on(common::owner_base_url()), on(common::app_base_url()), on(common::runtime_base_url()))
 }
 
 async fn versions(conn: &mut PgConnection, table: &str) -> Vec<i64> {
@@ -28,8 +28,8 @@ async fn versions(conn: &mut PgConnection, table: &str) -> Vec<i64> {
 
 #[tokio::test]
 async fn a_services_own_sqlx_migrations_and_conveyors_share_a_database_without_clashing() {
-    let (owner, app) = empty_database().await;
-    conveyor::migrate(&owner, &app).await.unwrap();
+    let (owner, app, runtime) = empty_database().await;
+    conveyor::migrate(&owner, &app, &runtime).await.unwrap();
 
     // The service's own migrations, versions 1 and 2 as Conveyor's are: sqlx's default history table is theirs.
     let dir = std::env::temp_dir().join(format!("service-migrations-{}", Uuid::new_v4().simple()));
@@ -40,7 +40,7 @@ async fn a_services_own_sqlx_migrations_and_conveyors_share_a_database_without_c
     Migrator::new(dir.as_path()).await.unwrap().run(&mut conn).await.unwrap();
 
     // Both run again, in either order, and each keeps its own history.
-    conveyor::migrate(&owner, &app).await.unwrap();
+    conveyor::migrate(&owner, &app, &runtime).await.unwrap();
     Migrator::new(dir.as_path()).await.unwrap().run(&mut conn).await.unwrap();
     assert_eq!(versions(&mut conn, "_sqlx_migrations").await, [1, 2]);
     let ours: Vec<i64> = conveyor::migrate::MIGRATOR.iter().map(|m| m.version).collect();
@@ -57,13 +57,13 @@ async fn a_services_own_sqlx_migrations_and_conveyors_share_a_database_without_c
 
 #[tokio::test]
 async fn a_database_migrated_by_an_earlier_release_has_its_history_adopted() {
-    let (owner, app) = empty_database().await;
+    let (owner, app, runtime) = empty_database().await;
     // An earlier release recorded Conveyor's history in `_sqlx_migrations`, and had applied up to version 5.
     let mut conn = PgConnection::connect(&owner).await.unwrap();
     conveyor::migrate::MIGRATOR.run_to(5, &mut conn).await.unwrap();
     assert_eq!(versions(&mut conn, "_sqlx_migrations").await, [1, 2, 3, 4, 5]);
 
-    conveyor::migrate(&owner, &app).await.unwrap();
+    conveyor::migrate(&owner, &app, &runtime).await.unwrap();
     let ours: Vec<i64> = conveyor::migrate::MIGRATOR.iter().map(|m| m.version).collect();
     assert_eq!(versions(&mut conn, conveyor::migrate::HISTORY_TABLE).await, ours, "adopted, then the rest applied");
     let kinds: Option<String> =
@@ -76,7 +76,7 @@ async fn a_database_migrated_by_an_earlier_release_has_its_history_adopted() {
 
 #[tokio::test]
 async fn jobs_that_ran_before_job_ends_were_recorded_are_ended_by_the_upgrade_and_live_ones_stay_live() {
-    let (owner, app) = empty_database().await;
+    let (owner, app, runtime) = empty_database().await;
     // A database of the release before 0006: a job that ran ended `dispatched` for good.
     let mut conn = PgConnection::connect(&owner).await.unwrap();
     conveyor::migrate::MIGRATOR.run_to(5, &mut conn).await.unwrap();
@@ -114,7 +114,7 @@ async fn jobs_that_ran_before_job_ends_were_recorded_are_ended_by_the_upgrade_an
     .unwrap();
     tx.commit().await.unwrap();
 
-    conveyor::migrate(&owner, &app).await.unwrap();
+    conveyor::migrate(&owner, &app, &runtime).await.unwrap();
     let mut tx = conn.begin().await.unwrap();
     sqlx::query("SELECT set_config('app.workspace_id', $1, true)")
         .bind(ws.to_string())

@@ -1,10 +1,10 @@
 //! PostgreSQL faults with real processes: the `api`, `dispatcher`, `worker` and `maintenance` roles of the `conveyor`
 //! binary on a PostgreSQL of the test's own (`common::postgres`), the shared Redis under a prefix of the test's own,
-//! and the sandbox marketplace. Clients create stores with idempotency keys and retry with the same key until they
-//! get a definite answer, while PostgreSQL is restarted (fast stop, start again), crashes (SIGKILL of every server
-//! process, then crash recovery) or has every application connection terminated (a failover-like reset). Every accepted request's operation ends `succeeded` once, with one
-//! marketplace effect, and every role survives without a restart. After a restart the dispatcher `LISTEN`s again and
-//! relays a new job on its notification.
+//! and the sandbox marketplace. Clients create stores with idempotency keys and retry with the same key until they get
+//! a definite answer, while PostgreSQL is restarted (fast stop, start again), crashes (SIGKILL of every server process,
+//! then crash recovery) or has every application connection terminated (a failover-like reset). Every accepted
+//! request's operation ends `succeeded` once, with one marketplace effect, and every role survives without a restart.
+//! After a restart the dispatcher `LISTEN`s again and relays a new job on its notification.
 
 mod common;
 

@@ -1,6 +1,9 @@
-//! Row-level security is the tenant wall: tested as the application role, which is what the services use.
+//! Row-level security is the tenant wall: tested as the application role, which the API and the job handlers use,
+//! and around the runtime role, which alone may call the functions that work across workspaces (issue 16).
 
 mod common;
+
+use std::collections::BTreeSet;
 
 use common::{TestApp, principal, store_body};
 use conveyor::config::{MigrateConfig, Secret};
@@ -141,39 +144,330 @@ async fn the_application_role_cannot_turn_security_off_or_become_the_owner() {
     assert!(!superuser && !bypass);
 }
 
+/// Every function the application role can execute, and why each stays in the caller's workspace: an allow-list that
+/// `conveyor migrate`'s own (`APPLICATION_FUNCTIONS`) must equal. A function that is not proven here (one that reads
+/// or changes several workspaces in one call, or sets `app.workspace_id` from its arguments) belongs to the runtime
+/// role.
+const PROVEN: &[(&str, &str)] = &[
+    ("conveyor_current_workspace", "reads the caller's own app.workspace_id; every policy compares with it"),
+    ("conveyor_uuid_v7", "pure: reads no table"),
+    ("conveyor_job_state", "pure: reads no table"),
+    ("conveyor_enqueue", "SECURITY INVOKER: refused without a workspace, writes the caller's under RLS (checked below)"),
+    ("conveyor_listing_publication_is_final", "trigger: PostgreSQL calls it only for a row the caller writes"),
+    ("conveyor_catalog_sync_ended", "trigger: PostgreSQL calls it only for a row the caller writes"),
+    ("conveyor_catalog_sync_replayed", "trigger: PostgreSQL calls it only for a row the caller writes"),
+    ("conveyor_asset_transfer_ended", "trigger: PostgreSQL calls it only for a row the caller writes"),
+];
+
+/// Tables without row-level security the application role may read (never write): global, no workspace's rows.
+const GLOBAL_READABLE: &[&str] = &["conveyor_schema_migrations", "job_kinds"];
+
+/// What the role of `conn` may do that the wall does not allow: functions it can execute that are not [`PROVEN`] (in
+/// any schema but PostgreSQL's own), proven ones that are `SECURITY DEFINER` (but triggers) or set a configuration
+/// (`app.workspace_id`, whose value is the wall), relations without forced row-level security it can write, and ones
+/// it can read beyond [`GLOBAL_READABLE`] (a view reads as its owner).
+async fn wall_breaches(conn: &mut sqlx::PgConnection) -> Vec<String> {
+    let mut breaches = Vec::new();
+    let functions: Vec<(String, String, bool, bool, String)> = sqlx::query_as(
+        "SELECT p.proname::text, p.oid::regprocedure::text, p.prosecdef, p.prorettype = 'trigger'::regtype,
+                coalesce(p.prosrc, '')
+         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+           AND has_function_privilege(current_user, p.oid, 'EXECUTE')",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    for (name, signature, definer, trigger, source) in &functions {
+        if !PROVEN.iter().any(|(proven, _)| proven == name) {
+            breaches.push(format!("executes {signature}, which is not proven to stay in one workspace"));
+        } else if *definer && !*trigger {
+            breaches.push(format!("executes {signature}, a SECURITY DEFINER function"));
+        } else if calls_set_config(source) {
+            breaches.push(format!("executes {signature}, which sets a configuration (app.workspace_id?)"));
+        }
+    }
+    let relations: Vec<(String, bool, bool)> = sqlx::query_as(
+        "SELECT c.oid::regclass::text,
+                has_table_privilege(current_user, c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE'),
+                has_table_privilege(current_user, c.oid, 'SELECT')
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+           AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+           AND NOT (c.relkind IN ('r', 'p') AND c.relrowsecurity AND c.relforcerowsecurity)",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    for (relation, writes, reads) in relations {
+        if writes {
+            breaches.push(format!("writes {relation}, which has no (forced) row-level security"));
+        } else if reads && !GLOBAL_READABLE.contains(&relation.as_str()) {
+            breaches.push(format!("reads {relation}, which has no (forced) row-level security"));
+        }
+    }
+    breaches
+}
+
+/// Whether a function's source calls `set_config` (not merely names it in a string: `set_config(''app...`).
+fn calls_set_config(source: &str) -> bool {
+    let source = source.to_lowercase();
+    source.match_indices("set_config").any(|(at, name)| {
+        let rest = source[at + name.len()..].trim_start();
+        rest.strip_prefix('(').is_some_and(|arguments| !arguments.trim_start().starts_with("''"))
+    })
+}
+
+/// The functions `conn`'s role can execute whose names start with `conveyor_`.
+async fn executable(conn: &mut sqlx::PgConnection) -> BTreeSet<String> {
+    sqlx::query_scalar(
+        "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'public' AND p.proname LIKE 'conveyor\\_%'
+           AND has_function_privilege(current_user, p.oid, 'EXECUTE')",
+    )
+    .fetch_all(conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
 #[tokio::test]
-async fn the_definer_function_reveals_workspace_ids_and_nothing_else() {
+async fn every_function_and_table_the_application_role_can_use_is_proven_to_stay_in_one_workspace() {
+    let db = common::TestDb::create().await;
+    let mut app = db.app_connection().await;
+    let breaches = wall_breaches(&mut app).await;
+    assert!(breaches.is_empty(), "the application role:\n{}", breaches.join("\n"));
+    // The allow-list has no stale names: each proven function exists and is the application role's, and it is the
+    // list `conveyor migrate` grants.
+    let proven: BTreeSet<String> = PROVEN.iter().map(|(name, _)| (*name).to_owned()).collect();
+    assert_eq!(executable(&mut app).await, proven, "the application role executes exactly the proven functions");
+    let granted: BTreeSet<String> = conveyor::migrate::APPLICATION_FUNCTIONS.iter().map(|n| (*n).to_owned()).collect();
+    assert_eq!(granted, proven, "src/migrate.rs's APPLICATION_FUNCTIONS and this test's PROVEN differ");
+
+    // The check catches a grant someone adds later: a function of the runtime's, a writable table without RLS.
+    let mut owner = db.owner().await;
+    let role = db.app_url.split("://").nth(1).unwrap().split(':').next().unwrap().to_owned();
+    for grant in [
+        format!("GRANT EXECUTE ON FUNCTION conveyor_due_outbox_workspaces(integer) TO {role}"),
+        format!("GRANT EXECUTE ON FUNCTION conveyor_complete_jobs(uuid[], uuid[], integer[], jsonb[]) TO {role}"),
+        format!("GRANT INSERT ON job_kinds TO {role}"),
+        "CREATE FUNCTION leak() RETURNS bigint LANGUAGE sql SECURITY DEFINER AS 'SELECT count(*) FROM stores'".into(),
+        "GRANT EXECUTE ON FUNCTION leak() TO PUBLIC".into(),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(grant)).execute(&mut owner).await.unwrap();
+    }
+    let breaches = wall_breaches(&mut app).await.join("\n");
+    for caught in ["conveyor_due_outbox_workspaces(integer)", "conveyor_complete_jobs(", "writes job_kinds", "leak()"] {
+        assert!(breaches.contains(caught), "{caught} not caught:\n{breaches}");
+    }
+}
+
+#[tokio::test]
+async fn the_runtime_role_alone_executes_the_functions_that_work_across_workspaces() {
     let app = TestApp::spawn().await;
     let (a, b) = two_populated_workspaces(&app).await;
-    let mut conn = app.db.app_connection().await;
-    let rows = sqlx::query("SELECT * FROM conveyor_due_outbox_workspaces(100)").fetch_all(&mut conn).await.unwrap();
+    let mut as_app = app.db.app_connection().await;
+    let mut runtime = sqlx::PgConnection::connect(&app.db.runtime_url).await.unwrap();
+    let everything = executable(&mut runtime).await;
+    let application = executable(&mut as_app).await;
+    let runtime_only: Vec<&String> = everything.difference(&application).collect();
+    for function in [
+        "conveyor_due_outbox_workspaces",
+        "conveyor_claim_jobs_fair",
+        "conveyor_mark_outbox_dispatched",
+        "conveyor_complete_jobs",
+        "conveyor_jobs_not_to_run",
+        "conveyor_event_by_stream_id",
+        "conveyor_next_due_at",
+        "conveyor_due_schedules",
+        "conveyor_outbox_backlog_due",
+        "conveyor_audit_purge",
+    ] {
+        assert!(runtime_only.iter().any(|f| *f == function), "{function} is the runtime's alone: {runtime_only:?}");
+    }
+    assert!(everything.is_superset(&application), "the runtime role runs what the application role runs too");
+    assert!(!everything.iter().any(|f| f.starts_with("conveyor_admin_")), "the operator's functions are not its");
+
+    // The application role is refused, with or without a workspace, and B's job stays as it was.
+    let b_job: uuid::Uuid = app.db.rows("outbox_events", b.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
+    for call in [
+        "SELECT * FROM conveyor_due_outbox_workspaces(100)".to_owned(),
+        "SELECT conveyor_next_due_at()".to_owned(),
+        format!(
+            "SELECT conveyor_complete_jobs(ARRAY['{}']::uuid[], ARRAY['{b_job}']::uuid[], ARRAY[NULL]::int[],
+                                           ARRAY['null']::jsonb[])",
+            b.workspace_id.0
+        ),
+        format!("SELECT * FROM conveyor_jobs_not_to_run(ARRAY['{}']::uuid[], ARRAY['{b_job}']::uuid[], ARRAY[NULL]::int[])",
+                b.workspace_id.0),
+        "SELECT * FROM conveyor_claim_jobs_fair(ARRAY[]::uuid[], 'me', 30, 10, 0)".to_owned(),
+    ] {
+        let mut tx = db::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
+        let err = sqlx::query(sqlx::AssertSqlSafe(call.clone())).execute(&mut *tx).await.unwrap_err();
+        assert!(err.to_string().contains("permission denied for function"), "{call}: {err}");
+        tx.rollback().await.unwrap();
+        let err = sqlx::query(sqlx::AssertSqlSafe(call.clone())).execute(&mut as_app).await.unwrap_err();
+        assert!(err.to_string().contains("permission denied for function"), "{call}: {err}");
+    }
+    let b_rows = app.db.rows("outbox_events", b.workspace_id).await;
+    assert_eq!(b_rows[0]["status"], "pending", "B's job is untouched");
+
+    // The runtime role's lookups return workspace ids and nothing else; the rows stay behind RLS for it too.
+    let rows = sqlx::query("SELECT * FROM conveyor_due_outbox_workspaces(100)").fetch_all(&mut runtime).await.unwrap();
     assert_eq!(rows[0].columns().len(), 1, "one column: the workspace id");
-    let mut ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.get(0)).collect();
-    ids.sort();
-    let mut expected = vec![a.workspace_id.0, b.workspace_id.0];
-    expected.sort();
-    assert_eq!(ids, expected);
-    // ... and the outbox itself stays invisible to the same connection.
-    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut conn).await.unwrap();
-    assert_eq!(n, 0);
+    let ids: BTreeSet<uuid::Uuid> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(ids, BTreeSet::from([a.workspace_id.0, b.workspace_id.0]));
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut runtime).await.unwrap();
+    assert_eq!(n, 0, "without a workspace the runtime role reads no row either");
+}
+
+#[tokio::test]
+async fn the_application_role_enqueues_only_in_its_workspace() {
+    let app = TestApp::spawn().await;
+    let (a, b) = two_populated_workspaces(&app).await;
+    sqlx::query("INSERT INTO job_kinds (kind, queue, max_attempts, timeout_ms) VALUES ('test.leak', 'leaks', 3, 1000)")
+        .execute(&mut app.db.owner().await)
+        .await
+        .unwrap();
+    let mut conn = app.db.app_connection().await;
+    let err = sqlx::query("SELECT conveyor_enqueue('test.leak', '{}')").execute(&mut conn).await.unwrap_err();
+    assert!(err.to_string().contains("no workspace is set"), "{err}");
+    // From A, B's live operation cannot carry A's job, and the job lands in A.
+    let b_operation: uuid::Uuid =
+        app.db.rows("operations", b.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
+    let mut tx = db::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
+    let err = sqlx::query("SELECT conveyor_enqueue('test.leak', '{}', operation_id => $1)")
+        .bind(b_operation)
+        .execute(&mut *tx)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not a live operation of this workspace"), "{err}");
+    tx.rollback().await.unwrap();
+    let mut tx = db::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
+    let (id,): (uuid::Uuid,) =
+        sqlx::query_as("SELECT conveyor_enqueue('test.leak', '{}')").fetch_one(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(app.db.rows("outbox_events", a.workspace_id).await.iter().any(|e| e["id"] == id.to_string()));
+    assert_eq!(app.db.count("outbox_events", b.workspace_id).await, 1, "B has its own job only");
+    // Trigger functions cannot be called at all.
+    for trigger in PROVEN.iter().filter(|(_, why)| why.starts_with("trigger")).map(|(name, _)| name) {
+        let err = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {trigger}()"))).execute(&mut conn).await.unwrap_err();
+        assert!(err.to_string().contains("trigger functions can only be called as triggers"), "{trigger}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn a_workspaces_weight_and_pauses_are_its_rows_and_a_pause_of_every_workspace_is_no_ones() {
+    let app = TestApp::spawn().await;
+    let (a, b) = (principal().workspace_id, principal().workspace_id);
+    conveyor::set_workspace_weight(&app.db.pool, b, 5).await.unwrap();
+    let b_pause = conveyor::PauseScope::kind_named("test.work").in_workspace(b);
+    assert!(conveyor::pause(&app.db.pool, &b_pause, Some("b's")).await.unwrap());
+    let everywhere = conveyor::PauseScope::queue("work");
+    assert!(conveyor::pause(&app.db.pool, &everywhere, None).await.unwrap());
+
+    // Without a workspace: no weight, and only the pause of every workspace.
+    let mut conn = app.db.app_connection().await;
+    let (weights,): (i64,) = sqlx::query_as("SELECT count(*) FROM workspace_weights").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(weights, 0);
+    let pauses = conveyor::list_pauses(&app.db.pool).await.unwrap();
+    assert_eq!(pauses.iter().map(|p| p.workspace_id).collect::<Vec<_>>(), [None], "{pauses:?}");
+    for change in ["UPDATE workspace_weights SET weight = 1", "DELETE FROM workspace_weights",
+                   "DELETE FROM dispatch_pauses WHERE workspace_id IS NOT NULL"] {
+        let done = sqlx::query(change).execute(&mut conn).await.unwrap();
+        assert_eq!(done.rows_affected(), 0, "{change} without a workspace");
+    }
+    // From A: B's weight and pause are invisible, cannot be changed, and cannot be written for B.
+    let mut tx = db::begin_workspace(&app.db.pool, a).await.unwrap();
+    for (change, what) in [
+        ("UPDATE workspace_weights SET weight = 1 WHERE workspace_id = $1", "B's weight"),
+        ("DELETE FROM dispatch_pauses WHERE workspace_id = $1", "B's pause"),
+    ] {
+        let done = sqlx::query(change).bind(b.0).execute(&mut *tx).await.unwrap();
+        assert_eq!(done.rows_affected(), 0, "{what} from A");
+    }
+    let (seen,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
+    assert_eq!(seen, 1, "A sees the pause of every workspace only");
+    tx.commit().await.unwrap();
+    for write in [
+        "INSERT INTO workspace_weights (workspace_id, weight) VALUES ($1, 9)",
+        "INSERT INTO dispatch_pauses (queue, workspace_id) VALUES ('work', $1)",
+    ] {
+        let mut tx = db::begin_workspace(&app.db.pool, a).await.unwrap();
+        let err = sqlx::query(write).bind(b.0).execute(&mut *tx).await.unwrap_err();
+        assert!(err.to_string().contains("row-level security"), "{write}: {err}");
+    }
+    // B's rows are intact, in B's context; the runtime role (the relay's claim) reads every pause.
+    let mut tx = db::begin_workspace(&app.db.pool, b).await.unwrap();
+    let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM workspace_weights").fetch_one(&mut *tx).await.unwrap();
+    assert_eq!(weight, 5);
+    tx.commit().await.unwrap();
+    assert_eq!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().len(), 2);
+    assert!(conveyor::resume(&app.db.pool, &b_pause).await.unwrap(), "lifted in B's context");
+}
+
+#[tokio::test]
+async fn maintenance_purges_the_audit_trail_past_its_retention_and_says_so_in_it() {
+    let app = TestApp::spawn().await;
+    let mut owner = app.db.owner().await;
+    sqlx::query(
+        "INSERT INTO conveyor_admin_audit (at, actor, action) VALUES
+             (now() - interval '100 days', 'old', 'jobs'), (now() - interval '95 days', 'old', 'jobs'),
+             (now() - interval '10 days', 'recent', 'jobs')",
+    )
+    .execute(&mut owner)
+    .await
+    .unwrap();
+    // Neither the application role nor a retention under a day.
+    let mut conn = app.db.app_connection().await;
+    let err = sqlx::query("SELECT conveyor_audit_purge(interval '1 day', 10)").execute(&mut conn).await.unwrap_err();
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    let err = sqlx::query("SELECT conveyor_audit_purge(interval '1 hour', 10)")
+        .execute(&app.db.runtime_pool)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("at least a day"), "{err}");
+
+    let maintenance = conveyor::maintenance::Maintenance::new(
+        app.db.runtime_pool.clone(),
+        common::redis_client(&common::redis_url()).await,
+        conveyor::stream::keys::Keys::new(&app.redis_prefix),
+        conveyor::metrics::Metrics::new(),
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(7 * 86400),
+        std::time::Duration::from_secs(300),
+    );
+    let report = maintenance.run_once().await.unwrap();
+    assert_eq!(report.audit_purged, 2, "the two entries older than 90 days");
+    let left: Vec<(String, String)> =
+        sqlx::query_as("SELECT actor, action FROM conveyor_admin_audit ORDER BY id").fetch_all(&mut owner).await.unwrap();
+    assert_eq!(left, [("recent".into(), "jobs".into()), ("maintenance".into(), "audit_purge".into())]);
+    let shorter = maintenance.with_audit_retention(std::time::Duration::from_secs(86400));
+    assert_eq!(shorter.run_once().await.unwrap().audit_purged, 1, "the 10-day-old entry, under a 1-day retention");
 }
 
 #[tokio::test]
 async fn migrate_refuses_an_application_role_that_would_bypass_the_wall() {
     let db = common::TestDb::create().await;
-    // The owner as "application role": it owns the tables, so it could turn RLS off.
-    let config = MigrateConfig {
+    let config = |app: &str, runtime: &str, operator: Option<&str>| MigrateConfig {
         migration_database_url: Secret::new(db.owner_url.clone()),
-        database_url: Secret::new(db.owner_url.clone()),
-        operator_database_url: None,
+        database_url: Secret::new(app.to_owned()),
+        runtime_database_url: Secret::new(runtime.to_owned()),
+        operator_database_url: operator.map(|o| Secret::new(o.to_owned())),
     };
-    let err = conveyor::migrate::run(&config).await.unwrap_err();
-    assert!(format!("{err:#}").contains("must not be"), "{err:#}");
-    // Running it again with the right roles is fine (idempotent).
-    let config = MigrateConfig {
-        migration_database_url: Secret::new(db.owner_url.clone()),
-        database_url: Secret::new(db.app_url.clone()),
-        operator_database_url: None,
-    };
-    conveyor::migrate::run(&config).await.unwrap();
+    // The owner as "application role": it owns the tables, so it could turn RLS off; as runtime role likewise.
+    let err = conveyor::migrate::run(&config(&db.owner_url, &db.runtime_url, None)).await.unwrap_err();
+    assert!(format!("{err:#}").contains("application role `conveyor_owner` must not be"), "{err:#}");
+    let err = conveyor::migrate::run(&config(&db.app_url, &db.owner_url, None)).await.unwrap_err();
+    assert!(format!("{err:#}").contains("runtime role `conveyor_owner` must not be"), "{err:#}");
+    // The runtime's functions never go to the application role, nor the operator's to the runtime role.
+    let err = conveyor::migrate::run(&config(&db.app_url, &db.app_url, None)).await.unwrap_err();
+    assert!(format!("{err:#}").contains("is the application role"), "{err:#}");
+    let err = conveyor::migrate::run(&config(&db.app_url, &db.runtime_url, Some(&db.runtime_url))).await.unwrap_err();
+    assert!(format!("{err:#}").contains("is the runtime role"), "{err:#}");
+    // Running it again with the right roles is fine (idempotent), and the wall still holds.
+    conveyor::migrate::run(&config(&db.app_url, &db.runtime_url, Some(&db.operator_url))).await.unwrap();
+    assert!(wall_breaches(&mut db.app_connection().await).await.is_empty());
 }

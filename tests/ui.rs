@@ -73,6 +73,7 @@ impl Scenario {
         let succeed = Arc::new(AtomicBool::new(false));
         let consumer = conveyor::Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap();
         let worker = Worker::builder(app.db.pool.clone(), consumer)
+            .runtime_pool(app.db.runtime_pool.clone())
             .handle::<Flaky>(FlakyHandler { succeed: succeed.clone() })
             .build()
             .unwrap();
@@ -390,7 +391,7 @@ async fn every_page_renders_and_its_forms_take_effect() {
     // Pause the queue from its page, see it on the overview, resume it from there.
     let to = post("/ui/queues/ui-demo/pause", vec![("reason", "maintenance <b>now</b>".into())]).await;
     assert_eq!(to, "/ui/queues/ui-demo?notice=paused");
-    let pauses = conveyor::list_pauses(pool).await.unwrap();
+    let pauses = conveyor::list_pauses(&app.db.runtime_pool).await.unwrap();
     assert_eq!(pauses.len(), 1);
     assert_eq!(pauses[0].queue.as_deref(), Some("ui-demo"));
     let (_, home) = get("/ui/".into()).await;
@@ -399,10 +400,10 @@ async fn every_page_renders_and_its_forms_take_effect() {
         post("/ui/pauses/resume", vec![("queue", "ui-demo".into()), ("kind", "".into()), ("workspace", "".into())])
             .await;
     assert_eq!(to, "/ui/?notice=resumed");
-    assert!(conveyor::list_pauses(pool).await.unwrap().is_empty());
+    assert!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
     let to = post("/ui/pauses", vec![("kind", Flaky::KIND.into()), ("workspace", s.workspace.0.to_string())]).await;
     assert_eq!(to, "/ui/?notice=paused");
-    assert_eq!(conveyor::list_pauses(pool).await.unwrap()[0].workspace_id, Some(s.workspace.0));
+    assert_eq!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap()[0].workspace_id, Some(s.workspace.0));
 
     // Pause and resume the schedule.
     let target = || vec![("workspace", s.workspace.0.to_string()), ("name", "nightly-digest".to_owned())];

@@ -227,7 +227,12 @@ pub(super) async fn discard_many(
 
 /// What a bulk action did, for its outcome row: its filter, its counts, the ids it changed, and whether it stopped on
 /// an error.
-fn bulk_arguments(filter: serde_json::Value, outcome: &BulkOutcome, changed: &[Uuid], failed: bool) -> serde_json::Value {
+fn bulk_arguments(
+    filter: serde_json::Value,
+    outcome: &BulkOutcome,
+    changed: &[Uuid],
+    failed: bool,
+) -> serde_json::Value {
     json!({
         "filter": filter,
         "outcome": if failed { "stopped_by_error" } else { "done" },

@@ -1,4 +1,5 @@
-//! What holds jobs back: pauses of the relay ([`crate::flow`], operator settings outside row-level security) and
+//! What holds jobs back: pauses of the relay ([`crate::flow`]: read across workspaces through `conveyor_admin_pauses`,
+//! set and lifted as the application role, in the workspace a pause names if it names one) and
 //! schedules (read across workspaces through `conveyor_admin_schedules`; paused and resumed as the application role
 //! in their workspace through [`crate::schedule`]). Every call is audited; a change writes its intent first (and is
 //! not made if that fails), then its outcome.
@@ -33,10 +34,12 @@ fn scope_arguments(scope: &PauseScope) -> serde_json::Value {
     json!({ "queue": scope.queue, "kind": scope.kind, "workspace": scope.workspace.map(|w| w.0) })
 }
 
-/// The pauses in force, oldest first.
+/// The pauses in force in every workspace, oldest first (the read is audited by the function).
 pub(super) async fn pauses(admin: &Admin, actor: &Actor) -> Result<Vec<Pause>, AdminError> {
-    audit::write(admin, actor, "pauses", json!({})).await?;
-    Ok(flow::list_pauses(&admin.app).await?)
+    Ok(sqlx::query_as("SELECT queue, kind, workspace_id, reason, created_at FROM conveyor_admin_pauses($1)")
+        .bind(filters::actor(actor)?)
+        .fetch_all(&admin.operator)
+        .await?)
 }
 
 /// Pauses `scope`; `false`: it was already paused.

@@ -152,7 +152,13 @@ fn outcome(action: &JobAction) -> serde_json::Value {
 
 /// Runs `change` on job `id` as `action`: its intent on the audit trail first (nothing runs if that fails), then the
 /// change, then its outcome (with the job's workspace when it was found).
-async fn audited<F>(admin: &Admin, actor: &Actor, action: &'static str, id: JobId, change: F) -> Result<JobAction, AdminError>
+async fn audited<F>(
+    admin: &Admin,
+    actor: &Actor,
+    action: &'static str,
+    id: JobId,
+    change: F,
+) -> Result<JobAction, AdminError>
 where
     F: AsyncFnOnce() -> Result<(Option<WorkspaceId>, JobAction), AdminError>,
 {

@@ -30,6 +30,7 @@ impl Report {
 const BASELINE: &[(&str, &str)] = &[
     ("CONVEYOR_DATABASE_URL", "postgres://app@127.0.0.1/conveyor"),
     ("CONVEYOR_MIGRATION_DATABASE_URL", "postgres://owner@127.0.0.1/conveyor"),
+    ("CONVEYOR_RUNTIME_DATABASE_URL", "postgres://runtime@127.0.0.1/conveyor"),
     ("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379"),
     ("CONVEYOR_JWT_SECRET", "baseline-jwt-secret-of-32-bytes-or-more"),
     ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:baseline-fingerprint-key-of-32-bytes"),
@@ -155,7 +156,7 @@ mod tests {
     #[test]
     fn missing_required_variables_and_rules_between_variables_are_reported() {
         let report = check(&HashMap::new(), MIGRATE);
-        assert_eq!(report.errors.len(), 2, "{:?}", report.errors);
+        assert_eq!(report.errors.len(), 3, "{:?}", report.errors);
         let src = env(&[("CONVEYOR_OPERATION_KEEPALIVE", "10m"), ("CONVEYOR_RECONCILE_AFTER", "5m")]);
         let report = check(&src, WORKER);
         assert!(report.errors.iter().any(|e| e.contains("CONVEYOR_RECONCILE_AFTER")), "{:?}", report.errors);

@@ -55,6 +55,15 @@ pub const VARIABLES: &[Variable] = &[
         "PostgreSQL URL of the application role (subject to row-level security)",
     ),
     required("CONVEYOR_MIGRATION_DATABASE_URL", MIGRATE, true, "PostgreSQL URL of the owner role"),
+    Variable {
+        name: "CONVEYOR_RUNTIME_DATABASE_URL",
+        roles: DISPATCHER | WORKER | MAINTENANCE | MIGRATE,
+        default: None,
+        required: DISPATCHER | WORKER | MAINTENANCE | MIGRATE,
+        secret: true,
+        help: "PostgreSQL URL of the runtime role: relay, maintenance, the worker's bookkeeping (works across \
+               workspaces; never the application role)",
+    },
     secret(
         "CONVEYOR_OPERATOR_DATABASE_URL",
         SERVERS | MIGRATE | OPERATOR,
@@ -98,6 +107,7 @@ pub const VARIABLES: &[Variable] = &[
     ),
     var("CONVEYOR_DISPATCH_WINDOW", DISPATCHER, Some("256"), "jobs per workspace in the workers' hands (0: off)"),
     var("CONVEYOR_OUTBOX_RETENTION", MAINTENANCE, Some("7d"), "how long ended jobs are kept"),
+    var("CONVEYOR_AUDIT_RETENTION", MAINTENANCE, Some("90d"), "how long the operators' audit trail is kept (>= 1d)"),
     var("CONVEYOR_WORKER_CONCURRENCY", WORKER, Some("16"), "jobs a worker process runs at once"),
     var("CONVEYOR_WORKER_VISIBILITY", WORKER, Some("5s"), "idle time before a dead consumer's entry is reclaimed"),
     var("CONVEYOR_JOB_TIMEOUT", WORKER, Some("60s"), "longest run of one job"),
@@ -173,6 +183,8 @@ mod tests {
         let worker = help_for(WORKER);
         assert!(worker.contains("CONVEYOR_WORKER_CONCURRENCY [default: 16]"), "{worker}");
         assert!(worker.contains("CONVEYOR_DATABASE_URL [required]"), "{worker}");
+        assert!(worker.contains("CONVEYOR_RUNTIME_DATABASE_URL [required]"), "{worker}");
+        assert!(!help_for(API).contains("CONVEYOR_RUNTIME_DATABASE_URL"), "the API never holds the runtime role");
         assert!(!worker.contains("CONVEYOR_HTTP_ADDR"), "{worker}");
         let migrate = help_for(MIGRATE);
         assert!(migrate.contains("CONVEYOR_MIGRATION_DATABASE_URL [required]"), "{migrate}");

@@ -47,7 +47,8 @@ pub(super) async fn listen(
             Ok(listener) => listener,
             Err(e) => {
                 if retry == RETRY_MIN {
-                    tracing::warn!(error = %redact(&e.to_string()), "Cannot LISTEN; retrying, sweeping every poll meanwhile");
+                    let error = redact(&e.to_string());
+                    tracing::warn!(%error, "Cannot LISTEN; retrying, sweeping every poll meanwhile");
                 }
                 tokio::select! {
                     _ = stop.cancelled() => return,

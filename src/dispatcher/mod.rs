@@ -82,8 +82,9 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// A dispatcher with the default settings over `pool` (the application role) and the Redis at `redis_url`, whose
-    /// keys start with `prefix`, named after this process.
+    /// A dispatcher with the default settings over `pool` (the runtime role's: `CONVEYOR_RUNTIME_DATABASE_URL`, which
+    /// `conveyor migrate` grants the functions that find and claim work across workspaces) and the Redis at
+    /// `redis_url`, whose keys start with `prefix`, named after this process.
     pub async fn connect(pool: PgPool, redis_url: &str, prefix: &str) -> anyhow::Result<Self> {
         let settings = DispatcherSettings::default();
         let redis =
@@ -92,7 +93,8 @@ impl Dispatcher {
         Ok(Self::new(pool, producer, settings, Metrics::new(), crate::ids::instance_name()))
     }
 
-    /// A dispatcher named `id` (unique per process: it is the lease holder, `locked_by`).
+    /// A dispatcher over `pool` (the runtime role's) named `id` (unique per process: it is the lease holder,
+    /// `locked_by`).
     pub fn new(pool: PgPool, producer: Producer, settings: DispatcherSettings, metrics: Metrics, id: String) -> Self {
         metrics.init_dispatcher();
         Self { pool, producer, settings, metrics, id }

@@ -48,7 +48,6 @@ impl<T: TryFrom<u64>> de::Visitor<'_> for Whole<T> {
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
         // 2^64 is the first f64 above u64::MAX; below it, a whole number converts exactly.
         if v.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&v) {
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             return self.visit_u64(v as u64);
         }
         Err(E::invalid_value(Unexpected::Float(v), &self))

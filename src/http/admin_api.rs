@@ -17,8 +17,8 @@
 //! Every call needs an operator ([`Operator`]: `Authorization: Bearer` with `CONVEYOR_ADMIN_TOKEN` or an operator
 //! JWT); without the operator database it answers 503 `ADMIN_NOT_CONFIGURED`. Every call, reads included, leaves a
 //! row in the audit trail; a change leaves its intent there before it runs (503 `SERVICE_UNAVAILABLE`, and nothing
-//! changes, when that cannot be written), then its outcome. Errors are problem+json: 400 names the parameter, 404 an unknown id, 409 a state that
-//! refuses the change.
+//! changes, when that cannot be written), then its outcome. Errors are problem+json: 400 names the parameter, 404 an
+//! unknown id, 409 a state that refuses the change.
 
 mod operator;
 mod params;

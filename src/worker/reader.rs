@@ -66,7 +66,7 @@ impl Worker {
         let partition = *partition;
         self.track(&queue.name, partition, entries.iter().map(|e| e.id.clone()));
         let ids: Vec<(WorkspaceId, Uuid, Option<i32>)> = entries.iter().filter_map(job_of).collect();
-        let skip = match record::not_to_run(&self.0.pool, &ids).await {
+        let skip = match record::not_to_run(&self.0.runtime, &ids).await {
             Ok(skip) => skip,
             Err(e) => {
                 tracing::warn!(queue = %queue.name, error = %redact(&e.to_string()), "Cannot check jobs before running them; leaving them for later");
@@ -125,7 +125,7 @@ impl Worker {
             let Some(entry) = self.0.consumer.read_now_in(&queue.name, *partition, 1).await?.pop() else { continue };
             self.track(&queue.name, *partition, [entry.id.clone()]);
             let skip = match job_of(&entry) {
-                Some(job) => record::not_to_run(&self.0.pool, &[job]).await?.contains(&job.1),
+                Some(job) => record::not_to_run(&self.0.runtime, &[job]).await?.contains(&job.1),
                 None => false,
             };
             if skip {
@@ -257,7 +257,7 @@ impl Worker {
         // Pending entries whose data Redis no longer has: the job is re-driven from PostgreSQL.
         for entry_id in reclaimed.deleted {
             let reference = stream_ref(partition, &entry_id);
-            if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.pool, name, &reference).await? {
+            if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.runtime, name, &reference).await? {
                 let mut tx = db::begin_workspace(&self.0.pool, workspace).await?;
                 if record::redrive_tx(&mut tx, workspace, event_id, &reference).await? {
                     tracing::warn!(queue = name, event_id = %event_id, "Stream entry lost by Redis; re-driven from PostgreSQL");

@@ -215,7 +215,11 @@ impl Running {
 }
 
 pub(super) struct Inner {
+    /// The application role's: the jobs' transactions, each in its workspace under row-level security.
     pub(super) pool: PgPool,
+    /// The runtime role's: the bookkeeping that spans workspaces in one statement (the skip check, records of ends,
+    /// a lost entry's job, the kinds' registry).
+    pub(super) runtime: PgPool,
     /// A few connections of their own for keep-alives, progress and cancellations: jobs holding every connection of
     /// `pool` in their transactions cannot starve them.
     pub(super) control: PgPool,
@@ -236,6 +240,7 @@ pub(super) struct Inner {
 /// Builds a [`Worker`].
 pub struct WorkerBuilder {
     pool: PgPool,
+    runtime: Option<PgPool>,
     control: Option<PgPool>,
     consumer: Consumer,
     handlers: Vec<Arc<dyn Registered>>,
@@ -262,6 +267,16 @@ impl WorkerBuilder {
         self
     }
 
+    /// The runtime role's pool (`CONVEYOR_RUNTIME_DATABASE_URL`, granted by `conveyor migrate`), required: the
+    /// worker's bookkeeping checks and records the ends of many jobs of several workspaces in one statement (a skip
+    /// check before a batch of jobs runs, the ends of jobs that ran without a transaction, the job of an entry Redis
+    /// lost) and registers its kinds, which the application role may not. The jobs themselves run in transactions of
+    /// the builder's pool, in their workspace.
+    pub fn runtime_pool(mut self, pool: PgPool) -> Self {
+        self.runtime = Some(pool);
+        self
+    }
+
     /// The pool for keep-alives, progress and cancellations (default: two connections of their own, made with the
     /// main pool's options when first needed).
     pub fn control_pool(mut self, pool: PgPool) -> Self {
@@ -269,10 +284,16 @@ impl WorkerBuilder {
         self
     }
 
-    /// The worker. Fails without handlers, on a kind registered twice or with an invalid name, and on settings it
-    /// cannot run with.
+    /// The worker. Fails without handlers or a runtime pool, on a kind registered twice or with an invalid name, and
+    /// on settings it cannot run with.
     pub fn build(self) -> anyhow::Result<Worker> {
         anyhow::ensure!(!self.handlers.is_empty(), "a worker needs at least one handler");
+        let Some(runtime) = self.runtime else {
+            anyhow::bail!(
+                "a worker needs the runtime role's pool (WorkerBuilder::runtime_pool, CONVEYOR_RUNTIME_DATABASE_URL) \
+                 for its bookkeeping across workspaces"
+            );
+        };
         anyhow::ensure!(self.settings.concurrency > 0, "concurrency must be at least 1");
         anyhow::ensure!(!self.settings.keepalive.is_zero(), "the operation keep-alive must be longer than zero");
         let mut handlers = HashMap::new();
@@ -314,6 +335,7 @@ impl WorkerBuilder {
             acks,
             ack_queue: Mutex::new(Some(ack_queue)),
             pool: self.pool,
+            runtime,
             control,
             consumer: self.consumer,
             lanes: Mutex::new(Arc::new(queues.iter().map(|q| (q.clone(), Partition::Whole)).collect())),
@@ -349,10 +371,12 @@ impl WorkerBuilder {
 pub struct Worker(pub(super) Arc<Inner>);
 
 impl Worker {
-    /// A builder over PostgreSQL (the application role) and a stream consumer.
+    /// A builder over PostgreSQL (the application role's pool, for the jobs' transactions) and a stream consumer; the
+    /// runtime role's pool follows ([`WorkerBuilder::runtime_pool`]).
     pub fn builder(pool: PgPool, consumer: Consumer) -> WorkerBuilder {
         WorkerBuilder {
             pool,
+            runtime: None,
             control: None,
             consumer,
             handlers: Vec::new(),
@@ -398,7 +422,8 @@ impl Worker {
         self.0.lanes.lock().expect("lanes lock").clone()
     }
 
-    /// Records its kinds, their queues and defaults in `job_kinds`, where the SQL enqueue function finds them.
+    /// Records its kinds, their queues and defaults in `job_kinds`, where the SQL enqueue function finds them (as the
+    /// runtime role: a kind is every workspace's, and the application role only reads them).
     pub async fn register_kinds(&self) -> Result<(), sqlx::Error> {
         let handlers: Vec<&Arc<dyn Registered>> = self.0.handlers.values().collect();
         let kinds: Vec<&str> = handlers.iter().map(|h| h.kind()).collect();
@@ -419,7 +444,7 @@ impl Worker {
         .bind(&queues)
         .bind(&attempts)
         .bind(&timeouts)
-        .execute(&self.0.control)
+        .execute(&self.0.runtime)
         .await?;
         Ok(())
     }
@@ -543,7 +568,10 @@ mod tests {
         // Nothing connects: a lazy pool and clients that were never initialised.
         let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://127.0.0.1:1/none").unwrap();
         let client = || fred::prelude::Builder::default_centralized().build().unwrap();
-        let builder = || Worker::builder(pool.clone(), Consumer::new(client(), client(), Keys::new("t"), "c".into()));
+        let bare = || Worker::builder(pool.clone(), Consumer::new(client(), client(), Keys::new("t"), "c".into()));
+        let no_runtime = bare().handle::<Ping>(Nothing).build().map(|_| ()).map_err(|e| e.to_string());
+        assert!(no_runtime.unwrap_err().contains("runtime_pool"), "the bookkeeping's pool is required");
+        let builder = || bare().runtime_pool(pool.clone());
         let build = |settings: WorkerSettings| {
             builder().handle::<Ping>(Nothing).settings(settings).build().map(|_| ()).map_err(|e| e.to_string())
         };

@@ -38,7 +38,12 @@ pub fn owner_base_url() -> String {
     env_or("CONVEYOR_TEST_OWNER_URL", "postgres://conveyor_owner:conveyor_owner@127.0.0.1:5432/conveyor")
 }
 
-/// The application role's URL on the maintenance database (`CONVEYOR_TEST_APP_URL`).
+/// The runtime role's URL on the maintenance database (`CONVEYOR_TEST_RUNTIME_URL`).
+pub fn runtime_base_url() -> String {
+    env_or("CONVEYOR_TEST_RUNTIME_URL", "postgres://conveyor_runtime:conveyor_runtime@127.0.0.1:5432/conveyor")
+}
+
+/// The operator role's URL on the maintenance database (`CONVEYOR_TEST_OPERATOR_URL`).
 pub fn operator_base_url() -> String {
     env_or("CONVEYOR_TEST_OPERATOR_URL", "postgres://conveyor_operator:conveyor_operator@127.0.0.1:5432/conveyor")
 }
@@ -70,8 +75,13 @@ pub struct TestDb {
     pub app_url: String,
     /// The operator role's URL on it.
     pub operator_url: String,
+    /// The runtime role's URL on it (dispatcher, maintenance, the worker's bookkeeping).
+    pub runtime_url: String,
     /// A pool of the application role (subject to row-level security).
     pub pool: PgPool,
+    /// A pool of the runtime role (subject to row-level security too; executes the functions that work across
+    /// workspaces).
+    pub runtime_pool: PgPool,
 }
 
 impl TestDb {
@@ -88,14 +98,17 @@ impl TestDb {
         let owner_url = with_database(&owner_base_url(), &name);
         let app_url = with_database(&app_base_url(), &name);
         let operator_url = with_database(&operator_base_url(), &name);
+        let runtime_url = with_database(&runtime_base_url(), &name);
         let migrate = MigrateConfig {
             migration_database_url: Secret::new(owner_url.clone()),
             database_url: Secret::new(app_url.clone()),
+            runtime_database_url: Secret::new(runtime_url.clone()),
             operator_database_url: Some(Secret::new(operator_url.clone())),
         };
         conveyor::migrate::run(&migrate).await.expect("migrations apply");
         let pool = db::connect(&app_url, 16).await.expect("connect as the application role");
-        Self { name, owner_url, app_url, operator_url, pool }
+        let runtime_pool = db::connect(&runtime_url, 8).await.expect("connect as the runtime role");
+        Self { name, owner_url, app_url, operator_url, runtime_url, pool, runtime_pool }
     }
 
     /// A single connection of the owner role.
@@ -160,6 +173,7 @@ pub fn config_vars(db: &TestDb, redis_prefix: &str) -> HashMap<String, String> {
         ("CONVEYOR_DATABASE_URL".to_owned(), db.app_url.clone()),
         ("CONVEYOR_MIGRATION_DATABASE_URL".to_owned(), db.owner_url.clone()),
         ("CONVEYOR_OPERATOR_DATABASE_URL".to_owned(), db.operator_url.clone()),
+        ("CONVEYOR_RUNTIME_DATABASE_URL".to_owned(), db.runtime_url.clone()),
         ("CONVEYOR_ADMIN_TOKEN".to_owned(), ADMIN_TOKEN.to_owned()),
         ("CONVEYOR_REDIS_URL".to_owned(), redis_url()),
         ("CONVEYOR_REDIS_PREFIX".to_owned(), redis_prefix.to_owned()),
@@ -458,13 +472,13 @@ pub async fn test_dispatcher(
     redis_url: &str,
     tweak: impl FnOnce(&mut HashMap<String, String>),
 ) -> conveyor::dispatcher::Dispatcher {
-    test_dispatcher_on(&app.db.app_url, &app.redis_prefix, redis_url, tweak).await
+    test_dispatcher_on(&app.db.runtime_url, &app.redis_prefix, redis_url, tweak).await
 }
 
-/// A dispatcher over the database at `app_url` (the application role) and the key prefix `redis_prefix`: what
+/// A dispatcher over the database at `runtime_url` (the runtime role) and the key prefix `redis_prefix`: what
 /// [`test_dispatcher`] builds, for a runtime that does not hold the [`TestApp`].
 pub async fn test_dispatcher_on(
-    app_url: &str,
+    runtime_url: &str,
     redis_prefix: &str,
     redis_url: &str,
     tweak: impl FnOnce(&mut HashMap<String, String>),
@@ -480,7 +494,7 @@ pub async fn test_dispatcher_on(
         settings.dedup_ttl,
     );
     // A pool of its own, as a dispatcher process would have.
-    let pool = db::connect(app_url, 8).await.unwrap();
+    let pool = db::connect(runtime_url, 8).await.unwrap();
     Dispatcher::new(pool, producer, settings, Metrics::new(), conveyor::ids::instance_name())
 }
 
@@ -506,6 +520,7 @@ pub async fn test_worker(
     let marketplace =
         Arc::new(conveyor::adapters::marketplace::HttpMarketplace::new(marketplace_url, Duration::from_secs(10)));
     conveyor::worker::Worker::builder(app.db.pool.clone(), consumer)
+        .runtime_pool(app.db.runtime_pool.clone())
         .handle::<conveyor::jobs::VerifyCredentials>(conveyor::jobs::VerifyCredentialsHandler {
             sealer,
             marketplace,

@@ -1,6 +1,6 @@
 //! A PostgreSQL server of one test's own, on a free loopback port, which the test may stop, kill, start again and
-//! reset: `initdb` into a temporary directory, `postgres` started on it (as the `postgres` OS user when the test runs as
-//! root: initdb refuses root), Conveyor's roles and a migrated database made the way `scripts/services.sh` and
+//! reset: `initdb` into a temporary directory, `postgres` started on it (as the `postgres` OS user when the test runs
+//! as root: initdb refuses root), Conveyor's roles and a migrated database made the way `scripts/services.sh` and
 //! `conveyor migrate` make them. Dropping it kills the server and removes its directory.
 #![allow(dead_code)]
 
@@ -21,6 +21,7 @@ const ROLES: &[(&str, &str)] = &[
     ("conveyor_owner", "LOGIN CREATEDB NOSUPERUSER NOBYPASSRLS"),
     ("conveyor_app", "LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT"),
     ("conveyor_operator", "LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT"),
+    ("conveyor_runtime", "LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOINHERIT"),
 ];
 
 /// The database every test on the server uses.
@@ -103,6 +104,7 @@ impl TestPostgres {
         let migrate = MigrateConfig {
             migration_database_url: Secret::new(pg.url("conveyor_owner")),
             database_url: Secret::new(pg.url("conveyor_app")),
+            runtime_database_url: Secret::new(pg.url("conveyor_runtime")),
             operator_database_url: Some(Secret::new(pg.url("conveyor_operator"))),
         };
         conveyor::migrate::run(&migrate).await.expect("migrations apply to the test's own PostgreSQL");
@@ -217,14 +219,17 @@ impl TestPostgres {
 
     /// Conveyor's database on this server as a [`TestDb`] (already migrated), for `config_vars` and the assertions.
     pub async fn test_db(&self) -> Arc<TestDb> {
-        let app_url = self.url("conveyor_app");
+        let (app_url, runtime_url) = (self.url("conveyor_app"), self.url("conveyor_runtime"));
         let pool = conveyor::db::connect(&app_url, 8).await.expect("connect as the application role");
+        let runtime_pool = conveyor::db::connect(&runtime_url, 4).await.expect("connect as the runtime role");
         Arc::new(TestDb {
             name: DATABASE.to_owned(),
             owner_url: self.url("conveyor_owner"),
             app_url,
             operator_url: self.url("conveyor_operator"),
+            runtime_url,
             pool,
+            runtime_pool,
         })
     }
 

@@ -180,7 +180,9 @@ fn confirm_button(action: Bulk, kept: &[(&'static str, Option<&str>)], class: &s
     html! {
         form.inline method="get" action="/ui/dead-letters/confirm" {
             input type="hidden" name="action" value=(action.name());
-            @for (name, value) in kept { @if let Some(value) = value { input type="hidden" name=(name) value=(value); } }
+            @for (name, value) in kept {
+                @if let Some(value) = value { input type="hidden" name=(name) value=(value); }
+            }
             button class=(class) type="submit" { (label) }
         }
     }
@@ -236,7 +238,9 @@ pub(super) async fn confirm(console: Console, Query(q): Query<ConfirmQuery>) -> 
                 @if n > PREVIEW { p.muted { "… and " (n - PREVIEW) " more." } }
                 form method="post" action=(format!("/ui/dead-letters/{}", q.action.name())) {
                     (layout::csrf_field(&console.csrf))
-                    @for (name, value) in &kept { @if let Some(value) = value { input type="hidden" name=(name) value=(value); } }
+                    @for (name, value) in &kept {
+                        @if let Some(value) = value { input type="hidden" name=(name) value=(value); }
+                    }
                     input type="hidden" name="until" value=(until_text);
                     @if !scoped { input type="hidden" name="all" value="true"; }
                     div.actions {

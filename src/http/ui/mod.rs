@@ -147,6 +147,15 @@ impl IntoResponse for UiError {
             }
             Self::NotFound(what) => (StatusCode::NOT_FOUND, "Not found", what),
             Self::Invalid(text) => (StatusCode::BAD_REQUEST, "Invalid request", text),
+            Self::Failed(e @ AdminError::Unaudited(_)) => {
+                tracing::error!(error = ?e, "Operator UI change refused: its intent could not be audited");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Not changed",
+                    "The audit trail could not record the change, so it was not made; the server's log has the cause."
+                        .to_owned(),
+                )
+            }
             Self::Failed(e) => {
                 tracing::error!(error = ?e, "Operator UI call failed");
                 let unreachable = matches!(

@@ -83,7 +83,8 @@ impl Session {
     /// accepted within its clock leeway after it expired).
     pub fn start(actor: Actor, credential_expiry: Option<u64>) -> Option<Self> {
         let now = now();
-        let expires_at = credential_expiry.map_or(now + SESSION_TTL.as_secs(), |exp| exp.min(now + SESSION_TTL.as_secs()));
+        let expires_at =
+            credential_expiry.map_or(now + SESSION_TTL.as_secs(), |exp| exp.min(now + SESSION_TTL.as_secs()));
         if expires_at <= now {
             return None;
         }
@@ -259,7 +260,10 @@ mod tests {
     #[test]
     fn the_csrf_token_is_bound_to_its_session() {
         let key = key("the-operator-token");
-        let (a, b) = (Session::start(Actor("token".into()), None).unwrap(), Session::start(Actor("token".into()), None).unwrap());
+        let (a, b) = (
+            Session::start(Actor("token".into()), None).unwrap(),
+            Session::start(Actor("token".into()), None).unwrap(),
+        );
         assert!(a.csrf_matches(&key, &a.csrf_token(&key)));
         assert!(!a.csrf_matches(&key, &b.csrf_token(&key)));
         assert!(!a.csrf_matches(&key, ""));

@@ -712,14 +712,11 @@ async fn hold_of(
     .fetch_optional(&mut **tx)
     .await?;
     if let Some((q, k, w)) = pause {
-        let scope: Vec<String> = [
-            q.map(|q| format!("queue {q}")),
-            k.map(|k| format!("kind {k}")),
-            w.map(|w| format!("workspace {w}")),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        let scope: Vec<String> =
+            [q.map(|q| format!("queue {q}")), k.map(|k| format!("kind {k}")), w.map(|w| format!("workspace {w}"))]
+                .into_iter()
+                .flatten()
+                .collect();
         return Ok(Some(format!("a pause of {} holds it until it is resumed", scope.join(", "))));
     }
     let Some(key) = key else { return Ok(None) };
@@ -728,9 +725,7 @@ async fn hold_of(
             .bind(key)
             .fetch_optional(&mut **tx)
             .await?;
-    Ok(blocked.map(|(until,)| {
-        format!("its limit key {key} is blocked until {} (rate limited)", until.to_rfc3339())
-    }))
+    Ok(blocked.map(|(until,)| format!("its limit key {key} is blocked until {} (rate limited)", until.to_rfc3339())))
 }
 
 /// Re-drives, in the caller's transaction, the dispatched jobs of the operations of the workspace that made no

@@ -314,12 +314,7 @@ pub async fn purge_finished(
                     return Ok(deleted);
                 }
                 let mut tx = db::begin_workspace(pool, WorkspaceId(workspace)).await?;
-                let done = sqlx::query(purge)
-                    .bind(retention_secs)
-                    .bind(batch)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
+                let done = sqlx::query(purge).bind(retention_secs).bind(batch).execute(&mut *tx).await?.rows_affected();
                 tx.commit().await?;
                 batches += 1;
                 deleted += done;
