@@ -225,6 +225,12 @@ async fn entries_added(client: &conveyor::stream::RedisClient, keys: &Keys) -> u
     info.ok().and_then(|i| i.get("entries-added")?.as_u64()).unwrap_or(0)
 }
 
+/// The id Redis gave the stream's last `XADD`, as ms since the epoch.
+async fn last_xadd_ms(client: &conveyor::stream::RedisClient, keys: &Keys) -> Option<f64> {
+    let info: HashMap<String, RedisValue> = client.xinfo_stream(keys.stream(QUEUE), false, None).await.ok()?;
+    info.get("last-generated-id")?.as_string()?.split('-').next()?.parse().ok()
+}
+
 /// What the load generator committed: how many, and each job's id with the time its COMMIT returned (ms).
 #[derive(Default)]
 struct Committed {
@@ -321,12 +327,18 @@ async fn run(with_snapshot: bool) -> Value {
         .await
         .unwrap();
     let committed = Arc::new(Committed::default());
+    let t0 = now_ms();
     let load = tokio::spawn(commit_steadily(pool.clone(), workspaces.clone(), rate, seconds, committed.clone()));
     let started = Instant::now();
     let mut series = Vec::new();
     let mut max_lag = 0u64;
+    let mut next_sample = started + Duration::from_secs(sample);
     while !load.is_finished() {
-        tokio::time::sleep(Duration::from_secs(sample)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if Instant::now() < next_sample {
+            continue;
+        }
+        next_sample += Duration::from_secs(sample);
         let added = entries_added(&redis_client, &keys).await;
         let count = committed.count.load(Ordering::Relaxed);
         max_lag = max_lag.max(count.saturating_sub(added));
@@ -338,14 +350,15 @@ async fn run(with_snapshot: bool) -> Value {
         }));
     }
     load.await.unwrap();
-    let load_s = started.elapsed().as_secs_f64();
     let total = committed.count.load(Ordering::Relaxed);
+    let last_commit = committed.jobs.lock().unwrap().iter().map(|(_, at)| *at).fold(t0, f64::max);
     let caught_up = common::eventually(Duration::from_secs(300), || async {
         (entries_added(&redis_client, &keys).await >= total).then_some(())
     })
     .await
     .is_some();
-    let relay_s = started.elapsed().as_secs_f64();
+    // The relay's last XADD, by the id Redis gave it (its clock, this machine's).
+    let last_xadd = last_xadd_ms(&redis_client, &keys).await.unwrap_or(t0);
     let (dispatcher_cpu, pg_cpu) = (cpu_seconds(dispatcher.child.id(), false), pg_port.and_then(postgres_cpu_seconds));
     let per_1000 = |a: Option<f64>, b: Option<f64>| Some(round((a? - b?) * 1000.0 * 1000.0 / total as f64));
 
@@ -403,8 +416,9 @@ async fn run(with_snapshot: bool) -> Value {
         "workspaces": workspaces.len(), "worker_concurrency": conc, "postgres": if database.own.is_some() { "own" } else { "shared" },
         "settings": settings,
         "steady": {
-            "committed": total, "relayed_per_s": round(total as f64 / relay_s), "load_s": round(load_s),
-            "caught_up": caught_up, "catch_up_s": round(relay_s - load_s), "max_lag": max_lag,
+            "committed": total, "committed_per_s": round(total as f64 * 1000.0 / (last_commit - t0)),
+            "relayed_per_s": round(total as f64 * 1000.0 / (last_xadd - t0)), "caught_up": caught_up,
+            "last_xadd_after_last_commit_ms": round(last_xadd - last_commit), "max_lag": max_lag,
             "commit_to_xadd_p50_ms": percentile(&latency, 50.0), "commit_to_xadd_p99_ms": percentile(&latency, 99.0),
             "commit_to_xadd_max_ms": latency.last().copied().map(round),
             "dispatcher_cpu_ms_per_1000": per_1000(dispatcher_cpu, dispatcher_cpu0),

@@ -71,17 +71,47 @@ fn summary(row: Row, group: GroupInfo) -> QueueSummary {
     }
 }
 
-/// `XINFO GROUPS` of the queue's stream, for its group.
+/// `XINFO GROUPS` of every stream of the queue (the whole stream and its partitions, as the layout in Redis says),
+/// for its group: lag and pending entries summed, the most consumers any of them has.
 async fn group_info(admin: &Admin, queue: &str) -> GroupInfo {
     let Some((redis, keys)) = &admin.redis else { return GroupInfo::default() };
-    match redis.xinfo_groups::<Value, _>(keys.stream(queue)).await {
-        Ok(reply) => find_group(reply, &keys.group(queue)),
-        // No stream yet: nothing was ever relayed to this queue.
-        Err(e) if e.details().contains("no such key") => GroupInfo::default(),
+    let streams = match crate::stream::layout::stream_keys(redis, keys, queue).await {
+        Ok(streams) => streams,
         Err(e) => {
             let error = crate::redact::redact(&e.to_string());
-            tracing::warn!(queue, %error, "Could not read the queue's consumer group from Redis");
-            GroupInfo::default()
+            tracing::warn!(queue, %error, "Could not read the stream layout from Redis");
+            return GroupInfo::default();
+        }
+    };
+    let mut total = GroupInfo::default();
+    for stream in streams {
+        let info = match redis.xinfo_groups::<Value, _>(stream).await {
+            Ok(reply) => find_group(reply, &keys.group(queue)),
+            // No stream yet: nothing was ever relayed to it.
+            Err(e) if e.details().contains("no such key") => GroupInfo::default(),
+            Err(e) => {
+                let error = crate::redact::redact(&e.to_string());
+                tracing::warn!(queue, %error, "Could not read the queue's consumer group from Redis");
+                return GroupInfo::default();
+            }
+        };
+        total = total.plus(info);
+    }
+    total
+}
+
+impl GroupInfo {
+    /// Two streams' figures together: counts add up (unknown stays unknown only when both are), consumers are the
+    /// most either has (the same workers read every partition).
+    fn plus(self, other: GroupInfo) -> GroupInfo {
+        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        GroupInfo {
+            lag: add(self.lag, other.lag),
+            pending: add(self.pending, other.pending),
+            consumers: self.consumers.max(other.consumers),
         }
     }
 }
@@ -134,5 +164,13 @@ mod tests {
         assert_eq!(find_group(reply, "p:q:workers").lag, None);
         assert_eq!(find_group(Value::Array(vec![]), "p:q:workers"), GroupInfo::default());
         assert_eq!(find_group(Value::Null, "p:q:workers"), GroupInfo::default());
+    }
+
+    #[test]
+    fn partitions_add_up() {
+        let a = GroupInfo { lag: Some(3), pending: Some(16), consumers: Some(2) };
+        let b = GroupInfo { lag: None, pending: Some(4), consumers: Some(3) };
+        assert_eq!(a.plus(b), GroupInfo { lag: Some(3), pending: Some(20), consumers: Some(3) });
+        assert_eq!(GroupInfo::default().plus(GroupInfo::default()), GroupInfo::default());
     }
 }
