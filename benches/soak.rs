@@ -322,7 +322,7 @@ async fn soak() -> Value {
         ("CONVEYOR_WORKER_CONCURRENCY", env("SOAK_CONC", 32).to_string()),
         ("CONVEYOR_DATABASE_MAX_CONNECTIONS", "32".into()),
     ];
-    let mut roles = vec![
+    let mut roles = [
         Role {
             name: "api",
             process: spawn_role(&vars, &["api"], &[("CONVEYOR_HTTP_ADDR", api_addr.clone())]),

@@ -145,6 +145,11 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
         config.operator_database_url = None;
         config.admin_token = None;
     }
+    // The API serves requests and runs no job: it never needs the runtime role's cross-workspace rights.
+    if role == Role::Api && config.runtime_database_url.is_some() {
+        tracing::warn!("CONVEYOR_RUNTIME_DATABASE_URL is ignored by the api role; do not give it to this process");
+        config.runtime_database_url = None;
+    }
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let failed = Arc::new(AtomicBool::new(false));

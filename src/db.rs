@@ -40,3 +40,28 @@ pub async fn begin_workspace_then(
     let statement = format!("BEGIN; SELECT set_config('app.workspace_id', '{}', true); {then}", workspace.0);
     pool.begin_with(sqlx::AssertSqlSafe(statement)).await
 }
+
+/// Fails when `pool`'s role may not execute the functions that work across workspaces (those `conveyor migrate`
+/// grants the runtime role only): `component` was given the application role's pool, and every pass would be refused.
+/// Passes when PostgreSQL cannot answer now (the component's own loop retries and says so).
+pub async fn ensure_runtime_role(pool: &PgPool, component: &str) -> anyhow::Result<()> {
+    let check: Result<(String, bool), sqlx::Error> = sqlx::query_as(
+        "SELECT current_user::text,
+                has_function_privilege('conveyor_due_outbox_workspaces(integer)', 'EXECUTE')
+                AND has_function_privilege('conveyor_complete_jobs(uuid[], uuid[], integer[], jsonb[])', 'EXECUTE')",
+    )
+    .fetch_one(pool)
+    .await;
+    match check {
+        Ok((_, true)) => Ok(()),
+        Ok((role, false)) => anyhow::bail!(
+            "the {component}'s pool connects as `{role}`, which may not execute Conveyor's functions that work across \
+             workspaces: give it the runtime role's pool (CONVEYOR_RUNTIME_DATABASE_URL, granted by `conveyor migrate`), \
+             not the application role's"
+        ),
+        Err(e) => {
+            tracing::warn!(component, error = %crate::redact::redact(&e.to_string()), "Cannot check the runtime role yet");
+            Ok(())
+        }
+    }
+}

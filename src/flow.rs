@@ -102,7 +102,10 @@ pub enum FlowError {
 
 /// A transaction in the context of the workspace `scope` names, if it names one (row-level security: a workspace's
 /// pause is its row), or in none.
-async fn begin_scope(pool: &PgPool, scope: &PauseScope) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+async fn begin_scope(
+    pool: &PgPool,
+    scope: &PauseScope,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
     match scope.workspace {
         Some(workspace) => crate::db::begin_workspace(pool, workspace).await,
         None => pool.begin().await,

@@ -172,9 +172,8 @@ enum ConfigCommand {
 }
 
 fn parse_status(raw: &str) -> Result<conveyor::JobStatus, String> {
-    serde_json::from_value(serde_json::Value::String(raw.to_owned())).map_err(|_| {
-        "one of scheduled, queued, retrying, active, succeeded, failed, canceled".to_owned()
-    })
+    serde_json::from_value(serde_json::Value::String(raw.to_owned()))
+        .map_err(|_| "one of scheduled, queued, retrying, active, succeeded, failed, canceled".to_owned())
 }
 
 #[derive(Subcommand)]

@@ -249,14 +249,19 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
         grants.push(format!("GRANT CONNECT ON DATABASE {database} TO {grantee}"));
         grants.push(format!("GRANT USAGE ON SCHEMA public TO {grantee}"));
         grants.push(format!("GRANT SELECT ON {HISTORY_TABLE} TO {grantee}"));
-        grants.extend(tables.iter().map(|(t,)| {
-            format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {grantee}", quote_ident(t))
-        }));
+        grants.extend(
+            tables
+                .iter()
+                .map(|(t,)| format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {grantee}", quote_ident(t))),
+        );
     }
     // The application role reads the kinds the workers register; it changes none (a kind is every workspace's).
-    grants.extend(tables.iter().filter(|(t,)| READ_ONLY_TABLES.contains(&t.as_str())).map(|(t,)| {
-        format!("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {} FROM {role}", quote_ident(t))
-    }));
+    grants.extend(
+        tables
+            .iter()
+            .filter(|(t,)| READ_ONLY_TABLES.contains(&t.as_str()))
+            .map(|(t,)| format!("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {} FROM {role}", quote_ident(t))),
+    );
     for (function, reach) in &functions {
         // Defensively too: an earlier release granted every `conveyor_` function to the application role.
         grants.push(format!("REVOKE ALL ON FUNCTION {function} FROM PUBLIC"));
@@ -277,7 +282,8 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     }
     // Recreated on every run, so that it follows the runtime role when the URL names another.
     grants.push(format!("DROP POLICY IF EXISTS {RUNTIME_PAUSES_POLICY} ON dispatch_pauses"));
-    grants.push(format!("CREATE POLICY {RUNTIME_PAUSES_POLICY} ON dispatch_pauses FOR SELECT TO {runtime} USING (true)"));
+    grants
+        .push(format!("CREATE POLICY {RUNTIME_PAUSES_POLICY} ON dispatch_pauses FOR SELECT TO {runtime} USING (true)"));
     if let Some(operator) = &operator_role {
         let operator = quote_ident(operator);
         grants.push(format!("GRANT CONNECT ON DATABASE {database} TO {operator}"));

@@ -1028,8 +1028,9 @@ async fn a_discarded_dead_letters_stale_delivery_does_not_commit_its_handlers_wr
     assert_eq!((status.as_str(), payload), ("discarded", json!({})), "a tombstone, its payload dropped");
 
     // Retention purges tombstones like ended jobs.
-    let purged =
-        conveyor::outbox::transitions::relay::purge_finished(&app.db.runtime_pool, Duration::ZERO, 100, 10).await.unwrap();
+    let purged = conveyor::outbox::transitions::relay::purge_finished(&app.db.runtime_pool, Duration::ZERO, 100, 10)
+        .await
+        .unwrap();
     assert_eq!(purged, 1);
     let (left,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut owner).await.unwrap();
     assert_eq!(left, 0);

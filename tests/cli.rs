@@ -27,6 +27,7 @@ fn text(bytes: &[u8]) -> String {
 fn config_check_reports_every_bad_variable_at_once_and_never_prints_a_secret() {
     let vars: HashMap<String, String> = [
         ("CONVEYOR_DATABASE_URL", "postgres://conveyor_app:hunter2-db-password@127.0.0.1/conveyor"),
+        ("CONVEYOR_RUNTIME_DATABASE_URL", "postgres://conveyor_runtime:hunter2-runtime-password@127.0.0.1/conveyor"),
         ("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379"),
         ("CONVEYOR_JWT_SECRET", "a-jwt-secret-that-is-long-enough-0123456789"),
         ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:a-fingerprint-key-long-enough-0123456789"),
@@ -45,6 +46,7 @@ fn config_check_reports_every_bad_variable_at_once_and_never_prints_a_secret() {
         assert!(stderr.contains(name), "{name} not reported:\n{stderr}");
     }
     assert!(stdout.contains("CONVEYOR_DATABASE_URL=[redacted]"), "{stdout}");
+    assert!(stdout.contains("CONVEYOR_RUNTIME_DATABASE_URL=[redacted]"), "{stdout}");
     assert!(stdout.contains("CONVEYOR_OPERATION_KEEPALIVE=1m  # default"), "{stdout}");
     assert!(!stdout.contains("hunter2") && !stderr.contains("hunter2"), "a password was printed");
     assert!(!stdout.contains("a-jwt-secret"), "a secret was printed");
@@ -56,6 +58,13 @@ fn config_check_reports_every_bad_variable_at_once_and_never_prints_a_secret() {
     let out = conveyor(&["config", "check", "--role", "worker"], &good);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("CONVEYOR_WORKER_CONCURRENCY=8  # set"));
+
+    // A worker without the runtime role's URL is refused: its bookkeeping works across workspaces.
+    let mut without_runtime = good.clone();
+    without_runtime.remove("CONVEYOR_RUNTIME_DATABASE_URL");
+    let out = conveyor(&["config", "check", "--role", "worker"], &without_runtime);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("CONVEYOR_RUNTIME_DATABASE_URL is required"), "{}", text(&out.stderr));
 
     // The migration role needs its own URL, and nothing about Redis.
     let out = conveyor(&["config", "check", "--role", "migrate"], &HashMap::new());

@@ -1,7 +1,9 @@
 //! Redis Cluster, for real: six `redis-server` processes on loopback (three masters with a replica each), the real
 //! `conveyor` processes (api, dispatcher, worker, maintenance) on `redis-cluster://`, and the sandbox marketplace.
 //! The whole path runs on the cluster; then a master is SIGKILLed mid-run and every accepted job still completes,
-//! with one marketplace effect each. The same kill behind Redis Sentinel (`redis-sentinel://`).
+//! with one marketplace effect each. The same kill behind Redis Sentinel (`redis-sentinel://`). Partitioned streams:
+//! one queue in four streams spread over the masters, a master killed under it, and the partitions raised from one to
+//! four mid-run with nothing lost or doubled.
 
 mod common;
 
@@ -282,6 +284,24 @@ async fn a_sentinel_failover_mid_run_loses_no_job_and_doubles_no_effect() {
     verifications_survive_a_master_kill(url, 1, async |_| sentinel.kill_master().await).await;
 }
 
+#[tokio::test]
+async fn the_start_up_check_finds_an_unsafe_eviction_policy_on_any_cluster_primary() {
+    let cluster = RedisCluster::start().await;
+    let client = common::redis_client(&cluster.url()).await;
+    let check = conveyor::stream::admin::check_server(&client).await.unwrap();
+    assert_eq!(check.maxmemory_policy.as_deref(), Some("noeviction"));
+    // One primary of three evicts: the check says so, whichever node the client would have asked first.
+    let last = cluster.masters().last().unwrap().port;
+    let set = std::process::Command::new("redis-cli")
+        .args(["-p", &last.to_string(), "CONFIG", "SET", "maxmemory-policy", "allkeys-lru"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&set.stdout).contains("OK"));
+    let check = conveyor::stream::admin::check_server(&client).await.unwrap();
+    assert_eq!(check.maxmemory_policy.as_deref(), Some("allkeys-lru"));
+    assert!(check.version.starts_with('7'), "{check:?}");
+}
+
 /// Partitioned streams (`CONVEYOR_STREAM_PARTITIONS`).
 mod partitions {
     use super::*;
@@ -392,7 +412,6 @@ mod partitions {
             "reader".into(),
         );
         assert_eq!(consumer.streams().await.unwrap().len(), 5);
-        let _: () = client.del(keys.layout()).await.unwrap();
     }
 
     /// Per stream of `stores` (whole, then partitions 0-3): entries ever added, and the master serving it.

@@ -376,10 +376,14 @@ async fn retention_deletes_only_jobs_that_ended_past_the_period() {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    let purged =
-        conveyor::outbox::transitions::relay::purge_finished(&app.db.runtime_pool, Duration::from_secs(7 * 86400), 4, 100)
-            .await
-            .unwrap();
+    let purged = conveyor::outbox::transitions::relay::purge_finished(
+        &app.db.runtime_pool,
+        Duration::from_secs(7 * 86400),
+        4,
+        100,
+    )
+    .await
+    .unwrap();
     assert_eq!(purged, 5);
     let left: Vec<String> = events(&app, ws).await.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
     let mut expected: Vec<String> = pending.iter().chain([&live]).map(Uuid::to_string).collect();

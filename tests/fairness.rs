@@ -250,7 +250,8 @@ async fn bad_flow_settings_are_refused_and_change_nothing() {
     assert!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
     assert!(!conveyor::resume(&app.db.pool, &PauseScope::queue("work")).await.unwrap(), "nothing to lift");
     let mut owner = app.db.owner().await;
-    let weights: Vec<(i32,)> = sqlx::query_as("SELECT weight FROM workspace_weights").fetch_all(&mut owner).await.unwrap();
+    let weights: Vec<(i32,)> =
+        sqlx::query_as("SELECT weight FROM workspace_weights").fetch_all(&mut owner).await.unwrap();
     assert!(weights.is_empty());
 }
 

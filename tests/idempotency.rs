@@ -333,9 +333,9 @@ async fn cleanup_deletes_expired_records_in_batches_and_never_one_under_a_day_ol
     // Expired by its own column yet only 23 hours old: kept, whatever the setting said.
     age_records(&app, young, 23.0, true).await;
 
-    let first = conveyor::idempotency::cleanup::purge_expired(&app.db.pool, 2, 1).await.unwrap();
+    let first = conveyor::idempotency::cleanup::purge_expired(&app.db.runtime_pool, 2, 1).await.unwrap();
     assert_eq!(first, 2, "one bounded batch");
-    let rest = conveyor::idempotency::cleanup::purge_expired(&app.db.pool, 2, 100).await.unwrap();
+    let rest = conveyor::idempotency::cleanup::purge_expired(&app.db.runtime_pool, 2, 100).await.unwrap();
     assert_eq!(rest, 3);
     assert_eq!(app.db.count("idempotency_requests", old.workspace_id).await, 0);
     assert_eq!(app.db.count("idempotency_requests", young.workspace_id).await, 2);

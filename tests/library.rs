@@ -861,10 +861,11 @@ async fn an_enqueue_refuses_another_workspaces_or_an_ended_operation_and_a_repla
          SELECT conveyor_enqueue('test.greet', '{{}}', operation_id => '{}'); COMMIT;",
         other.workspace_id, op.id
     );
+    // A worker registers its kinds (as the runtime role); here by hand.
     sqlx::query(
         "INSERT INTO job_kinds (kind, queue, max_attempts, timeout_ms) VALUES ('test.greet', 'greetings', 3, 1000)",
     )
-    .execute(pool)
+    .execute(&app.db.runtime_pool)
     .await
     .unwrap();
     assert!(psql(&app, &sql).unwrap_err().contains("is not a live operation of this workspace"));

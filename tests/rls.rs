@@ -152,7 +152,10 @@ const PROVEN: &[(&str, &str)] = &[
     ("conveyor_current_workspace", "reads the caller's own app.workspace_id; every policy compares with it"),
     ("conveyor_uuid_v7", "pure: reads no table"),
     ("conveyor_job_state", "pure: reads no table"),
-    ("conveyor_enqueue", "SECURITY INVOKER: refused without a workspace, writes the caller's under RLS (checked below)"),
+    (
+        "conveyor_enqueue",
+        "SECURITY INVOKER: refused without a workspace, writes the caller's under RLS (checked below)",
+    ),
     ("conveyor_listing_publication_is_final", "trigger: PostgreSQL calls it only for a row the caller writes"),
     ("conveyor_catalog_sync_ended", "trigger: PostgreSQL calls it only for a row the caller writes"),
     ("conveyor_catalog_sync_replayed", "trigger: PostgreSQL calls it only for a row the caller writes"),
@@ -290,7 +293,8 @@ async fn the_runtime_role_alone_executes_the_functions_that_work_across_workspac
     assert!(!everything.iter().any(|f| f.starts_with("conveyor_admin_")), "the operator's functions are not its");
 
     // The application role is refused, with or without a workspace, and B's job stays as it was.
-    let b_job: uuid::Uuid = app.db.rows("outbox_events", b.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
+    let b_job: uuid::Uuid =
+        app.db.rows("outbox_events", b.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
     for call in [
         "SELECT * FROM conveyor_due_outbox_workspaces(100)".to_owned(),
         "SELECT conveyor_next_due_at()".to_owned(),
@@ -299,8 +303,10 @@ async fn the_runtime_role_alone_executes_the_functions_that_work_across_workspac
                                            ARRAY['null']::jsonb[])",
             b.workspace_id.0
         ),
-        format!("SELECT * FROM conveyor_jobs_not_to_run(ARRAY['{}']::uuid[], ARRAY['{b_job}']::uuid[], ARRAY[NULL]::int[])",
-                b.workspace_id.0),
+        format!(
+            "SELECT * FROM conveyor_jobs_not_to_run(ARRAY['{}']::uuid[], ARRAY['{b_job}']::uuid[], ARRAY[NULL]::int[])",
+            b.workspace_id.0
+        ),
         "SELECT * FROM conveyor_claim_jobs_fair(ARRAY[]::uuid[], 'me', 30, 10, 0)".to_owned(),
     ] {
         let mut tx = db::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
@@ -369,12 +375,16 @@ async fn a_workspaces_weight_and_pauses_are_its_rows_and_a_pause_of_every_worksp
 
     // Without a workspace: no weight, and only the pause of every workspace.
     let mut conn = app.db.app_connection().await;
-    let (weights,): (i64,) = sqlx::query_as("SELECT count(*) FROM workspace_weights").fetch_one(&mut conn).await.unwrap();
+    let (weights,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM workspace_weights").fetch_one(&mut conn).await.unwrap();
     assert_eq!(weights, 0);
     let pauses = conveyor::list_pauses(&app.db.pool).await.unwrap();
     assert_eq!(pauses.iter().map(|p| p.workspace_id).collect::<Vec<_>>(), [None], "{pauses:?}");
-    for change in ["UPDATE workspace_weights SET weight = 1", "DELETE FROM workspace_weights",
-                   "DELETE FROM dispatch_pauses WHERE workspace_id IS NOT NULL"] {
+    for change in [
+        "UPDATE workspace_weights SET weight = 1",
+        "DELETE FROM workspace_weights",
+        "DELETE FROM dispatch_pauses WHERE workspace_id IS NOT NULL",
+    ] {
         let done = sqlx::query(change).execute(&mut conn).await.unwrap();
         assert_eq!(done.rows_affected(), 0, "{change} without a workspace");
     }
@@ -387,8 +397,7 @@ async fn a_workspaces_weight_and_pauses_are_its_rows_and_a_pause_of_every_worksp
         let done = sqlx::query(change).bind(b.0).execute(&mut *tx).await.unwrap();
         assert_eq!(done.rows_affected(), 0, "{what} from A");
     }
-    let (seen,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
+    let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
     assert_eq!(seen, 1, "A sees the pause of every workspace only");
     tx.commit().await.unwrap();
     for write in [
@@ -441,8 +450,10 @@ async fn maintenance_purges_the_audit_trail_past_its_retention_and_says_so_in_it
     );
     let report = maintenance.run_once().await.unwrap();
     assert_eq!(report.audit_purged, 2, "the two entries older than 90 days");
-    let left: Vec<(String, String)> =
-        sqlx::query_as("SELECT actor, action FROM conveyor_admin_audit ORDER BY id").fetch_all(&mut owner).await.unwrap();
+    let left: Vec<(String, String)> = sqlx::query_as("SELECT actor, action FROM conveyor_admin_audit ORDER BY id")
+        .fetch_all(&mut owner)
+        .await
+        .unwrap();
     assert_eq!(left, [("recent".into(), "jobs".into()), ("maintenance".into(), "audit_purge".into())]);
     let shorter = maintenance.with_audit_retention(std::time::Duration::from_secs(86400));
     assert_eq!(shorter.run_once().await.unwrap().audit_purged, 1, "the 10-day-old entry, under a 1-day retention");
@@ -470,4 +481,29 @@ async fn migrate_refuses_an_application_role_that_would_bypass_the_wall() {
     // Running it again with the right roles is fine (idempotent), and the wall still holds.
     conveyor::migrate::run(&config(&db.app_url, &db.runtime_url, Some(&db.operator_url))).await.unwrap();
     assert!(wall_breaches(&mut db.app_connection().await).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_dispatcher_or_worker_given_the_application_roles_pool_refuses_to_start_and_says_why() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let dispatcher = common::test_dispatcher_on(&app.db.app_url, &app.redis_prefix, &redis, |_| {}).await;
+    let err = dispatcher.run(tokio_util::sync::CancellationToken::new()).await.unwrap_err();
+    assert!(err.to_string().contains("give it the runtime role's pool (CONVEYOR_RUNTIME_DATABASE_URL"), "{err:#}");
+    let consumer = conveyor::Consumer::connect(&redis, &app.redis_prefix).await.unwrap();
+    let worker = conveyor::Worker::builder(app.db.pool.clone(), consumer)
+        .runtime_pool(app.db.pool.clone())
+        .handle::<conveyor::jobs::VerifyCredentials>(conveyor::jobs::VerifyCredentialsHandler {
+            sealer: conveyor::sealing::Sealer::new(&app.config.encryption_key, "k1"),
+            marketplace: std::sync::Arc::new(conveyor::adapters::marketplace::HttpMarketplace::new(
+                "http://127.0.0.1:9",
+                std::time::Duration::from_secs(1),
+            )),
+            max_attempts: 1,
+            timeout: std::time::Duration::from_secs(1),
+        })
+        .build()
+        .unwrap();
+    let err = worker.run(tokio_util::sync::CancellationToken::new(), std::time::Duration::ZERO).await.unwrap_err();
+    assert!(err.to_string().contains("the worker's pool connects as `conveyor_app`"), "{err:#}");
 }

@@ -317,6 +317,7 @@ impl Dispatcher {
     /// returns. Between passes it sleeps until the next poll, or until the earliest delayed job is due if sooner.
     /// The `LISTEN` holds one connection of the dispatcher's pool for as long as it runs.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        crate::db::ensure_runtime_role(&self.pool, "dispatcher").await?;
         match crate::stream::admin::check_server(self.producer.client()).await {
             Ok(check) => tracing::info!(version = %check.version, policy = ?check.maxmemory_policy, "Redis checked"),
             Err(e) => tracing::warn!(error = %redact(&e.to_string()), "Could not check Redis at start-up"),

@@ -16,9 +16,38 @@ pub struct ServerCheck {
 }
 
 /// Reads the server version and eviction policy, and logs loudly what is unsafe: an eviction policy other than
-/// `noeviction` lets Redis drop stream entries or de-dup keys under memory pressure.
+/// `noeviction` lets Redis drop stream entries or de-dup keys under memory pressure. In a cluster every primary is
+/// checked (each holds some queues' streams); the answer is the oldest version and the first unsafe policy found.
 pub async fn check_server(client: &RedisClient) -> Result<ServerCheck, fred::error::Error> {
-    let info: String = client.info(Some(fred::types::InfoKind::Server)).await?;
+    let primaries = if client.is_clustered() { client.active_connections() } else { Vec::new() };
+    if primaries.is_empty() {
+        return check_one(client, None).await;
+    }
+    let mut worst: Option<ServerCheck> = None;
+    for server in primaries {
+        let check = check_one(&client.with_cluster_node(server.clone()), Some(&server.to_string())).await?;
+        worst = Some(match worst {
+            None => check,
+            Some(w) => ServerCheck {
+                version: if major(&check.version) < major(&w.version) { check.version } else { w.version },
+                maxmemory_policy: match (&w.maxmemory_policy, &check.maxmemory_policy) {
+                    (Some(p), _) if p != "noeviction" => w.maxmemory_policy,
+                    (_, Some(_)) => check.maxmemory_policy,
+                    _ => w.maxmemory_policy,
+                },
+            },
+        });
+    }
+    Ok(worst.expect("at least one primary"))
+}
+
+fn major(version: &str) -> u32 {
+    version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0)
+}
+
+/// Checks one server (`node` names it in the log, for a cluster's primaries).
+async fn check_one<C: ClientLike>(client: &C, node: Option<&str>) -> Result<ServerCheck, fred::error::Error> {
+    let info: String = client.custom(cmd!("INFO"), vec!["server"]).await?;
     let version = info
         .lines()
         .find_map(|l| l.strip_prefix("redis_version:"))
@@ -29,19 +58,23 @@ pub async fn check_server(client: &RedisClient) -> Result<ServerCheck, fred::err
         Ok(Value::Map(map)) => map.inner().values().next().and_then(Value::as_string),
         _ => None,
     };
-    let major: u32 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
-    if major < 7 {
-        tracing::error!(version = %version, "Redis older than 7.0: XAUTOCLAIM and stream features Conveyor uses may be missing");
+    let node = node.unwrap_or("redis");
+    if major(&version) < 7 {
+        tracing::error!(node, version = %version, "Redis older than 7.0: XAUTOCLAIM and stream features Conveyor uses may be missing");
     }
     match policy.as_deref() {
         Some("noeviction") => {}
         Some(other) => tracing::error!(
+            node,
             policy = other,
             "Redis maxmemory-policy is not noeviction: under memory pressure Redis may evict stream entries or \
              de-dup keys, and jobs would be lost or doubled; set maxmemory-policy noeviction"
         ),
         None => {
-            tracing::warn!("Could not read Redis maxmemory-policy (CONFIG GET refused); make sure it is noeviction")
+            tracing::warn!(
+                node,
+                "Could not read Redis maxmemory-policy (CONFIG GET refused); make sure it is noeviction"
+            )
         }
     }
     Ok(ServerCheck { version, maxmemory_policy: policy })

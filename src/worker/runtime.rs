@@ -452,6 +452,7 @@ impl Worker {
     /// Runs until `shutdown`; then reads no more and starts no more jobs, lets in-flight jobs finish (and
     /// acknowledge) within `grace`, and abandons whatever is still running, unacknowledged, to another worker.
     pub async fn run(self, shutdown: CancellationToken, grace: Duration) -> anyhow::Result<()> {
+        crate::db::ensure_runtime_role(&self.0.runtime, "worker").await?;
         loop {
             let ready = match self.ensure_groups().await {
                 Ok(()) => self.register_kinds().await.map_err(|e| redact(&e.to_string())),

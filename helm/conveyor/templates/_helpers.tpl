@@ -68,7 +68,7 @@ app.kubernetes.io/part-of: conveyor
 
 {{/* The existing Secret; rendering fails without it. */}}
 {{- define "conveyor.secretName" -}}
-{{- required "existingSecret is required: create a Secret with CONVEYOR_DATABASE_URL, CONVEYOR_MIGRATION_DATABASE_URL, CONVEYOR_REDIS_URL, CONVEYOR_JWT_SECRET, CONVEYOR_IDEMPOTENCY_KEYS and CONVEYOR_ENCRYPTION_KEY, then pass --set existingSecret=<name>" .Values.existingSecret -}}
+{{- required "existingSecret is required: create a Secret with CONVEYOR_DATABASE_URL, CONVEYOR_MIGRATION_DATABASE_URL, CONVEYOR_RUNTIME_DATABASE_URL, CONVEYOR_REDIS_URL, CONVEYOR_JWT_SECRET, CONVEYOR_IDEMPOTENCY_KEYS and CONVEYOR_ENCRYPTION_KEY, then pass --set existingSecret=<name>" .Values.existingSecret -}}
 {{- end -}}
 
 {{/* Secret-backed env vars shared by every long-running role. */}}
@@ -81,6 +81,16 @@ app.kubernetes.io/part-of: conveyor
       name: {{ $secret }}
       key: {{ . }}
 {{- end }}
+{{- end -}}
+
+{{/* The runtime role's URL: the dispatcher, maintenance and the worker's bookkeeping work across workspaces through
+it. Every role but the API gets it (deployments.yaml), and the migrate Job, which grants it its functions. */}}
+{{- define "conveyor.runtimeSecretEnv" -}}
+- name: CONVEYOR_RUNTIME_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "conveyor.secretName" . }}
+      key: CONVEYOR_RUNTIME_DATABASE_URL
 {{- end -}}
 
 {{/* The operator surface's keys (admin API, web UI), optional: it is off without them. Only the API serves it, so
