@@ -9,7 +9,7 @@
 //! - Set-up: `SOAK_WORKSPACES` (20) workspaces of `SOAK_STORES` (25) stores each, created through the API (each
 //!   creation is a job too).
 //! - Enqueue, as another service does: `enqueue_many_tx` in the caller's transaction, `SOAK_BATCH` (50) jobs per
-//!   transaction, round-robin over the workspaces, at `SOAK_RATE` (2000) jobs/s, pausing while more than
+//!   transaction, round-robin over the workspaces, at `SOAK_RATE` (500) jobs/s, pausing while more than
 //!   `SOAK_MAX_BACKLOG` (50000) jobs are enqueued and not yet acknowledged; beside it, `SOAK_API_RATE` (20) store
 //!   creations a second through the API (`POST /v1/stores`, Idempotency-Key, bearer token), which count as jobs too.
 //! - Every `SOAK_SAMPLE_SECONDS` (5): each process's `VmRSS`, Redis `used_memory`, the outbox's size, and the jobs
@@ -126,11 +126,15 @@ impl Role {
         }
     }
 
-    /// Min/max/last after the warm-up (samples taken once `warm` jobs were acknowledged), and flatness.
+    /// Min/max/last after the warm-up (samples taken once `warm` jobs were acknowledged) and flatness (max within
+    /// 10% of min); and growth, the median of the last third of those samples against the first third's, which
+    /// tells a leak (steady growth) from a level that moves with the batches in hand.
     fn summary(&self, warm: u64) -> Value {
         let after: Vec<f64> = self.samples.iter().filter(|(a, _)| *a >= warm).map(|(_, kib)| *kib as f64).collect();
         let (min, max) = after.iter().fold((f64::MAX, 0f64), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
         let to_mib = |kib: f64| round(kib / 1024.0);
+        let third = after.len() / 3;
+        let growth = (third > 0).then(|| median(&after[after.len() - third..]) / median(&after[..third]) - 1.0);
         json!({
             "samples": self.samples.len(), "after_warmup": after.len(),
             "first_mib": after.first().copied().map(to_mib), "min_mib": (!after.is_empty()).then(|| to_mib(min)),
@@ -138,9 +142,16 @@ impl Role {
             "peak_hwm_mib": status_kib(self.process.child.id(), "VmHWM").map(|k| to_mib(k as f64)),
             "spread": (!after.is_empty()).then(|| round(max / min - 1.0)),
             "flat_within_10pct": !after.is_empty() && max <= 1.1 * min,
+            "growth_last_vs_first_third": growth.map(round), "no_growth_within_10pct": growth.is_some_and(|g| g <= 0.1),
             "series_mib": spaced(&after, 20).into_iter().map(to_mib).collect::<Vec<_>>(),
         })
     }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
 }
 
 /// At most `n` values evenly spaced over `values`, the last included.
@@ -224,9 +235,10 @@ async fn create_store(http: &reqwest::Client, base: &str, token: &str) -> Option
 }
 
 /// Enqueues through the library until `target` jobs in all are enqueued: `batch` per transaction, at `rate` jobs/s,
-/// waiting while more than `max_backlog` are not yet acknowledged. Returns the seconds spent waiting so.
-async fn enqueue(pool: PgPool, tenants: Arc<Vec<Tenant>>, target: u64, progress: Arc<Progress>) -> f64 {
-    let (rate, batch, max_backlog) = (env("SOAK_RATE", 2000), env("SOAK_BATCH", 50), env("SOAK_MAX_BACKLOG", 50_000));
+/// waiting while more than `max_backlog` are not yet acknowledged. Returns the seconds spent waiting so, and when
+/// it ended.
+async fn enqueue(pool: PgPool, tenants: Arc<Vec<Tenant>>, target: u64, progress: Arc<Progress>) -> (f64, Instant) {
+    let (rate, batch, max_backlog) = (env("SOAK_RATE", 500), env("SOAK_BATCH", 50), env("SOAK_MAX_BACKLOG", 50_000));
     let started = tokio::time::Instant::now();
     let (mut sent, mut waited, mut i) = (0u64, 0f64, 0usize);
     loop {
@@ -257,7 +269,7 @@ async fn enqueue(pool: PgPool, tenants: Arc<Vec<Tenant>>, target: u64, progress:
         i += 1;
     }
     progress.library_done.store(true, Ordering::Relaxed);
-    waited
+    (waited, Instant::now())
 }
 
 /// Creates stores through the API at `SOAK_API_RATE` a second until the library's enqueuing ends.
@@ -408,16 +420,18 @@ async fn soak() -> Value {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let run_s = started.elapsed().as_secs_f64();
-    let throttled_s = library.await.unwrap();
+    let (throttled_s, enqueue_ended) = library.await.unwrap();
     api.await.unwrap();
     let enqueued = progress.enqueued.load(Ordering::Relaxed);
     let acked = progress.acked.load(Ordering::Relaxed);
     let warm = enqueued / 10;
     let rss: serde_json::Map<String, Value> = roles.iter().map(|r| (r.name.to_owned(), r.summary(warm))).collect();
     let all_flat = roles.iter().all(|r| r.summary(warm)["flat_within_10pct"] == true);
+    let no_growth = roles.iter().all(|r| r.summary(warm)["no_growth_within_10pct"] == true);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after_run = json!({
-        "postgres": sizes(&mut owner).await, "redis": redis_stats(&redis_client).await, "jobs": statuses(&mut owner).await,
+        "postgres": sizes(&mut owner).await, "redis": redis_stats(&redis_client).await,
+        "jobs": statuses(&mut owner).await,
     });
 
     // Retention: a maintenance process that keeps ended jobs 1 s, until none is left.
@@ -479,7 +493,8 @@ async fn soak() -> Value {
         "scenario": "soak", "jobs_target": target, "enqueued": enqueued, "acknowledged": acked,
         "completed_all": acked >= enqueued, "api_created": progress.api_ok.load(Ordering::Relaxed),
         "api_failed": progress.api_failed.load(Ordering::Relaxed), "run_s": round(run_s), "per_s": per_s.round(),
-        "throttled_s": round(throttled_s), "warmup_jobs": warm,
+        "throttled_s": round(throttled_s), "enqueue_s": round((enqueue_ended - started).as_secs_f64()),
+        "warmup_jobs": warm, "all_roles_no_growth_within_10pct": no_growth,
         "enqueue": "library: enqueue_many_tx in the caller's transaction (plus API store creations)",
         "postgres": if database.own.is_some() { "own (autovacuum on)" } else { "shared" },
         "rss": rss, "all_roles_flat_within_10pct": all_flat,
