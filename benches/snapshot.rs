@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::postgres::TestPostgres;
+use common::postgres::BenchDatabase;
 use conveyor::jobs::VerifyCredentials;
 use conveyor::stream::keys::Keys;
 use conveyor::{EnqueueOptions, WorkspaceId};
@@ -63,20 +63,6 @@ fn mib(bytes: i64) -> f64 {
 
 fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     (!sorted.is_empty()).then(|| round(sorted[((p / 100.0 * sorted.len() as f64) as usize).min(sorted.len() - 1)]))
-}
-
-/// A run's database: on a PostgreSQL of the benchmark's own (kept alive here), or on the shared development server.
-struct Database {
-    db: Arc<common::TestDb>,
-    own: Option<TestPostgres>,
-}
-
-async fn database() -> Database {
-    if std::env::var("BENCH_PG").as_deref() == Ok("shared") {
-        return Database { db: Arc::new(common::TestDb::create().await), own: None };
-    }
-    let pg = TestPostgres::start().await;
-    Database { db: pg.test_db().await, own: Some(pg) }
 }
 
 /// The server settings that decide what bloat does: autovacuum, fsync, shared_buffers.
@@ -205,21 +191,6 @@ fn spawn_role(db: &common::TestDb, prefix: &str, redis: &str, role: &str, extra:
     common::Process::spawn(&[role], &vars)
 }
 
-/// SIGTERM, then waits for the process to end its in-flight work and exit (SIGKILL after 60 s).
-async fn stop(process: &mut common::Process) {
-    if process.child.try_wait().ok().flatten().is_some() {
-        return;
-    }
-    process.signal(15);
-    for _ in 0..600 {
-        if process.child.try_wait().ok().flatten().is_some() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    process.kill();
-}
-
 /// Entries ever added to the queue's stream (`XINFO STREAM` `entries-added`, Redis 7): the relay's count.
 async fn entries_added(client: &conveyor::stream::RedisClient, keys: &Keys) -> u64 {
     let info: Result<HashMap<String, RedisValue>, _> = client.xinfo_stream(keys.stream(QUEUE), false, None).await;
@@ -282,7 +253,7 @@ async fn commit_backlog(pool: &PgPool, workspaces: &[WorkspaceId], n: u64) {
 async fn run(with_snapshot: bool) -> Value {
     let (rate, seconds, sample) = (env("RATE", 300), env("SNAPSHOT_SECONDS", 300), env("SAMPLE_SECONDS", 10));
     let (drain_n, conc) = (env("DRAIN_N", 100_000), env("CONC", 32));
-    let database = database().await;
+    let database = BenchDatabase::create().await;
     let db = database.db.clone();
     let redis = common::TestRedis::start(None).await;
     let prefix = format!("snapshot-{}", Uuid::new_v4().simple());
@@ -379,8 +350,8 @@ async fn run(with_snapshot: bool) -> Value {
     let steady_scans = probe(&mut owner, workspaces[0]).await;
 
     // Drain: the snapshot (if any) still open, the processes stopped, a backlog in the same workspaces.
-    stop(&mut dispatcher).await;
-    stop(&mut worker).await;
+    dispatcher.stop().await;
+    worker.stop().await;
     commit_backlog(&pool, &workspaces, drain_n).await;
     sqlx::query("ANALYZE outbox_events").execute(&mut owner).await.unwrap();
     let relay = common::test_dispatcher_on(&db.runtime_url, &prefix, &redis.url(), |v| {

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::postgres::TestPostgres;
+use common::postgres::BenchDatabase;
 use conveyor::auth::{Principal, TokenKeys};
 use conveyor::jobs::VerifyCredentials;
 use conveyor::stream::keys::Keys;
@@ -63,20 +63,6 @@ fn mib(bytes: f64) -> f64 {
     round(bytes / (1024.0 * 1024.0))
 }
 
-/// A run's database: on a PostgreSQL of the benchmark's own (kept alive here), or on the shared development server.
-struct Database {
-    db: Arc<common::TestDb>,
-    own: Option<TestPostgres>,
-}
-
-async fn database() -> Database {
-    if std::env::var("BENCH_PG").as_deref() == Ok("shared") {
-        return Database { db: Arc::new(common::TestDb::create().await), own: None };
-    }
-    let pg = TestPostgres::start().await;
-    Database { db: pg.test_db().await, own: Some(pg) }
-}
-
 /// A real `conveyor <args>` process over the run's database and Redis, with `extra` variables.
 fn spawn_role(vars: &HashMap<String, String>, args: &[&str], extra: &[(&str, String)]) -> common::Process {
     let mut vars = vars.clone();
@@ -84,21 +70,6 @@ fn spawn_role(vars: &HashMap<String, String>, args: &[&str], extra: &[(&str, Str
         vars.insert((*k).into(), v.clone());
     }
     common::Process::spawn(args, &vars)
-}
-
-/// SIGTERM, then waits for the process to end its in-flight work and exit (SIGKILL after 60 s).
-async fn stop(process: &mut common::Process) {
-    if process.child.try_wait().ok().flatten().is_some() {
-        return;
-    }
-    process.signal(15);
-    for _ in 0..600 {
-        if process.child.try_wait().ok().flatten().is_some() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    process.kill();
 }
 
 /// A field of `/proc/<pid>/status` in kB (`VmRSS`, `VmHWM`).
@@ -315,7 +286,7 @@ async fn soak() -> Value {
     let target = env("SOAK_JOBS", 1_000_000);
     let sample = Duration::from_secs(env("SOAK_SAMPLE_SECONDS", 5));
     let dedup_recorded = env_str("SOAK_DEDUP_TTL_RECORDED", "2m");
-    let database = database().await;
+    let database = BenchDatabase::create().await;
     let db = database.db.clone();
     let redis = common::TestRedis::start(None).await;
     let prefix = format!("soak-{}", Uuid::new_v4().simple());
@@ -436,7 +407,7 @@ async fn soak() -> Value {
 
     // Retention: a maintenance process that keeps ended jobs 1 s, until none is left.
     let maintenance = roles.iter_mut().find(|r| r.name == "maintenance").unwrap();
-    stop(&mut maintenance.process).await;
+    maintenance.process.stop().await;
     let wal_before: String =
         sqlx::query_scalar("SELECT pg_current_wal_lsn()::text").fetch_one(&mut owner).await.unwrap();
     let retention_started = Instant::now();
@@ -458,7 +429,7 @@ async fn soak() -> Value {
     .await
     .is_some();
     let retention_s = retention_started.elapsed().as_secs_f64();
-    stop(&mut retention).await;
+    retention.stop().await;
     let wal: i64 = sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint")
         .bind(&wal_before)
         .fetch_one(&mut owner)
@@ -487,7 +458,7 @@ async fn soak() -> Value {
     let mut rss = rss;
     rss.insert("sandbox (test double, keeps every call)".into(), sandbox.summary(warm));
     for role in roles.iter_mut() {
-        stop(&mut role.process).await;
+        role.process.stop().await;
     }
     json!({
         "scenario": "soak", "jobs_target": target, "enqueued": enqueued, "acknowledged": acked,

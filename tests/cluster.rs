@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::cluster::{RedisCluster, RedisSentinel};
+use common::roles::Roles;
 use common::{Process, TestApp};
 use conveyor::adapters::sandbox::{Sandbox, Settings};
 use conveyor::auth::Principal;
@@ -24,44 +25,9 @@ fn process_vars(app: &TestApp, redis_url: &str, market: &str) -> HashMap<String,
     vars.insert("CONVEYOR_REDIS_URL".into(), redis_url.to_owned());
     vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
     vars.insert("CONVEYOR_MARKETPLACE_URL".into(), market.to_owned());
-    vars.insert("CONVEYOR_DISPATCH_POLL".into(), "200ms".into());
     vars.insert("CONVEYOR_REDIS_COMMAND_TIMEOUT".into(), "2s".into());
-    vars.insert("CONVEYOR_MAINTENANCE_INTERVAL".into(), "1s".into());
-    vars.insert("CONVEYOR_OPERATION_KEEPALIVE".into(), "2s".into());
-    vars.insert("CONVEYOR_RECONCILE_AFTER".into(), "10s".into());
-    vars.insert("RUST_LOG".into(), "info".into());
+    common::roles::quick_intervals(&mut vars);
     vars
-}
-
-/// The api, dispatcher, worker and maintenance processes of one run, and the API's port.
-struct Roles {
-    api_port: u16,
-    processes: Vec<(&'static str, Process)>,
-}
-
-impl Roles {
-    fn spawn(vars: &HashMap<String, String>) -> Self {
-        let api_port = common::free_port();
-        let mut api_vars = vars.clone();
-        api_vars.insert("CONVEYOR_HTTP_ADDR".into(), format!("127.0.0.1:{api_port}"));
-        let mut processes = vec![("api", Process::spawn(&["api"], &api_vars))];
-        for role in ["dispatcher", "worker", "maintenance"] {
-            let mut vars = vars.clone();
-            vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
-            processes.push((role, Process::spawn(&[role], &vars)));
-        }
-        Self { api_port, processes }
-    }
-
-    /// Every process's log, for a failure message.
-    fn logs(&self) -> String {
-        self.processes.iter().map(|(role, p)| format!("----- {role}\n{}", tail(&p.log(), 60))).collect()
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Creates a store through the API process (retrying while it starts); its operation id.

@@ -12,8 +12,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::TestDb;
 use common::postgres::TestPostgres;
-use common::{Process, TestDb};
+use common::roles::Roles;
 use conveyor::adapters::sandbox::{Sandbox, Settings};
 use conveyor::auth::{Principal, TokenKeys};
 use conveyor::config::Secret;
@@ -24,54 +25,8 @@ use uuid::Uuid;
 fn process_vars(db: &TestDb, prefix: &str, market: &str) -> HashMap<String, String> {
     let mut vars = common::config_vars(db, prefix);
     vars.insert("CONVEYOR_MARKETPLACE_URL".into(), market.to_owned());
-    vars.insert("CONVEYOR_DISPATCH_POLL".into(), "200ms".into());
-    vars.insert("CONVEYOR_MAINTENANCE_INTERVAL".into(), "1s".into());
-    vars.insert("CONVEYOR_OPERATION_KEEPALIVE".into(), "2s".into());
-    vars.insert("CONVEYOR_RECONCILE_AFTER".into(), "10s".into());
-    vars.insert("RUST_LOG".into(), "info".into());
+    common::roles::quick_intervals(&mut vars);
     vars
-}
-
-/// The four roles of one run, each a real process, and the API's port.
-struct Roles {
-    api_port: u16,
-    processes: Vec<(&'static str, Process)>,
-}
-
-impl Roles {
-    fn spawn(vars: &HashMap<String, String>) -> Self {
-        let api_port = common::free_port();
-        let mut processes = Vec::new();
-        for role in ["api", "dispatcher", "worker", "maintenance"] {
-            let mut vars = vars.clone();
-            vars.insert("CONVEYOR_HTTP_ADDR".into(), format!("127.0.0.1:{api_port}"));
-            vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
-            processes.push((role, Process::spawn(&[role], &vars)));
-        }
-        Self { api_port, processes }
-    }
-
-    /// The roles whose process has exited.
-    fn exited(&mut self) -> Vec<String> {
-        self.processes
-            .iter_mut()
-            .filter_map(|(role, p)| p.child.try_wait().ok().flatten().map(|status| format!("{role} ({status})")))
-            .collect()
-    }
-
-    fn log(&self, role: &str) -> String {
-        self.processes.iter().find(|(r, _)| *r == role).map(|(_, p)| p.log()).unwrap_or_default()
-    }
-
-    /// The end of every process's log, for a failure message.
-    fn logs(&self) -> String {
-        self.processes.iter().map(|(role, p)| format!("----- {role}\n{}\n", tail(&p.log(), 40))).collect()
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// One accepted request: the operation it started.

@@ -144,6 +144,26 @@ fn filter_arguments(filter: &DeadLetterFilter, limit: i32) -> serde_json::Value 
     })
 }
 
+/// The start of a bulk action: its filter checked, its audited intent written (nothing is done without it), and the
+/// dead letters it takes.
+async fn begin_bulk(
+    admin: &Admin,
+    actor: &Actor,
+    action: &'static str,
+    filter: &DeadLetterFilter,
+) -> Result<(serde_json::Value, audit::Intent, Vec<DeadLetter>), AdminError> {
+    let limit = filters::dead_letters(filter, true)?;
+    let arguments = filter_arguments(filter, limit);
+    let intent = audit::intent(admin, actor, action, json!({ "filter": arguments })).await?;
+    match list(admin, actor, action, filter, limit).await {
+        Ok(targets) => Ok((arguments, intent, targets)),
+        Err(e) => {
+            intent.failed(admin, actor, json!({ "filter": arguments }), &e).await;
+            Err(e)
+        }
+    }
+}
+
 /// Replays every dead letter matching `filter` (at most its limit), each in its own transaction: one refused (its
 /// key held, or a unique index) is skipped, the others go.
 pub(super) async fn replay_many(
@@ -151,16 +171,7 @@ pub(super) async fn replay_many(
     actor: &Actor,
     filter: &DeadLetterFilter,
 ) -> Result<BulkOutcome, AdminError> {
-    let limit = filters::dead_letters(filter, true)?;
-    let arguments = filter_arguments(filter, limit);
-    let intent = audit::intent(admin, actor, "replay_dead_letters", json!({ "filter": arguments })).await?;
-    let targets = match list(admin, actor, "replay_dead_letters", filter, limit).await {
-        Ok(targets) => targets,
-        Err(e) => {
-            intent.failed(admin, actor, json!({ "filter": arguments }), &e).await;
-            return Err(e);
-        }
-    };
+    let (arguments, intent, targets) = begin_bulk(admin, actor, "replay_dead_letters", filter).await?;
     let mut outcome = BulkOutcome { matched: targets.len() as u64, ..BulkOutcome::default() };
     let mut replayed = Vec::new();
     let mut failure = None;
@@ -191,16 +202,7 @@ pub(super) async fn discard_many(
     actor: &Actor,
     filter: &DeadLetterFilter,
 ) -> Result<BulkOutcome, AdminError> {
-    let limit = filters::dead_letters(filter, true)?;
-    let arguments = filter_arguments(filter, limit);
-    let intent = audit::intent(admin, actor, "discard_dead_letters", json!({ "filter": arguments })).await?;
-    let targets = match list(admin, actor, "discard_dead_letters", filter, limit).await {
-        Ok(targets) => targets,
-        Err(e) => {
-            intent.failed(admin, actor, json!({ "filter": arguments }), &e).await;
-            return Err(e);
-        }
-    };
+    let (arguments, intent, targets) = begin_bulk(admin, actor, "discard_dead_letters", filter).await?;
     let mut by_workspace: BTreeMap<Uuid, Vec<Uuid>> = BTreeMap::new();
     for dead in &targets {
         by_workspace.entry(dead.workspace_id).or_default().push(dead.id);

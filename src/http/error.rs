@@ -104,9 +104,30 @@ struct Problem<'a> {
     detail: String,
     code: &'static str,
     /// What the problem names: the conflicting resource of a 409 (`operation_id`, `active_sync_id`, ...), the
-    /// `current_revision` of a 412.
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    named: Option<std::collections::BTreeMap<&'static str, serde_json::Value>>,
+    /// `current_revision` of a 412, the parameter of an admin API 400.
+    #[serde(flatten)]
+    named: std::collections::BTreeMap<&'static str, serde_json::Value>,
+}
+
+/// An `application/problem+json` answer (RFC 9457) with Conveyor's `code` and the members `named` adds: the one
+/// shape of every error of the public and the admin API.
+pub(crate) fn problem_response(
+    status: StatusCode,
+    detail: String,
+    code: &'static str,
+    named: std::collections::BTreeMap<&'static str, serde_json::Value>,
+) -> Response {
+    let problem = Problem {
+        kind: "about:blank",
+        title: status.canonical_reason().unwrap_or("Error"),
+        status: status.as_u16(),
+        detail,
+        code,
+        named,
+    };
+    let mut response = (status, serde_json::to_vec(&problem).expect("problem serializes")).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    response
 }
 
 impl ApiError {
@@ -184,30 +205,20 @@ impl IntoResponse for ApiError {
             }
             _ => {}
         }
-        let problem = Problem {
-            kind: "about:blank",
-            title: status.canonical_reason().unwrap_or("Error"),
-            status: status.as_u16(),
-            detail: self.to_string(),
-            code: self.code(),
-            named: match self {
-                Self::OperationFinished(id) => Some([("operation_id", id.to_string().into())].into()),
-                Self::Conflict { named: Some((member, id)), .. } => Some([(member, id.to_string().into())].into()),
-                Self::PreconditionFailed(revision) => Some([("current_revision", revision.into())].into()),
-                Self::AiQuotaExceeded { credits_limit, credits_used, credits_requested, .. } => Some(
-                    [
-                        ("credits_limit", credits_limit.into()),
-                        ("credits_used", credits_used.into()),
-                        ("credits_requested", credits_requested.into()),
-                    ]
-                    .into(),
-                ),
-                _ => None,
-            },
+        let named = match self {
+            Self::OperationFinished(id) => [("operation_id", id.to_string().into())].into(),
+            Self::Conflict { named: Some((member, id)), .. } => [(member, id.to_string().into())].into(),
+            Self::PreconditionFailed(revision) => [("current_revision", revision.into())].into(),
+            Self::AiQuotaExceeded { credits_limit, credits_used, credits_requested, .. } => [
+                ("credits_limit", credits_limit.into()),
+                ("credits_used", credits_used.into()),
+                ("credits_requested", credits_requested.into()),
+            ]
+            .into(),
+            _ => Default::default(),
         };
-        let mut response = (status, serde_json::to_vec(&problem).expect("problem serializes")).into_response();
+        let mut response = problem_response(status, self.to_string(), self.code(), named);
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if matches!(self, Self::IdempotencyRequestInProgress | Self::Unavailable(_)) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }

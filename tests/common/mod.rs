@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod postgres;
+pub mod roles;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -357,6 +358,21 @@ impl Process {
     /// Sends a signal by number (15 = SIGTERM).
     pub fn signal(&self, signal: i32) {
         let _ = Command::new("kill").arg(format!("-{signal}")).arg(self.child.id().to_string()).status();
+    }
+
+    /// SIGTERM, then waits for the process to end its in-flight work and exit (SIGKILL after 60 s).
+    pub async fn stop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        self.signal(15);
+        for _ in 0..600 {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.kill();
     }
 }
 

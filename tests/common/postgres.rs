@@ -28,6 +28,24 @@ const ROLES: &[(&str, &str)] = &[
 const DATABASE: &str = "conveyor";
 
 /// A running (or stopped) PostgreSQL of the test's own.
+/// A benchmark's database: on a PostgreSQL of its own (kept alive with it; autovacuum on, as in production), or on the
+/// shared development server with `BENCH_PG=shared`.
+pub struct BenchDatabase {
+    pub db: Arc<TestDb>,
+    pub own: Option<TestPostgres>,
+}
+
+impl BenchDatabase {
+    /// Starts (or connects to) it and creates a fresh database there.
+    pub async fn create() -> Self {
+        if std::env::var("BENCH_PG").as_deref() == Ok("shared") {
+            return Self { db: Arc::new(TestDb::create().await), own: None };
+        }
+        let pg = TestPostgres::start().await;
+        Self { db: pg.test_db().await, own: Some(pg) }
+    }
+}
+
 pub struct TestPostgres {
     /// Its loopback port (the same across restarts).
     pub port: u16,

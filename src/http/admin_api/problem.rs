@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::admin::AdminError;
@@ -93,18 +92,6 @@ impl From<AdminError> for AdminApiError {
     }
 }
 
-#[derive(Serialize)]
-struct Problem<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    title: &'a str,
-    status: u16,
-    detail: String,
-    code: &'static str,
-    #[serde(flatten)]
-    named: BTreeMap<&'static str, Value>,
-}
-
 impl AdminApiError {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
@@ -153,17 +140,8 @@ impl IntoResponse for AdminApiError {
             }
             _ => {}
         }
-        let problem = Problem {
-            kind: "about:blank",
-            title: status.canonical_reason().unwrap_or("Error"),
-            status: status.as_u16(),
-            detail: self.to_string(),
-            code: self.code(),
-            named,
-        };
-        let mut response = (status, serde_json::to_vec(&problem).expect("problem serializes")).into_response();
+        let mut response = crate::http::error::problem_response(status, self.to_string(), self.code(), named);
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         match self {
             Self::Unauthenticated => {
