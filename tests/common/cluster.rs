@@ -77,16 +77,13 @@ fn parse_nodes(text: &str) -> Vec<NodeLine> {
         .collect()
 }
 
-impl RedisCluster {
-    /// Starts six nodes, creates the cluster (three masters with a replica each) and waits until every node says
-    /// `cluster_state:ok` and agrees on who serves every slot.
-    pub async fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!("conveyor-cluster-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut nodes = Vec::new();
-        for _ in 0..6 {
+impl Node {
+    /// Starts one cluster-enabled `redis-server` on free ports and waits until it answers. A port taken by another
+    /// test between `free_port` and the server's bind makes the server exit: it is started again on other ports.
+    async fn start(dir: &std::path::Path) -> Node {
+        for _ in 0..5 {
             let (port, bus) = (free_port(), free_port());
-            let child = Command::new("redis-server")
+            let mut child = Command::new("redis-server")
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--cluster-enabled", "yes"])
                 .args(["--cluster-port", &bus.to_string()])
                 .args(["--cluster-config-file", &dir.join(format!("nodes-{port}.conf")).display().to_string()])
@@ -96,15 +93,37 @@ impl RedisCluster {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("redis-server is installed");
-            nodes.push(Node { port, child: Some(child) });
+            let answered = eventually(Duration::from_secs(20), || {
+                let exited = child.try_wait().ok().flatten().is_some();
+                async move {
+                    if exited {
+                        return Some(false);
+                    }
+                    cli(port, &["PING"]).contains("PONG").then_some(true)
+                }
+            })
+            .await;
+            if answered == Some(true) {
+                return Node { port, child: Some(child) };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("no cluster node answered after five starts on free ports");
+    }
+}
+
+impl RedisCluster {
+    /// Starts six nodes, creates the cluster (three masters with a replica each) and waits until every node says
+    /// `cluster_state:ok` and agrees on who serves every slot.
+    pub async fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!("conveyor-cluster-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            nodes.push(Node::start(&dir).await);
         }
         let cluster = Self { dir, nodes };
-        for node in &cluster.nodes {
-            let port = node.port;
-            eventually(Duration::from_secs(10), || async move { cli(port, &["PING"]).contains("PONG").then_some(()) })
-                .await
-                .expect("every cluster node answers");
-        }
         let addrs: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let created = Command::new("redis-cli")
             .arg("--cluster")

@@ -5,9 +5,12 @@ use std::collections::HashMap;
 
 use super::{Process, free_port};
 
-/// Short intervals, so that sweeps, maintenance and the reconciler act within a test's patience.
+/// Short intervals, so that sweeps, maintenance and the reconciler act within a test's patience, and small pools: four
+/// processes share the test's PostgreSQL with every other test.
 pub fn quick_intervals(vars: &mut HashMap<String, String>) {
     for (name, value) in [
+        ("CONVEYOR_DATABASE_MAX_CONNECTIONS", "8"),
+        ("CONVEYOR_WORKER_CONCURRENCY", "8"),
         ("CONVEYOR_DISPATCH_POLL", "200ms"),
         ("CONVEYOR_MAINTENANCE_INTERVAL", "1s"),
         ("CONVEYOR_OPERATION_KEEPALIVE", "2s"),
