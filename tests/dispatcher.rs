@@ -505,7 +505,7 @@ async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leave
     let (a, b, c) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
     let (in_a, in_b, in_c) = (enqueue(&app, a, 3).await, enqueue(&app, b, 5).await, enqueue(&app, c, 2).await);
 
-    let claimed = claim::claim(&app.db.runtime_pool, &[a, b], "me", Duration::from_secs(30), 4, 0).await.unwrap();
+    let claimed = claim::claim(&app.db.runtime_pool, &[a, b], &[], "me", Duration::from_secs(30), 4, 0).await.unwrap();
     let of =
         |ws: WorkspaceId| -> Vec<Uuid> { claimed.iter().filter(|e| e.workspace_id == ws.0).map(|e| e.id).collect() };
     assert_eq!(of(a), in_a, "all of a's, in the order written");
@@ -542,10 +542,15 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = enqueue(&app, ws, 2).await;
-    let first = claim::claim(&app.db.runtime_pool, &[ws], "dead", Duration::from_millis(1), 10, 0).await.unwrap();
+    let pool = &app.db.runtime_pool;
+    let first = claim::claim(pool, &[ws], &[], "dead", Duration::from_millis(1), 10, 0).await.unwrap();
     assert_eq!(first.len(), 2);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let second = claim::claim(&app.db.runtime_pool, &[ws], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
+    // A claim of the workspace by name (a notification's) leaves expired leases to the sweeps: it never scans for them.
+    let named = claim::claim(pool, &[ws], &[], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
+    assert!(named.is_empty(), "a named claim takes no expired lease: {named:?}");
+    assert_eq!(count_status(&app, &[ws], "dispatching").await, 2);
+    let second = claim::claim(pool, &[ws], &[ws], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
     assert_eq!(second.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "the expired leases, taken over");
     let delivered = |events: &[claim::ClaimedEvent]| -> Vec<claim::Delivered> {
         events.iter().map(|e| claim::Delivered::new(e, "1-1".into())).collect()
@@ -556,13 +561,59 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
     assert_eq!(settled.dispatched, 2);
 }
 
+/// The sweep's look ahead (migration 0030): which due time makes the dispatcher sweep again. Jobs due at their commit
+/// are left out (the commit's notification names their workspace, which the next pass relays by name), and so are
+/// jobs due before the sweep began (they were the sweep's to take): before, every sweep that relayed anything was
+/// followed by another while a job committed within the last second was pending, so a steady trickle kept the relay
+/// sweeping every workspace instead of relaying the named ones.
+#[tokio::test]
+async fn the_sweeps_look_ahead_names_only_jobs_that_fall_due_later_and_were_not_due_at_their_commit() {
+    let app = TestApp::spawn().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    enqueue(&app, ws, 2).await;
+    let mut runtime = <sqlx::PgConnection as sqlx::Connection>::connect(&app.db.runtime_url).await.unwrap();
+    let after = |ago: &str| format!("SELECT conveyor_next_due_after(now() - interval '{ago}')");
+    async fn ahead(conn: &mut sqlx::PgConnection, sql: String) -> Option<chrono::DateTime<chrono::Utc>> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(conn).await.unwrap()
+    }
+    assert_eq!(ahead(&mut runtime, after("1 hour")).await, None, "jobs due at their commit were notified");
+    let old: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT conveyor_next_due_at()").fetch_one(&mut runtime).await.unwrap();
+    assert!(old.is_some(), "0008's look ahead, which the previous release's dispatchers call, still names them");
+
+    let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let payload = VerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
+    let options = EnqueueOptions::new().delay(Duration::from_secs(3600));
+    outbox::enqueue_tx(&mut tx, &payload, options).await.unwrap();
+    tx.commit().await.unwrap();
+    let due = ahead(&mut runtime, after("1 hour")).await.expect("the delayed job is named");
+    let in_an_hour = chrono::Utc::now() + chrono::Duration::hours(1);
+    assert!((due - in_an_hour).num_seconds().abs() < 60, "{due} is the delayed job's due time");
+    assert_eq!(ahead(&mut runtime, after("-2 hours")).await, None, "nothing falls due after two hours from now");
+
+    // A job due again later than its commit (a retry backing off, a failed hand-off) is named once it is due after
+    // the sweep began, and not when it was due before.
+    let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+    sqlx::query(
+        "UPDATE outbox_events SET next_attempt_at = created_at + interval '1 second'
+         WHERE next_attempt_at < now() + interval '1 minute'",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let retried = ahead(&mut runtime, after("1 hour")).await.expect("the backed-off jobs are named");
+    assert!(retried < due, "the back-off is sooner than the delayed job");
+    assert_eq!(ahead(&mut runtime, format!("SELECT conveyor_next_due_after('{}')", retried.to_rfc3339())).await, Some(due));
+}
+
 #[tokio::test]
 async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatchers_newer_claim() {
     use conveyor::outbox::transitions::relay as claim;
     let app = TestApp::spawn().await;
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = enqueue(&app, ws, 1).await;
-    let claimed = claim::claim(&app.db.runtime_pool, &[ws], "me", Duration::from_secs(30), 10, 0).await.unwrap();
+    let claimed = claim::claim(&app.db.runtime_pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0).await.unwrap();
     assert_eq!((claimed.len(), claimed[0].redrive_count), (1, 0));
     // Meanwhile its job ran and asked for a retry (generation 1), and this dispatcher claimed that generation too.
     let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
@@ -616,7 +667,7 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     // One connection, so that its cached plans are the ones under test: made on an empty table, then reused.
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&app.db.runtime_url).await.unwrap();
     for _ in 0..8 {
-        let events = claim::claim(&pool, &[ws], "me", Duration::from_secs(30), 10, 0).await.unwrap();
+        let events = claim::claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0).await.unwrap();
         assert!(events.is_empty());
         claim::settle(&pool, "me", &[], &[], 10).await.unwrap();
     }
@@ -636,7 +687,7 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     let before = seq_scans().await;
     let mut relayed = 0;
     loop {
-        let events = claim::claim(&pool, &[ws], "me", Duration::from_secs(30), 100, 0).await.unwrap();
+        let events = claim::claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 100, 0).await.unwrap();
         if events.is_empty() {
             break;
         }

@@ -685,7 +685,7 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
     let jobs = [greet("a", "ok"), greet("c", "ok"), greet("x", "ok")];
     conveyor::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new()))).await.unwrap();
     tx.commit().await.unwrap();
-    let claimed = relay::claim(pool, &[ws], "me", Duration::from_secs(60), 10, 0).await.unwrap();
+    let claimed = relay::claim(pool, &[ws], &[], "me", Duration::from_secs(60), 10, 0).await.unwrap();
     let [a, c, x] = [0, 1, 2].map(|i| &claimed[i]);
     assert!(a.id < c.id && c.id < x.id);
 

@@ -277,12 +277,14 @@ async fn the_runtime_role_alone_executes_the_functions_that_work_across_workspac
     let runtime_only: Vec<&String> = everything.difference(&application).collect();
     for function in [
         "conveyor_due_outbox_workspaces",
+        "conveyor_due_workspaces",
         "conveyor_claim_jobs_fair",
         "conveyor_mark_outbox_dispatched",
         "conveyor_complete_jobs",
         "conveyor_jobs_not_to_run",
         "conveyor_event_by_stream_id",
         "conveyor_next_due_at",
+        "conveyor_next_due_after",
         "conveyor_due_schedules",
         "conveyor_outbox_backlog_due",
         "conveyor_audit_purge",
@@ -298,6 +300,9 @@ async fn the_runtime_role_alone_executes_the_functions_that_work_across_workspac
     for call in [
         "SELECT * FROM conveyor_due_outbox_workspaces(100)".to_owned(),
         "SELECT conveyor_next_due_at()".to_owned(),
+        "SELECT * FROM conveyor_due_workspaces(100)".to_owned(),
+        "SELECT conveyor_next_due_after(now() - interval '1 hour')".to_owned(),
+        "SELECT * FROM conveyor_claim_jobs_fair(ARRAY[]::uuid[], 'me', 30, 10, 0, ARRAY[]::uuid[])".to_owned(),
         format!(
             "SELECT conveyor_complete_jobs(ARRAY['{}']::uuid[], ARRAY['{b_job}']::uuid[], ARRAY[NULL]::int[],
                                            ARRAY['null']::jsonb[])",

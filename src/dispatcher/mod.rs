@@ -103,14 +103,16 @@ impl Dispatcher {
     /// One pass over every workspace with due events (a sweep): the workspaces come from the `SECURITY DEFINER`
     /// function, then each gets one batch relayed, as in `Dispatcher::relay`.
     pub async fn dispatch_once(&self) -> anyhow::Result<DispatchOutcome> {
-        let workspaces = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
+        let due = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
             .await
             .context("Failed to list workspaces with due events")?;
-        let truncated = workspaces.len() >= WORKSPACES_PER_PASS as usize;
+        let truncated = due.len() >= WORKSPACES_PER_PASS as usize;
+        let expired: HashSet<WorkspaceId> = due.iter().filter(|d| d.expired_leases).map(|d| d.workspace).collect();
+        let workspaces: Vec<WorkspaceId> = due.into_iter().map(|d| d.workspace).collect();
         // A sweep meets backlogs: small groups, many of them, so that one group's claim, publish and mark overlap
         // with the others' (with one big group per slot, every slot would wait on PostgreSQL, then all on Redis).
         let per_group = workspaces.len().div_ceil(self.settings.concurrency.max(1) * 8).clamp(1, WORKSPACES_PER_CLAIM);
-        let mut outcome = self.relay(workspaces, per_group, None).await?;
+        let mut outcome = self.relay(workspaces, per_group, &expired, None).await?;
         if let DispatchOutcome::Worked(settled) = &mut outcome {
             // More workspaces are due than one pass looks at: the rest count as left behind.
             settled.full += u64::from(truncated);
@@ -119,18 +121,23 @@ impl Dispatcher {
     }
 
     /// Relays one batch of each of `workspaces`: in groups of `per_group`, each group claimed in one statement,
-    /// published in one pipeline and marked in one statement, `concurrency` groups at a time.
+    /// published in one pipeline and marked in one statement, `concurrency` groups at a time. Expired leases are taken
+    /// over in the workspaces of `expired` only (a sweep's; named passes have none).
     async fn relay(
         &self,
         workspaces: Vec<WorkspaceId>,
         per_group: usize,
+        expired: &HashSet<WorkspaceId>,
         background: Option<&Recorder>,
     ) -> anyhow::Result<DispatchOutcome> {
         if workspaces.is_empty() {
             return Ok(DispatchOutcome::Idle);
         }
         let mut results = futures_util::stream::iter(workspaces.chunks(per_group).map(<[_]>::to_vec))
-            .map(|group| self.dispatch_group(group, background))
+            .map(|group| {
+                let expired: Vec<WorkspaceId> = group.iter().copied().filter(|w| expired.contains(w)).collect();
+                self.dispatch_group(group, expired, background)
+            })
             .buffer_unordered(self.settings.concurrency);
         let mut total = Settled::default();
         let mut first_error = None;
@@ -187,9 +194,10 @@ impl Dispatcher {
     async fn dispatch_group(
         &self,
         workspaces: Vec<WorkspaceId>,
+        expired: Vec<WorkspaceId>,
         background: Option<&Recorder>,
     ) -> anyhow::Result<Settled> {
-        let Some(batch) = self.hand_off(workspaces).await? else {
+        let Some(batch) = self.hand_off(&workspaces, &expired).await? else {
             return Ok(Settled::default());
         };
         match background {
@@ -202,12 +210,14 @@ impl Dispatcher {
         }
     }
 
-    /// Claims one batch of each of `workspaces` and publishes it; `None` when nothing was due.
-    async fn hand_off(&self, workspaces: Vec<WorkspaceId>) -> anyhow::Result<Option<HandedOff>> {
+    /// Claims one batch of each of `workspaces` (and their expired leases in `expired`) and publishes it; `None` when
+    /// nothing was due.
+    async fn hand_off(&self, workspaces: &[WorkspaceId], expired: &[WorkspaceId]) -> anyhow::Result<Option<HandedOff>> {
         let t0 = std::time::Instant::now();
         let events = claim::claim(
             &self.pool,
-            &workspaces,
+            workspaces,
+            expired,
             &self.id,
             self.settings.lease,
             self.settings.batch_size,
@@ -361,18 +371,19 @@ impl Dispatcher {
             let pass = if sweep {
                 sweep = false;
                 last_sweep = tokio::time::Instant::now();
-                let swept_at = Utc::now();
+                let swept = std::time::Instant::now();
                 // Due schedules enqueue their tick's job first, so that this sweep relays it; sleep for the next tick.
                 let next_tick = crate::schedule::fire_for_sweep(&self.pool).await;
                 let pass = self.dispatch_once().await;
-                next_due = match claim::next_due_at(&self.pool).await {
+                // Only jobs that fall due after the sweep started: one due before was the sweep's to take, and one it
+                // did not take waits for a reason that a moment does not change (its workspace's window is full, a
+                // pause holds it, another dispatcher has it), the next notification or sweep, not a spin. Nor jobs
+                // due at their commit: the commit's notification names their workspace (migration 0030).
+                next_due = match claim::next_due_after(&self.pool, swept.elapsed()).await {
                     // A job that fell due during the sweep is swept for at once, unless the sweep found nothing
                     // to claim (the job is held for a moment by someone else): then shortly after, not in a spin.
                     Ok(Some(due)) if due <= Utc::now() && matches!(pass, Ok(DispatchOutcome::Idle)) => {
-                        // One already due before this sweep and still not claimed waits for a reason that a moment
-                        // does not change (its workspace's window is full, a pause holds it, another dispatcher has
-                        // it): the next notification or sweep, not a spin.
-                        (due > swept_at).then(|| Utc::now() + chrono::Duration::milliseconds(10))
+                        Some(Utc::now() + chrono::Duration::milliseconds(10))
                     }
                     Ok(due) => due,
                     Err(e) => {
@@ -384,7 +395,7 @@ impl Dispatcher {
                 pass
             } else {
                 // Named workspaces are a trickle (an event or a few each): as few statements as can be.
-                self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM, Some(&recorder)).await
+                self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM, &HashSet::new(), Some(&recorder)).await
             };
             match pass {
                 Ok(DispatchOutcome::Worked(settled)) => sweep = settled.full > 0 || settled.lost_lease > 0,

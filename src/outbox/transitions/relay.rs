@@ -50,23 +50,36 @@ pub struct ClaimedEvent {
     pub backoff_ms: Option<i64>,
     /// The job's own back-off cap, if set.
     pub backoff_max_ms: Option<i64>,
-    /// Its workspace's class at this claim (migration 0024): `backlogged` when the workspace's window held it back
-    /// (room 0, or smaller than its due jobs), else `light`.
+    /// Its workspace's class at this claim (migrations 0024 and 0030): `backlogged` when the workspace's window held
+    /// it back (room 0, or its due jobs filled the room and more were due), else `light`.
     pub workspace_class: String,
 }
 
-/// Which workspaces have due events (pending and due, or leased with an expired lease), most overdue first.
-pub(crate) async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<WorkspaceId>, sqlx::Error> {
-    let rows: Vec<(Uuid,)> = sqlx::query_as("SELECT workspace_id FROM conveyor_due_outbox_workspaces($1)")
-        .bind(limit)
-        .fetch_all(pool)
-        .await?;
-    Ok(rows.into_iter().map(|(id,)| WorkspaceId(id)).collect())
+/// A workspace with due events (pending and due, or leased with an expired lease), and whether some are expired
+/// leases: their dispatcher died between claim and mark.
+pub(crate) struct DueWorkspace {
+    pub(crate) workspace: WorkspaceId,
+    pub(crate) expired_leases: bool,
 }
 
-/// When the earliest pending job becomes due (a time only, from a `SECURITY DEFINER` function).
-pub(crate) async fn next_due_at(pool: &PgPool) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-    sqlx::query_scalar("SELECT conveyor_next_due_at()").fetch_one(pool).await
+/// Which workspaces have due events, most overdue first (migration 0030).
+pub(crate) async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<DueWorkspace>, sqlx::Error> {
+    let rows: Vec<(Uuid, bool)> =
+        sqlx::query_as("SELECT workspace_id, expired_leases FROM conveyor_due_workspaces($1)")
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().map(|(id, expired_leases)| DueWorkspace { workspace: WorkspaceId(id), expired_leases }).collect())
+}
+
+/// When the earliest pending job becomes due, of those due later than `since` ago by PostgreSQL's clock (a time only,
+/// from a `SECURITY DEFINER` function). The dispatcher passes the time since its sweep started: a job due before
+/// then was the sweep's to take (or is held), one due since then asks for the next sweep.
+pub(crate) async fn next_due_after(pool: &PgPool, since: Duration) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar("SELECT conveyor_next_due_after(now() - $1 * interval '1 microsecond')")
+        .bind(i64::try_from(since.as_micros()).unwrap_or(i64::MAX))
+        .fetch_one(pool)
+        .await
 }
 
 /// The dispatcher's own transactions skip the wait for their WAL flush. Safe: a claim or a mark lost in a PostgreSQL
@@ -76,7 +89,9 @@ const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 
 /// For each of `workspaces`, claims up to `per_workspace` due events by priority, then in due order
 /// (`next_attempt_at`, then id: for fresh events, the order they were written), skipping rows another dispatcher has locked, and leases them to `me`
-/// for `lease`. Events whose lease expired (their dispatcher died) become due again first. One statement, so one
+/// for `lease`. Events whose lease expired (their dispatcher died) become due again first, in the workspaces of
+/// `expired` only (a sweep's lookup says which have any; a claim of the workspaces that notifications named passes
+/// none, and so never scans the leases, whose index spans every workspace). One statement, so one
 /// transaction that commits before returning: the leases are visible to every other dispatcher. It runs as the
 /// application role under row-level security: `conveyor_claim_outbox` is a function of the invoker that sets each
 /// workspace in turn, so each workspace's claim sees that workspace's rows only.
@@ -86,27 +101,31 @@ const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 ///
 /// With a `window` (> 0), a workspace gets only as many as keep its jobs handed to workers and not yet ended within
 /// `window ×` its weight (`workspace_weights`), and none that a pause holds (`dispatch_pauses`): migration 0021. Key
-/// limits, blocks and rates, and kind limits hold back their jobs too (migrations 0023 and 0024).
+/// limits, blocks and rates, and kind limits hold back their jobs too (migrations 0023 and 0024). The statement is
+/// migration 0030's.
 pub async fn claim(
     pool: &PgPool,
     workspaces: &[WorkspaceId],
+    expired: &[WorkspaceId],
     me: &str,
     lease: Duration,
     per_workspace: i64,
     window: i32,
 ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
     let ids: Vec<Uuid> = workspaces.iter().map(|w| w.0).collect();
+    let expired: Vec<Uuid> = expired.iter().map(|w| w.0).collect();
     let mut events = sqlx::query_as::<_, ClaimedEvent>(
         "SELECT tid::text AS tid, id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                 attempt_count, job_attempts, redrive_count, created_at, next_attempt_at, priority, max_attempts,
                 timeout_ms, backoff_ms, backoff_max_ms, workspace_class
-         FROM conveyor_claim_jobs_fair($1, $2, $3, $4, $5)",
+         FROM conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6)",
     )
     .bind(&ids)
     .bind(me)
     .bind(lease.as_secs_f64())
     .bind(i32::try_from(per_workspace).unwrap_or(i32::MAX))
     .bind(window)
+    .bind(&expired)
     .fetch_all(pool)
     .await?;
     events.sort_by_key(|e| (e.priority, e.next_attempt_at, e.id));
