@@ -21,6 +21,9 @@ use sqlx::PgPool;
 pub const JOB_DEAD_LETTER_REASONS: [&str; 4] = ["no_handler", "undecodable", "permanent", "exhausted"];
 /// The reasons of `conveyor_outbox_dispatch_errors_total` (the relay's failures).
 pub const DISPATCH_ERROR_REASONS: [&str; 3] = ["database", "redis_unavailable", "redis_error"];
+/// The passes of `conveyor_outbox_relay_passes_total`: a sweep looks up every workspace with due jobs, a named pass
+/// relays the workspaces that notifications named.
+pub const RELAY_PASSES: [&str; 2] = ["sweep", "named"];
 /// The outcomes of `conveyor_idempotency_requests_total`.
 pub const IDEMPOTENCY_OUTCOMES: [&str; 5] = ["executed", "replayed", "key_reused", "in_progress", "rejected"];
 /// The results of `conveyor_media_derivations_total`.
@@ -53,6 +56,9 @@ pub struct Metrics {
     pub outbox_dispatch_latency: HistogramVec,
     /// `conveyor_outbox_batch_size`: events per claimed batch (one claim, of one or more workspaces).
     pub outbox_batch_size: Histogram,
+    /// `conveyor_outbox_relay_passes_total{pass}`: the relay's passes by [`RELAY_PASSES`]. Sweeps come every poll
+    /// interval and while a backlog lasts; at a steady trickle the named passes carry the traffic.
+    pub outbox_relay_passes: IntCounterVec,
     /// `conveyor_outbox_events{queue, status}`: jobs by state (`due`, `held` by a pause, `delayed`, `dispatching`,
     /// `dispatched` to the workers and not ended, `dead_letter`; migration 0029).
     pub outbox_events: IntGaugeVec,
@@ -247,6 +253,12 @@ impl Metrics {
                 "Events relayed into streams",
                 &["queue"],
             ),
+            outbox_relay_passes: counter_vec(
+                r,
+                "conveyor_outbox_relay_passes_total",
+                "Relay passes: sweeps of every workspace with due jobs, and passes over the workspaces notifications named",
+                &["pass"],
+            ),
             outbox_dispatch_errors: counter_vec(
                 r,
                 "conveyor_outbox_dispatch_errors_total",
@@ -368,6 +380,9 @@ impl Metrics {
     pub fn init_dispatcher(&self) {
         for reason in DISPATCH_ERROR_REASONS {
             self.outbox_dispatch_errors.with_label_values(&[reason]);
+        }
+        for pass in RELAY_PASSES {
+            self.outbox_relay_passes.with_label_values(&[pass]);
         }
     }
 

@@ -561,6 +561,65 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
     assert_eq!(settled.dispatched, 2);
 }
 
+/// The relay's passes by kind, from a dispatcher process's `/metrics` (`conveyor_outbox_relay_passes_total`).
+async fn relay_passes(admin_addr: &str, pass: &str) -> Option<u64> {
+    let text = reqwest::get(format!("http://{admin_addr}/metrics")).await.ok()?.text().await.ok()?;
+    let series = format!("conveyor_outbox_relay_passes_total{{pass=\"{pass}\"}} ");
+    text.lines().find_map(|line| line.strip_prefix(&series)?.trim().parse().ok())
+}
+
+/// At a steady trickle the named passes relay the traffic, and the dispatcher sweeps about once a poll interval, not
+/// after every pass: a sweep looks up every workspace with due jobs, which under a long-held snapshot walks every row
+/// version the snapshot keeps, and becomes slow (here: a failpoint makes each sweep take 200 ms). Before 0030's release
+/// a sweep that relayed anything was followed by another while a job committed within the last second was pending, so
+/// a trickle of commits during slow sweeps kept the relay sweeping without pause.
+#[tokio::test]
+async fn at_a_steady_trickle_the_named_passes_relay_and_the_dispatcher_sweeps_once_a_poll_interval() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (_sandbox, market) = common::sandbox(Default::default()).await;
+    let settings = conveyor::worker::WorkerSettings { concurrency: 8, ..Default::default() };
+    let worker = common::test_worker(&app, &redis, &market, settings, 3, conveyor::metrics::Metrics::new()).await;
+    worker.ensure_groups().await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let working = tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    let mut vars = process_vars(&app, &redis);
+    vars.insert("CONVEYOR_DISPATCH_POLL".into(), "1s".into());
+    vars.insert("FAILPOINTS".into(), "dispatcher::sweep=sleep(200)".into());
+    let admin = vars["CONVEYOR_ADMIN_ADDR"].clone();
+    let dispatcher = Process::spawn(&["dispatcher"], &vars);
+    // Its first sweeps (at start, and when its LISTEN opens) are behind it.
+    let up = common::eventually(Duration::from_secs(20), || async {
+        relay_passes(&admin, "sweep").await.filter(|n| *n >= 2)
+    })
+    .await;
+    assert!(up.is_some(), "the dispatcher serves its metrics; log:\n{}", dispatcher.log());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let workspaces: Vec<WorkspaceId> = (0..4).map(|_| WorkspaceId(Uuid::new_v4())).collect();
+    let (sweeps_before, started) = (relay_passes(&admin, "sweep").await.unwrap(), std::time::Instant::now());
+    let mut ids = Vec::new();
+    for i in 0..300 {
+        ids.extend(enqueue(&app, workspaces[i % workspaces.len()], 1).await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let done = common::eventually(Duration::from_secs(60), || async {
+        (count_status(&app, &workspaces, "completed").await == ids.len()).then_some(())
+    })
+    .await;
+    let sweeps = relay_passes(&admin, "sweep").await.unwrap() - sweeps_before;
+    let (elapsed, named) = (started.elapsed(), relay_passes(&admin, "named").await.unwrap());
+    shutdown.cancel();
+    working.await.unwrap().unwrap();
+    assert!(done.is_some(), "every job ran; log:\n{}", dispatcher.log());
+    assert!(named >= 20, "the named passes carried the trickle: {named} of them");
+    // One a poll interval, and one more for a partial interval at each end.
+    assert!(
+        sweeps as f64 <= elapsed.as_secs_f64() + 2.0,
+        "{sweeps} sweeps in {elapsed:?} with a poll interval of 1 s ({named} named passes)"
+    );
+}
+
 /// The sweep's look ahead (migration 0030): which due time makes the dispatcher sweep again. Jobs due at their commit
 /// are left out (the commit's notification names their workspace, which the next pass relays by name), and so are
 /// jobs due before the sweep began (they were the sweep's to take): before, every sweep that relayed anything was
@@ -604,7 +663,10 @@ async fn the_sweeps_look_ahead_names_only_jobs_that_fall_due_later_and_were_not_
     tx.commit().await.unwrap();
     let retried = ahead(&mut runtime, after("1 hour")).await.expect("the backed-off jobs are named");
     assert!(retried < due, "the back-off is sooner than the delayed job");
-    assert_eq!(ahead(&mut runtime, format!("SELECT conveyor_next_due_after('{}')", retried.to_rfc3339())).await, Some(due));
+    assert_eq!(
+        ahead(&mut runtime, format!("SELECT conveyor_next_due_after('{}')", retried.to_rfc3339())).await,
+        Some(due)
+    );
 }
 
 #[tokio::test]

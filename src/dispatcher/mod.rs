@@ -103,6 +103,8 @@ impl Dispatcher {
     /// One pass over every workspace with due events (a sweep): the workspaces come from the `SECURITY DEFINER`
     /// function, then each gets one batch relayed, as in `Dispatcher::relay`.
     pub async fn dispatch_once(&self) -> anyhow::Result<DispatchOutcome> {
+        // A slow sweep, as under a long-held snapshot, in tests.
+        fail::fail_point!("dispatcher::sweep");
         let due = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
             .await
             .context("Failed to list workspaces with due events")?;
@@ -321,7 +323,7 @@ impl Dispatcher {
     /// Relays until `shutdown`. A notification names the workspace that committed events, and the next pass relays
     /// the workspaces named since the last one, with no lookup. A sweep ([`Dispatcher::dispatch_once`]) runs at
     /// start, every poll interval (events backing off, expired leases, a notification lost with the LISTEN
-    /// connection) and right after any pass that left more behind (a full batch, a lost lease). The marks of named
+    /// connection) and right after any pass that left more behind (a full batch). The marks of named
     /// passes are recorded in the background, several passes together, while the next passes run (the relay's latency
     /// path is claim and `XADD` only); every batch handed off is recorded, and so its leases settled, before `run`
     /// returns. Between passes it sleeps until the next poll, or until the earliest delayed job is due if sooner.
@@ -372,6 +374,7 @@ impl Dispatcher {
                 sweep = false;
                 last_sweep = tokio::time::Instant::now();
                 let swept = std::time::Instant::now();
+                self.metrics.outbox_relay_passes.with_label_values(&["sweep"]).inc();
                 // Due schedules enqueue their tick's job first, so that this sweep relays it; sleep for the next tick.
                 let next_tick = crate::schedule::fire_for_sweep(&self.pool).await;
                 let pass = self.dispatch_once().await;
@@ -395,10 +398,15 @@ impl Dispatcher {
                 pass
             } else {
                 // Named workspaces are a trickle (an event or a few each): as few statements as can be.
+                self.metrics.outbox_relay_passes.with_label_values(&["named"]).inc();
                 self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM, &HashSet::new(), Some(&recorder)).await
             };
             match pass {
-                Ok(DispatchOutcome::Worked(settled)) => sweep = settled.full > 0 || settled.lost_lease > 0,
+                // A lost lease leaves nothing due now: the job ended or asked for a retry before its hand-off was
+                // recorded (routine for a fast job), or another dispatcher took the lease over. Only a lease that
+                // expired with no one taking it is due, and the next poll's sweep takes it. Sweeping again at once
+                // for each (as before 0030's release) kept a steady trickle of fast jobs sweeping without pause.
+                Ok(DispatchOutcome::Worked(settled)) => sweep = settled.full > 0,
                 Ok(DispatchOutcome::Idle) => {}
                 Err(e) => tracing::warn!(error = ?e, "Dispatch pass failed; retrying after the poll interval"),
             }

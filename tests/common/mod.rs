@@ -499,6 +499,17 @@ pub async fn test_dispatcher_on(
     redis_url: &str,
     tweak: impl FnOnce(&mut HashMap<String, String>),
 ) -> conveyor::dispatcher::Dispatcher {
+    test_dispatcher_metered(runtime_url, redis_prefix, redis_url, tweak, Metrics::new()).await
+}
+
+/// What [`test_dispatcher_on`] builds, counting into `metrics`.
+pub async fn test_dispatcher_metered(
+    runtime_url: &str,
+    redis_prefix: &str,
+    redis_url: &str,
+    tweak: impl FnOnce(&mut HashMap<String, String>),
+    metrics: Metrics,
+) -> conveyor::dispatcher::Dispatcher {
     use conveyor::dispatcher::Dispatcher;
     let mut vars = HashMap::new();
     tweak(&mut vars);
@@ -511,7 +522,7 @@ pub async fn test_dispatcher_on(
     );
     // A pool of its own, as a dispatcher process would have.
     let pool = db::connect(runtime_url, 8).await.unwrap();
-    Dispatcher::new(pool, producer, settings, Metrics::new(), conveyor::ids::instance_name())
+    Dispatcher::new(pool, producer, settings, metrics, conveyor::ids::instance_name())
 }
 
 /// A worker with the shipped handlers over the test's database and prefix, on `redis_url`, calling the

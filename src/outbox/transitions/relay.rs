@@ -69,7 +69,10 @@ pub(crate) async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<DueW
             .bind(limit)
             .fetch_all(pool)
             .await?;
-    Ok(rows.into_iter().map(|(id, expired_leases)| DueWorkspace { workspace: WorkspaceId(id), expired_leases }).collect())
+    Ok(rows
+        .into_iter()
+        .map(|(id, expired_leases)| DueWorkspace { workspace: WorkspaceId(id), expired_leases })
+        .collect())
 }
 
 /// When the earliest pending job becomes due, of those due later than `since` ago by PostgreSQL's clock (a time only,
