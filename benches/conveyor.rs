@@ -457,6 +457,7 @@ async fn prefill(app: &common::TestApp, n: usize) {
                 operation_id: None,
                 attempt: 1,
                 enqueued_at_ms: chrono::Utc::now().timestamp_millis(),
+                due_at_ms: None,
                 traceparent: conveyor::telemetry::new_traceparent(),
                 redrive: 0,
                 class: String::new(),

@@ -325,6 +325,7 @@ mod partitions {
             operation_id: None,
             attempt: 1,
             enqueued_at_ms: created_ms,
+            due_at_ms: None,
             traceparent: String::new(),
             redrive: 0,
             class: String::new(),

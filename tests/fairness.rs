@@ -335,3 +335,39 @@ async fn queue_wait_is_observed_by_workspace_class_light_or_backlogged() {
     assert_eq!(waited("work", "unknown") + waited("pings", "unknown"), 0, "every entry has its class");
     shutdown.cancel();
 }
+
+/// A job's queue wait counts from when it fell due: a retry backing off, or a delayed job, waits on purpose until then
+/// (the relay writes the entry's `due_at` when that is later than the commit). Before, it counted from the commit, so
+/// delayed jobs and retries of old jobs inflated `conveyor_job_queue_wait_seconds` and paged ConveyorQueueWaitHigh.
+#[tokio::test]
+async fn queue_wait_counts_from_when_the_job_fell_due_not_from_its_commit() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    // A job committed two hours ago that fell due just now, as a retry of an old job after its back-off.
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let ping =
+        conveyor::enqueue_tx(&mut tx, &Ping, EnqueueOptions::new().delay(Duration::from_secs(3600))).await.unwrap();
+    sqlx::query(
+        "UPDATE outbox_events SET created_at = now() - interval '2 hours', next_attempt_at = now() WHERE id = $1",
+    )
+    .bind(ping.id.0)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let shutdown = CancellationToken::new();
+    dispatcher(&app, 0, &shutdown).await;
+    let metrics = conveyor::metrics::Metrics::new();
+    let worker = worker_with(&app, &Starts::default(), Duration::ZERO, 1, metrics.clone()).await;
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    let done = conveyor::wait_for_job(&app.db.pool, ws, ping.id, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(done.status, JobStatus::Succeeded);
+    let waited = metrics.job_queue_wait.with_label_values(&["pings", "light"]);
+    assert_eq!(waited.get_sample_count(), 1);
+    assert!(
+        waited.get_sample_sum() < 600.0,
+        "waited {} s: counted from its commit two hours ago",
+        waited.get_sample_sum()
+    );
+    shutdown.cancel();
+}

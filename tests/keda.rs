@@ -84,6 +84,7 @@ async fn publish(producer: &Producer, n: usize) {
             operation_id: None,
             attempt: 1,
             enqueued_at_ms: 0,
+            due_at_ms: None,
             traceparent: String::new(),
             redrive: 0,
             class: String::new(),

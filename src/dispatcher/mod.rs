@@ -178,6 +178,7 @@ impl Dispatcher {
             operation_id: event.operation_id,
             attempt: event.job_attempts + 1,
             enqueued_at_ms: event.created_at.timestamp_millis(),
+            due_at_ms: (event.next_attempt_at > event.created_at).then(|| event.next_attempt_at.timestamp_millis()),
             traceparent: event.traceparent.clone().unwrap_or_else(telemetry::new_traceparent),
             redrive: event.redrive_count,
             class: event.workspace_class.clone(),

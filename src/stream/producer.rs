@@ -67,6 +67,10 @@ pub struct Message {
     pub attempt: i32,
     /// When the event was committed, milliseconds since the epoch.
     pub enqueued_at_ms: i64,
+    /// When the job fell due, milliseconds since the epoch, where that is later than its commit (a delayed job, a
+    /// retry backing off, a failed hand-off's back-off): the worker measures the job's queue wait from it. Written as
+    /// the entry's `due_at` field when set.
+    pub due_at_ms: Option<i64>,
     /// W3C trace context.
     pub traceparent: String,
     /// Re-drive generation (0 until the reconciler re-drives it).
@@ -141,6 +145,9 @@ impl Producer {
             "redrive".into(),
             m.redrive.to_string(),
         ];
+        if let Some(due) = m.due_at_ms {
+            fields.extend(["due_at".to_owned(), due.to_string()]);
+        }
         if !m.class.is_empty() {
             fields.extend(["class".to_owned(), m.class.clone()]);
         }

@@ -30,6 +30,8 @@ pub(super) struct Delivery {
     /// The event's re-drive generation when it was handed off (an entry without one is taken for the current one).
     pub(super) redrive: Option<i32>,
     pub(super) enqueued_at_ms: Option<i64>,
+    /// When it fell due, where later than its commit (a delayed job, a retry): its queue wait starts there.
+    pub(super) due_at_ms: Option<i64>,
     pub(super) traceparent: Text,
     /// The job's own options, where it set them.
     pub(super) max_attempts: Option<u32>,
@@ -54,6 +56,7 @@ impl Delivery {
             attempt: f.get("attempt").and_then(|a| a.parse().ok()).unwrap_or(1).max(1),
             redrive: f.get("redrive").and_then(|r| r.parse().ok()),
             enqueued_at_ms: f.get("enqueued_at").and_then(|t| t.parse().ok()),
+            due_at_ms: f.get("due_at").and_then(|t| t.parse().ok()),
             max_attempts: f.get("max_attempts").and_then(|a| a.parse().ok()).filter(|&a| a >= 1),
             timeout,
             backoff,
@@ -76,8 +79,9 @@ impl Worker {
                 (Outcome::Malformed, None)
             }
             Some(delivery) => {
-                if let Some(enqueued) = delivery.enqueued_at_ms {
-                    let wait = (chrono::Utc::now().timestamp_millis() - enqueued).max(0) as f64 / 1000.0;
+                // From when the job fell due: a delayed job, or a retry backing off, waits on purpose until then.
+                if let Some(since) = delivery.due_at_ms.or(delivery.enqueued_at_ms) {
+                    let wait = (chrono::Utc::now().timestamp_millis() - since).max(0) as f64 / 1000.0;
                     queue.waited(class, wait);
                 }
                 let span = if crate::telemetry::exporting() {
