@@ -68,7 +68,7 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
 /// The server settings that decide what bloat does: autovacuum, fsync, shared_buffers.
 async fn server_settings(conn: &mut PgConnection) -> Value {
     let rows: Vec<(String, String)> = sqlx::query_as(
-        "SELECT name, setting || coalesce(unit, '') FROM pg_settings
+        "SELECT name, current_setting(name) FROM pg_settings
          WHERE name IN ('autovacuum', 'autovacuum_naptime', 'fsync', 'shared_buffers', 'server_version')",
     )
     .fetch_all(conn)

@@ -148,12 +148,20 @@ impl TestPostgres {
     pub async fn start_again(&mut self) {
         assert!(self.child.is_none(), "the test's PostgreSQL is already running");
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("postgres.log")).unwrap();
+        // A benchmark may ask for a server sized like production's (`BENCH_PG_SETTINGS="shared_buffers=1GB"`); the
+        // tests never set it. Later settings win over the defaults above them.
+        let extra: Vec<String> = std::env::var("BENCH_PG_SETTINGS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .flat_map(|setting| ["-c".to_owned(), setting.to_owned()])
+            .collect();
         let child = self
             .command("postgres")
             .args(["-D", &self.data().display().to_string(), "-p", &self.port.to_string()])
             .args(["-k", &self.dir.display().to_string()])
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=300"])
             .args(["-c", "shared_buffers=64MB", "-c", "log_min_messages=warning"])
+            .args(&extra)
             // A process group of its own: the postmaster and its backends are killed together.
             .process_group(0)
             .stdout(Stdio::null())
