@@ -1,11 +1,10 @@
 -- The relay under a long-held snapshot (issue 16). While a transaction holds a snapshot open (a report, a `BEGIN`
 -- left in psql), no row version the relay and the workers leave behind can be removed, and every index scan over a
 -- state that rows pass through walks the versions of the snapshot's whole lifetime. Measured over a 5-minute snapshot
--- at 300 jobs/s (benches/snapshot.rs, per-index reads from pg_stat_user_indexes): the scan of expired leases read the
--- most, 44% of all index entries read, because each claim ran it once per workspace over the whole outbox's index;
--- the due-job scans of the dispatcher's sweeps came next, because a sweep followed every sweep that relayed anything
--- while a job committed within the last second was pending (0008's conveyor_next_due_at), so the relay swept without
--- pause instead of relaying the workspaces its notifications named.
+-- at 300 jobs/s (benches/snapshot.rs; index entries read, from pg_stat_user_indexes): the scan for expired leases read
+-- 44% of them, because each claim ran it once per workspace over the whole outbox's lease index; the counts of each
+-- workspace's jobs in flight (its window) 26%; the scans of due jobs in claim order 19% (half of them the count for the
+-- workspace's fair-share class); the sweeps' lookup of due workspaces 12%.
 --
 -- 1. conveyor_due_workspaces: 0001's lookup, telling which of the due workspaces have expired leases. Sweeps call it;
 --    the claim takes expired leases over only in those (`expired_in`), and named claims never scan for them.

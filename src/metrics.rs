@@ -74,8 +74,8 @@ pub struct Metrics {
     /// `conveyor_job_duration_seconds{queue, outcome}`.
     pub job_duration: HistogramVec,
     /// `conveyor_job_queue_wait_seconds{queue, class}`: due (the commit, or a delayed job's or a retry's due time) to
-    /// handler start, by the fair-share class of
-    /// the job's workspace when the relay claimed it (`light`, `backlogged`, or `unknown` for entries without one).
+    /// handler start, by the fair-share class of the job's workspace when the relay claimed it (`light`,
+    /// `backlogged`, or `unknown` for entries without one).
     pub job_queue_wait: HistogramVec,
     /// `conveyor_job_retries_total{type}`.
     pub job_retries: IntCounterVec,
