@@ -579,6 +579,20 @@ impl Browser {
         }
     }
 
+    /// The path once the browser is at `expected`, or the one it is at after 10 s. A click on a form's button can
+    /// return before the POST and its redirect have landed, so the page is read once the navigation has.
+    async fn path_at(&self, expected: &str) -> String {
+        let arrived = eventually(Duration::from_secs(10), || async {
+            let path = self.path().await;
+            (path == expected).then_some(path)
+        })
+        .await;
+        match arrived {
+            Some(path) => path,
+            None => self.path().await,
+        }
+    }
+
     async fn text(&self, css: &str) -> String {
         self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).text().await.unwrap()
     }
@@ -643,14 +657,17 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
 
     // A page without a session goes to the login, and comes back after it.
     browser.goto(app, "/ui/queues/ui-demo").await;
-    assert_eq!(browser.path().await, "/ui/login?next=%2Fui%2Fqueues%2Fui-demo");
+    assert_eq!(
+        browser.path_at("/ui/login?next=%2Fui%2Fqueues%2Fui-demo").await,
+        "/ui/login?next=%2Fui%2Fqueues%2Fui-demo"
+    );
     browser.type_into("#credential", "not-the-operator-token").await;
     browser.click("button[type=submit]").await;
     assert!(browser.text("[role=alert]").await.contains("neither the operator token nor an operator JWT"));
     assert!(browser.client.get_named_cookie("conveyor_ui").await.is_err(), "a wrong token starts no session");
     browser.type_into("#credential", ADMIN_TOKEN).await;
     browser.click("button[type=submit]").await;
-    assert_eq!(browser.path().await, "/ui/queues/ui-demo");
+    assert_eq!(browser.path_at("/ui/queues/ui-demo").await, "/ui/queues/ui-demo");
     let cookie = browser.client.get_named_cookie("conveyor_ui").await.expect("a session cookie");
     assert_eq!(cookie.http_only(), Some(true));
 
@@ -672,7 +689,7 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
 
     // The queue: its counts and its jobs.
     browser.click(&format!("{row} td:first-child a")).await;
-    assert_eq!(browser.path().await, "/ui/queues/ui-demo");
+    assert_eq!(browser.path_at("/ui/queues/ui-demo").await, "/ui/queues/ui-demo");
     assert_eq!(browser.text("#counts [data-state=dead] .n").await, "1");
     assert_eq!(browser.text("#counts [data-state=delayed] .n").await, "1");
     let jobs = browser.client.find_all(Locator::Css("#jobs tbody tr")).await.unwrap();
@@ -689,7 +706,8 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
 
     // Open it: the job page shows it failed, its attempt and payload.
     browser.click(&format!("{dead_row} a.open")).await;
-    assert_eq!(browser.path().await, format!("/ui/jobs/{}", s.dead.0));
+    let expected = format!("/ui/jobs/{}", s.dead.0);
+    assert_eq!(browser.path_at(&expected).await, expected);
     let status = browser.client.find(Locator::Css("#status")).await.unwrap();
     assert_eq!(status.attr("data-status").await.unwrap().as_deref(), Some("failed"));
     assert!(browser.text("#attempts").await.contains("marketplace refused"));
@@ -698,7 +716,8 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
     // Replay it, with the handler now succeeding: the job page shows it succeeded.
     s.succeed.store(true, Ordering::SeqCst);
     browser.click("form[action$='/retry'] button").await;
-    assert_eq!(browser.path().await, format!("/ui/jobs/{}?notice=retried", s.dead.0));
+    let expected = format!("/ui/jobs/{}?notice=retried", s.dead.0);
+    assert_eq!(browser.path_at(&expected).await, expected);
     assert!(browser.text("[role=status]").await.contains("runs again"));
     let succeeded = eventually(Duration::from_secs(30), || async {
         browser.click("a#reload").await;
