@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use common::{Process, TestApp};
-use conveyor::metrics::{DISPATCH_ERROR_REASONS, IDEMPOTENCY_OUTCOMES, JOB_DEAD_LETTER_REASONS, MEDIA_RESULTS};
+use conveyor::metrics::{
+    DISPATCH_ERROR_REASONS, IDEMPOTENCY_OUTCOMES, JOB_DEAD_LETTER_REASONS, MEDIA_RESULTS, RELAY_PASSES,
+};
 
 /// One sample of the text format: its name, its labels, its value.
 struct Sample {
@@ -198,6 +200,11 @@ async fn a_fresh_dispatcher_counts_every_registered_queue_and_failure_from_zero(
     }
     assert_value(&text, "conveyor_outbox_dead_letters_total", &[("queue", "stores")], 0.0);
     assert_value(&text, "conveyor_outbox_dispatched_total", &[("queue", "stores")], 0.0);
+    // Both kinds of relay pass are series from the start (the first sweep has run; named passes may not have).
+    for pass in RELAY_PASSES {
+        let passes = value(&text, "conveyor_outbox_relay_passes_total", &[("pass", pass)]);
+        assert!(passes.is_some(), "conveyor_outbox_relay_passes_total{{pass={pass}}} in:\n{text}");
+    }
     // A dispatcher runs no jobs: no worker series, and its role tells alerts apart.
     assert!(value(&text, "conveyor_worker_concurrency_limit", &[]).is_none_or(|v| v == 0.0));
     assert!(value(&text, "conveyor_db_pool_max_connections", &[("pool", "app")]).is_some());
