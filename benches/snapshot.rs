@@ -18,6 +18,9 @@
 //! 2. Drain: the processes stop, `DRAIN_N` (100000) jobs are committed into the same workspaces (50 per
 //!    transaction), and an in-process relay (no window, no worker) drains them: the `dispatch` scenario's method.
 //!
+//! Each phase also reports the index entries each index of `outbox_events` gave (`idx_tup_read`), and, where the
+//! server loads `pg_stat_statements`, the statements PostgreSQL spent most time in.
+//!
 //! Then the snapshot closes and `VACUUM` runs; the table is read after each. One JSON line per mode, then one with
 //! the ratios (target: throughput within 10%, size bounded).
 
@@ -106,6 +109,66 @@ async fn index_sizes(conn: &mut PgConnection) -> Value {
     .await
     .unwrap();
     Value::Object(rows.into_iter().map(|(k, v)| (k, json!(mib(v)))).collect())
+}
+
+/// Index entries read so far (`idx_tup_read`) by each index of `outbox_events`.
+async fn index_reads(conn: &mut PgConnection) -> HashMap<String, i64> {
+    sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await.unwrap();
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT indexrelname::text, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'outbox_events'",
+    )
+    .fetch_all(conn)
+    .await
+    .unwrap();
+    rows.into_iter().collect()
+}
+
+/// The entries each index gave between two readings, in millions, largest first (indexes that gave none left out).
+fn reads_between(before: &HashMap<String, i64>, after: &HashMap<String, i64>) -> Value {
+    let mut delta: Vec<(&String, i64)> =
+        after.iter().map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0))).filter(|(_, d)| *d > 0).collect();
+    delta.sort_by_key(|(_, d)| -d);
+    Value::Object(delta.into_iter().map(|(k, d)| (k.clone(), json!(round(d as f64 / 1e6)))).collect())
+}
+
+/// The statements PostgreSQL spent most time in since `reset`, where the server loads `pg_stat_statements`
+/// (`BENCH_PG_SETTINGS="shared_preload_libraries=pg_stat_statements pg_stat_statements.track=all"`): what a phase's
+/// time went to, the statements inside the relay's functions included. `None` where it is not loaded.
+struct Statements(Option<PgConnection>);
+
+impl Statements {
+    async fn open(database: &BenchDatabase) -> Self {
+        let Some(pg) = database.own.as_ref() else { return Self(None) };
+        let mut conn = pg.superuser().await;
+        let loaded = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&mut conn).await.is_ok()
+            && sqlx::query("SELECT pg_stat_statements_reset()").execute(&mut conn).await.is_ok();
+        Self(loaded.then_some(conn))
+    }
+
+    async fn reset(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            sqlx::query("SELECT pg_stat_statements_reset()").execute(conn).await.unwrap();
+        }
+    }
+
+    /// The `n` statements with the most execution time: ms in all, calls, rows and shared blocks touched.
+    async fn top(&mut self, n: i64) -> Value {
+        let Some(conn) = self.0.as_mut() else { return Value::Null };
+        let rows: Vec<(String, f64, i64, i64, i64)> = sqlx::query_as(
+            "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 160), total_exec_time, calls, rows,
+                    shared_blks_hit + shared_blks_read
+             FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT $1",
+        )
+        .bind(n)
+        .fetch_all(conn)
+        .await
+        .unwrap();
+        rows.into_iter()
+            .map(|(query, ms, calls, rows, blocks)| {
+                json!({ "query": query, "ms": ms.round(), "calls": calls, "rows": rows, "blocks": blocks })
+            })
+            .collect()
+    }
 }
 
 /// Time and buffers of one statement, by `EXPLAIN (ANALYZE, BUFFERS)`.
@@ -286,6 +349,8 @@ async fn run(with_snapshot: bool) -> Value {
         sqlx::query("SELECT 1 FROM outbox_events LIMIT 1").execute(&mut holder).await.unwrap();
     }
     let at_start = table_stats(&mut owner).await;
+    let mut statements = Statements::open(&database).await;
+    let reads_at_start = index_reads(&mut owner).await;
     let pg_port = database.own.as_ref().map(|pg| pg.port);
     let (dispatcher_cpu0, pg_cpu0) =
         (cpu_seconds(dispatcher.child.id(), false), pg_port.and_then(postgres_cpu_seconds));
@@ -347,6 +412,8 @@ async fn run(with_snapshot: bool) -> Value {
         committed.jobs.lock().unwrap().iter().filter_map(|(id, at)| xadd.get(id).map(|x| (x - at).max(0.0))).collect();
     latency.sort_by(f64::total_cmp);
     let end_steady = table_stats(&mut owner).await;
+    let steady_reads = reads_between(&reads_at_start, &index_reads(&mut owner).await);
+    let steady_statements = statements.top(8).await;
     let steady_scans = probe(&mut owner, workspaces[0]).await;
 
     // Drain: the snapshot (if any) still open, the processes stopped, a backlog in the same workspaces.
@@ -360,12 +427,16 @@ async fn run(with_snapshot: bool) -> Value {
         v.insert("CONVEYOR_DISPATCH_BATCH".into(), env("DISPATCH_BATCH", 500).to_string());
     })
     .await;
+    let reads_at_drain = index_reads(&mut owner).await;
+    statements.reset().await;
     let drain_started = Instant::now();
     let mut drained = 0u64;
     while let conveyor::dispatcher::DispatchOutcome::Worked(s) = relay.dispatch_once().await.unwrap() {
         drained += s.dispatched;
     }
     let drain_s = drain_started.elapsed().as_secs_f64();
+    let drain_reads = reads_between(&reads_at_drain, &index_reads(&mut owner).await);
+    let drain_statements = statements.top(8).await;
     let end_drain = table_stats(&mut owner).await;
     let drain_scans = probe(&mut owner, workspaces[0]).await;
     let indexes = index_sizes(&mut owner).await;
@@ -398,10 +469,12 @@ async fn run(with_snapshot: bool) -> Value {
             "dispatcher_cpu_ms_per_1000": per_1000(dispatcher_cpu, dispatcher_cpu0),
             "postgres_cpu_ms_per_1000": per_1000(pg_cpu, pg_cpu0),
             "scans_at_end": steady_scans,
+            "index_entries_read_m": steady_reads, "top_statements": steady_statements,
         },
         "drain": {
             "n": drain_n, "dispatched": drained, "per_s": (drained as f64 / drain_s).round(),
             "scans_at_end": drain_scans,
+            "index_entries_read_m": drain_reads, "top_statements": drain_statements,
         },
         "snapshot_xmin_age_at_end": xmin_age,
         "table": { "start": at_start, "end_steady": end_steady, "end_drain": end_drain, "snapshot_closed": after_close,

@@ -11,7 +11,9 @@ use conveyor::config::{self, Config, Env, MigrateConfig};
 use uuid::Uuid;
 
 /// mimalloc instead of glibc's malloc: a worker allocates and frees many small buffers per job (Redis frames,
-/// strings, task state), where glibc's malloc took about 15% of a drain's CPU.
+/// strings, task state), where glibc's malloc took about 15% of a drain's CPU. The `system-allocator` feature keeps
+/// glibc's, for heap profilers that hook `malloc`.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
