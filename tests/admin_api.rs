@@ -1103,20 +1103,26 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
             built.push(v);
         }
     }
-    assert_eq!(built, [27, 28]);
+    assert_eq!(built, [27, 28, 31]);
     // Applied by `conveyor migrate`, they are there and valid.
     let app = TestApp::spawn().await;
     let mut owner = app.db.owner().await;
     let indexes: Vec<(String, bool)> = sqlx::query_as(
         "SELECT c.relname::text, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
          WHERE i.indrelid = 'outbox_events'::regclass
-           AND c.relname IN ('outbox_events_completed_at', 'outbox_events_dead_by_id') ORDER BY 1",
+           AND c.relname IN ('outbox_events_completed_at', 'outbox_events_dead_by_id', 'outbox_events_delayed',
+                             'outbox_events_next_due') ORDER BY 1",
     )
     .fetch_all(&mut owner)
     .await
     .unwrap();
+    // 0032 dropped the index of every pending job in due order (concurrently too), which 0031's replaced.
     assert_eq!(
         indexes,
-        [("outbox_events_completed_at".to_owned(), true), ("outbox_events_dead_by_id".to_owned(), true)]
+        [
+            ("outbox_events_completed_at".to_owned(), true),
+            ("outbox_events_dead_by_id".to_owned(), true),
+            ("outbox_events_delayed".to_owned(), true)
+        ]
     );
 }
