@@ -64,19 +64,12 @@ fn mib(bytes: f64) -> f64 {
 }
 
 /// A real `conveyor <args>` process over the run's database and Redis, with `extra` variables.
-/// `SOAK_WRAP="<role>=<command>"` runs that role under `<command>` (`dispatcher=heaptrack -o /tmp/dispatcher`):
-/// its RSS is then the wrapper's, and the profile is the figure to read.
 fn spawn_role(vars: &HashMap<String, String>, args: &[&str], extra: &[(&str, String)]) -> common::Process {
     let mut vars = vars.clone();
     for (k, v) in extra {
         vars.insert((*k).into(), v.clone());
     }
-    let wrap = env_str("SOAK_WRAP", "");
-    let wrapper: Vec<&str> = match wrap.split_once('=') {
-        Some((role, command)) if role == args[0] => command.split_whitespace().collect(),
-        _ => vec![],
-    };
-    common::Process::spawn_under(&wrapper, args, &vars)
+    common::Process::spawn(args, &vars)
 }
 
 /// A field of `/proc/<pid>/status` in kB (`VmRSS`, `VmHWM`).
@@ -469,7 +462,7 @@ async fn soak() -> Value {
     }
     json!({
         "scenario": "soak",
-        "allocator": if cfg!(feature = "system-allocator") { "glibc malloc" } else { "mimalloc" },
+        "allocator": if cfg!(feature = "system-allocator") { "glibc malloc" } else { "mimalloc v2" },
         "jobs_target": target, "enqueued": enqueued, "acknowledged": acked,
         "completed_all": acked >= enqueued, "api_created": progress.api_ok.load(Ordering::Relaxed),
         "api_failed": progress.api_failed.load(Ordering::Relaxed), "run_s": round(run_s), "per_s": per_s.round(),

@@ -331,24 +331,9 @@ pub struct Process {
 
 impl Process {
     pub fn spawn(args: &[&str], vars: &HashMap<String, String>) -> Self {
-        Self::spawn_under(&[], args, vars)
-    }
-
-    /// Spawns `conveyor <args>` as the last arguments of `wrapper` (a profiler: `heaptrack -o <file>`), or directly
-    /// when `wrapper` is empty. The child is then the wrapper's process.
-    pub fn spawn_under(wrapper: &[&str], args: &[&str], vars: &HashMap<String, String>) -> Self {
         let log_path = std::env::temp_dir().join(format!("conveyor-test-{}.log", Uuid::new_v4().simple()));
         let log = std::fs::File::create(&log_path).unwrap();
-        let bin = conveyor_bin();
-        let mut command = match wrapper.split_first() {
-            Some((program, rest)) => {
-                let mut command = Command::new(program);
-                command.args(rest).arg(&bin);
-                command
-            }
-            None => Command::new(&bin),
-        };
-        let child = command
+        let child = Command::new(conveyor_bin())
             .args(args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
