@@ -336,6 +336,21 @@ async fn check_role(conn: &mut PgConnection, role: &str, what: &str, variable: &
              row-level security would not apply to it"
         );
     }
+    // Conveyor's definer functions search `pg_catalog, public, pg_temp` (migration 0034): a role that may create
+    // objects in `public` could plant a function or operator there that one of them would call as the owner.
+    // PostgreSQL 15 and later no longer grant it to PUBLIC; earlier releases did.
+    let (create,): (bool,) = sqlx::query_as("SELECT has_schema_privilege($1, 'public', 'CREATE')")
+        .bind(role)
+        .fetch_one(&mut *conn)
+        .await
+        .with_context(|| format!("Failed to inspect the {what}'s rights on the schema public"))?;
+    if create {
+        bail!(
+            "the {what} `{role}` of {variable} may create objects in the schema public, where Conveyor's SECURITY \
+             DEFINER functions look names up: run `REVOKE CREATE ON SCHEMA public FROM PUBLIC` (and from `{role}`) \
+             as the database's owner, the default since PostgreSQL 15"
+        );
+    }
     Ok(())
 }
 
