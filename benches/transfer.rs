@@ -128,6 +128,7 @@ async fn main() {
     let storage = ObjectStorage::open(&format!("file://{}", dir.display())).unwrap();
     let mut settings = FetchSettings::from_scenarios(&conveyor::config::ScenarioSettings::default());
     settings.allowed_networks = vec!["127.0.0.0/8".parse().unwrap()];
+    settings.allowed_ports = vec![port];
     settings.max_bytes = size;
     let fetcher = Fetcher::new(settings, Arc::new(SystemResolver)).unwrap();
     let curl_file = dir.join("curl.out");
@@ -136,7 +137,7 @@ async fn main() {
     // A transfer row for the rounds that commit progress, as the job does.
     let db = common::TestDb::create().await;
     let who = common::principal();
-    let policy = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]);
+    let policy = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]).with_ports([port]);
     let mut tx = conveyor::db::begin_workspace(&db.pool, who.workspace_id).await.unwrap();
     let new = asset_transfers::NewTransfer::parse(&url, "bench.png", &policy).unwrap();
     let row = asset_transfers::create_tx(&mut tx, &who, new, None).await.unwrap().asset_transfer.id;

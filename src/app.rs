@@ -63,7 +63,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
         .await
         .context("Failed to connect to PostgreSQL (CONVEYOR_DATABASE_URL)")?;
     metrics.watch_pool("app", pool.clone());
-    let redis = stream::connect(config.redis_url.expose(), config.redis_command_timeout)
+    let redis = stream::connect_with(config.redis_url.expose(), config.redis_command_timeout, &config.redis_tls)
         .await
         .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
     // The operator role's pool opens lazily: a process serves its own role even while that role cannot connect; the
@@ -254,7 +254,8 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         .marketplace_url
         .as_deref()
         .context("CONVEYOR_MARKETPLACE_URL is required by the worker (the sandbox's URL in development)")?;
-    let blocking = stream::connect(config.redis_url.expose(), config.redis_command_timeout + Duration::from_secs(5))
+    let blocking_timeout = config.redis_command_timeout + Duration::from_secs(5);
+    let blocking = stream::connect_with(config.redis_url.expose(), blocking_timeout, &config.redis_tls)
         .await
         .context("Failed to open the blocking Redis connection")?;
     let consumer =

@@ -96,6 +96,9 @@ pub struct Config {
     pub redis_url: Secret<String>,
     /// Prefix of every Redis key (`CONVEYOR_REDIS_PREFIX`, default `conveyor`).
     pub redis_prefix: String,
+    /// The files of TLS to Redis (`CONVEYOR_REDIS_CA_FILE`, `CONVEYOR_REDIS_CLIENT_CERT_FILE`,
+    /// `CONVEYOR_REDIS_CLIENT_KEY_FILE`), for a `rediss://` URL.
+    pub redis_tls: crate::stream::RedisTls,
     /// API listen address (`CONVEYOR_HTTP_ADDR`).
     pub http_addr: SocketAddr,
     /// Admin listen address for `/metrics`, `/healthz`, `/readyz` (`CONVEYOR_ADMIN_ADDR`).
@@ -174,6 +177,8 @@ pub struct ScenarioSettings {
     pub media_decode_permits: usize,
     /// `CONVEYOR_ASSET_ALLOWED_NETWORKS`: CIDRs a transfer may reach although refused by default (empty).
     pub asset_allowed_networks: Vec<ipnet::IpNet>,
+    /// `CONVEYOR_ASSET_ALLOWED_PORTS`: ports a transfer may reach besides 80 and 443, for every host (empty).
+    pub asset_allowed_ports: Vec<u16>,
     /// `CONVEYOR_ASSET_MAX_BYTES`: largest transferred file (default 100 MiB).
     pub asset_max_bytes: u64,
     /// `CONVEYOR_ASSET_CONNECT_TIMEOUT` (default 10s).
@@ -233,6 +238,21 @@ impl ScenarioSettings {
                 })
                 .collect::<Result<_, _>>()?,
         };
+        let asset_allowed_ports = match src.get("CONVEYOR_ASSET_ALLOWED_PORTS") {
+            None => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|port| match port.parse::<u16>() {
+                    Ok(n) if n > 0 => Ok(n),
+                    _ => Err(invalid(
+                        "CONVEYOR_ASSET_ALLOWED_PORTS",
+                        format!("`{port}` is not a port number from 1 to 65535 (a list such as 8080,8443)"),
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+        };
         Ok(Self {
             object_store_url,
             media_max_bytes: positive(src, "CONVEYOR_MEDIA_MAX_BYTES", 25 * 1024 * 1024)?,
@@ -243,6 +263,7 @@ impl ScenarioSettings {
                 std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             )?,
             asset_allowed_networks,
+            asset_allowed_ports,
             asset_max_bytes: positive(src, "CONVEYOR_ASSET_MAX_BYTES", 100 * 1024 * 1024)?,
             asset_connect_timeout: duration(src, "CONVEYOR_ASSET_CONNECT_TIMEOUT", Duration::from_secs(10))?,
             asset_read_timeout: duration(src, "CONVEYOR_ASSET_READ_TIMEOUT", Duration::from_secs(30))?,
@@ -361,6 +382,27 @@ fn postgres_url(src: &dyn Source, name: &'static str) -> Result<Secret<String>, 
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(invalid(name, "must be a postgres:// or postgresql:// URL"));
     }
+    // TLS is asked for in the URL, as libpq reads it: sslmode (disable, allow, prefer, require, verify-ca,
+    // verify-full) and sslrootcert, sslcert, sslkey. Check here what can be checked without connecting.
+    let parsed = url::Url::parse(&url).map_err(|_| invalid(name, "is not a valid URL"))?;
+    for (key, value) in parsed.query_pairs() {
+        match &*key {
+            "sslmode" | "ssl-mode"
+                if !["disable", "allow", "prefer", "require", "verify-ca", "verify-full"].contains(&&*value) =>
+            {
+                return Err(invalid(
+                    name,
+                    format!("sslmode={value} is not one of disable, allow, prefer, require, verify-ca, verify-full"),
+                ));
+            }
+            "sslrootcert" | "sslcert" | "sslkey" | "ssl-root-cert" | "ssl-ca" | "ssl-cert" | "ssl-key"
+                if !value.starts_with("-----BEGIN") && !std::path::Path::new(&*value).is_file() =>
+            {
+                return Err(invalid(name, format!("{key}={value} is not a readable file")));
+            }
+            _ => {}
+        }
+    }
     Ok(Secret::new(url))
 }
 
@@ -470,6 +512,7 @@ impl Config {
         }
         Ok(Self {
             database_url: postgres_url(src, "CONVEYOR_DATABASE_URL")?,
+            redis_tls: redis_tls(src, &redis_url)?,
             redis_url: Secret::new(redis_url),
             redis_prefix,
             http_addr: addr(src, "CONVEYOR_HTTP_ADDR", "127.0.0.1:8080")?,
@@ -506,14 +549,13 @@ impl Config {
 /// Parses `CONVEYOR_REDIS_URL` (required) and `CONVEYOR_REDIS_PREFIX` (default `conveyor`).
 pub fn redis(src: &dyn Source) -> Result<(String, String), ConfigError> {
     let redis_url = required(src, "CONVEYOR_REDIS_URL")?;
-    if !(redis_url.starts_with("redis://")
-        || redis_url.starts_with("rediss://")
-        || redis_url.starts_with("redis-cluster://")
-        || redis_url.starts_with("redis-sentinel://"))
-    {
+    const SCHEMES: [&str; 6] =
+        ["redis", "rediss", "redis-cluster", "rediss-cluster", "redis-sentinel", "rediss-sentinel"];
+    if !redis_url.split_once("://").is_some_and(|(scheme, _)| SCHEMES.contains(&scheme)) {
         return Err(invalid(
             "CONVEYOR_REDIS_URL",
-            "must be a redis://, rediss://, redis-cluster:// or redis-sentinel:// URL",
+            "must be a redis://, rediss://, redis-cluster://, rediss-cluster://, redis-sentinel:// or \
+             rediss-sentinel:// URL",
         ));
     }
     let redis_prefix = src.get("CONVEYOR_REDIS_PREFIX").unwrap_or_else(|| "conveyor".to_owned());
@@ -521,6 +563,30 @@ pub fn redis(src: &dyn Source) -> Result<(String, String), ConfigError> {
         return Err(invalid("CONVEYOR_REDIS_PREFIX", "must not contain braces or spaces"));
     }
     Ok((redis_url, redis_prefix))
+}
+
+/// Parses the TLS files of Redis (each optional, each a readable PEM file): `CONVEYOR_REDIS_CA_FILE`,
+/// `CONVEYOR_REDIS_CLIENT_CERT_FILE` and `CONVEYOR_REDIS_CLIENT_KEY_FILE` (the last two together), refused unless
+/// `redis_url` asks for TLS.
+pub fn redis_tls(src: &dyn Source, redis_url: &str) -> Result<crate::stream::RedisTls, ConfigError> {
+    let file = |name: &'static str| -> Result<Option<std::path::PathBuf>, ConfigError> {
+        let Some(path) = src.get(name) else { return Ok(None) };
+        std::fs::metadata(&path)
+            .map_err(|e| invalid(name, format!("cannot read {path}: {e}")))
+            .and_then(|m| if m.is_file() { Ok(()) } else { Err(invalid(name, format!("{path} is not a file"))) })?;
+        Ok(Some(path.into()))
+    };
+    let tls = crate::stream::RedisTls {
+        ca_file: file("CONVEYOR_REDIS_CA_FILE")?,
+        client_cert_file: file("CONVEYOR_REDIS_CLIENT_CERT_FILE")?,
+        client_key_file: file("CONVEYOR_REDIS_CLIENT_KEY_FILE")?,
+    };
+    if tls.is_set() && !crate::stream::tls::url_uses_tls(redis_url) {
+        let name = if tls.ca_file.is_some() { "CONVEYOR_REDIS_CA_FILE" } else { "CONVEYOR_REDIS_CLIENT_CERT_FILE" };
+        return Err(invalid(name, "is set but CONVEYOR_REDIS_URL does not ask for TLS (rediss://)"));
+    }
+    tls.fred_config().map_err(|e| invalid(e.variable, e.reason))?;
+    Ok(tls)
 }
 
 /// Parses `CONVEYOR_OPERATOR_DATABASE_URL` (optional).

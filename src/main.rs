@@ -606,7 +606,8 @@ async fn operator(needs: Needs) -> anyhow::Result<(conveyor::admin::Admin, conve
         .context("Failed to connect as the application role (CONVEYOR_DATABASE_URL)")?;
     let admin = if needs == Needs::Redis {
         let (redis_url, prefix) = config::redis(&Env)?;
-        let redis = conveyor::stream::connect(&redis_url, Duration::from_secs(5))
+        let tls = config::redis_tls(&Env, &redis_url)?;
+        let redis = conveyor::stream::connect_with(&redis_url, Duration::from_secs(5), &tls)
             .await
             .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
         Admin::new(operator, app, redis, conveyor::stream::keys::Keys::new(&prefix))

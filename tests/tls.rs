@@ -116,6 +116,9 @@ async fn a_transfer_downloads_over_https_from_a_server_the_configured_ca_vouches
         let (url, ca_file) = (url.clone(), ca_file.clone());
         TestApp::spawn_with(move |vars| {
             vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), "127.0.0.0/8,::1/128".into());
+            // The sandbox listens on a random port; transfers reach 80 and 443 only unless told more.
+            let port = url.rsplit(':').next().unwrap().to_owned();
+            vars.insert("CONVEYOR_ASSET_ALLOWED_PORTS".into(), port);
             vars.insert("CONVEYOR_MARKETPLACE_URL".into(), url);
             vars.insert("CONVEYOR_TLS_CA_FILE".into(), ca_file);
         })
@@ -149,4 +152,71 @@ async fn a_transfer_downloads_over_https_from_a_server_the_configured_ca_vouches
     assert_eq!(done["sha256"], expected);
     assert!(sandbox.stats().file_bytes_served >= 300_000);
     shutdown.cancel();
+}
+
+/// What a plain local HTTP server received: each request's method, path and body.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>;
+
+/// A local HTTP server answering every request with `status`, `location` (if any) and `body`, recording what it got.
+async fn recording_server(status: u16, location: Option<String>, body: &'static str) -> (String, Received) {
+    use axum::http::{HeaderValue, StatusCode, header};
+    use axum::response::IntoResponse;
+    let received: Received = Default::default();
+    let seen = received.clone();
+    let app = axum::Router::new().fallback(move |method: axum::http::Method, uri: axum::http::Uri, sent: String| {
+        let (seen, location) = (seen.clone(), location.clone());
+        async move {
+            seen.lock().unwrap().push((method.to_string(), uri.path().to_owned(), sent));
+            let mut response =
+                (StatusCode::from_u16(status).unwrap(), [(header::CONTENT_TYPE, "application/json")], body)
+                    .into_response();
+            if let Some(location) = location {
+                response.headers_mut().insert(header::LOCATION, HeaderValue::from_str(&location).unwrap());
+            }
+            response
+        }
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, received)
+}
+
+#[tokio::test]
+async fn the_marketplace_client_never_follows_a_redirect_with_the_stores_credentials() {
+    use conveyor::adapters::marketplace::NewProduct;
+    const SECRET: &str = "api-key-3f9b1c";
+    // Where a redirect would lead: it would answer like the marketplace, and must never be asked anything.
+    let (elsewhere, elsewhere_got) =
+        recording_server(200, None, r#"{"valid": true, "id": "product-from-elsewhere"}"#).await;
+    for status in [307, 308, 301, 302, 303] {
+        let (url, got) = recording_server(status, Some(format!("{elsewhere}/v1/credentials/verify")), "").await;
+        let client = HttpMarketplace::new(&url, Duration::from_secs(5));
+
+        let verified = client.verify_credentials("token-1", &credentials(SECRET)).await;
+        match &verified {
+            Err(MarketplaceError::Permanent(reason)) => {
+                assert!(reason.starts_with(&format!("HTTP {status} ")), "{status}: {reason}");
+                assert!(reason.contains("redirects are not followed"), "{status}: {reason}");
+                assert!(!reason.contains(&elsewhere), "the Location is not repeated: {reason}");
+            }
+            other => panic!("{status}: a redirect must be a permanent error, got {other:?}"),
+        }
+        let product = NewProduct {
+            title: "Shoe".into(),
+            description: "A shoe".into(),
+            price_amount: "12.50".into(),
+            currency: "EUR".into(),
+            media_ids: Vec::new(),
+        };
+        let created = client.create_product("token-2", &credentials(SECRET), &product).await;
+        assert!(matches!(&created, Err(MarketplaceError::Permanent(r)) if r.contains("redirect")), "{created:?}");
+
+        // The marketplace got each call once (the client neither followed nor retried), with the credentials.
+        let got = got.lock().unwrap().clone();
+        let paths: Vec<&str> = got.iter().map(|(_, path, _)| path.as_str()).collect();
+        assert_eq!(paths, ["/v1/credentials/verify", "/v1/products"], "{status}");
+        assert!(got.iter().all(|(method, _, body)| method == "POST" && body.contains(SECRET)), "{status}: {got:?}");
+    }
+    assert_eq!(elsewhere_got.lock().unwrap().len(), 0, "the redirect's target never received a request");
 }

@@ -29,13 +29,20 @@ fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// An API whose transfers may reach `allowed` (the loopback sandbox with [`LOOPBACK`]; "" for the default policy),
-/// and whose worker calls the sandbox at `sandbox_url`.
+/// The port of `url` as `CONVEYOR_ASSET_ALLOWED_PORTS` takes it: transfers reach ports 80 and 443 only unless it
+/// lists more, and the loopback sandbox listens on a random port.
+fn port_of(url: &str) -> String {
+    url::Url::parse(url).unwrap().port_or_known_default().unwrap().to_string()
+}
+
+/// An API whose transfers may reach `allowed` (the loopback sandbox with [`LOOPBACK`]; "" for the default policy)
+/// and the sandbox's port, and whose worker calls the sandbox at `sandbox_url`.
 async fn app(allowed: &str, sandbox_url: &str, extra: &[(&str, &str)]) -> TestApp {
     let (allowed, sandbox_url) = (allowed.to_owned(), sandbox_url.to_owned());
     let extra: Vec<(String, String)> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     TestApp::spawn_with(move |vars| {
         vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), allowed);
+        vars.insert("CONVEYOR_ASSET_ALLOWED_PORTS".into(), port_of(&sandbox_url));
         vars.insert("CONVEYOR_MARKETPLACE_URL".into(), sandbox_url);
         vars.extend(extra);
     })
@@ -181,14 +188,14 @@ async fn literal_refused_addresses_are_refused_at_the_api() {
     assert_eq!(app.db.count("asset_transfers", who.workspace_id).await, 0, "nothing refused was queued");
 
     // Allowed networks open exactly their addresses: loopback, not its IPv4-mapped spelling, nor ::1.
-    let open = app_sharing(&app, LOOPBACK).await;
+    let open = app_sharing(&app, LOOPBACK, "9").await;
     assert_eq!(create(&open, who, "http://127.0.0.1:9/a.png", "a.png").await.status(), 202);
     for url in ["http://[::ffff:127.0.0.1]:9/a.png", "http://[::1]:9/a.png", "http://10.0.0.1/a.png"] {
         let resp = create(&open, who, url, "a.png").await;
         assert_eq!(resp.json::<Value>().await.unwrap()["code"], "SOURCE_FORBIDDEN", "{url}");
     }
     // No allowed network opens a cloud metadata address, not even everything.
-    let everything = app_sharing(&app, "0.0.0.0/0,::/0").await;
+    let everything = app_sharing(&app, "0.0.0.0/0,::/0", "9").await;
     assert_eq!(create(&everything, who, "http://10.0.0.1/a.png", "a.png").await.status(), 202);
     for url in [
         "http://169.254.169.254/latest/meta-data/",
@@ -202,10 +209,11 @@ async fn literal_refused_addresses_are_refused_at_the_api() {
     }
 }
 
-async fn app_sharing(app: &TestApp, allowed: &str) -> TestApp {
-    let allowed = allowed.to_owned();
+async fn app_sharing(app: &TestApp, allowed: &str, ports: &str) -> TestApp {
+    let (allowed, ports) = (allowed.to_owned(), ports.to_owned());
     app.spawn_sharing(move |vars| {
         vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), allowed);
+        vars.insert("CONVEYOR_ASSET_ALLOWED_PORTS".into(), ports);
     })
     .await
 }
@@ -308,6 +316,7 @@ async fn a_worker_killed_mid_download_resumes_with_range() {
     common::run_dispatcher(dispatcher, &shutdown);
     let mut vars = common::config_vars(&app.db, &app.redis_prefix);
     vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), LOOPBACK.into());
+    vars.insert("CONVEYOR_ASSET_ALLOWED_PORTS".into(), port_of(&sandbox_url));
     vars.insert("CONVEYOR_MARKETPLACE_URL".into(), sandbox_url.clone());
     vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
     let who = principal();
@@ -362,6 +371,7 @@ async fn a_worker_killed_after_assembling_completes_once_without_downloading_aga
     common::run_dispatcher(dispatcher, &shutdown);
     let mut vars = common::config_vars(&app.db, &app.redis_prefix);
     vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), LOOPBACK.into());
+    vars.insert("CONVEYOR_ASSET_ALLOWED_PORTS".into(), port_of(&sandbox_url));
     vars.insert("CONVEYOR_MARKETPLACE_URL".into(), sandbox_url.clone());
     vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
     let who = principal();
@@ -424,13 +434,18 @@ async fn redirects_are_followed_up_to_five_and_each_hop_is_checked() {
     let (to_private, _) = start(&app, who, &private).await;
     let ftp = format!("{sandbox_url}/files/r4?redirect_to={}", encode("ftp://example.com/x.png"));
     let (to_ftp, _) = start(&app, who, &ftp).await;
+    // A live server on an allowed network but a port not allowed (only the first sandbox's is): never reached.
+    let (elsewhere, elsewhere_url) = common::sandbox(Settings::default()).await;
+    let other_port =
+        format!("{sandbox_url}/files/r5?redirect_to={}", encode(&format!("{elsewhere_url}/files/x.png?size=10")));
+    let (to_other_port, _) = start(&app, who, &other_port).await;
 
     let t = ended(&app, who, &five, Duration::from_secs(60)).await;
     assert_eq!(t["status"], "completed", "five redirects are followed: {t}");
     assert_eq!(t["sha256"], sha256_hex(&files::file_bytes("end.png", 1000)));
     let t = ended(&app, who, &six, Duration::from_secs(60)).await;
     assert_eq!((t["status"].as_str(), t["error"]["code"].as_str()), (Some("failed"), Some("TOO_MANY_REDIRECTS")));
-    for id in [&to_metadata, &to_v6_loopback, &to_private] {
+    for id in [&to_metadata, &to_v6_loopback, &to_private, &to_other_port] {
         let t = ended(&app, who, id, Duration::from_secs(60)).await;
         assert_eq!(t["status"], "failed");
         assert_eq!(t["error"]["code"], "SOURCE_FORBIDDEN", "{t}");
@@ -439,8 +454,9 @@ async fn redirects_are_followed_up_to_five_and_each_hop_is_checked() {
     }
     let t = ended(&app, who, &to_ftp, Duration::from_secs(60)).await;
     assert_eq!(t["error"]["code"], "INVALID_SOURCE_URL", "{t}");
-    // 6 + 7 chain requests (five hops and the file; six hops), one for each refused redirect, none to the targets.
-    assert_eq!(sandbox.stats().file_requests, 6 + 6 + 4);
+    // 6 + 6 chain requests (five hops and the file; six hops), one for each refused redirect, none to the targets.
+    assert_eq!(sandbox.stats().file_requests, 6 + 6 + 5);
+    assert_eq!(elsewhere.stats().file_requests, 0, "the server on a port not allowed was never asked");
     shutdown.cancel();
 }
 
@@ -538,7 +554,7 @@ impl PartSink for MemorySink {
     }
 }
 
-fn fetcher(allowed: &[&str], names: &[(&str, &[&str])]) -> Fetcher {
+fn fetcher(allowed: &[&str], ports: &[u16], names: &[(&str, &[&str])]) -> Fetcher {
     let table = names
         .iter()
         .map(|(name, addresses)| (name.to_string(), addresses.iter().map(|a| a.parse().unwrap()).collect()))
@@ -550,6 +566,7 @@ fn fetcher(allowed: &[&str], names: &[(&str, &[&str])]) -> Fetcher {
         part_size: 64 * 1024,
         max_resumes: 3,
         allowed_networks: allowed.iter().map(|n| n.parse().unwrap()).collect(),
+        allowed_ports: ports.to_vec(),
         ca_file: None,
     };
     Fetcher::new(settings, Arc::new(FakeResolver(table))).unwrap()
@@ -567,6 +584,7 @@ async fn the_fetcher_checks_every_address_a_name_resolves_to() {
     // Names that resolve to refused addresses: refused before connecting, whichever address comes first.
     let closed = fetcher(
         &[],
+        &[port],
         &[
             ("files.internal", &["10.0.0.7"]),
             ("metadata.internal", &["169.254.169.254"]),
@@ -584,7 +602,8 @@ async fn the_fetcher_checks_every_address_a_name_resolves_to() {
     assert_eq!(sandbox.stats().file_requests, 0, "no refused name was connected to");
 
     // A name that exists only in the injected resolver reaches the sandbox: the fetcher connects where it resolved.
-    let open = fetcher(&["127.0.0.0/8"], &[("sandbox.test", &["127.0.0.1"]), ("twice.test", &["127.0.0.1", "::1"])]);
+    let open =
+        fetcher(&["127.0.0.0/8"], &[port], &[("sandbox.test", &["127.0.0.1"]), ("twice.test", &["127.0.0.1", "::1"])]);
     let mut progress = Progress::default();
     let mut sink = MemorySink::default();
     open.download(&format!("http://sandbox.test{path}"), &mut progress, &mut sink, &cancel).await.unwrap();
@@ -676,7 +695,7 @@ async fn a_changing_source_is_never_spliced_without_a_matching_validator() {
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(sandbox.clone().serve(listener, CancellationToken::new()));
     let cancel = CancellationToken::new();
-    let open = fetcher(&["127.0.0.0/8"], &[("sandbox.test", &["127.0.0.1"])]);
+    let open = fetcher(&["127.0.0.0/8"], &[port], &[("sandbox.test", &["127.0.0.1"])]);
     let size = 200_000u64;
     let version = |name: &str, n: u64| files::file_bytes(&files::version_name(name, n), size);
 
@@ -735,6 +754,7 @@ async fn a_stored_part_gone_missing_restarts_the_download_instead_of_failing_for
     common::run_dispatcher(dispatcher, &shutdown);
     let mut vars = common::config_vars(&app.db, &app.redis_prefix);
     vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), LOOPBACK.into());
+    vars.insert("CONVEYOR_ASSET_ALLOWED_PORTS".into(), port_of(&sandbox_url));
     vars.insert("CONVEYOR_MARKETPLACE_URL".into(), sandbox_url.clone());
     vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
     vars.insert("CONVEYOR_JOB_MAX_ATTEMPTS".into(), "3".into());
@@ -778,6 +798,7 @@ async fn a_source_urls_token_is_kept_nowhere_once_its_transfer_ended() {
     common::run_dispatcher(dispatcher, &shutdown);
     let mut vars = common::config_vars(&app.db, &app.redis_prefix);
     vars.insert("CONVEYOR_ASSET_ALLOWED_NETWORKS".into(), LOOPBACK.into());
+    vars.insert("CONVEYOR_ASSET_ALLOWED_PORTS".into(), port_of(&sandbox_url));
     vars.insert("CONVEYOR_ASSET_MAX_BYTES".into(), "100000".into());
     vars.insert("CONVEYOR_MARKETPLACE_URL".into(), sandbox_url.clone());
     vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
@@ -823,4 +844,123 @@ async fn a_source_urls_token_is_kept_nowhere_once_its_transfer_ended() {
     }
     assert!(!worker.log().contains(SECRET), "the worker's log shows the token:\n{}", worker.log());
     shutdown.cancel();
+}
+
+#[tokio::test]
+async fn ports_other_than_80_and_443_are_refused_at_the_api_unless_configured() {
+    // No CONVEYOR_ASSET_ALLOWED_PORTS: ports 80 and 443 only, whatever the host.
+    let app = TestApp::spawn().await;
+    let who = principal();
+    for (url, port) in [
+        ("https://cdn.example.com:8443/a.png", 8443),
+        ("http://cdn.example.com:8080/a.png", 8080),
+        ("http://cdn.example.com:6379/a.png", 6379),
+        ("http://8.8.8.8:22/a.png", 22),
+        ("http://[2606:4700:4700::1111]:9090/a.png", 9090),
+    ] {
+        let resp = create(&app, who, url, "a.png").await;
+        assert_eq!(resp.status(), 422, "{url}");
+        let problem: Value = resp.json().await.unwrap();
+        assert_eq!(problem["code"], "SOURCE_FORBIDDEN", "{url}: {problem}");
+        let detail = problem["detail"].as_str().unwrap_or("");
+        assert!(detail.contains(&format!("port {port} is not allowed (allowed ports: 80, 443)")), "{url}: {detail}");
+    }
+    assert_eq!(app.db.count("asset_transfers", who.workspace_id).await, 0, "nothing refused was queued");
+    for url in ["https://cdn.example.com/a.png", "https://cdn.example.com:443/a.png", "http://cdn.example.com:80/a.png"]
+    {
+        assert_eq!(create(&app, who, url, "a.png").await.status(), 202, "{url}");
+    }
+
+    // Configured ports are added to 80 and 443, for every host; others stay refused.
+    let more = app
+        .spawn_sharing(|vars| {
+            vars.insert("CONVEYOR_ASSET_ALLOWED_PORTS".into(), "8443, 8080".into());
+        })
+        .await;
+    for url in ["https://cdn.example.com:8443/a.png", "http://cdn.example.com:8080/a.png", "https://cdn.example.com/a"]
+    {
+        assert_eq!(create(&more, who, url, "a.png").await.status(), 202, "{url}");
+    }
+    let resp = create(&more, who, "http://cdn.example.com:9090/a.png", "a.png").await;
+    assert_eq!(resp.status(), 422);
+    let problem: Value = resp.json().await.unwrap();
+    assert_eq!(problem["code"], "SOURCE_FORBIDDEN", "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("port 9090 is not allowed (allowed ports: 80, 443, 8080, 8443)"),
+        "{problem}"
+    );
+    // A port does not open an address: loopback on an allowed port is still refused.
+    let resp = create(&more, who, "http://127.0.0.1:8080/a.png", "a.png").await;
+    assert_eq!(resp.json::<Value>().await.unwrap()["code"], "SOURCE_FORBIDDEN");
+}
+
+#[tokio::test]
+async fn the_fetcher_refuses_a_port_not_allowed_in_the_url_and_on_every_redirect() {
+    let first = Sandbox::new(Settings::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let allowed = listener.local_addr().unwrap().port();
+    tokio::spawn(first.clone().serve(listener, CancellationToken::new()));
+    let second = Sandbox::new(Settings::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other = listener.local_addr().unwrap().port();
+    tokio::spawn(second.clone().serve(listener, CancellationToken::new()));
+    let cancel = CancellationToken::new();
+    let names: &[(&str, &[&str])] = &[("sandbox.test", &["127.0.0.1"])];
+    let file = "/files/f.png?size=1000&content_type=image/png";
+    let encode = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    let redirect = format!(
+        "http://sandbox.test:{allowed}/files/r?redirect_to={}",
+        encode(&format!("http://sandbox.test:{other}{file}"))
+    );
+
+    // The loopback network is open, but only the first server's port.
+    let one_port = fetcher(&["127.0.0.0/8"], &[allowed], names);
+    let direct = format!("http://sandbox.test:{other}{file}");
+    let result = one_port.download(&direct, &mut Progress::default(), &mut MemorySink::default(), &cancel).await;
+    match &result {
+        Err(e @ FetchError::Forbidden(why)) => {
+            assert!(why.contains(&format!("port {other} is not allowed (allowed ports: 80, 443, {allowed})")), "{why}");
+            assert_eq!(e.code(), "SOURCE_FORBIDDEN");
+        }
+        other => panic!("{other:?}"),
+    }
+    let result = one_port.download(&redirect, &mut Progress::default(), &mut MemorySink::default(), &cancel).await;
+    match &result {
+        Err(FetchError::Forbidden(why)) => {
+            assert!(why.starts_with("the source redirected to a refused target: "), "{why}");
+            assert!(why.contains(&format!("port {other} is not allowed")), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(first.stats().file_requests, 1, "the redirect was asked for");
+    assert_eq!(second.stats().file_requests, 0, "the server on a port not allowed was never asked");
+
+    // With both ports allowed the same redirect is followed to the file.
+    let both_ports = fetcher(&["127.0.0.0/8"], &[allowed, other], names);
+    let mut sink = MemorySink::default();
+    both_ports.download(&redirect, &mut Progress::default(), &mut sink, &cancel).await.unwrap();
+    assert_eq!(sink.parts.concat(), files::file_bytes("f.png", 1000));
+    assert_eq!(second.stats().file_requests, 1);
+}
+
+#[test]
+fn the_allowed_ports_variable_is_validated_with_a_message_naming_it() {
+    use conveyor::config::ScenarioSettings;
+    let parse = |value: &str| {
+        ScenarioSettings::from_source(&HashMap::from([("CONVEYOR_ASSET_ALLOWED_PORTS".to_owned(), value.to_owned())]))
+    };
+    assert!(ScenarioSettings::default().asset_allowed_ports.is_empty(), "none besides 80 and 443 by default");
+    assert_eq!(parse("8080, 8443,").unwrap().asset_allowed_ports, vec![8080, 8443]);
+    assert_eq!(parse("1,65535").unwrap().asset_allowed_ports, vec![1, 65535]);
+    assert!(parse("").unwrap().asset_allowed_ports.is_empty());
+    for bad in ["0", "65536", "-1", "http", "80;443", "8080 8443", "1.5", "8080,x"] {
+        let error = parse(bad).unwrap_err();
+        assert_eq!(error.variable(), "CONVEYOR_ASSET_ALLOWED_PORTS", "{bad}");
+        let text = error.to_string();
+        assert!(text.starts_with("CONVEYOR_ASSET_ALLOWED_PORTS is invalid: "), "{bad}: {text}");
+        assert!(text.contains("is not a port number from 1 to 65535"), "{bad}: {text}");
+    }
 }

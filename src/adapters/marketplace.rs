@@ -82,6 +82,9 @@ pub struct CreatedProduct {
 }
 
 /// A marketplace over HTTP (`POST {base}/v1/credentials/verify`, `POST {base}/v1/products`, with `Idempotency-Key`).
+///
+/// Redirects are never followed: every request's body carries the store's credentials, and a `307`/`308` would have
+/// them re-sent to wherever its `Location` points. A `3xx` answer is a permanent error, never a success nor a retry.
 pub struct HttpMarketplace {
     base: String,
     http: reqwest::Client,
@@ -119,6 +122,22 @@ impl From<super::answer::Failure> for MarketplaceError {
             super::answer::Failure::Refused(reason) => Self::Permanent(reason),
         }
     }
+}
+
+/// The answer to a marketplace call, read as every adapter reads one, except that a redirect (never followed) is a
+/// permanent error: retrying would meet the same redirect, and following it would re-send the credentials elsewhere.
+/// Its `Location` is not repeated (it may name an internal host or carry a token).
+async fn read_answer(sent: reqwest::Result<reqwest::Response>) -> Result<reqwest::Response, MarketplaceError> {
+    if let Ok(response) = &sent
+        && response.status().is_redirection()
+    {
+        return Err(MarketplaceError::Permanent(format!(
+            "HTTP {}: the marketplace redirected the call, and redirects are not followed (they would re-send the \
+             store's credentials elsewhere)",
+            response.status()
+        )));
+    }
+    Ok(super::answer::read(sent).await?)
 }
 
 /// The span of one marketplace call (a client span, a child of the running job's); none while traces are off.
@@ -173,7 +192,7 @@ impl Marketplace for HttpMarketplace {
                 .json(&serde_json::json!({ "credentials": credentials }));
             let sent =
                 send_traced(request, call_span("marketplace.verify_credentials", "/v1/credentials/verify")).await;
-            let response = super::answer::read(sent).await?;
+            let response = read_answer(sent).await?;
             let answer: VerifyAnswer =
                 response.json().await.map_err(|_| MarketplaceError::Permanent("malformed answer".into()))?;
             Ok(if answer.valid { Verification::Valid } else { Verification::Invalid })
@@ -193,7 +212,7 @@ impl Marketplace for HttpMarketplace {
                 .header("idempotency-key", token)
                 .json(&serde_json::json!({ "credentials": credentials, "product": product }));
             let sent = send_traced(request, call_span("marketplace.create_product", "/v1/products")).await;
-            let response = super::answer::read(sent).await?;
+            let response = read_answer(sent).await?;
             // A body cut short may still mean a product was made: worth a retry, which the token answers with it.
             let body = response.bytes().await.map_err(|e| MarketplaceError::Transient(e.without_url().to_string()))?;
             let created: CreatedProduct =

@@ -14,9 +14,13 @@ pub enum TlsError {
     Parse(String),
 }
 
-/// A client builder with rustls, the web roots and the certificates of `ca_file`; callers add time-outs and policy.
+/// A client builder with rustls, the web roots and the certificates of `ca_file`, that follows no redirect (the
+/// marketplace, catalog and AI calls carry a store's credentials or a provider key in their bodies and headers, which
+/// a `307`/`308` would have re-sent wherever it points; a `3xx` is then read as a refusal); callers add time-outs and
+/// policy (the asset fetcher its own checked redirects).
 pub fn client_builder(ca_file: Option<&Path>) -> Result<reqwest::ClientBuilder, TlsError> {
-    let mut builder = reqwest::Client::builder().use_rustls_tls().https_only(false);
+    let mut builder =
+        reqwest::Client::builder().use_rustls_tls().https_only(false).redirect(reqwest::redirect::Policy::none());
     if let Some(path) = ca_file {
         let pem = std::fs::read(path)?;
         let certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| TlsError::Parse(e.to_string()))?;

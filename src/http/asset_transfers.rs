@@ -28,7 +28,8 @@ struct CreateTransfer {
 }
 
 async fn create(State(state): State<AppState>, request: Idempotent<CreateTransfer>) -> Result<Response, ApiError> {
-    let policy = AddressPolicy::new(state.scenarios.asset_allowed_networks.clone());
+    let policy = AddressPolicy::new(state.scenarios.asset_allowed_networks.clone())
+        .with_ports(state.scenarios.asset_allowed_ports.iter().copied());
     let new = NewTransfer::parse(&request.body.source_url, &request.body.filename, &policy).map_err(|e| match e {
         NewTransferError::Invalid(e) => ApiError::from(e),
         NewTransferError::Forbidden(detail) => ApiError::Refused { code: "SOURCE_FORBIDDEN", detail },

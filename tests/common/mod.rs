@@ -224,6 +224,11 @@ impl TestApp {
         Self::spawn_on(Arc::new(TestDb::create().await), tweak, hook).await
     }
 
+    /// The API over `db` (a database of the test's own server, say), with variables changed by `tweak`.
+    pub async fn spawn_on_db(db: Arc<TestDb>, tweak: impl FnOnce(&mut HashMap<String, String>)) -> Self {
+        Self::spawn_on(db, tweak, None).await
+    }
+
     /// A second API over the same database as `self` (another process's view), with variables changed by `tweak`.
     pub async fn spawn_sharing(&self, tweak: impl FnOnce(&mut HashMap<String, String>)) -> Self {
         Self::spawn_on(self.db.clone(), tweak, None).await
@@ -411,27 +416,56 @@ pub struct TestRedis {
     pub port: u16,
     pub password: Option<String>,
     child: Option<Child>,
+    /// With TLS only: the server's certificate, key and the CA of its clients' certificates (PEM files).
+    tls: Option<RedisServerTls>,
+}
+
+/// The files a TLS-only [`TestRedis`] serves with; clients must present a certificate `ca_file` vouches for.
+#[derive(Clone)]
+pub struct RedisServerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub ca_file: PathBuf,
 }
 
 impl TestRedis {
     pub async fn start(password: Option<&str>) -> Self {
-        let mut redis = Self { port: free_port(), password: password.map(str::to_owned), child: None };
+        let mut redis = Self { port: free_port(), password: password.map(str::to_owned), child: None, tls: None };
+        redis.start_again().await;
+        redis
+    }
+
+    /// A server that speaks TLS only (no plain port) and requires a client certificate.
+    pub async fn start_tls(tls: RedisServerTls) -> Self {
+        let mut redis = Self { port: free_port(), password: None, child: None, tls: Some(tls) };
         redis.start_again().await;
         redis
     }
 
     /// The URL to reach it (with the password, if any).
     pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
         match &self.password {
-            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
-            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(p) => format!("{scheme}://:{p}@127.0.0.1:{}", self.port),
+            None => format!("{scheme}://127.0.0.1:{}", self.port),
         }
     }
 
     /// Starts the server (empty: it keeps nothing on disk) and waits until it answers.
     pub async fn start_again(&mut self) {
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+        match &self.tls {
+            None => cmd.args(["--port", &self.port.to_string()]),
+            Some(tls) => cmd
+                .args(["--port", "0", "--tls-port", &self.port.to_string(), "--tls-auth-clients", "yes"])
+                .arg("--tls-cert-file")
+                .arg(&tls.cert_file)
+                .arg("--tls-key-file")
+                .arg(&tls.key_file)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca_file),
+        };
+        cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
         if let Some(p) = &self.password {
             cmd.args(["--requirepass", p]);
         }

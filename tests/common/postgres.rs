@@ -59,6 +59,15 @@ pub struct TestPostgres {
     child: Option<Child>,
     /// How many times it was started.
     pub starts: u32,
+    /// With TLS: the CA file clients verify the server with (every URL then asks for `sslmode=verify-full`).
+    tls_ca_file: Option<PathBuf>,
+}
+
+/// The certificate and key a [`TestPostgres`] serves TLS with (PEM), and the CA file that vouches for them.
+pub struct PostgresTls {
+    pub cert_chain_pem: String,
+    pub key_pem: String,
+    pub ca_file: PathBuf,
 }
 
 /// The directory of the newest PostgreSQL's binaries (`/usr/lib/postgresql/<version>/bin`, Debian's layout), else
@@ -102,6 +111,16 @@ impl TestPostgres {
     /// Initializes a cluster in a fresh temporary directory, starts it, creates Conveyor's roles and database and
     /// applies the migrations.
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// [`TestPostgres::start`] serving TLS only (`ssl = on`, `hostssl` lines alone in `pg_hba.conf`, so a plain
+    /// connection over TCP is refused), with the certificate and key of `tls`.
+    pub async fn start_tls(tls: PostgresTls) -> Self {
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<PostgresTls>) -> Self {
         let dir =
             std::env::temp_dir().join(format!("conveyor-pg-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
         std::fs::create_dir_all(&dir).unwrap();
@@ -109,7 +128,7 @@ impl TestPostgres {
         if let Some((uid, gid)) = run_as {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("hand the directory to the postgres user");
         }
-        let mut pg = Self { port: free_port(), dir, bin: bin_dir(), run_as, child: None, starts: 0 };
+        let mut pg = Self { port: free_port(), dir, bin: bin_dir(), run_as, child: None, starts: 0, tls_ca_file: None };
         let initdb = pg
             .command("initdb")
             .args(["-D", &pg.data().display().to_string(), "-U", "postgres", "--encoding=UTF8", "--locale=C"])
@@ -117,6 +136,10 @@ impl TestPostgres {
             .output()
             .expect("run initdb");
         assert!(initdb.status.success(), "initdb failed: {}", String::from_utf8_lossy(&initdb.stderr));
+        if let Some(tls) = tls {
+            pg.serve_tls_only(&tls);
+            pg.tls_ca_file = Some(tls.ca_file);
+        }
         pg.start_again().await;
         pg.create_roles().await;
         let migrate = MigrateConfig {
@@ -131,6 +154,27 @@ impl TestPostgres {
 
     fn data(&self) -> PathBuf {
         self.dir.join("data")
+    }
+
+    /// Writes the server's certificate and key into the cluster (owned by the server's user, the key `0600` as
+    /// PostgreSQL requires), turns `ssl` on and lets TCP clients in over TLS only.
+    fn serve_tls_only(&self, tls: &PostgresTls) {
+        use std::os::unix::fs::PermissionsExt;
+        let data = self.data();
+        for (name, contents) in [("server.crt", &tls.cert_chain_pem), ("server.key", &tls.key_pem)] {
+            let path = data.join(name);
+            std::fs::write(&path, contents).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            if let Some((uid, gid)) = self.run_as {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
+            }
+        }
+        let conf = data.join("postgresql.conf");
+        let mut settings = std::fs::read_to_string(&conf).unwrap();
+        settings.push_str("\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        std::fs::write(&conf, settings).unwrap();
+        let hba = "local all all trust\nhostssl all all 127.0.0.1/32 scram-sha-256\n";
+        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
     }
 
     /// A command of PostgreSQL's `bin` directory, run as the postgres OS user when the test is root.
@@ -240,7 +284,11 @@ impl TestPostgres {
 
     /// The URL of `role` (password = its name) on Conveyor's database, over loopback TCP.
     pub fn url(&self, role: &str) -> String {
-        format!("postgres://{role}:{role}@127.0.0.1:{}/{DATABASE}", self.port)
+        let url = format!("postgres://{role}:{role}@127.0.0.1:{}/{DATABASE}", self.port);
+        match &self.tls_ca_file {
+            Some(ca) => format!("{url}?sslmode=verify-full&sslrootcert={}", ca.display()),
+            None => url,
+        }
     }
 
     /// Conveyor's database on this server as a [`TestDb`] (already migrated), for `config_vars` and the assertions.

@@ -3,12 +3,13 @@
 //! In brief:
 //! - **Which URLs.** `http`/`https` only, no userinfo, at most [`MAX_URL_LEN`] bytes ([`check_source_url`]). A host
 //!   given as a literal address (however the URL spells it: `2130706433`, `0177.0.0.1` and `[::ffff:7f00:1]` are
-//!   normalized by the URL parser first) is checked against the [`AddressPolicy`] before any request.
+//!   normalized by the URL parser first) is checked against the [`AddressPolicy`] before any request. The port
+//!   (explicit, or the scheme's) must be 80 or 443, or one `CONVEYOR_ASSET_ALLOWED_PORTS` lists, whatever the host.
 //! - **Which addresses.** A name is resolved by our own [`Resolver`] inside reqwest's connector, and the name is
 //!   refused if any of its addresses is refused; reqwest then connects only to those checked addresses (no second
 //!   lookup an attacker's DNS could answer differently). No proxy is used.
 //! - **Redirects** are followed by hand (reqwest's policy is `none`), at most [`MAX_REDIRECTS`]; every hop's URL is
-//!   checked again like the first, and its name resolved and checked again on connect.
+//!   checked again like the first (scheme, address and port), and its name resolved and checked again on connect.
 //! - **Limits.** Connect and read time-outs, a size cap on `Content-Length` and on the running count, and a
 //!   content-type allow-list ([`CONTENT_TYPES`]).
 //! - **Resumable.** Bytes are handed to a [`PartSink`] in parts of `part_size` as they arrive, and the [`Progress`]
@@ -31,7 +32,7 @@ use reqwest::header::{self, HeaderMap};
 use tokio_util::sync::CancellationToken;
 use url::{Host, Url};
 
-pub use policy::{AddressPolicy, Refusal, default_refusal};
+pub use policy::{AddressPolicy, DEFAULT_PORTS, PortRefused, Refusal, default_refusal};
 pub use resolver::{ForbiddenAddress, Resolver, Resolving, SystemResolver};
 
 /// Longest accepted source URL, in bytes.
@@ -61,6 +62,8 @@ pub struct FetchSettings {
     pub max_resumes: u32,
     /// Networks opened despite the default refusals (`CONVEYOR_ASSET_ALLOWED_NETWORKS`).
     pub allowed_networks: Vec<ipnet::IpNet>,
+    /// Ports allowed besides 80 and 443 (`CONVEYOR_ASSET_ALLOWED_PORTS`).
+    pub allowed_ports: Vec<u16>,
     /// A private CA to trust besides the web roots (`CONVEYOR_TLS_CA_FILE`).
     pub ca_file: Option<PathBuf>,
 }
@@ -75,6 +78,7 @@ impl FetchSettings {
             part_size: DEFAULT_PART_SIZE,
             max_resumes: 5,
             allowed_networks: scenarios.asset_allowed_networks.clone(),
+            allowed_ports: scenarios.asset_allowed_ports.clone(),
             ca_file: scenarios.tls_ca_file.clone(),
         }
     }
@@ -202,8 +206,9 @@ pub trait PartSink: Send {
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
 }
 
-/// Checks a source URL: `http`/`https`, no userinfo, at most [`MAX_URL_LEN`] bytes, a host, and a literal address
-/// host allowed by `policy`. Names are checked when resolved, on connect.
+/// Checks a source URL: `http`/`https`, no userinfo, at most [`MAX_URL_LEN`] bytes, a host, a port (explicit or the
+/// scheme's) allowed by `policy`, and a literal address host allowed by `policy`. Names are checked when resolved, on
+/// connect.
 pub fn check_source_url(raw: &str, policy: &AddressPolicy) -> Result<Url, FetchError> {
     if raw.len() > MAX_URL_LEN {
         return Err(FetchError::InvalidUrl(format!("the source URL must be at most {MAX_URL_LEN} bytes")));
@@ -218,11 +223,18 @@ pub fn check_source_url(raw: &str, policy: &AddressPolicy) -> Result<Url, FetchE
     if !url.username().is_empty() || url.password().is_some() {
         return Err(FetchError::InvalidUrl("the source URL must not carry a user name or password".into()));
     }
-    let address = match url.host() {
-        None => return Err(FetchError::InvalidUrl("the source URL has no host".into())),
-        Some(Host::Domain(_)) => return Ok(url),
-        Some(Host::Ipv4(v4)) => v4.into(),
-        Some(Host::Ipv6(v6)) => v6.into(),
+    let Some(host) = url.host() else {
+        return Err(FetchError::InvalidUrl("the source URL has no host".into()));
+    };
+    let port =
+        url.port_or_known_default().ok_or_else(|| FetchError::InvalidUrl("the source URL has no port".into()))?;
+    policy.check_port(port).map_err(|refused| {
+        FetchError::Forbidden(format!("{}:{port} is refused: {refused}", url.host_str().unwrap_or_default()))
+    })?;
+    let address = match host {
+        Host::Domain(_) => return Ok(url),
+        Host::Ipv4(v4) => v4.into(),
+        Host::Ipv6(v6) => v6.into(),
     };
     policy.check(address).map_err(|refusal| FetchError::Forbidden(format!("{address} is {refusal}")))?;
     Ok(url)
@@ -252,7 +264,9 @@ pub struct Fetcher {
 impl Fetcher {
     /// A fetcher resolving names with `resolver`.
     pub fn new(settings: FetchSettings, resolver: Arc<dyn Resolver>) -> anyhow::Result<Self> {
-        let policy = Arc::new(AddressPolicy::new(settings.allowed_networks.clone()));
+        let policy = Arc::new(
+            AddressPolicy::new(settings.allowed_networks.clone()).with_ports(settings.allowed_ports.iter().copied()),
+        );
         let client = crate::adapters::tls::client_builder(settings.ca_file.as_deref())?
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
@@ -446,7 +460,9 @@ impl Fetcher {
                 .join(location)
                 .map_err(|e| FetchError::InvalidUrl(format!("the source redirected to an invalid URL: {e}")))?;
             url = check_source_url(next.as_str(), &self.policy).map_err(|e| match e {
-                FetchError::Forbidden(why) => FetchError::Forbidden(format!("the source redirected to {why}")),
+                FetchError::Forbidden(why) => {
+                    FetchError::Forbidden(format!("the source redirected to a refused target: {why}"))
+                }
                 other => other,
             })?;
         }
@@ -561,9 +577,57 @@ mod tests {
         ] {
             assert!(matches!(check_source_url(forbidden, &policy), Err(FetchError::Forbidden(_))), "{forbidden}");
         }
-        let open = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]);
+        let open = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]).with_ports([8080]);
         assert!(check_source_url("http://127.0.0.1:8080/x", &open).is_ok());
         assert!(check_source_url("http://[::ffff:127.0.0.1]/", &open).is_err());
+    }
+
+    #[test]
+    fn source_urls_on_ports_other_than_80_and_443_are_refused_unless_allowed() {
+        let policy = AddressPolicy::default();
+        // The scheme's port, spelled or not.
+        for ok in [
+            "http://cdn.example.com/a.png",
+            "http://cdn.example.com:80/a.png",
+            "https://cdn.example.com/a.png",
+            "https://cdn.example.com:443/a.png",
+            "https://cdn.example.com:0443/a.png",
+            "http://cdn.example.com:443/a.png",
+            "https://8.8.8.8:80/a.png",
+        ] {
+            assert!(check_source_url(ok, &policy).is_ok(), "{ok}");
+        }
+        for (bad, port) in [
+            ("http://cdn.example.com:8080/a.png", 8080),
+            ("https://cdn.example.com:8443/a.png", 8443),
+            ("http://cdn.example.com:22/a.png", 22),
+            ("http://cdn.example.com:6379/a.png", 6379),
+            ("http://8.8.8.8:25/a.png", 25),
+            ("http://[2606:4700:4700::1111]:9090/a.png", 9090),
+            ("http://cdn.example.com:0/a.png", 0),
+            ("http://cdn.example.com:65535/a.png", 65535),
+        ] {
+            match check_source_url(bad, &policy) {
+                Err(FetchError::Forbidden(why)) => {
+                    assert!(why.contains(&format!("port {port} is not allowed (allowed ports: 80, 443)")), "{why}")
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        assert!(matches!(check_source_url("http://cdn.example.com:65536/a", &policy), Err(FetchError::InvalidUrl(_))));
+        // Allowed networks open addresses, not ports; allowed ports open ports, not addresses.
+        let loopback = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]);
+        assert!(matches!(check_source_url("http://127.0.0.1:8080/x", &loopback), Err(FetchError::Forbidden(_))));
+        assert!(check_source_url("http://127.0.0.1/x", &loopback).is_ok());
+        let ports = AddressPolicy::default().with_ports([8080, 8443]);
+        assert!(check_source_url("http://cdn.example.com:8080/a.png", &ports).is_ok());
+        assert!(check_source_url("https://cdn.example.com:8443/a.png", &ports).is_ok());
+        assert!(check_source_url("https://cdn.example.com/a.png", &ports).is_ok(), "the defaults stay");
+        assert!(matches!(check_source_url("http://cdn.example.com:9090/a", &ports), Err(FetchError::Forbidden(_))));
+        assert!(matches!(check_source_url("http://127.0.0.1:8080/x", &ports), Err(FetchError::Forbidden(_))));
+        // A refused port is reported as forbidden to clients, like a refused address.
+        let refused = check_source_url("http://cdn.example.com:8080/a.png", &AddressPolicy::default()).unwrap_err();
+        assert_eq!((refused.code(), refused.detail().as_str()), ("SOURCE_FORBIDDEN", FORBIDDEN_DETAIL));
     }
 
     #[test]

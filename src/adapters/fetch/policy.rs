@@ -6,6 +6,10 @@
 //! which stays refused. Cloud metadata addresses (`169.254.169.254`, `168.63.129.16`, `fd00:ec2::254`, and every
 //! IPv6 form embedding one) are refused unconditionally: no allowed network opens them, not even `169.254.0.0/16`
 //! or `0.0.0.0/0` (they hand out the instance's credentials).
+//!
+//! Ports: a transfer reaches ports 80 and 443 only ([`DEFAULT_PORTS`]), whatever the host (a public name, a literal
+//! address, an allowed network); `CONVEYOR_ASSET_ALLOWED_PORTS` adds ports. A source URL and every redirect's target
+//! are checked ([`AddressPolicy::check_port`]) before a request is sent.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -65,16 +69,56 @@ impl fmt::Display for Refusal {
     }
 }
 
-/// The address policy: the default refusals, minus the allowed networks.
+/// The ports a transfer may reach unless `CONVEYOR_ASSET_ALLOWED_PORTS` adds more: HTTP's and HTTPS's.
+pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
+
+/// A port the policy refuses.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("port {port} is not allowed (allowed ports: {allowed})")]
+pub struct PortRefused {
+    /// The refused port.
+    pub port: u16,
+    /// The allowed ports, comma-separated, for the message.
+    pub allowed: String,
+}
+
+/// The address policy: the default refusals, minus the allowed networks; and the allowed ports.
 #[derive(Clone, Debug, Default)]
 pub struct AddressPolicy {
     allowed: Vec<IpNet>,
+    /// Ports allowed besides [`DEFAULT_PORTS`].
+    extra_ports: Vec<u16>,
 }
 
 impl AddressPolicy {
-    /// The default refusals, with `allowed` networks opened.
+    /// The default refusals, with `allowed` networks opened; ports 80 and 443 only.
     pub fn new(allowed: Vec<IpNet>) -> Self {
-        Self { allowed }
+        Self { allowed, extra_ports: Vec::new() }
+    }
+
+    /// The same policy with `ports` allowed besides 80 and 443 (`CONVEYOR_ASSET_ALLOWED_PORTS`).
+    pub fn with_ports(mut self, ports: impl IntoIterator<Item = u16>) -> Self {
+        self.extra_ports.extend(ports);
+        self.extra_ports.sort_unstable();
+        self.extra_ports.dedup();
+        self
+    }
+
+    /// Every allowed port, ascending.
+    pub fn allowed_ports(&self) -> Vec<u16> {
+        let mut ports: Vec<u16> = DEFAULT_PORTS.iter().chain(&self.extra_ports).copied().collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+
+    /// `Err` when a transfer may not connect to `port` (of any host).
+    pub fn check_port(&self, port: u16) -> Result<(), PortRefused> {
+        if DEFAULT_PORTS.contains(&port) || self.extra_ports.contains(&port) {
+            return Ok(());
+        }
+        let allowed = self.allowed_ports().iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
+        Err(PortRefused { port, allowed })
     }
 
     /// `Err` with the reason when a transfer may not connect to `address`. A cloud metadata address is refused
@@ -362,6 +406,33 @@ mod tests {
         assert_eq!(policy.check("169.254.169.254".parse().unwrap()), Err(Refusal::CloudMetadata));
         assert_eq!(policy.check("8.8.8.8".parse().unwrap()), Ok(()));
         assert_eq!(AddressPolicy::default().check("127.0.0.1".parse().unwrap()), Err(Refusal::Loopback));
+    }
+
+    #[test]
+    fn only_ports_80_and_443_are_allowed_unless_more_are_configured() {
+        let policy = AddressPolicy::default();
+        assert_eq!(policy.check_port(80), Ok(()));
+        assert_eq!(policy.check_port(443), Ok(()));
+        for port in [0, 1, 22, 25, 81, 442, 444, 3000, 5432, 6379, 8080, 8443, 9090, 65535] {
+            let refused = policy.check_port(port).unwrap_err();
+            assert_eq!(refused.port, port);
+            assert_eq!(refused.to_string(), format!("port {port} is not allowed (allowed ports: 80, 443)"));
+        }
+        // Allowed networks open addresses, not ports.
+        let loopback = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]);
+        assert!(loopback.check_port(8080).is_err());
+
+        let more = AddressPolicy::new(Vec::new()).with_ports([8443, 8080, 8443, 443]);
+        assert_eq!(more.allowed_ports(), vec![80, 443, 8080, 8443]);
+        for port in [80, 443, 8080, 8443] {
+            assert_eq!(more.check_port(port), Ok(()), "{port}");
+        }
+        assert_eq!(
+            more.check_port(9090).unwrap_err().to_string(),
+            "port 9090 is not allowed (allowed ports: 80, 443, 8080, 8443)"
+        );
+        // Adding ports never removes the defaults.
+        assert_eq!(AddressPolicy::default().with_ports([]).allowed_ports(), vec![80, 443]);
     }
 
     #[test]
