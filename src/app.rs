@@ -83,11 +83,23 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
     };
     Ok(Shared {
         admin,
-        operator_auth: crate::admin::OperatorAuth::new(config.admin_token.clone(), &config.jwt_secret),
-        ui_sessions: http::ui::session::SessionKey::derive(config.admin_token.as_ref(), &config.jwt_secret),
+        operator_auth: crate::admin::OperatorAuth::new(
+            config.admin_token.clone(),
+            &[&config.operator_jwt_secret, &config.operator_jwt_previous_secret]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>(),
+        ),
+        ui_sessions: http::ui::session::SessionKey::derive(
+            config.admin_token.as_ref(),
+            config.operator_jwt_secret.as_ref(),
+        ),
         pool,
         redis,
-        tokens: TokenKeys::new(&config.jwt_secret),
+        tokens: match &config.jwt_secret {
+            Some(secret) => TokenKeys::rotating(secret, config.jwt_previous_secret.as_ref()),
+            None => TokenKeys::refusing_all(),
+        },
         sealer: Sealer::new(&config.encryption_key, "k1"),
         metrics,
         max_body_bytes: config.max_body_bytes,
@@ -136,14 +148,33 @@ async fn bind(addr: std::net::SocketAddr, variable: &str) -> anyhow::Result<TcpL
 pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
     // Only the API role serves the admin API and the web UI: the operator's credentials stay out of the processes
     // that run job handlers on untrusted input (a worker fetching and decoding remote files).
-    if !role.runs(Role::Api) && (config.operator_database_url.is_some() || config.admin_token.is_some()) {
+    if !role.runs(Role::Api)
+        && (config.operator_database_url.is_some()
+            || config.admin_token.is_some()
+            || config.operator_jwt_secret.is_some()
+            || config.operator_jwt_previous_secret.is_some())
+    {
         tracing::warn!(
             ?role,
-            "CONVEYOR_OPERATOR_DATABASE_URL and CONVEYOR_ADMIN_TOKEN are ignored: only the api role serves /admin/v1 \
-             and /ui; do not give them to this process"
+            "CONVEYOR_OPERATOR_DATABASE_URL, CONVEYOR_ADMIN_TOKEN and CONVEYOR_OPERATOR_JWT_SECRET are ignored: only \
+             the api role serves /admin/v1 and /ui; do not give them to this process"
         );
         config.operator_database_url = None;
         config.admin_token = None;
+        config.operator_jwt_secret = None;
+        config.operator_jwt_previous_secret = None;
+    }
+    // Only the API verifies workspace tokens; the other roles must not hold the key that mints them.
+    if role.runs(Role::Api) && config.jwt_secret.is_none() {
+        anyhow::bail!("CONVEYOR_JWT_SECRET is required by the api role (it verifies the workspace bearer tokens)");
+    }
+    if !role.runs(Role::Api) && (config.jwt_secret.is_some() || config.jwt_previous_secret.is_some()) {
+        tracing::warn!(
+            ?role,
+            "CONVEYOR_JWT_SECRET is ignored: only the api role verifies workspace tokens; do not give it to this process"
+        );
+        config.jwt_secret = None;
+        config.jwt_previous_secret = None;
     }
     // The API serves requests and runs no job: it never needs the runtime role's cross-workspace rights.
     if role == Role::Api && config.runtime_database_url.is_some() {

@@ -45,35 +45,65 @@ pub enum TokenError {
     Invalid(String),
 }
 
-/// Verifies and mints tokens with the configured secret.
+/// Verifies and mints tokens with the configured secret (and, while a rotation lasts, the one it replaces).
 #[derive(Clone)]
 pub struct TokenKeys {
     encoding: EncodingKey,
-    decoding: DecodingKey,
+    /// The current key first, then the previous one.
+    decoding: Vec<DecodingKey>,
     validation: Validation,
 }
 
 impl TokenKeys {
     /// Keys over the HS256 secret.
     pub fn new(secret: &Secret<Vec<u8>>) -> Self {
+        Self::rotating(secret, None)
+    }
+
+    /// Keys that mint with `current` and accept tokens signed with `current` or `previous` (a rotation: tokens
+    /// minted before it keep working until they expire, then `previous` is dropped).
+    pub fn rotating(current: &Secret<Vec<u8>>, previous: Option<&Secret<Vec<u8>>>) -> Self {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = 5;
         validation.set_required_spec_claims(&["exp", "sub"]);
+        let decoding = std::iter::once(current)
+            .chain(previous)
+            .map(|s| DecodingKey::from_secret(s.expose()).expect("an HMAC key of any length is valid"))
+            .collect();
         Self {
-            encoding: EncodingKey::from_secret(secret.expose()).expect("an HMAC key of any length is valid"),
-            decoding: DecodingKey::from_secret(secret.expose()).expect("an HMAC key of any length is valid"),
+            encoding: EncodingKey::from_secret(current.expose()).expect("an HMAC key of any length is valid"),
+            decoding,
             validation,
         }
     }
 
+    /// Keys of a process that verifies no token (every role but the api): a random secret that nobody holds, so
+    /// that every token is refused.
+    pub fn refusing_all() -> Self {
+        let secret: [u8; 32] = rand::random();
+        Self::new(&Secret::new(secret.to_vec()))
+    }
+
     /// Verifies a bearer token and returns the caller.
     pub fn verify(&self, token: &str) -> Result<Principal, TokenError> {
-        let data =
-            jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation).map_err(|e| match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
-                kind => TokenError::Invalid(format!("{kind:?}")),
-            })?;
-        Ok(Principal { workspace_id: WorkspaceId(data.claims.workspace_id), user_id: UserId(data.claims.sub) })
+        let mut first = None;
+        for key in &self.decoding {
+            match jsonwebtoken::decode::<Claims>(token, key, &self.validation) {
+                Ok(data) => {
+                    return Ok(Principal {
+                        workspace_id: WorkspaceId(data.claims.workspace_id),
+                        user_id: UserId(data.claims.sub),
+                    });
+                }
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        Err(match first.map(|e| e.into_kind()) {
+            Some(jsonwebtoken::errors::ErrorKind::ExpiredSignature) => TokenError::Expired,
+            kind => TokenError::Invalid(format!("{kind:?}")),
+        })
     }
 
     /// Mints a token for `principal`, valid for `ttl` (development and tests).

@@ -103,8 +103,16 @@ pub struct Config {
     pub http_addr: SocketAddr,
     /// Admin listen address for `/metrics`, `/healthz`, `/readyz` (`CONVEYOR_ADMIN_ADDR`).
     pub admin_addr: SocketAddr,
-    /// HS256 secret for bearer tokens (`CONVEYOR_JWT_SECRET`).
-    pub jwt_secret: Secret<Vec<u8>>,
+    /// HS256 secret of the workspace bearer tokens (`CONVEYOR_JWT_SECRET`): required by the api role alone, the
+    /// only one that verifies them; every other role drops it.
+    pub jwt_secret: Option<Secret<Vec<u8>>>,
+    /// The secret it replaces, still accepted while tokens signed with it live (`CONVEYOR_JWT_PREVIOUS_SECRET`).
+    pub jwt_previous_secret: Option<Secret<Vec<u8>>>,
+    /// HS256 secret of the operator JWTs (`CONVEYOR_OPERATOR_JWT_SECRET`), never the workspace tokens' key; without
+    /// it only `CONVEYOR_ADMIN_TOKEN` opens the admin API and the UI.
+    pub operator_jwt_secret: Option<Secret<Vec<u8>>>,
+    /// The operator secret it replaces, still accepted (`CONVEYOR_OPERATOR_JWT_PREVIOUS_SECRET`).
+    pub operator_jwt_previous_secret: Option<Secret<Vec<u8>>>,
     /// Fingerprint keys; the first one signs, all of them verify (`CONVEYOR_IDEMPOTENCY_KEYS`).
     pub idempotency_keys: Vec<FingerprintKey>,
     /// Retention of idempotency records (`CONVEYOR_IDEMPOTENCY_TTL`), never below 24 hours.
@@ -158,7 +166,7 @@ pub struct Config {
     /// Retention of the operators' audit trail (`CONVEYOR_AUDIT_RETENTION`, default 90d, at least 1d).
     pub audit_retention: Duration,
     /// The shared operator token (`CONVEYOR_ADMIN_TOKEN`, at least 32 bytes): a bearer for `/admin/v1/...` and the
-    /// web UI's login. JWTs signed with `CONVEYOR_JWT_SECRET` that carry `"operator": true` are accepted too.
+    /// web UI's login. JWTs signed with `CONVEYOR_OPERATOR_JWT_SECRET` that carry `"operator": true` are accepted too.
     pub admin_token: Option<Secret<String>>,
 }
 
@@ -411,14 +419,44 @@ pub fn database_url(src: &dyn Source) -> Result<Secret<String>, ConfigError> {
     postgres_url(src, "CONVEYOR_DATABASE_URL")
 }
 
-/// Parses `CONVEYOR_JWT_SECRET`: at least 32 bytes, as HS256 wants.
+/// Parses `CONVEYOR_JWT_SECRET` (required here): at least 32 bytes, as HS256 wants.
 pub fn jwt_secret(src: &dyn Source) -> Result<Secret<Vec<u8>>, ConfigError> {
-    const NAME: &str = "CONVEYOR_JWT_SECRET";
-    let raw = required(src, NAME)?;
+    optional_hmac_secret(src, "CONVEYOR_JWT_SECRET")?.ok_or(ConfigError::Missing("CONVEYOR_JWT_SECRET"))
+}
+
+/// An optional HS256 secret: at least 32 bytes.
+fn optional_hmac_secret(src: &dyn Source, name: &'static str) -> Result<Option<Secret<Vec<u8>>>, ConfigError> {
+    let Some(raw) = src.get(name) else { return Ok(None) };
     if raw.len() < 32 {
-        return Err(invalid(NAME, "must be at least 32 bytes long"));
+        return Err(invalid(name, "must be at least 32 bytes long"));
     }
-    Ok(Secret::new(raw.into_bytes()))
+    Ok(Some(Secret::new(raw.into_bytes())))
+}
+
+/// The workspace tokens' keys and the operator's must differ: whoever may mint a workspace token (every issuer of
+/// the SaaS's logins) must not be able to mint an operator's.
+fn keys_apart(config: &Config) -> Result<(), ConfigError> {
+    let tenant = [&config.jwt_secret, &config.jwt_previous_secret];
+    for (name, operator) in [
+        ("CONVEYOR_OPERATOR_JWT_SECRET", &config.operator_jwt_secret),
+        ("CONVEYOR_OPERATOR_JWT_PREVIOUS_SECRET", &config.operator_jwt_previous_secret),
+    ] {
+        let Some(operator) = operator else { continue };
+        if tenant.iter().any(|t| t.as_ref().is_some_and(|t| t.expose() == operator.expose())) {
+            return Err(invalid(
+                name,
+                "must differ from CONVEYOR_JWT_SECRET and CONVEYOR_JWT_PREVIOUS_SECRET (workspace tokens must never \
+                 pass as an operator's)",
+            ));
+        }
+    }
+    if config.jwt_previous_secret.is_some() && config.jwt_secret.is_none() {
+        return Err(invalid("CONVEYOR_JWT_PREVIOUS_SECRET", "is set without CONVEYOR_JWT_SECRET"));
+    }
+    if config.operator_jwt_previous_secret.is_some() && config.operator_jwt_secret.is_none() {
+        return Err(invalid("CONVEYOR_OPERATOR_JWT_PREVIOUS_SECRET", "is set without CONVEYOR_OPERATOR_JWT_SECRET"));
+    }
+    Ok(())
 }
 
 fn idempotency_keys(src: &dyn Source) -> Result<Vec<FingerprintKey>, ConfigError> {
@@ -510,14 +548,17 @@ impl Config {
                 "must be at least twice CONVEYOR_OPERATION_KEEPALIVE, or running jobs would be re-driven",
             ));
         }
-        Ok(Self {
+        let config = Self {
             database_url: postgres_url(src, "CONVEYOR_DATABASE_URL")?,
             redis_tls: redis_tls(src, &redis_url)?,
             redis_url: Secret::new(redis_url),
             redis_prefix,
             http_addr: addr(src, "CONVEYOR_HTTP_ADDR", "127.0.0.1:8080")?,
             admin_addr: addr(src, "CONVEYOR_ADMIN_ADDR", "127.0.0.1:9090")?,
-            jwt_secret: jwt_secret(src)?,
+            jwt_secret: optional_hmac_secret(src, "CONVEYOR_JWT_SECRET")?,
+            jwt_previous_secret: optional_hmac_secret(src, "CONVEYOR_JWT_PREVIOUS_SECRET")?,
+            operator_jwt_secret: optional_hmac_secret(src, "CONVEYOR_OPERATOR_JWT_SECRET")?,
+            operator_jwt_previous_secret: optional_hmac_secret(src, "CONVEYOR_OPERATOR_JWT_PREVIOUS_SECRET")?,
             idempotency_keys: idempotency_keys(src)?,
             idempotency_ttl,
             encryption_key: encryption_key(src)?,
@@ -542,7 +583,9 @@ impl Config {
             runtime_database_url: optional_runtime_database_url(src)?,
             audit_retention: audit_retention(src)?,
             admin_token: admin_token(src)?,
-        })
+        };
+        keys_apart(&config)?;
+        Ok(config)
     }
 }
 
@@ -755,19 +798,23 @@ mod tests {
 
     #[test]
     fn every_error_names_its_variable() {
-        for name in [
-            "CONVEYOR_DATABASE_URL",
-            "CONVEYOR_REDIS_URL",
-            "CONVEYOR_JWT_SECRET",
-            "CONVEYOR_IDEMPOTENCY_KEYS",
-            "CONVEYOR_ENCRYPTION_KEY",
-        ] {
+        for name in
+            ["CONVEYOR_DATABASE_URL", "CONVEYOR_REDIS_URL", "CONVEYOR_IDEMPOTENCY_KEYS", "CONVEYOR_ENCRYPTION_KEY"]
+        {
             assert!(error_with(name, None).contains(name), "missing {name}");
         }
         let cases = [
             ("CONVEYOR_DATABASE_URL", "mysql://x"),
             ("CONVEYOR_REDIS_URL", "http://x"),
             ("CONVEYOR_JWT_SECRET", "short"),
+            ("CONVEYOR_JWT_PREVIOUS_SECRET", "short"),
+            ("CONVEYOR_OPERATOR_JWT_SECRET", "short"),
+            // The workspace tokens' key cannot sign an operator's.
+            ("CONVEYOR_OPERATOR_JWT_SECRET", "0123456789abcdef0123456789abcdef"),
+            ("CONVEYOR_OPERATOR_JWT_PREVIOUS_SECRET", "0123456789abcdef0123456789abcdef"),
+            ("CONVEYOR_REDIS_CA_FILE", "/nonexistent/ca.pem"),
+            ("CONVEYOR_DATABASE_URL", "postgres://app:pw@db/conveyor?sslmode=sometimes"),
+            ("CONVEYOR_DATABASE_URL", "postgres://app:pw@db/conveyor?sslmode=verify-full&sslrootcert=/nonexistent"),
             ("CONVEYOR_IDEMPOTENCY_KEYS", "no-colon"),
             ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:short"),
             ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:0123456789abcdef0123456789abcdef,k1:0123456789abcdef0123456789abcdef"),

@@ -120,12 +120,17 @@ async fn reaches(app: &TestApp, ws: WorkspaceId, job: JobId, status: JobStatus) 
     assert!(reached.is_some(), "job {job} never reached {status:?}");
 }
 
-/// An HS256 JWT signed with the test secret carrying `claims` (and a `sub` and `exp`).
+/// An HS256 JWT signed with the operator's test secret carrying `claims` (and a `sub` and `exp`).
 fn jwt(sub: &str, extra: Value) -> String {
+    jwt_signed_with(common::OPERATOR_JWT_SECRET, sub, extra)
+}
+
+/// [`jwt`] signed with `secret`.
+fn jwt_signed_with(secret: &str, sub: &str, extra: Value) -> String {
     let exp = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 600;
     let mut claims = json!({ "sub": sub, "exp": exp, "aud": "conveyor-operator" });
     claims.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-    let key = jsonwebtoken::EncodingKey::from_secret(common::JWT_SECRET.as_bytes()).unwrap();
+    let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap();
     jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
 }
 
@@ -1125,4 +1130,51 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
             ("outbox_events_delayed".to_owned(), true)
         ]
     );
+}
+
+/// Every route of the admin API (as `src/http/admin_api.rs` mounts them), with a method it answers.
+const ADMIN_ROUTES: &[(&str, &str)] = &[
+    ("GET", "/queues"),
+    ("GET", "/queues/q"),
+    ("GET", "/jobs"),
+    ("GET", "/jobs/00000000-0000-0000-0000-000000000001"),
+    ("POST", "/jobs/00000000-0000-0000-0000-000000000001/cancel"),
+    ("POST", "/jobs/00000000-0000-0000-0000-000000000001/retry"),
+    ("GET", "/operations"),
+    ("GET", "/dead-letters"),
+    ("POST", "/dead-letters/replay"),
+    ("POST", "/dead-letters/discard"),
+    ("DELETE", "/dead-letters/00000000-0000-0000-0000-000000000001"),
+    ("POST", "/dead-letters/00000000-0000-0000-0000-000000000001/replay"),
+    ("GET", "/pauses"),
+    ("POST", "/pauses"),
+    ("DELETE", "/pauses"),
+    ("GET", "/schedules"),
+    ("POST", "/schedules/00000000-0000-0000-0000-000000000001/s/pause"),
+    ("POST", "/schedules/00000000-0000-0000-0000-000000000001/s/resume"),
+    ("GET", "/audit"),
+];
+
+#[tokio::test]
+async fn tenant_tokens_and_operator_jwts_signed_with_the_tenant_key_get_401_on_every_admin_route() {
+    let app = TestApp::spawn().await;
+    let router_source = include_str!("../src/http/admin_api.rs");
+    assert_eq!(
+        router_source.matches(".route(\"").count(),
+        ADMIN_ROUTES.iter().map(|(_, path)| *path).collect::<std::collections::BTreeSet<_>>().len(),
+        "ADMIN_ROUTES lists every route the admin API mounts"
+    );
+    let forged = jwt_signed_with(common::JWT_SECRET, "eve", json!({ "operator": true }));
+    let tenant = app.token(common::principal());
+    let genuine = operator_jwt("alice");
+    for (method, path) in ADMIN_ROUTES {
+        let method: Method = method.parse().unwrap();
+        for (what, credential) in [("forged operator JWT", &forged), ("tenant token", &tenant)] {
+            let response = call(&app, method.clone(), path, Some(credential), Some(json!({}))).await;
+            assert_eq!(response.status, 401, "{what} on {method} {path}");
+        }
+        // The operator's own key passes the gate (whatever the route then answers of a made-up id).
+        let response = call(&app, method.clone(), path, Some(&genuine), Some(json!({}))).await;
+        assert_ne!(response.status, 401, "operator JWT on {method} {path}");
+    }
 }

@@ -141,10 +141,15 @@ fn csrf_in(html: &str) -> String {
     rest[..rest.find('"').unwrap()].to_owned()
 }
 
-/// An operator JWT (or, with `operator: false`, a workspace user's) for `sub`.
+/// An operator JWT (or, with `operator: false`, a workspace user's) for `sub`, signed with the operator's key.
 fn jwt(sub: &str, operator: bool) -> String {
+    jwt_signed_with(common::OPERATOR_JWT_SECRET, sub, operator)
+}
+
+/// [`jwt`] signed with `secret`.
+fn jwt_signed_with(secret: &str, sub: &str, operator: bool) -> String {
     let exp = chrono::Utc::now().timestamp() + 600;
-    let key = jsonwebtoken::EncodingKey::from_secret(common::JWT_SECRET.as_bytes()).unwrap();
+    let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap();
     jsonwebtoken::encode(
         &jsonwebtoken::Header::default(),
         &json!({ "sub": sub, "exp": exp, "aud": "conveyor-operator", "operator": operator }),
@@ -182,9 +187,11 @@ async fn pages_need_a_session_and_only_operator_credentials_start_one() {
     assert_eq!(headers["cache-control"], "no-store");
     assert!(form.text().await.unwrap().contains(r#"<form method="post" action="/ui/login">"#));
 
-    // A wrong token, a workspace user's JWT and a JWT without the operator claim: the form again, 401, no cookie.
+    // A wrong token, a workspace user's JWT, a JWT without the operator claim and an operator's JWT signed with the
+    // workspace tokens' key: the form again, 401, no cookie.
     let user = app.token(common::principal());
-    for wrong in [format!("{ADMIN_TOKEN}x"), String::new(), user, jwt("bob", false)] {
+    let forged = jwt_signed_with(common::JWT_SECRET, "eve", true);
+    for wrong in [format!("{ADMIN_TOKEN}x"), String::new(), user, jwt("bob", false), forged] {
         let response = http.post(ui(&app, "/ui/login")).form(&[("credential", wrong.as_str())]).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
         assert!(response.headers().get(SET_COOKIE).is_none());
@@ -458,7 +465,7 @@ fn hidden_value(html: &str, name: &str) -> String {
 
 /// An operator JWT for `sub` that expires at `exp` (Unix seconds).
 fn operator_jwt_until(sub: &str, exp: i64) -> String {
-    let key = jsonwebtoken::EncodingKey::from_secret(common::JWT_SECRET.as_bytes()).unwrap();
+    let key = jsonwebtoken::EncodingKey::from_secret(common::OPERATOR_JWT_SECRET.as_bytes()).unwrap();
     let claims = json!({ "sub": sub, "exp": exp, "aud": "conveyor-operator", "operator": true });
     jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
 }

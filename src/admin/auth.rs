@@ -1,7 +1,7 @@
 //! Who may operate: the shared operator token (`CONVEYOR_ADMIN_TOKEN`), compared in constant time, or an HS256 JWT
-//! signed with `CONVEYOR_JWT_SECRET` for the audience `conveyor-operator` whose claims carry `"operator": true` and no
-//! `workspace_id`. Workspace tokens share the signing key, so an operator token must differ from them in what a
-//! workspace token issuer never writes: its audience.
+//! signed with the operator's own key (`CONVEYOR_OPERATOR_JWT_SECRET`, or the previous one while it rotates, never
+//! the workspace tokens' key: configuration refuses the same key) for the audience `conveyor-operator` whose claims
+//! carry `"operator": true` and no `workspace_id`. Without an operator key no JWT is accepted.
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
@@ -14,7 +14,8 @@ use crate::config::Secret;
 #[derive(Clone)]
 pub struct OperatorAuth {
     token: Option<Secret<String>>,
-    jwt: DecodingKey,
+    /// The operator keys, the current one first; empty when no operator JWT is accepted.
+    jwt: Vec<DecodingKey>,
     validation: Validation,
 }
 
@@ -40,15 +41,19 @@ pub enum OperatorAuthError {
 }
 
 impl OperatorAuth {
-    /// Accepts `token` (when set) and operator JWTs signed with `jwt_secret`.
-    pub fn new(token: Option<Secret<String>>, jwt_secret: &Secret<Vec<u8>>) -> Self {
+    /// Accepts `token` (when set) and operator JWTs signed with one of `jwt_secrets` (the operator's keys, never the
+    /// workspace tokens'; none: no JWT is accepted).
+    pub fn new(token: Option<Secret<String>>, jwt_secrets: &[&Secret<Vec<u8>>]) -> Self {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = 5;
         validation.set_required_spec_claims(&["exp", "sub", "aud"]);
         validation.set_audience(&[OPERATOR_AUDIENCE]);
         Self {
             token,
-            jwt: DecodingKey::from_secret(jwt_secret.expose()).expect("an HMAC key of any length is valid"),
+            jwt: jwt_secrets
+                .iter()
+                .map(|s| DecodingKey::from_secret(s.expose()).expect("an HMAC key of any length is valid"))
+                .collect(),
             validation,
         }
     }
@@ -67,12 +72,15 @@ impl OperatorAuth {
         {
             return Ok((Actor("token".to_owned()), None));
         }
-        match jsonwebtoken::decode::<OperatorClaims>(credential, &self.jwt, &self.validation) {
-            Ok(data) if data.claims.operator && data.claims.workspace_id.is_none() => {
-                Ok((Actor(format!("jwt:{}", data.claims.sub)), Some(data.claims.exp)))
+        for key in &self.jwt {
+            if let Ok(data) = jsonwebtoken::decode::<OperatorClaims>(credential, key, &self.validation)
+                && data.claims.operator
+                && data.claims.workspace_id.is_none()
+            {
+                return Ok((Actor(format!("jwt:{}", data.claims.sub)), Some(data.claims.exp)));
             }
-            _ => Err(OperatorAuthError::Refused),
         }
+        Err(OperatorAuthError::Refused)
     }
 }
 
@@ -90,7 +98,7 @@ mod tests {
     fn auth() -> OperatorAuth {
         OperatorAuth::new(
             Some(Secret::new("an-operator-token-of-32-bytes-or-more".to_owned())),
-            &Secret::new(SECRET.to_vec()),
+            &[&Secret::new(SECRET.to_vec())],
         )
     }
 
@@ -133,10 +141,20 @@ mod tests {
 
     #[test]
     fn without_a_token_only_jwts_pass() {
-        let auth = OperatorAuth::new(None, &Secret::new(SECRET.to_vec()));
+        let auth = OperatorAuth::new(None, &[&Secret::new(SECRET.to_vec())]);
         assert_eq!(auth.verify(""), Err(OperatorAuthError::Refused));
         let op = jwt(json!({"sub": "alice", "exp": exp(), "aud": OPERATOR_AUDIENCE, "operator": true}));
         assert_eq!(auth.verify(&op), Ok(Actor("jwt:alice".into())));
         assert_eq!(auth.verify_with_expiry("a-guess").unwrap_err(), OperatorAuthError::Refused);
+    }
+
+    #[test]
+    fn a_rotated_operator_key_is_accepted_beside_the_new_one_and_no_key_accepts_no_jwt() {
+        let (old, new) =
+            (Secret::new(SECRET.to_vec()), Secret::new(b"the-next-operator-key-of-32-bytes-or-more".to_vec()));
+        let op = jwt(json!({"sub": "alice", "exp": exp(), "aud": OPERATOR_AUDIENCE, "operator": true}));
+        assert_eq!(OperatorAuth::new(None, &[&new, &old]).verify(&op), Ok(Actor("jwt:alice".into())));
+        assert_eq!(OperatorAuth::new(None, &[&new]).verify(&op), Err(OperatorAuthError::Refused));
+        assert_eq!(OperatorAuth::new(None, &[]).verify(&op), Err(OperatorAuthError::Refused));
     }
 }

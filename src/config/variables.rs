@@ -69,7 +69,7 @@ pub const VARIABLES: &[Variable] = &[
         SERVERS | MIGRATE | OPERATOR,
         "PostgreSQL URL of the operator role: admin API, web UI, operator commands (off when unset)",
     ),
-    secret("CONVEYOR_ADMIN_TOKEN", SERVERS, "operator token for /admin/v1 and /ui (at least 32 bytes)"),
+    secret("CONVEYOR_ADMIN_TOKEN", API, "operator token for /admin/v1 and /ui (at least 32 bytes)"),
     required(
         "CONVEYOR_REDIS_URL",
         SERVERS | OPERATOR,
@@ -95,7 +95,18 @@ pub const VARIABLES: &[Variable] = &[
     var("CONVEYOR_READY_REDIS_GRACE", SERVERS, Some("10s"), "how long Redis may fail before /readyz says not ready"),
     var("CONVEYOR_HTTP_ADDR", API, Some("127.0.0.1:8080"), "API listen address"),
     var("CONVEYOR_ADMIN_ADDR", SERVERS, Some("127.0.0.1:9090"), "admin listener: metrics, health, admin API, UI"),
-    required("CONVEYOR_JWT_SECRET", SERVERS, true, "HS256 secret of bearer tokens (at least 32 bytes)"),
+    required("CONVEYOR_JWT_SECRET", API, true, "HS256 secret of workspace bearer tokens (at least 32 bytes)"),
+    secret("CONVEYOR_JWT_PREVIOUS_SECRET", API, "the workspace tokens' previous secret, accepted while it rotates"),
+    secret(
+        "CONVEYOR_OPERATOR_JWT_SECRET",
+        API,
+        "HS256 secret of operator JWTs, never the workspace tokens' (32+ bytes)",
+    ),
+    secret(
+        "CONVEYOR_OPERATOR_JWT_PREVIOUS_SECRET",
+        API,
+        "the operator JWTs' previous secret, accepted while it rotates",
+    ),
     required("CONVEYOR_IDEMPOTENCY_KEYS", SERVERS, true, "fingerprint keys, id:secret[,id:secret...]"),
     var("CONVEYOR_IDEMPOTENCY_TTL", API | MAINTENANCE, Some("48h"), "retention of idempotency records (>= 24h)"),
     required("CONVEYOR_ENCRYPTION_KEY", SERVERS, true, "32-byte key, base64, sealing stored credentials"),

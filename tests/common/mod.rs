@@ -27,6 +27,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 pub const JWT_SECRET: &str = "test-jwt-secret-must-never-leak-0123456789";
+/// The operator JWTs' own key (never the workspace tokens').
+pub const OPERATOR_JWT_SECRET: &str = "test-operator-jwt-secret-never-the-tenants-0123";
 pub const ENCRYPTION_KEY_B64: &str = "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhISE=";
 pub const FINGERPRINT_KEYS: &str = "t1:test-fingerprint-key-must-never-leak-0123";
 
@@ -179,6 +181,7 @@ pub fn config_vars(db: &TestDb, redis_prefix: &str) -> HashMap<String, String> {
         ("CONVEYOR_REDIS_URL".to_owned(), redis_url()),
         ("CONVEYOR_REDIS_PREFIX".to_owned(), redis_prefix.to_owned()),
         ("CONVEYOR_JWT_SECRET".to_owned(), JWT_SECRET.to_owned()),
+        ("CONVEYOR_OPERATOR_JWT_SECRET".to_owned(), OPERATOR_JWT_SECRET.to_owned()),
         ("CONVEYOR_IDEMPOTENCY_KEYS".to_owned(), FINGERPRINT_KEYS.to_owned()),
         ("CONVEYOR_ENCRYPTION_KEY".to_owned(), ENCRYPTION_KEY_B64.to_owned()),
         ("CONVEYOR_HTTP_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
@@ -252,7 +255,7 @@ impl TestApp {
         let shutdown = CancellationToken::new();
         tokio::spawn(conveyor::app::serve(state, api, admin, shutdown.clone()));
         Self {
-            tokens: TokenKeys::new(&config.jwt_secret),
+            tokens: TokenKeys::new(config.jwt_secret.as_ref().expect("the test API has a JWT secret")),
             db,
             config,
             redis_prefix,

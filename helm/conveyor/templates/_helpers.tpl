@@ -71,10 +71,11 @@ app.kubernetes.io/part-of: conveyor
 {{- required "existingSecret is required: create a Secret with CONVEYOR_DATABASE_URL, CONVEYOR_MIGRATION_DATABASE_URL, CONVEYOR_RUNTIME_DATABASE_URL, CONVEYOR_REDIS_URL, CONVEYOR_JWT_SECRET, CONVEYOR_IDEMPOTENCY_KEYS and CONVEYOR_ENCRYPTION_KEY, then pass --set existingSecret=<name>" .Values.existingSecret -}}
 {{- end -}}
 
-{{/* Secret-backed env vars shared by every long-running role. */}}
+{{/* Secret-backed env vars shared by every long-running role. The workspace tokens' key is not among them: only the
+API verifies tokens (conveyor.apiSecretEnv). */}}
 {{- define "conveyor.secretEnv" -}}
 {{- $secret := include "conveyor.secretName" . -}}
-{{- range list "CONVEYOR_DATABASE_URL" "CONVEYOR_REDIS_URL" "CONVEYOR_JWT_SECRET" "CONVEYOR_IDEMPOTENCY_KEYS" "CONVEYOR_ENCRYPTION_KEY" }}
+{{- range list "CONVEYOR_DATABASE_URL" "CONVEYOR_REDIS_URL" "CONVEYOR_IDEMPOTENCY_KEYS" "CONVEYOR_ENCRYPTION_KEY" }}
 - name: {{ . }}
   valueFrom:
     secretKeyRef:
@@ -97,7 +98,7 @@ it. Every role but the API gets it (deployments.yaml), and the migrate Job, whic
 only the API's Pods get them (deployments.yaml), and the migrate Job the operator role's URL. */}}
 {{- define "conveyor.operatorSecretEnv" -}}
 {{- $secret := include "conveyor.secretName" . -}}
-{{- range list "CONVEYOR_OPERATOR_DATABASE_URL" "CONVEYOR_ADMIN_TOKEN" }}
+{{- range list "CONVEYOR_OPERATOR_DATABASE_URL" "CONVEYOR_ADMIN_TOKEN" "CONVEYOR_OPERATOR_JWT_SECRET" "CONVEYOR_OPERATOR_JWT_PREVIOUS_SECRET" }}
 - name: {{ . }}
   valueFrom:
     secretKeyRef:
@@ -105,6 +106,23 @@ only the API's Pods get them (deployments.yaml), and the migrate Job the operato
       key: {{ . }}
       optional: true
 {{- end }}
+{{- end -}}
+
+{{/* The workspace tokens' keys: only the API verifies tokens, so only the API's Pods get them (the previous key is
+optional, set while a rotation lasts). */}}
+{{- define "conveyor.apiSecretEnv" -}}
+{{- $secret := include "conveyor.secretName" . -}}
+- name: CONVEYOR_JWT_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: CONVEYOR_JWT_SECRET
+- name: CONVEYOR_JWT_PREVIOUS_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: CONVEYOR_JWT_PREVIOUS_SECRET
+      optional: true
 {{- end -}}
 
 {{/* The roles whose Deployment this release renders. */}}

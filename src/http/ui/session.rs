@@ -3,7 +3,7 @@
 //! In brief: `POST /ui/login` checks the operator credential once and sets `conveyor_ui=<sid>.<exp>.<actor>.<mac>`,
 //! where `sid` is 16 random bytes, `exp` the expiry (Unix seconds), `actor` the actor's name (base64url) and `mac`
 //! an HMAC-SHA256 of the rest. The credential itself is never stored in the cookie. The key is derived from
-//! `CONVEYOR_JWT_SECRET` and `CONVEYOR_ADMIN_TOKEN`, so every replica accepts the same sessions and rotating either
+//! `CONVEYOR_OPERATOR_JWT_SECRET` and `CONVEYOR_ADMIN_TOKEN`, so every replica accepts the same sessions and rotating either
 //! secret ends them all. A form's CSRF token is an HMAC of the session id under a separate label: a page of another
 //! origin can neither read it nor compute it.
 //!
@@ -43,11 +43,16 @@ type HmacSha256 = Hmac<Sha256>;
 pub struct SessionKey(Secret<Vec<u8>>);
 
 impl SessionKey {
-    /// Derives the key from the JWT secret and the operator token (when set): HMAC-SHA256 keyed by the JWT secret
-    /// over a fixed label and the token.
-    pub fn derive(admin_token: Option<&Secret<String>>, jwt_secret: &Secret<Vec<u8>>) -> Self {
-        let mut mac = mac_with(jwt_secret.expose());
-        mac.update(b"conveyor-ui-session-key-v1\0");
+    /// Derives the key from the operator's secrets, never the workspace tokens' key: HMAC-SHA256 keyed by the
+    /// operator JWT secret (when set) over a fixed label and the operator token (when set). With neither, nobody can
+    /// log in, and the key is random.
+    pub fn derive(admin_token: Option<&Secret<String>>, operator_jwt_secret: Option<&Secret<Vec<u8>>>) -> Self {
+        if admin_token.is_none() && operator_jwt_secret.is_none() {
+            let random: [u8; 32] = rand::random();
+            return Self(Secret::new(random.to_vec()));
+        }
+        let mut mac = mac_with(operator_jwt_secret.map_or(&b"conveyor-ui"[..], |s| s.expose()));
+        mac.update(b"conveyor-ui-session-key-v2\0");
         if let Some(token) = admin_token {
             mac.update(token.expose().as_bytes());
         }
@@ -204,7 +209,7 @@ mod tests {
     use super::*;
 
     fn key(token: &str) -> SessionKey {
-        SessionKey::derive(Some(&Secret::new(token.to_owned())), &Secret::new(b"jwt-secret".to_vec()))
+        SessionKey::derive(Some(&Secret::new(token.to_owned())), Some(&Secret::new(b"operator-jwt-secret".to_vec())))
     }
 
     #[test]
