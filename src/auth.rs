@@ -119,3 +119,27 @@ impl TokenKeys {
             .expect("HS256 signing of serializable claims cannot fail")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(s: &str) -> Secret<Vec<u8>> {
+        Secret::new(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_rotation_accepts_tokens_of_the_previous_key_until_it_is_dropped_and_mints_with_the_new_one() {
+        let (old, new) =
+            (secret("the-old-workspace-token-key-of-32-bytes"), secret("the-new-workspace-token-key-of-32-bytes"));
+        let who = Principal { workspace_id: WorkspaceId(Uuid::new_v4()), user_id: UserId(Uuid::new_v4()) };
+        let before = TokenKeys::new(&old).mint(who, Duration::from_secs(600));
+        let rotating = TokenKeys::rotating(&new, Some(&old));
+        assert_eq!(rotating.verify(&before).unwrap(), who, "a token minted before the rotation still passes");
+        let after = rotating.mint(who, Duration::from_secs(600));
+        assert_eq!(TokenKeys::new(&new).verify(&after).unwrap(), who, "new tokens are signed with the new key");
+        assert!(TokenKeys::new(&new).verify(&before).is_err(), "once the old key is dropped, its tokens fail");
+        assert!(TokenKeys::refusing_all().verify(&after).is_err());
+        assert!(matches!(TokenKeys::refusing_all().verify(&before), Err(TokenError::Invalid(_))));
+    }
+}
