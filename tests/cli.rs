@@ -145,3 +145,32 @@ async fn queues_and_jobs_show_cancel_and_retry_across_workspaces() {
     assert!(text(&out.stderr).contains("CONVEYOR_OPERATOR_DATABASE_URL"), "{}", text(&out.stderr));
     app.shutdown.cancel();
 }
+
+/// Only the api role reads the workspace tokens' key: `config check` and `--help` of the other roles never name it,
+/// and the api refuses to start without it, saying which variable.
+#[test]
+fn the_tenant_jwt_secret_is_the_api_roles_alone() {
+    for role in ["dispatcher", "worker", "maintenance"] {
+        let help = text(&conveyor(&[role, "--help"], &HashMap::new()).stdout);
+        assert!(!help.contains("CONVEYOR_JWT_SECRET"), "{role} --help lists the JWT secret:\n{help}");
+        assert!(!help.contains("CONVEYOR_OPERATOR_JWT_SECRET"), "{role} --help lists the operator key");
+    }
+    let help = text(&conveyor(&["api", "--help"], &HashMap::new()).stdout);
+    assert!(help.contains("CONVEYOR_JWT_SECRET") && help.contains("CONVEYOR_OPERATOR_JWT_SECRET"), "{help}");
+
+    let vars: HashMap<String, String> = [
+        ("CONVEYOR_DATABASE_URL", "postgres://conveyor_app:conveyor_app@127.0.0.1:1/conveyor"),
+        ("CONVEYOR_REDIS_URL", "redis://127.0.0.1:1"),
+        ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:a-fingerprint-key-long-enough-0123456789"),
+        ("CONVEYOR_ENCRYPTION_KEY", "ZGV2LW9ubHktZW5jcnlwdGlvbi1rZXktMzItYnl0ZXM="),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let out = conveyor(&["api"], &vars);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("CONVEYOR_JWT_SECRET is required by the api role"), "{}", text(&out.stderr));
+    let out = conveyor(&["config", "check", "--role", "worker"], &vars);
+    let printed = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!printed.contains("CONVEYOR_JWT_SECRET"), "{printed}");
+}
