@@ -71,8 +71,8 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
     let admin = match &config.operator_database_url {
         None => None,
         Some(url) => {
-            let options: sqlx::postgres::PgConnectOptions =
-                url.expose().parse().context("CONVEYOR_OPERATOR_DATABASE_URL is not a valid PostgreSQL URL")?;
+            let options = db::connect_options(url.expose())
+                .context("CONVEYOR_OPERATOR_DATABASE_URL is not a valid PostgreSQL URL")?;
             let operator = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(4)
                 .acquire_timeout(Duration::from_secs(5))

@@ -14,9 +14,24 @@ use crate::ids::WorkspaceId;
 /// A transaction whose every statement sees one workspace only.
 pub type WorkspaceTx = Transaction<'static, Postgres>;
 
+/// The options of a PostgreSQL URL. TLS is used when the URL asks for it (`sslmode=require`, `verify-ca` or
+/// `verify-full`, as libpq reads them, or `PGSSLMODE`), and then never falls back to plain text. A URL that names no
+/// `sslmode` speaks plain text, where libpq would try TLS first without verifying anything (`prefer`, which an
+/// attacker on the path can downgrade anyway): running jobs canceled over such a connection were seen not to end
+/// (tests/operations.rs), so TLS is a choice made in the URL, with verification.
+pub fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    let options: PgConnectOptions = url.parse()?;
+    let named =
+        url::Url::parse(url).map(|u| u.query_pairs().any(|(k, _)| k == "sslmode" || k == "ssl-mode")).unwrap_or(false);
+    if named || std::env::var_os("PGSSLMODE").is_some() {
+        return Ok(options);
+    }
+    Ok(options.ssl_mode(sqlx::postgres::PgSslMode::Disable))
+}
+
 /// Opens a pool on `url` with at most `max_connections`.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
-    let options: PgConnectOptions = url.parse()?;
+    let options = connect_options(url)?;
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))

@@ -5,8 +5,9 @@
 //! - the application role (`CONVEYOR_DATABASE_URL`: the API, job handlers): DML on Conveyor's tables (`job_kinds`
 //!   read only) and `EXECUTE` on the functions of [`APPLICATION_FUNCTIONS`] alone, each proven to stay in the
 //!   caller's workspace;
-//! - the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`: dispatcher, maintenance, the worker's bookkeeping): the same
-//!   tables, every `conveyor_` function but the operator's (among them those that read or change rows of several
+//! - the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`: dispatcher, maintenance, the worker's bookkeeping): DML on
+//!   the platform's tables alone ([`RUNTIME_TABLES`], never a business table), every `conveyor_` function but the
+//!   operator's (among them those that read or change rows of several
 //!   workspaces in one call), and a policy that reads every pause (the relay's claim reads them across workspaces);
 //! - the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`, optional): `EXECUTE` on the audited `conveyor_admin_*`
 //!   functions and nothing else.
@@ -55,6 +56,24 @@ const TABLES: &[&str] = &[
     "ai_usage_months",
     "ai_tasks",
     "ai_usage_ledger",
+    "job_schedules",
+    "job_schedule_runs",
+    "job_failures",
+];
+
+/// The tables the runtime role works on (DML): the platform's own. The business tables (stores and their credentials,
+/// media, transfers, listings, drafts, catalog syncs, AI tasks) are never the runtime's: the dispatcher, maintenance
+/// and the worker's bookkeeping read and write jobs, operations, limits and schedules only (a trigger that reaches a
+/// business table on an operation's end runs as the owner, written safely, see migration 0034).
+const RUNTIME_TABLES: &[&str] = &[
+    "idempotency_requests",
+    "operations",
+    "outbox_events",
+    "job_kinds",
+    "workspace_weights",
+    "dispatch_pauses",
+    "job_key_limits",
+    "job_kind_limits",
     "job_schedules",
     "job_schedule_runs",
     "job_failures",
@@ -165,10 +184,7 @@ pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> anyho
 
 /// Applies every migration and grants the application, runtime and operator roles. Safe to run again.
 pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
-    let owner_options: PgConnectOptions = config
-        .migration_database_url
-        .expose()
-        .parse()
+    let owner_options: PgConnectOptions = crate::db::connect_options(config.migration_database_url.expose())
         .context("CONVEYOR_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
     let app_options: PgConnectOptions =
         config.database_url.expose().parse().context("CONVEYOR_DATABASE_URL is not a valid PostgreSQL URL")?;
@@ -249,11 +265,16 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
         grants.push(format!("GRANT CONNECT ON DATABASE {database} TO {grantee}"));
         grants.push(format!("GRANT USAGE ON SCHEMA public TO {grantee}"));
         grants.push(format!("GRANT SELECT ON {HISTORY_TABLE} TO {grantee}"));
-        grants.extend(
-            tables
-                .iter()
-                .map(|(t,)| format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {grantee}", quote_ident(t))),
-        );
+    }
+    for (t,) in &tables {
+        let table = quote_ident(t);
+        grants.push(format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}"));
+        grants.push(if RUNTIME_TABLES.contains(&t.as_str()) {
+            format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {runtime}")
+        } else {
+            // Defensively too: earlier releases granted the runtime role every table.
+            format!("REVOKE ALL ON {table} FROM {runtime}")
+        });
     }
     // The application role reads the kinds the workers register; it changes none (a kind is every workspace's).
     grants.extend(
