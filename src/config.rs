@@ -744,6 +744,9 @@ pub struct MigrateConfig {
     /// PostgreSQL URL of the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`, optional); its user is granted the
     /// audited `conveyor_admin_*` functions and nothing else.
     pub operator_database_url: Option<Secret<String>>,
+    /// The audit trail's retention (`CONVEYOR_AUDIT_RETENTION`, at least 1d): written where only the owner can change
+    /// it, as the floor of every purge; `None` writes the default, 90 days.
+    pub audit_retention: Option<Duration>,
 }
 
 impl MigrateConfig {
@@ -754,6 +757,7 @@ impl MigrateConfig {
             database_url: postgres_url(src, "CONVEYOR_DATABASE_URL")?,
             runtime_database_url: runtime_database_url(src)?,
             operator_database_url: operator_database_url(src)?,
+            audit_retention: Some(audit_retention(src)?),
         })
     }
 }

@@ -4,9 +4,12 @@
 //! handed to workers finish; held jobs keep their order and go when the pause is lifted, whatever restarted meanwhile.
 //! A weight gives a workspace a larger window of jobs in the workers' hands: `CONVEYOR_DISPATCH_WINDOW × weight`.
 //!
-//! These are operator settings under row-level security (migration 0026): a weight, and a pause that names a
-//! workspace, are that workspace's rows, written in its context (these calls set it); a pause that names no workspace
-//! belongs to none. The relay's claim, as the runtime role, reads every pause.
+//! These are operator data (migration 0035): every change goes through an audited function of the operator role
+//! (`conveyor_admin_pause`, `conveyor_admin_resume`, `conveyor_admin_set_weight`), so [`pause`], [`resume`] and
+//! [`set_workspace_weight`] take the operator role's pool (`CONVEYOR_OPERATOR_DATABASE_URL`) and are recorded on the
+//! audit trail as `library`. The application role only reads them: a weight, and a pause that names a workspace, are
+//! that workspace's rows under row-level security (read in its context); a pause that names no workspace belongs to
+//! none and every role reads it. The relay's claim, as the runtime role, reads every pause.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -100,59 +103,64 @@ pub enum FlowError {
     Database(#[from] sqlx::Error),
 }
 
-/// A transaction in the context of the workspace `scope` names, if it names one (row-level security: a workspace's
-/// pause is its row), or in none.
-async fn begin_scope(
-    pool: &PgPool,
-    scope: &PauseScope,
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-    match scope.workspace {
-        Some(workspace) => crate::db::begin_workspace(pool, workspace).await,
-        None => pool.begin().await,
-    }
-}
+/// Who the library's changes are recorded as on the audit trail (beside the role, which the database records).
+const LIBRARY_ACTOR: &str = "library";
 
 /// Holds the jobs of `scope` in the outbox from the relay's next claim on. `false` when that pause already held them.
+/// `pool` is the operator role's: the change is audited (`conveyor_admin_pause`); the application role's pool is
+/// refused (permission denied), whatever the scope.
 pub async fn pause(pool: &PgPool, scope: &PauseScope, reason: Option<&str>) -> Result<bool, FlowError> {
+    pause_as(pool, LIBRARY_ACTOR, None, scope, reason).await
+}
+
+/// [`pause`] for `actor`, whose change's intent is the audit row `intent` (the admin module's).
+pub(crate) async fn pause_as(
+    operator: &PgPool,
+    actor: &str,
+    intent: Option<i64>,
+    scope: &PauseScope,
+    reason: Option<&str>,
+) -> Result<bool, FlowError> {
     scope.check()?;
     if reason.is_some_and(|r| r.len() > 500) {
         return Err(FlowError::OutOfRange("a pause's reason is at most 500 bytes"));
     }
-    let mut tx = begin_scope(pool, scope).await?;
-    let added = sqlx::query(
-        "INSERT INTO dispatch_pauses (queue, kind, workspace_id, reason) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (coalesce(queue, ''), coalesce(kind, ''),
-                      coalesce(workspace_id, '00000000-0000-0000-0000-000000000000')) DO NOTHING",
-    )
-    .bind(&scope.queue)
-    .bind(&scope.kind)
-    .bind(scope.workspace.map(|w| w.0))
-    .bind(reason)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    tx.commit().await?;
-    Ok(added == 1)
+    let (added,): (bool,) = sqlx::query_as("SELECT conveyor_admin_pause($1, $2, $3, $4, $5, $6)")
+        .bind(actor)
+        .bind(intent)
+        .bind(&scope.queue)
+        .bind(&scope.kind)
+        .bind(scope.workspace.map(|w| w.0))
+        .bind(reason)
+        .fetch_one(operator)
+        .await?;
+    Ok(added)
 }
 
-/// Lifts the pause of exactly `scope` and wakes the dispatchers. `false` when there was none.
+/// Lifts the pause of exactly `scope` and wakes the dispatchers. `false` when there was none. `pool` is the operator
+/// role's, as for [`pause`].
 pub async fn resume(pool: &PgPool, scope: &PauseScope) -> Result<bool, FlowError> {
+    resume_as(pool, LIBRARY_ACTOR, None, scope).await
+}
+
+/// [`resume`] for `actor`, whose change's intent is the audit row `intent`.
+pub(crate) async fn resume_as(
+    operator: &PgPool,
+    actor: &str,
+    intent: Option<i64>,
+    scope: &PauseScope,
+) -> Result<bool, FlowError> {
     scope.check()?;
-    let mut tx = begin_scope(pool, scope).await?;
-    let removed = sqlx::query(
-        "DELETE FROM dispatch_pauses
-         WHERE queue IS NOT DISTINCT FROM $1 AND kind IS NOT DISTINCT FROM $2 AND workspace_id IS NOT DISTINCT FROM $3",
-    )
-    .bind(&scope.queue)
-    .bind(&scope.kind)
-    .bind(scope.workspace.map(|w| w.0))
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    // An empty payload asks every dispatcher for a sweep: the held jobs are due already.
-    sqlx::query("SELECT pg_notify($1, '')").bind(crate::outbox::NOTIFY_CHANNEL).execute(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(removed == 1)
+    // The function also asks every dispatcher for a sweep: the held jobs are due already.
+    let (removed,): (bool,) = sqlx::query_as("SELECT conveyor_admin_resume($1, $2, $3, $4, $5)")
+        .bind(actor)
+        .bind(intent)
+        .bind(&scope.queue)
+        .bind(&scope.kind)
+        .bind(scope.workspace.map(|w| w.0))
+        .fetch_one(operator)
+        .await?;
+    Ok(removed)
 }
 
 /// The pauses in force that `pool`'s role reads outside any workspace, oldest first: every one with the runtime role's
@@ -165,19 +173,35 @@ pub async fn list_pauses(pool: &PgPool) -> Result<Vec<Pause>, FlowError> {
 }
 
 /// Gives `workspace` `weight` (1 to 1000; 1 is everyone's default) times the window of jobs in the workers' hands.
+/// `pool` is the operator role's: the change is audited (`conveyor_admin_set_weight`); a workspace's own application
+/// role may not weigh it.
 pub async fn set_workspace_weight(pool: &PgPool, workspace: WorkspaceId, weight: u32) -> Result<(), FlowError> {
+    set_workspace_weight_as(pool, LIBRARY_ACTOR, None, workspace, weight).await
+}
+
+/// Refuses a weight outside 1..=1000.
+pub(crate) fn check_weight(weight: u32) -> Result<(), FlowError> {
     if !(1..=1000).contains(&weight) {
         return Err(FlowError::OutOfRange("a weight is from 1 to 1000"));
     }
-    let mut tx = crate::db::begin_workspace(pool, workspace).await?;
-    sqlx::query(
-        "INSERT INTO workspace_weights (workspace_id, weight) VALUES ($1, $2)
-         ON CONFLICT (workspace_id) DO UPDATE SET weight = EXCLUDED.weight, updated_at = now()",
-    )
-    .bind(workspace.0)
-    .bind(weight as i32)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
+    Ok(())
+}
+
+/// [`set_workspace_weight`] for `actor`, whose change's intent is the audit row `intent`.
+pub(crate) async fn set_workspace_weight_as(
+    operator: &PgPool,
+    actor: &str,
+    intent: Option<i64>,
+    workspace: WorkspaceId,
+    weight: u32,
+) -> Result<(), FlowError> {
+    check_weight(weight)?;
+    sqlx::query("SELECT conveyor_admin_set_weight($1, $2, $3, $4)")
+        .bind(actor)
+        .bind(intent)
+        .bind(workspace.0)
+        .bind(weight as i32)
+        .execute(operator)
+        .await?;
     Ok(())
 }

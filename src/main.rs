@@ -498,28 +498,26 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Flow { command } => {
-            let url = config::database_url(&Env)?;
-            let pool = conveyor::db::connect(url.expose(), 2).await?;
+            // Pauses and weights are operator data: read and changed through the operator role, audited.
+            let (admin, actor) = operator(Needs::Postgres).await?;
             match command {
                 FlowCommand::Pause { scope, reason } => {
-                    let added = conveyor::pause(&pool, &scope.into_scope(), reason.as_deref()).await?;
+                    let added = admin.pause(&actor, &scope.into_scope(), reason.as_deref()).await?;
                     println!("{}", if added { "paused" } else { "already paused" });
                 }
                 FlowCommand::Resume { scope } => {
-                    if !conveyor::resume(&pool, &scope.into_scope()).await? {
+                    if !admin.resume(&actor, &scope.into_scope()).await? {
                         anyhow::bail!("no pause of exactly that scope (see `conveyor flow pauses`)");
                     }
                     println!("resumed");
                 }
                 FlowCommand::Pauses => {
-                    // Every workspace's pauses: an operator's read, through the operator role, audited.
-                    let (admin, actor) = operator(Needs::Postgres).await?;
                     for pause in admin.pauses(&actor).await? {
                         println!("{}", serde_json::to_string(&pause)?);
                     }
                 }
                 FlowCommand::Weight { workspace, weight } => {
-                    conveyor::set_workspace_weight(&pool, conveyor::WorkspaceId(workspace), weight).await?;
+                    admin.set_workspace_weight(&actor, conveyor::WorkspaceId(workspace), weight).await?;
                     println!("weight {weight}");
                 }
             }

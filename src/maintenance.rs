@@ -79,7 +79,9 @@ impl Maintenance {
         self
     }
 
-    /// Deletes the audit trail's entries older than its retention, [`BATCH`] at a time; how many.
+    /// Deletes the audit trail's entries older than its retention, [`BATCH`] at a time; how many. Never younger ones
+    /// than the retention `conveyor migrate` recorded (the purge function's floor, migration 0035), whatever this
+    /// process was given.
     pub async fn purge_audit(&self) -> Result<u64, sqlx::Error> {
         let mut purged = 0;
         for _ in 0..MAX_BATCHES_PER_PASS {

@@ -2,15 +2,18 @@
 //! each role what it needs and no more, after checking that it is neither superuser, `BYPASSRLS`, the owner nor a
 //! member of the owner, any of which would walk through row-level security:
 //!
-//! - the application role (`CONVEYOR_DATABASE_URL`: the API, job handlers): DML on Conveyor's tables (`job_kinds`
-//!   read only) and `EXECUTE` on the functions of [`APPLICATION_FUNCTIONS`] alone, each proven to stay in the
-//!   caller's workspace;
+//! - the application role (`CONVEYOR_DATABASE_URL`: the API, job handlers): DML on Conveyor's tables (`job_kinds`,
+//!   `workspace_weights` and `dispatch_pauses` read only: [`READ_ONLY_TABLES`]) and `EXECUTE` on the functions of
+//!   [`APPLICATION_FUNCTIONS`] alone, each proven to stay in the caller's workspace;
 //! - the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`: dispatcher, maintenance, the worker's bookkeeping): DML on
 //!   the platform's tables alone ([`RUNTIME_TABLES`], never a business table), every `conveyor_` function but the
 //!   operator's (among them those that read or change rows of several
 //!   workspaces in one call), and a policy that reads every pause (the relay's claim reads them across workspaces);
 //! - the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`, optional): `EXECUTE` on the audited `conveyor_admin_*`
 //!   functions and nothing else.
+//!
+//! It also writes `CONVEYOR_AUDIT_RETENTION` into `conveyor_settings` (migration 0035, the owner's alone): the floor
+//! under which `conveyor_audit_purge` deletes nothing, whatever its caller asks.
 //!
 //! PUBLIC loses `EXECUTE` on every `conveyor_` function (PostgreSQL grants it on creation), so a function added
 //! later reaches no role but the runtime until it is listed.
@@ -101,8 +104,14 @@ pub const APPLICATION_FUNCTIONS: &[&str] = &[
     "conveyor_asset_transfer_ended",
 ];
 
-/// The table the application role only reads (the worker's bookkeeping, as the runtime role, registers kinds).
-const READ_ONLY_TABLES: &[&str] = &["job_kinds"];
+/// The tables the application role only reads: the kinds (the worker's bookkeeping, as the runtime role, registers
+/// them), and the operator's data, weights and pauses (migration 0035: changed through the audited
+/// `conveyor_admin_pause`, `conveyor_admin_resume` and `conveyor_admin_set_weight`; the application role reads the
+/// pauses that hold its jobs).
+const READ_ONLY_TABLES: &[&str] = &["job_kinds", "workspace_weights", "dispatch_pauses"];
+
+/// What `CONVEYOR_AUDIT_RETENTION` defaults to, written by [`migrate`] and a [`MigrateConfig`] without one.
+const DEFAULT_AUDIT_RETENTION: std::time::Duration = crate::maintenance::DEFAULT_AUDIT_RETENTION;
 
 /// The policy through which the runtime role reads every pause (`dispatch_pauses`, under row-level security since
 /// migration 0026): the relay's claim reads them for every workspace it claims from.
@@ -166,7 +175,8 @@ fn quote_ident(name: &str) -> String {
 
 /// Applies Conveyor's migrations to the database at `owner_url` (as its owner role) and grants the application role
 /// of `app_url` and the runtime role of `runtime_url` what each needs and no more, after checking that row-level
-/// security applies to both. Safe to run again; what `conveyor migrate` does.
+/// security applies to both. Safe to run again; what `conveyor migrate` does. The audit trail's retention floor is
+/// the default, 90 days ([`run`] with a [`MigrateConfig`] sets another).
 ///
 /// The application role is the one of your requests and of the job handlers' transactions; the runtime role is the
 /// one of the [`Dispatcher`](crate::Dispatcher)'s pool and of the worker's bookkeeping
@@ -178,12 +188,17 @@ pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> anyho
         database_url: crate::config::Secret::new(app_url.to_owned()),
         runtime_database_url: crate::config::Secret::new(runtime_url.to_owned()),
         operator_database_url: None,
+        audit_retention: None,
     };
     run(&config).await
 }
 
 /// Applies every migration and grants the application, runtime and operator roles. Safe to run again.
 pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
+    let audit_retention = config.audit_retention.unwrap_or(DEFAULT_AUDIT_RETENTION);
+    if audit_retention < std::time::Duration::from_secs(24 * 3600) {
+        bail!("CONVEYOR_AUDIT_RETENTION must be at least 1d: the audit trail is kept at least a day");
+    }
     let owner_options: PgConnectOptions = crate::db::connect_options(config.migration_database_url.expose())
         .context("CONVEYOR_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
     let app_options: PgConnectOptions =
@@ -276,7 +291,8 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
             format!("REVOKE ALL ON {table} FROM {runtime}")
         });
     }
-    // The application role reads the kinds the workers register; it changes none (a kind is every workspace's).
+    // The application role reads the kinds the workers register, the weights and the pauses; it changes none (a kind
+    // is every workspace's, weights and pauses are the operator's).
     grants.extend(
         tables
             .iter()
@@ -322,6 +338,16 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
             .await
             .context("Failed to grant the application, runtime and operator roles")?;
     }
+    // The audit trail's retention, where no role but the owner reads or writes it: the purge's floor.
+    sqlx::query(
+        "INSERT INTO conveyor_settings (name, value)
+         VALUES ('audit_retention', justify_hours(make_interval(secs => $1))::text)
+         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()",
+    )
+    .bind(audit_retention.as_secs_f64())
+    .execute(&mut *tx)
+    .await
+    .context("Failed to record CONVEYOR_AUDIT_RETENTION")?;
     tx.commit().await?;
     tracing::info!(
         role = %app_role,

@@ -863,6 +863,7 @@ async fn migrate_refuses_an_operator_role_that_would_bypass_the_wall_or_is_the_a
         database_url: conveyor::config::Secret::new(db.app_url.clone()),
         runtime_database_url: conveyor::config::Secret::new(db.runtime_url.clone()),
         operator_database_url: Some(conveyor::config::Secret::new(operator.to_owned())),
+        audit_retention: None,
     };
     let err = conveyor::migrate::run(&config(&db.owner_url)).await.unwrap_err();
     assert!(format!("{err:#}").contains("operator role `conveyor_owner` must not be"), "{err:#}");

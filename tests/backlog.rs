@@ -88,12 +88,13 @@ async fn only_due_jobs_age_the_backlog_not_delayed_jobs_nor_retries_backing_off(
 
     // A pause holds the due job: it is counted as held and ages nothing.
     let scope = PauseScope::queue(Report::QUEUE);
-    assert!(conveyor::pause(&db.pool, &scope, Some("maintenance window")).await.unwrap());
+    let operator = conveyor::db::connect(&db.operator_url, 2).await.unwrap();
+    assert!(conveyor::pause(&operator, &scope, Some("maintenance window")).await.unwrap());
     dispatcher.observe_backlog().await.unwrap();
     assert_eq!(reported(&metrics), (0.0, [0, 2, 1, 0]));
 
     // Resumed and relayed, it waits in its stream for a worker: dispatched, not due, and nothing ages.
-    assert!(conveyor::resume(&db.pool, &scope).await.unwrap());
+    assert!(conveyor::resume(&operator, &scope).await.unwrap());
     dispatcher.dispatch_once().await.unwrap();
     dispatcher.observe_backlog().await.unwrap();
     assert_eq!(reported(&metrics), (0.0, [0, 2, 0, 1]));

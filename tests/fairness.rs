@@ -113,7 +113,9 @@ async fn in_flight(app: &TestApp, ws: WorkspaceId) -> i64 {
 async fn each_workspace_has_a_window_of_jobs_in_the_workers_hands_times_its_weight() {
     let app = TestApp::spawn().await;
     let (light, heavy) = (principal().workspace_id, principal().workspace_id);
-    conveyor::set_workspace_weight(&app.db.pool, heavy, 3).await.unwrap();
+    // A weight is operator data: set through the operator role.
+    let operator = conveyor::db::connect(&app.db.operator_url, 2).await.unwrap();
+    conveyor::set_workspace_weight(&operator, heavy, 3).await.unwrap();
     enqueue(&app, light, "light", 200).await;
     enqueue(&app, heavy, "heavy", 200).await;
     // No worker: nothing ends, so the relay fills each window and stops there.
@@ -175,9 +177,11 @@ async fn a_flooding_workspace_delays_another_ones_job_by_at_most_its_window() {
 async fn paused_jobs_wait_durably_across_a_worker_restart_and_go_on_resume() {
     let app = TestApp::spawn().await;
     let (ws, other) = (principal().workspace_id, principal().workspace_id);
-    assert!(conveyor::pause(&app.db.pool, &PauseScope::kind::<Work>(), Some("maintenance")).await.unwrap());
-    assert!(!conveyor::pause(&app.db.pool, &PauseScope::kind::<Work>(), None).await.unwrap(), "already paused");
-    assert!(conveyor::pause(&app.db.pool, &PauseScope::workspace(other), None).await.unwrap());
+    // Pauses are operator data: set and lifted through the operator role.
+    let operator = conveyor::db::connect(&app.db.operator_url, 2).await.unwrap();
+    assert!(conveyor::pause(&operator, &PauseScope::kind::<Work>(), Some("maintenance")).await.unwrap());
+    assert!(!conveyor::pause(&operator, &PauseScope::kind::<Work>(), None).await.unwrap(), "already paused");
+    assert!(conveyor::pause(&operator, &PauseScope::workspace(other), None).await.unwrap());
     let pauses = conveyor::list_pauses(&app.db.runtime_pool).await.unwrap();
     assert_eq!(pauses.len(), 2);
     assert_eq!(pauses[0].kind.as_deref(), Some("test.work"));
@@ -208,7 +212,7 @@ async fn paused_jobs_wait_durably_across_a_worker_restart_and_go_on_resume() {
     first.cancel();
     let starts = Starts::default();
     tokio::spawn(worker(&app, &starts, Duration::ZERO, 4).await.run(shutdown.clone(), Duration::from_secs(5)));
-    assert!(conveyor::resume(&app.db.pool, &PauseScope::kind::<Work>()).await.unwrap());
+    assert!(conveyor::resume(&operator, &PauseScope::kind::<Work>()).await.unwrap());
     for job in &held {
         let done = conveyor::wait_for_job(&app.db.pool, ws, *job, Duration::from_secs(30)).await.unwrap();
         assert_eq!(done.status, JobStatus::Succeeded);
@@ -221,7 +225,7 @@ async fn paused_jobs_wait_durably_across_a_worker_restart_and_go_on_resume() {
     // The other workspace is still paused as a whole.
     let info = conveyor::get_job(&app.db.pool, other, held_elsewhere[0]).await.unwrap().unwrap();
     assert_eq!(info.status, JobStatus::Queued);
-    assert!(conveyor::resume(&app.db.pool, &PauseScope::workspace(other)).await.unwrap());
+    assert!(conveyor::resume(&operator, &PauseScope::workspace(other)).await.unwrap());
     for job in &held_elsewhere {
         let done = conveyor::wait_for_job(&app.db.pool, other, *job, Duration::from_secs(30)).await.unwrap();
         assert_eq!(done.status, JobStatus::Succeeded);
@@ -234,21 +238,22 @@ async fn paused_jobs_wait_durably_across_a_worker_restart_and_go_on_resume() {
 async fn bad_flow_settings_are_refused_and_change_nothing() {
     let app = TestApp::spawn().await;
     let ws = principal().workspace_id;
-    let empty = conveyor::pause(&app.db.pool, &PauseScope::default(), None).await;
+    let operator = conveyor::db::connect(&app.db.operator_url, 2).await.unwrap();
+    let empty = conveyor::pause(&operator, &PauseScope::default(), None).await;
     assert!(matches!(empty, Err(FlowError::EmptyScope)), "{empty:?}");
     for scope in [PauseScope::queue("no spaces"), PauseScope::kind_named("Bad Kind!")] {
-        let refused = conveyor::pause(&app.db.pool, &scope, None).await;
+        let refused = conveyor::pause(&operator, &scope, None).await;
         assert!(matches!(refused, Err(FlowError::InvalidName(_))), "{refused:?}");
     }
     let long = "r".repeat(501);
-    let refused = conveyor::pause(&app.db.pool, &PauseScope::workspace(ws), Some(&long)).await;
+    let refused = conveyor::pause(&operator, &PauseScope::workspace(ws), Some(&long)).await;
     assert!(matches!(refused, Err(FlowError::OutOfRange(_))), "{refused:?}");
     for weight in [0, 1001] {
-        let refused = conveyor::set_workspace_weight(&app.db.pool, ws, weight).await;
+        let refused = conveyor::set_workspace_weight(&operator, ws, weight).await;
         assert!(matches!(refused, Err(FlowError::OutOfRange(_))), "{refused:?}");
     }
     assert!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
-    assert!(!conveyor::resume(&app.db.pool, &PauseScope::queue("work")).await.unwrap(), "nothing to lift");
+    assert!(!conveyor::resume(&operator, &PauseScope::queue("work")).await.unwrap(), "nothing to lift");
     let mut owner = app.db.owner().await;
     let weights: Vec<(i32,)> =
         sqlx::query_as("SELECT weight FROM workspace_weights").fetch_all(&mut owner).await.unwrap();

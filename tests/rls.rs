@@ -9,6 +9,7 @@ use common::{TestApp, principal, store_body};
 use conveyor::config::{MigrateConfig, Secret};
 use conveyor::db;
 use reqwest::Method;
+use serde_json::{Value, json};
 use sqlx::{Connection, Row};
 
 const TENANT_TABLES: [&str; 5] = ["idempotency_requests", "operations", "outbox_events", "stores", "store_credentials"];
@@ -372,13 +373,15 @@ async fn the_application_role_enqueues_only_in_its_workspace() {
 async fn a_workspaces_weight_and_pauses_are_its_rows_and_a_pause_of_every_workspace_is_no_ones() {
     let app = TestApp::spawn().await;
     let (a, b) = (principal().workspace_id, principal().workspace_id);
-    conveyor::set_workspace_weight(&app.db.pool, b, 5).await.unwrap();
+    // Weights and pauses are the operator's (migration 0035): set through its audited functions.
+    let operator = db::connect(&app.db.operator_url, 2).await.unwrap();
+    conveyor::set_workspace_weight(&operator, b, 5).await.unwrap();
     let b_pause = conveyor::PauseScope::kind_named("test.work").in_workspace(b);
-    assert!(conveyor::pause(&app.db.pool, &b_pause, Some("b's")).await.unwrap());
+    assert!(conveyor::pause(&operator, &b_pause, Some("b's")).await.unwrap());
     let everywhere = conveyor::PauseScope::queue("work");
-    assert!(conveyor::pause(&app.db.pool, &everywhere, None).await.unwrap());
+    assert!(conveyor::pause(&operator, &everywhere, None).await.unwrap());
 
-    // Without a workspace: no weight, and only the pause of every workspace.
+    // Without a workspace: no weight, and only the pause of every workspace; nothing to change.
     let mut conn = app.db.app_connection().await;
     let (weights,): (i64,) =
         sqlx::query_as("SELECT count(*) FROM workspace_weights").fetch_one(&mut conn).await.unwrap();
@@ -390,36 +393,108 @@ async fn a_workspaces_weight_and_pauses_are_its_rows_and_a_pause_of_every_worksp
         "DELETE FROM workspace_weights",
         "DELETE FROM dispatch_pauses WHERE workspace_id IS NOT NULL",
     ] {
-        let done = sqlx::query(change).execute(&mut conn).await.unwrap();
-        assert_eq!(done.rows_affected(), 0, "{change} without a workspace");
+        let err = sqlx::query(change).execute(&mut conn).await.unwrap_err();
+        assert_eq!(code(&err), "42501", "{change} without a workspace: {err}");
     }
-    // From A: B's weight and pause are invisible, cannot be changed, and cannot be written for B.
+    // From A: B's weight and pause are invisible, and cannot be changed nor written for B.
     let mut tx = db::begin_workspace(&app.db.pool, a).await.unwrap();
-    for (change, what) in [
-        ("UPDATE workspace_weights SET weight = 1 WHERE workspace_id = $1", "B's weight"),
-        ("DELETE FROM dispatch_pauses WHERE workspace_id = $1", "B's pause"),
-    ] {
-        let done = sqlx::query(change).bind(b.0).execute(&mut *tx).await.unwrap();
-        assert_eq!(done.rows_affected(), 0, "{what} from A");
-    }
     let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
     assert_eq!(seen, 1, "A sees the pause of every workspace only");
     tx.commit().await.unwrap();
     for write in [
+        "UPDATE workspace_weights SET weight = 1 WHERE workspace_id = $1",
+        "DELETE FROM dispatch_pauses WHERE workspace_id = $1",
         "INSERT INTO workspace_weights (workspace_id, weight) VALUES ($1, 9)",
         "INSERT INTO dispatch_pauses (queue, workspace_id) VALUES ('work', $1)",
     ] {
         let mut tx = db::begin_workspace(&app.db.pool, a).await.unwrap();
         let err = sqlx::query(write).bind(b.0).execute(&mut *tx).await.unwrap_err();
-        assert!(err.to_string().contains("row-level security"), "{write}: {err}");
+        assert_eq!(code(&err), "42501", "{write} for B from A: {err}");
     }
     // B's rows are intact, in B's context; the runtime role (the relay's claim) reads every pause.
     let mut tx = db::begin_workspace(&app.db.pool, b).await.unwrap();
     let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM workspace_weights").fetch_one(&mut *tx).await.unwrap();
     assert_eq!(weight, 5);
+    let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
+    assert_eq!(seen, 2, "B sees its own pause and the pause of every workspace");
     tx.commit().await.unwrap();
     assert_eq!(conveyor::list_pauses(&app.db.runtime_pool).await.unwrap().len(), 2);
-    assert!(conveyor::resume(&app.db.pool, &b_pause).await.unwrap(), "lifted in B's context");
+    assert!(conveyor::resume(&operator, &b_pause).await.unwrap(), "lifted by the operator");
+}
+
+/// The SQLSTATE of a database error (empty for another error).
+fn code(e: &sqlx::Error) -> String {
+    e.as_database_error().and_then(|d| d.code()).map(|c| c.into_owned()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_application_role_may_not_pause_every_workspace_nor_weigh_its_own() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let operator = db::connect(&app.db.operator_url, 2).await.unwrap();
+    assert!(conveyor::pause(&operator, &conveyor::PauseScope::queue("work"), Some("the operator's")).await.unwrap());
+    conveyor::set_workspace_weight(&operator, ws, 2).await.unwrap();
+
+    // As the application role, in its own workspace's context and in none: every write of a pause of every
+    // workspace, and of a weight (its own included), is refused.
+    let forbidden = [
+        "INSERT INTO dispatch_pauses (queue, kind, workspace_id, reason) VALUES ('emails', NULL, NULL, 'forged')",
+        "INSERT INTO dispatch_pauses (queue, workspace_id) VALUES ('emails', NULL)",
+        "UPDATE dispatch_pauses SET reason = 'forged' WHERE workspace_id IS NULL",
+        "UPDATE dispatch_pauses SET workspace_id = NULL",
+        "DELETE FROM dispatch_pauses WHERE workspace_id IS NULL",
+        "DELETE FROM dispatch_pauses",
+        "INSERT INTO workspace_weights (workspace_id, weight) VALUES (conveyor_current_workspace(), 1000)",
+        "INSERT INTO workspace_weights (workspace_id, weight) VALUES (gen_random_uuid(), 1000)",
+        "UPDATE workspace_weights SET weight = 1000",
+        "DELETE FROM workspace_weights",
+        "SELECT conveyor_admin_pause('forged', NULL, 'emails', NULL, NULL, NULL)",
+        "SELECT conveyor_admin_resume('forged', NULL, 'work', NULL, NULL)",
+        "SELECT conveyor_admin_set_weight('forged', NULL, gen_random_uuid(), 1000)",
+    ];
+    for context in [Some(ws), None] {
+        for sql in forbidden {
+            let mut tx = match context {
+                Some(ws) => db::begin_workspace(&app.db.pool, ws).await.unwrap(),
+                None => app.db.pool.begin().await.unwrap(),
+            };
+            let err = sqlx::query(sql).execute(&mut *tx).await.expect_err(sql);
+            assert_eq!(code(&err), "42501", "{sql} (in {context:?}): {err}");
+        }
+    }
+    // The library's calls with the application role's pool are refused too, whatever the scope.
+    for scope in [conveyor::PauseScope::queue("emails"), conveyor::PauseScope::workspace(ws)] {
+        let err = conveyor::pause(&app.db.pool, &scope, None).await.unwrap_err();
+        assert!(err.to_string().contains("permission denied"), "{scope:?}: {err}");
+    }
+    let err = conveyor::set_workspace_weight(&app.db.pool, ws, 1000).await.unwrap_err();
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    // The runtime role, which writes the platform's tables, writes no pause of every workspace either.
+    let err = sqlx::query("INSERT INTO dispatch_pauses (queue) VALUES ('emails')")
+        .execute(&app.db.runtime_pool)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "42501", "{err}");
+
+    // Nothing changed: the operator's pause and weight stand, and each change of theirs is on the audit trail.
+    let pauses = conveyor::list_pauses(&app.db.runtime_pool).await.unwrap();
+    assert_eq!(pauses.len(), 1, "{pauses:?}");
+    assert_eq!((pauses[0].queue.as_deref(), pauses[0].reason.as_deref()), (Some("work"), Some("the operator's")));
+    let mut owner = app.db.owner().await;
+    let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM workspace_weights WHERE workspace_id = $1")
+        .bind(ws.0)
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
+    assert_eq!(weight, 2);
+    let trail: Vec<(String, String, Value)> =
+        sqlx::query_as("SELECT actor, action, arguments FROM conveyor_admin_audit ORDER BY id")
+            .fetch_all(&mut owner)
+            .await
+            .unwrap();
+    let trail: Vec<(&str, &str, &Value)> =
+        trail.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), &c["outcome"])).collect();
+    assert_eq!(trail, [("library", "pause", &json!("paused")), ("library", "weight", &json!("set"))]);
 }
 
 #[tokio::test]
@@ -460,8 +535,81 @@ async fn maintenance_purges_the_audit_trail_past_its_retention_and_says_so_in_it
         .await
         .unwrap();
     assert_eq!(left, [("recent".into(), "jobs".into()), ("maintenance".into(), "audit_purge".into())]);
+    // A maintenance given a shorter retention than `conveyor migrate` recorded (90 days by default) keeps what the
+    // recorded one keeps: the purge's floor is the owner's.
     let shorter = maintenance.with_audit_retention(std::time::Duration::from_secs(86400));
-    assert_eq!(shorter.run_once().await.unwrap().audit_purged, 1, "the 10-day-old entry, under a 1-day retention");
+    assert_eq!(shorter.run_once().await.unwrap().audit_purged, 0, "the 10-day-old entry stays");
+}
+
+#[tokio::test]
+async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
+    let app = TestApp::spawn().await;
+    let mut owner = app.db.owner().await;
+    let plant = "INSERT INTO conveyor_admin_audit (at, actor, action) VALUES
+                     (now() - interval '100 days', 'old', 'jobs'), (now() - interval '10 days', 'recent', 'jobs')";
+    sqlx::query(plant).execute(&mut owner).await.unwrap();
+
+    // As the runtime role, asking for a day: what the configured 90 days keep stays.
+    let (purged,): (i64,) = sqlx::query_as("SELECT conveyor_audit_purge(interval '1 day', 100)")
+        .fetch_one(&app.db.runtime_pool)
+        .await
+        .unwrap();
+    assert_eq!(purged, 1, "the 100-day-old entry only");
+    assert_eq!(actors(&mut owner).await, ["recent", "maintenance"]);
+    let (arguments,): (Value,) =
+        sqlx::query_as("SELECT arguments FROM conveyor_admin_audit WHERE action = 'audit_purge'")
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
+    assert_eq!((arguments["older_than"].as_str(), arguments["kept"].as_str()), (Some("1 day"), Some("90 days")));
+
+    // The floor lives where neither the runtime role nor the application role reads or writes it.
+    let mut app_conn = app.db.app_connection().await;
+    let mut runtime_conn = sqlx::PgConnection::connect(&app.db.runtime_url).await.unwrap();
+    for conn in [&mut app_conn, &mut runtime_conn] {
+        for sql in [
+            "SELECT value FROM conveyor_settings",
+            "UPDATE conveyor_settings SET value = '1 day'",
+            "DELETE FROM conveyor_settings",
+            "INSERT INTO conveyor_settings (name, value) VALUES ('audit_retention_2', '1 day')",
+        ] {
+            let err = sqlx::query(sql).execute(&mut *conn).await.expect_err(sql);
+            assert_eq!(code(&err), "42501", "{sql}: {err}");
+        }
+    }
+
+    // `conveyor migrate` with CONVEYOR_AUDIT_RETENTION=2d records a shorter floor; the purge then goes down to it.
+    let migrate = MigrateConfig {
+        migration_database_url: Secret::new(app.db.owner_url.clone()),
+        database_url: Secret::new(app.db.app_url.clone()),
+        runtime_database_url: Secret::new(app.db.runtime_url.clone()),
+        operator_database_url: Some(Secret::new(app.db.operator_url.clone())),
+        audit_retention: Some(std::time::Duration::from_secs(2 * 86400)),
+    };
+    conveyor::migrate::run(&migrate).await.unwrap();
+    let (purged,): (i64,) = sqlx::query_as("SELECT conveyor_audit_purge(interval '1 day', 100)")
+        .fetch_one(&app.db.runtime_pool)
+        .await
+        .unwrap();
+    assert_eq!(purged, 1, "the 10-day-old entry, under a 2-day retention");
+    assert_eq!(actors(&mut owner).await, ["maintenance", "maintenance"]);
+    // A retention under a day is refused by migrate itself; and `migrate()` records the default again.
+    let under = MigrateConfig { audit_retention: Some(std::time::Duration::from_secs(3600)), ..migrate };
+    let err = conveyor::migrate::run(&under).await.unwrap_err();
+    assert!(format!("{err:#}").contains("CONVEYOR_AUDIT_RETENTION"), "{err:#}");
+    conveyor::migrate(&app.db.owner_url, &app.db.app_url, &app.db.runtime_url).await.unwrap();
+    let (floor,): (String,) = sqlx::query_as("SELECT value FROM conveyor_settings WHERE name = 'audit_retention'")
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
+    assert_eq!(floor, "90 days");
+}
+
+/// The audit trail's actors, oldest first (read by the owner).
+async fn actors(owner: &mut sqlx::PgConnection) -> Vec<String> {
+    let rows: Vec<(String,)> =
+        sqlx::query_as("SELECT actor FROM conveyor_admin_audit ORDER BY id").fetch_all(owner).await.unwrap();
+    rows.into_iter().map(|(a,)| a).collect()
 }
 
 #[tokio::test]
@@ -472,6 +620,7 @@ async fn migrate_refuses_an_application_role_that_would_bypass_the_wall() {
         database_url: Secret::new(app.to_owned()),
         runtime_database_url: Secret::new(runtime.to_owned()),
         operator_database_url: operator.map(|o| Secret::new(o.to_owned())),
+        audit_retention: None,
     };
     // The owner as "application role": it owns the tables, so it could turn RLS off; as runtime role likewise.
     let err = conveyor::migrate::run(&config(&db.owner_url, &db.runtime_url, None)).await.unwrap_err();

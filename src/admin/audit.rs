@@ -45,6 +45,12 @@ pub(super) async fn intent(
 }
 
 impl Intent {
+    /// The intent row's id: what a change made by a `conveyor_admin_*` function names in the outcome row it writes
+    /// itself, in the change's transaction (then [`Intent::record`] is not called).
+    pub(super) fn id(&self) -> i64 {
+        self.id
+    }
+
     /// Writes the outcome row (`arguments`, which say what happened, plus `"intent": <the intent row's id>`). Best
     /// effort: the change has already run (or failed); a failure here is logged, not returned.
     pub(super) async fn record(self, admin: &Admin, actor: &Actor, mut arguments: Value) {

@@ -1,5 +1,7 @@
 //! What holds jobs back: pauses of the relay ([`crate::flow`]: read across workspaces through `conveyor_admin_pauses`,
-//! set and lifted as the application role, in the workspace a pause names if it names one) and
+//! set and lifted through `conveyor_admin_pause` and `conveyor_admin_resume`, as the operator role: pauses and
+//! weights are operator data, which the application role only reads; weights likewise, through
+//! `conveyor_admin_set_weight`) and
 //! schedules (read across workspaces through `conveyor_admin_schedules`; paused and resumed as the application role
 //! in their workspace through [`crate::schedule`]). Every call is audited; a change writes its intent first (and is
 //! not made if that fails), then its outcome.
@@ -53,12 +55,10 @@ pub(super) async fn pause(
     let mut arguments = scope_arguments(scope);
     arguments["reason"] = json!(reason);
     let intent = audit::intent(admin, actor, "pause", arguments.clone()).await?;
-    match flow::pause(&admin.app, scope, reason).await.map_err(AdminError::from) {
-        Ok(added) => {
-            arguments["outcome"] = json!(if added { "paused" } else { "already_paused" });
-            intent.record(admin, actor, arguments).await;
-            Ok(added)
-        }
+    let who = filters::actor(actor)?;
+    match flow::pause_as(&admin.operator, who, Some(intent.id()), scope, reason).await.map_err(AdminError::from) {
+        // The function wrote the outcome row, naming the intent, with the pause.
+        Ok(added) => Ok(added),
         Err(e) => {
             intent.failed(admin, actor, arguments, &e).await;
             Err(e)
@@ -69,14 +69,36 @@ pub(super) async fn pause(
 /// Lifts the pause of exactly `scope`; `false`: there was none.
 pub(super) async fn resume(admin: &Admin, actor: &Actor, scope: &PauseScope) -> Result<bool, AdminError> {
     scope.check()?;
-    let mut arguments = scope_arguments(scope);
+    let arguments = scope_arguments(scope);
     let intent = audit::intent(admin, actor, "resume", arguments.clone()).await?;
-    match flow::resume(&admin.app, scope).await.map_err(AdminError::from) {
-        Ok(removed) => {
-            arguments["outcome"] = json!(if removed { "resumed" } else { "not_paused" });
-            intent.record(admin, actor, arguments).await;
-            Ok(removed)
+    let who = filters::actor(actor)?;
+    match flow::resume_as(&admin.operator, who, Some(intent.id()), scope).await.map_err(AdminError::from) {
+        // The function wrote the outcome row, naming the intent, with the change.
+        Ok(removed) => Ok(removed),
+        Err(e) => {
+            intent.failed(admin, actor, arguments, &e).await;
+            Err(e)
         }
+    }
+}
+
+/// Gives `workspace` `weight` times the window of jobs in the workers' hands (1 to 1000).
+pub(super) async fn set_weight(
+    admin: &Admin,
+    actor: &Actor,
+    workspace: WorkspaceId,
+    weight: u32,
+) -> Result<(), AdminError> {
+    flow::check_weight(weight)?;
+    let arguments = json!({ "workspace": workspace.0, "weight": weight });
+    let intent = audit::intent(admin, actor, "weight", arguments.clone()).await?;
+    let who = filters::actor(actor)?;
+    match flow::set_workspace_weight_as(&admin.operator, who, Some(intent.id()), workspace, weight)
+        .await
+        .map_err(AdminError::from)
+    {
+        // The function wrote the outcome row, naming the intent, with the weight.
+        Ok(()) => Ok(()),
         Err(e) => {
             intent.failed(admin, actor, arguments, &e).await;
             Err(e)

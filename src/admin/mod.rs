@@ -4,10 +4,11 @@
 //!
 //! Reading across workspaces goes through `conveyor_admin_*` functions (`SECURITY DEFINER`), which only the operator
 //! role (`CONVEYOR_OPERATOR_DATABASE_URL`) may execute, never the application role, and each call writes a row of
-//! `conveyor_admin_audit` (who, what, arguments). Changes (replay, discard, cancel, retry, pauses, schedules) run as
-//! the application role in the job's own workspace, under row-level security, through the one home of job
-//! transitions; each writes its intent to the audit trail before it runs (and does not run if that fails), then its
-//! outcome.
+//! `conveyor_admin_audit` (who, what, arguments). Changes (replay, discard, cancel, retry, schedules) run as the
+//! application role in the job's own workspace, under row-level security, through the one home of job transitions;
+//! pauses and weights, operator data the application role only reads, through audited `conveyor_admin_*` functions
+//! as the operator role. Each writes its intent to the audit trail before it runs (and does not run if that fails),
+//! then its outcome (the functions write it themselves, with the change).
 
 mod audit;
 mod auth;
@@ -430,6 +431,17 @@ impl Admin {
     /// Lifts the pause of exactly this scope; `false`: there was none.
     pub async fn resume(&self, actor: &Actor, scope: &crate::PauseScope) -> Result<bool, AdminError> {
         holds::resume(self, actor, scope).await
+    }
+
+    /// Gives a workspace `weight` (1 to 1000) times the window of jobs in the workers' hands (see
+    /// [`crate::set_workspace_weight`]).
+    pub async fn set_workspace_weight(
+        &self,
+        actor: &Actor,
+        workspace: WorkspaceId,
+        weight: u32,
+    ) -> Result<(), AdminError> {
+        holds::set_weight(self, actor, workspace, weight).await
     }
 
     /// Schedules of every workspace (or of one).

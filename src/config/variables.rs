@@ -131,7 +131,12 @@ pub const VARIABLES: &[Variable] = &[
     ),
     var("CONVEYOR_DISPATCH_WINDOW", DISPATCHER, Some("256"), "jobs per workspace in the workers' hands (0: off)"),
     var("CONVEYOR_OUTBOX_RETENTION", MAINTENANCE, Some("7d"), "how long ended jobs are kept"),
-    var("CONVEYOR_AUDIT_RETENTION", MAINTENANCE, Some("90d"), "how long the operators' audit trail is kept (>= 1d)"),
+    var(
+        "CONVEYOR_AUDIT_RETENTION",
+        MAINTENANCE | MIGRATE,
+        Some("90d"),
+        "how long the operators' audit trail is kept (>= 1d; migrate writes it as the floor of every purge)",
+    ),
     var("CONVEYOR_WORKER_CONCURRENCY", WORKER, Some("16"), "jobs a worker process runs at once"),
     var("CONVEYOR_WORKER_VISIBILITY", WORKER, Some("5s"), "idle time before a dead consumer's entry is reclaimed"),
     var("CONVEYOR_JOB_TIMEOUT", WORKER, Some("60s"), "longest run of one job"),

@@ -16,6 +16,9 @@ use crate::outbox::transitions::{self, Finished};
 use crate::redact::redact;
 use crate::stream::keys::Partition;
 
+/// Cancellation notices checked against PostgreSQL in one look-up, at most (the function reads no more).
+const MAX_CANCELLATIONS_CHECKED: usize = 1000;
+
 impl Worker {
     /// Acknowledges (and deletes) finished entries in batches of up to 1,000: whatever has finished since the last
     /// batch. On `stop`, flushes what is left.
@@ -130,8 +133,9 @@ impl Worker {
     }
 
     /// Listens for cancellations (`LISTEN`, one connection of the control pool) and tells the running job. A
-    /// cancellation missed while the connection is down is still honoured: the job's end finds it canceled and rolls
-    /// back, and [`crate::JobContext::progress`] reports it.
+    /// notification is a hint: any role may send one, so the job is stopped only once PostgreSQL says it is canceled
+    /// (`hear_cancellations`). A cancellation missed while the connection is down is still honoured: the
+    /// job's end finds it canceled and rolls back, and [`crate::JobContext::progress`] reports it.
     pub(super) async fn cancel_loop(self, stop: CancellationToken) {
         let mut listener: Option<PgListener> = None;
         loop {
@@ -157,16 +161,65 @@ impl Worker {
             };
             match next {
                 Ok(n) => {
-                    if let Ok(job) = n.payload().parse::<Uuid>()
-                        && self.0.running.lock().expect("running lock").cancel(job)
+                    // With whatever else has arrived already: one look-up for a burst (an operation's jobs).
+                    let mut heard = vec![n];
+                    while heard.len() < MAX_CANCELLATIONS_CHECKED
+                        && let Some(n) = l.next_buffered()
                     {
-                        tracing::info!(event_id = %job, "Job canceled while running; telling its handler");
+                        heard.push(n);
                     }
+                    self.hear_cancellations(heard.iter().map(|n| n.payload())).await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %redact(&e.to_string()), "Cancellation listener failed; reconnecting");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
+            }
+        }
+    }
+
+    /// Acts on the cancellation notifications `payloads` (job ids) of jobs that PostgreSQL says are canceled, and on
+    /// no other: `NOTIFY conveyor_jobs_canceled` is open to every role, so a notification is only a hint to look
+    /// (`conveyor_canceled_jobs`, migration 0035, as the runtime role: the status every cancel writes, committed
+    /// before its notification is delivered). One that names a job not canceled is ignored and logged. When the
+    /// look-up fails, the hints are dropped: the jobs' ends still find them canceled.
+    async fn hear_cancellations<'a>(&self, payloads: impl Iterator<Item = &'a str>) {
+        let mut jobs: Vec<Uuid> = Vec::new();
+        for payload in payloads {
+            match payload.parse::<Uuid>() {
+                Ok(job) if !jobs.contains(&job) => jobs.push(job),
+                Ok(_) => {}
+                Err(_) => tracing::warn!(bytes = payload.len(), "Ignored a cancellation notice that names no job"),
+            }
+        }
+        if jobs.is_empty() {
+            return;
+        }
+        let mut canceled: Option<Vec<Uuid>> = None;
+        for attempt in 0..3 {
+            match sqlx::query_scalar::<_, Uuid>("SELECT conveyor_canceled_jobs($1)")
+                .bind(&jobs)
+                .fetch_all(&self.0.runtime)
+                .await
+            {
+                Ok(ids) => {
+                    canceled = Some(ids);
+                    break;
+                }
+                Err(e) if attempt == 2 => {
+                    tracing::warn!(count = jobs.len(), error = %redact(&e.to_string()),
+                        "Could not check cancellation notices against PostgreSQL; ignoring them (a canceled job's end still finds it canceled)");
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50 << attempt)).await,
+            }
+        }
+        let Some(canceled) = canceled else { return };
+        let canceled: std::collections::HashSet<Uuid> = canceled.into_iter().collect();
+        for job in jobs {
+            if !canceled.contains(&job) {
+                tracing::warn!(event_id = %job, "Ignored a cancellation notice for a job that is not canceled");
+            } else if self.0.running.lock().expect("running lock").cancel(job) {
+                tracing::info!(event_id = %job, "Job canceled while running; telling its handler");
             }
         }
     }

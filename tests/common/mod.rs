@@ -107,6 +107,7 @@ impl TestDb {
             database_url: Secret::new(app_url.clone()),
             runtime_database_url: Secret::new(runtime_url.clone()),
             operator_database_url: Some(Secret::new(operator_url.clone())),
+            audit_retention: None,
         };
         conveyor::migrate::run(&migrate).await.expect("migrations apply");
         let pool = db::connect(&app_url, 16).await.expect("connect as the application role");
