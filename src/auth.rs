@@ -79,7 +79,7 @@ impl TokenKeys {
 
     /// Keys of a process that verifies no token (every role but the api): a random secret that nobody holds, so
     /// that every token is refused.
-    pub fn refusing_all() -> Self {
+    pub(crate) fn refusing_all() -> Self {
         let secret: [u8; 32] = rand::random();
         Self::new(&Secret::new(secret.to_vec()))
     }

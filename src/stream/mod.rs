@@ -16,7 +16,7 @@ pub mod keys;
 pub mod layout;
 pub mod producer;
 mod script;
-pub mod tls;
+pub(crate) mod tls;
 mod url;
 
 use std::time::Duration;
@@ -24,7 +24,7 @@ use std::time::Duration;
 use fred::prelude::{Builder, ClientLike, Config as RedisConfig, ReconnectPolicy};
 
 pub use fred::clients::Client as RedisClient;
-pub use tls::RedisTls;
+pub use tls::{RedisTls, TlsFileError};
 
 /// Opens a Redis client that reconnects with exponential back-off forever (fred's default is never) and fails
 /// commands after `command_timeout` instead of queueing them while Redis is away. `url` is `redis://`, `rediss://`,
