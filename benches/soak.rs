@@ -405,7 +405,8 @@ async fn soak() -> Value {
         "jobs": statuses(&mut owner).await,
     });
 
-    // Retention: a maintenance process that keeps ended jobs 1 s, until none is left.
+    // Retention: a maintenance process that keeps ended jobs as short as the configuration allows (the de-dup window,
+    // here 2 min), until none is left.
     let maintenance = roles.iter_mut().find(|r| r.name == "maintenance").unwrap();
     maintenance.process.stop().await;
     let wal_before: String =
@@ -414,7 +415,11 @@ async fn soak() -> Value {
     let mut retention = spawn_role(
         &vars,
         &["maintenance"],
-        &[("CONVEYOR_OUTBOX_RETENTION", "1s".into()), ("CONVEYOR_MAINTENANCE_INTERVAL", "1s".into())],
+        &[
+            ("CONVEYOR_OUTBOX_RETENTION", "2m".into()),
+            ("CONVEYOR_DISPATCH_DEDUP_TTL", "2m".into()),
+            ("CONVEYOR_MAINTENANCE_INTERVAL", "1s".into()),
+        ],
     );
     let purged = common::eventually(Duration::from_secs(1800), || async {
         let mut conn = db.owner().await;

@@ -238,7 +238,8 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
             config.dispatcher.retention,
             config.reconcile_after,
         )
-        .with_audit_retention(config.audit_retention);
+        .with_audit_retention(config.audit_retention)
+        .with_dead_letter_retention(config.dead_letter_retention);
         spawn("maintenance", Box::pin(maintenance.run(shutdown.clone())));
     }
     if role.runs(Role::Worker) {
@@ -310,6 +311,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         concurrency: config.worker_concurrency,
         visibility: config.worker_visibility,
         keepalive: config.operation_keepalive,
+        max_deliveries: config.worker_max_deliveries,
         ..WorkerSettings::default()
     };
     Worker::builder(state.pool.clone(), consumer)

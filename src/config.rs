@@ -144,6 +144,9 @@ pub struct Config {
     pub worker_concurrency: usize,
     /// Idle time after which a dead consumer's entry is taken over (`CONVEYOR_WORKER_VISIBILITY`, default 5s).
     pub worker_visibility: Duration,
+    /// Deliveries of a job that may end with their worker stopped before it is dead-lettered
+    /// (`CONVEYOR_WORKER_MAX_DELIVERIES`, default 5).
+    pub worker_max_deliveries: u32,
     /// Longest run of one job (`CONVEYOR_JOB_TIMEOUT`, default 60s).
     pub job_timeout: Duration,
     /// Runs of a job before it is dead-lettered (`CONVEYOR_JOB_MAX_ATTEMPTS`, default 5).
@@ -165,6 +168,8 @@ pub struct Config {
     pub runtime_database_url: Option<Secret<String>>,
     /// Retention of the operators' audit trail (`CONVEYOR_AUDIT_RETENTION`, default 90d, at least 1d).
     pub audit_retention: Duration,
+    /// Retention of dead letters (`CONVEYOR_DEAD_LETTER_RETENTION`, default 30d, at least 1d).
+    pub dead_letter_retention: Duration,
     /// The shared operator token (`CONVEYOR_ADMIN_TOKEN`, at least 32 bytes): a bearer for `/admin/v1/...` and the
     /// web UI's login. JWTs signed with `CONVEYOR_OPERATOR_JWT_SECRET` that carry `"operator": true` are accepted too.
     pub admin_token: Option<Secret<String>>,
@@ -573,6 +578,7 @@ impl Config {
             dispatcher: DispatcherSettings::from_source(src)?,
             worker_concurrency: positive(src, "CONVEYOR_WORKER_CONCURRENCY", 16)?,
             worker_visibility: duration(src, "CONVEYOR_WORKER_VISIBILITY", Duration::from_secs(5))?,
+            worker_max_deliveries: positive(src, "CONVEYOR_WORKER_MAX_DELIVERIES", 5u32)?,
             job_timeout: duration(src, "CONVEYOR_JOB_TIMEOUT", Duration::from_secs(60))?,
             job_max_attempts: positive(src, "CONVEYOR_JOB_MAX_ATTEMPTS", 5)?,
             maintenance_interval: duration(src, "CONVEYOR_MAINTENANCE_INTERVAL", Duration::from_secs(30))?,
@@ -582,6 +588,7 @@ impl Config {
             operator_database_url: operator_database_url(src)?,
             runtime_database_url: optional_runtime_database_url(src)?,
             audit_retention: audit_retention(src)?,
+            dead_letter_retention: dead_letter_retention(src)?,
             admin_token: admin_token(src)?,
         };
         keys_apart(&config)?;
@@ -651,6 +658,15 @@ fn optional_runtime_database_url(src: &dyn Source) -> Result<Option<Secret<Strin
         None => Ok(None),
         Some(_) => runtime_database_url(src).map(Some),
     }
+}
+
+fn dead_letter_retention(src: &dyn Source) -> Result<Duration, ConfigError> {
+    const NAME: &str = "CONVEYOR_DEAD_LETTER_RETENTION";
+    let retention = duration(src, NAME, crate::maintenance::DEFAULT_DEAD_LETTER_RETENTION)?;
+    if retention < Duration::from_secs(24 * 3600) {
+        return Err(invalid(NAME, "must be at least 1d"));
+    }
+    Ok(retention)
 }
 
 fn audit_retention(src: &dyn Source) -> Result<Duration, ConfigError> {
@@ -727,6 +743,13 @@ impl DispatcherSettings {
         if settings.dedup_ttl_recorded > settings.dedup_ttl {
             return Err(invalid(recorded, "must not exceed CONVEYOR_DISPATCH_DEDUP_TTL"));
         }
+        if settings.retention < settings.dedup_ttl {
+            // A job deleted while a hand-off of it may still be repeated would leave that repeat nothing to check.
+            return Err(invalid(
+                "CONVEYOR_OUTBOX_RETENTION",
+                "must not be shorter than CONVEYOR_DISPATCH_DEDUP_TTL (the de-dup window)",
+            ));
+        }
         Ok(settings)
     }
 }
@@ -747,6 +770,9 @@ pub struct MigrateConfig {
     /// The audit trail's retention (`CONVEYOR_AUDIT_RETENTION`, at least 1d): written where only the owner can change
     /// it, as the floor of every purge; `None` writes the default, 90 days.
     pub audit_retention: Option<Duration>,
+    /// Dead letters' retention (`CONVEYOR_DEAD_LETTER_RETENTION`, at least 1d), written the same way as the floor of
+    /// every purge of them; `None` writes the default, 30 days.
+    pub dead_letter_retention: Option<Duration>,
 }
 
 impl MigrateConfig {
@@ -758,6 +784,7 @@ impl MigrateConfig {
             runtime_database_url: runtime_database_url(src)?,
             operator_database_url: operator_database_url(src)?,
             audit_retention: Some(audit_retention(src)?),
+            dead_letter_retention: Some(dead_letter_retention(src)?),
         })
     }
 }
@@ -834,6 +861,10 @@ mod tests {
             ("CONVEYOR_AI_PROVIDER_URL", "ftp://x"),
             ("CONVEYOR_RUNTIME_DATABASE_URL", "mysql://x"),
             ("CONVEYOR_AUDIT_RETENTION", "1h"),
+            ("CONVEYOR_DEAD_LETTER_RETENTION", "12h"),
+            ("CONVEYOR_WORKER_MAX_DELIVERIES", "0"),
+            // Shorter than the de-dup window (24 h): a repeated hand-off could outlive its job's row.
+            ("CONVEYOR_OUTBOX_RETENTION", "1h"),
             ("CONVEYOR_OPERATION_KEEPALIVE", "0s"),
             // Shorter than four leases (default 30 s), then longer than the de-dup key's whole life (24 h).
             ("CONVEYOR_DISPATCH_DEDUP_TTL_RECORDED", "1m"),

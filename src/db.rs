@@ -14,6 +14,24 @@ use crate::ids::WorkspaceId;
 /// A transaction whose every statement sees one workspace only.
 pub type WorkspaceTx = Transaction<'static, Postgres>;
 
+/// Whether `e` means PostgreSQL cannot serve now, rather than that the request or the code is wrong: the connection
+/// failed or was lost (I/O, TLS, a protocol break mid-reply, SQLSTATE class `08`), the server is shutting down or
+/// starting (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot connect now), it has no connection slot
+/// left (`53300`), or the pool gave none in time. The API answers these `503` with `Retry-After`; the roles retry.
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(d) => d.code().is_some_and(|code| unavailable_sqlstate(&code)),
+        _ => false,
+    }
+}
+
+/// The SQLSTATEs of [`is_unavailable`].
+fn unavailable_sqlstate(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+}
+
 /// The options of a PostgreSQL URL. TLS is used when the URL asks for it (`sslmode=require`, `verify-ca` or
 /// `verify-full`, as libpq reads them, or `PGSSLMODE`), and then never falls back to plain text. A URL that names no
 /// `sslmode` speaks plain text, where libpq would try TLS first without verifying anything (`prefer`, which an
@@ -78,5 +96,23 @@ pub async fn ensure_runtime_role(pool: &PgPool, component: &str) -> anyhow::Resu
             tracing::warn!(component, error = %crate::redact::redact(&e.to_string()), "Cannot check the runtime role yet");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_loss_and_shutdown_states_are_unavailability_and_others_are_not() {
+        for code in ["08000", "08003", "08006", "08001", "08004", "57P01", "57P02", "57P03", "53300"] {
+            assert!(unavailable_sqlstate(code), "{code}");
+        }
+        for code in ["23505", "42501", "40001", "57014", "53100", "22P02"] {
+            assert!(!unavailable_sqlstate(code), "{code}");
+        }
+        assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
+        assert!(is_unavailable(&sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset))));
+        assert!(!is_unavailable(&sqlx::Error::RowNotFound));
     }
 }

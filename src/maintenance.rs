@@ -31,10 +31,15 @@ pub struct PassReport {
     pub redriven: u64,
     /// Entries of the audit trail past their retention deleted.
     pub audit_purged: u64,
+    /// Dead letters past their retention discarded.
+    pub dead_letters_purged: u64,
 }
 
 /// Default retention of the audit trail (`CONVEYOR_AUDIT_RETENTION`).
 pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// Default retention of dead letters (`CONVEYOR_DEAD_LETTER_RETENTION`).
+pub const DEFAULT_DEAD_LETTER_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Periodic housekeeping over one database.
 pub struct Maintenance {
@@ -46,6 +51,7 @@ pub struct Maintenance {
     outbox_retention: Duration,
     reconcile_after: Duration,
     audit_retention: Duration,
+    dead_letter_retention: Duration,
 }
 
 impl Maintenance {
@@ -70,6 +76,7 @@ impl Maintenance {
             outbox_retention,
             reconcile_after,
             audit_retention: DEFAULT_AUDIT_RETENTION,
+            dead_letter_retention: DEFAULT_DEAD_LETTER_RETENTION,
         }
     }
 
@@ -77,6 +84,31 @@ impl Maintenance {
     pub fn with_audit_retention(mut self, retention: Duration) -> Self {
         self.audit_retention = retention;
         self
+    }
+
+    /// Keeps dead letters `retention` (at least a day: the database refuses less).
+    pub fn with_dead_letter_retention(mut self, retention: Duration) -> Self {
+        self.dead_letter_retention = retention;
+        self
+    }
+
+    /// Discards dead letters older than their retention, [`BATCH`] at a time, as an operator's discard does (their
+    /// operations stay failed); how many. Never younger ones than the retention `conveyor migrate` recorded
+    /// (migration 0036), whatever this process was given; each purge that discarded any is on the audit trail.
+    pub async fn purge_dead_letters(&self) -> Result<u64, sqlx::Error> {
+        let mut purged = 0;
+        for _ in 0..MAX_BATCHES_PER_PASS {
+            let (done,): (i64,) = sqlx::query_as("SELECT conveyor_dead_letter_purge(make_interval(secs => $1), $2)")
+                .bind(self.dead_letter_retention.as_secs_f64())
+                .bind(BATCH as i32)
+                .fetch_one(&self.pool)
+                .await?;
+            purged += done as u64;
+            if done < BATCH {
+                break;
+            }
+        }
+        Ok(purged)
     }
 
     /// Deletes the audit trail's entries older than its retention, [`BATCH`] at a time; how many. Never younger ones
@@ -110,7 +142,9 @@ impl Maintenance {
         let redriven = stalled + lost;
         self.metrics.outbox_redriven.inc_by(redriven);
         let audit_purged = self.purge_audit().await?;
-        Ok(PassReport { idempotency_purged, outbox_purged, redriven, audit_purged })
+        let dead_letters_purged = self.purge_dead_letters().await?;
+        self.metrics.dead_letters_purged.inc_by(dead_letters_purged);
+        Ok(PassReport { idempotency_purged, outbox_purged, redriven, audit_purged, dead_letters_purged })
     }
 
     /// Passes every interval until `shutdown`. A failed pass is logged and retried at the next interval.

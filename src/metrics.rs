@@ -18,7 +18,8 @@ use prometheus::{
 use sqlx::PgPool;
 
 /// The reasons of `conveyor_job_dead_letters_total` (the worker's dead-letter paths).
-pub const JOB_DEAD_LETTER_REASONS: [&str; 4] = ["no_handler", "undecodable", "permanent", "exhausted"];
+pub const JOB_DEAD_LETTER_REASONS: [&str; 5] =
+    ["no_handler", "undecodable", "permanent", "exhausted", "worker_stopped"];
 /// The reasons of `conveyor_outbox_dispatch_errors_total` (the relay's failures).
 pub const DISPATCH_ERROR_REASONS: [&str; 3] = ["database", "redis_unavailable", "redis_error"];
 /// The passes of `conveyor_outbox_relay_passes_total`: a sweep looks up every workspace with due jobs, a named pass
@@ -67,6 +68,8 @@ pub struct Metrics {
     pub outbox_oldest_pending_age: GaugeVec,
     /// `conveyor_outbox_events_purged_total`: dispatched events removed by retention.
     pub outbox_events_purged: IntCounter,
+    /// `conveyor_dead_letters_purged_total`: dead letters discarded by their retention.
+    pub dead_letters_purged: IntCounter,
     /// `conveyor_outbox_redriven_total`: events re-driven by the reconciler.
     pub outbox_redriven: IntCounter,
     /// `conveyor_jobs_total{queue, outcome}`.
@@ -286,6 +289,11 @@ impl Metrics {
                 r,
                 "conveyor_outbox_events_purged_total",
                 "Dispatched events deleted by retention",
+            ),
+            dead_letters_purged: counter(
+                r,
+                "conveyor_dead_letters_purged_total",
+                "Dead letters discarded by their retention (CONVEYOR_DEAD_LETTER_RETENTION)",
             ),
             outbox_redriven: counter(r, "conveyor_outbox_redriven_total", "Events re-driven by the reconciler"),
             jobs: counter_vec(

@@ -112,6 +112,7 @@ const READ_ONLY_TABLES: &[&str] = &["job_kinds", "workspace_weights", "dispatch_
 
 /// What `CONVEYOR_AUDIT_RETENTION` defaults to, written by [`migrate`] and a [`MigrateConfig`] without one.
 const DEFAULT_AUDIT_RETENTION: std::time::Duration = crate::maintenance::DEFAULT_AUDIT_RETENTION;
+const DEFAULT_DEAD_LETTER_RETENTION: std::time::Duration = crate::maintenance::DEFAULT_DEAD_LETTER_RETENTION;
 
 /// The policy through which the runtime role reads every pause (`dispatch_pauses`, under row-level security since
 /// migration 0026): the relay's claim reads them for every workspace it claims from.
@@ -189,6 +190,7 @@ pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> anyho
         runtime_database_url: crate::config::Secret::new(runtime_url.to_owned()),
         operator_database_url: None,
         audit_retention: None,
+        dead_letter_retention: None,
     };
     run(&config).await
 }
@@ -198,6 +200,10 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     let audit_retention = config.audit_retention.unwrap_or(DEFAULT_AUDIT_RETENTION);
     if audit_retention < std::time::Duration::from_secs(24 * 3600) {
         bail!("CONVEYOR_AUDIT_RETENTION must be at least 1d: the audit trail is kept at least a day");
+    }
+    let dead_letter_retention = config.dead_letter_retention.unwrap_or(DEFAULT_DEAD_LETTER_RETENTION);
+    if dead_letter_retention < std::time::Duration::from_secs(24 * 3600) {
+        bail!("CONVEYOR_DEAD_LETTER_RETENTION must be at least 1d: dead letters are kept at least a day");
     }
     let owner_options: PgConnectOptions = crate::db::connect_options(config.migration_database_url.expose())
         .context("CONVEYOR_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
@@ -348,6 +354,15 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     .execute(&mut *tx)
     .await
     .context("Failed to record CONVEYOR_AUDIT_RETENTION")?;
+    sqlx::query(
+        "INSERT INTO conveyor_settings (name, value)
+         VALUES ('dead_letter_retention', justify_hours(make_interval(secs => $1))::text)
+         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()",
+    )
+    .bind(dead_letter_retention.as_secs_f64())
+    .execute(&mut *tx)
+    .await
+    .context("Failed to record CONVEYOR_DEAD_LETTER_RETENTION")?;
     tx.commit().await?;
     tracing::info!(
         role = %app_role,

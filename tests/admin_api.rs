@@ -864,6 +864,7 @@ async fn migrate_refuses_an_operator_role_that_would_bypass_the_wall_or_is_the_a
         runtime_database_url: conveyor::config::Secret::new(db.runtime_url.clone()),
         operator_database_url: Some(conveyor::config::Secret::new(operator.to_owned())),
         audit_retention: None,
+        dead_letter_retention: None,
     };
     let err = conveyor::migrate::run(&config(&db.owner_url)).await.unwrap_err();
     assert!(format!("{err:#}").contains("operator role `conveyor_owner` must not be"), "{err:#}");
@@ -1178,4 +1179,86 @@ async fn tenant_tokens_and_operator_jwts_signed_with_the_tenant_key_get_401_on_e
         let response = call(&app, method.clone(), path, Some(&genuine), Some(json!({}))).await;
         assert_ne!(response.status, 401, "operator JWT on {method} {path}");
     }
+}
+
+#[tokio::test]
+async fn dead_letters_past_their_retention_are_discarded_by_maintenance_never_younger_and_on_the_audit_trail() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let healed = Arc::new(AtomicBool::new(false));
+    let platform = Platform::start(&app, &healed).await;
+    let mut dead = Vec::new();
+    for _ in 0..3 {
+        let job = enqueue(&app, ws, "heal", EnqueueOptions::new()).await;
+        ended(&app, ws, job).await;
+        dead.push(job);
+    }
+    platform.stop().await;
+    // Dead-lettered 40 days ago, 10 days ago, and now; `conveyor migrate` recorded the default, 30 days.
+    let mut owner = app.db.owner().await;
+    // Writes are walled off by workspace even for the owner.
+    sqlx::query("SELECT set_config('app.workspace_id', $1, false)")
+        .bind(ws.0.to_string())
+        .execute(&mut owner)
+        .await
+        .unwrap();
+    for (job, days) in [(dead[0], 40), (dead[1], 10)] {
+        sqlx::query("UPDATE outbox_events SET dead_lettered_at = now() - make_interval(days => $2) WHERE id = $1")
+            .bind(job.0)
+            .bind(days)
+            .execute(&mut owner)
+            .await
+            .unwrap();
+    }
+    let status = async |job: JobId| -> String {
+        let mut owner = app.db.owner().await;
+        sqlx::query_scalar("SELECT status FROM outbox_events WHERE id = $1")
+            .bind(job.0)
+            .fetch_one(&mut owner)
+            .await
+            .unwrap()
+    };
+    let redis = common::redis_client(&common::redis_url()).await;
+    let maintenance = |retention: Duration| {
+        conveyor::maintenance::Maintenance::new(
+            app.db.runtime_pool.clone(),
+            redis.clone(),
+            conveyor::stream::keys::Keys::new(&app.redis_prefix),
+            conveyor::metrics::Metrics::new(),
+            Duration::from_secs(1),
+            Duration::from_secs(7 * 86400),
+            Duration::from_secs(3600),
+        )
+        .with_dead_letter_retention(retention)
+    };
+    // A maintenance process told one day keeps what the floor keeps: only the 40-day-old one goes.
+    let report = maintenance(Duration::from_secs(86400)).run_once().await.unwrap();
+    assert_eq!(report.dead_letters_purged, 1);
+    assert_eq!(status(dead[0]).await, "discarded");
+    assert_eq!((status(dead[1]).await, status(dead[2]).await), ("dead_letter".into(), "dead_letter".into()));
+    let failures: i64 = sqlx::query_scalar("SELECT count(*) FROM job_failures WHERE job_id = $1")
+        .bind(dead[0].0)
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
+    assert_eq!(failures, 0, "its recorded failures went with it");
+    let (actor, arguments): (String, Value) = sqlx::query_as(
+        "SELECT actor, arguments FROM conveyor_admin_audit WHERE action = 'dead_letter_purge' ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_one(&mut owner)
+    .await
+    .unwrap();
+    assert_eq!((actor.as_str(), &arguments["discarded"]), ("maintenance", &json!(1)));
+    assert_eq!(arguments["kept"], "30 days");
+    // A longer retention keeps more; less than a day is refused by the database itself.
+    assert_eq!(maintenance(Duration::from_secs(90 * 86400)).run_once().await.unwrap().dead_letters_purged, 0);
+    let refused = sqlx::query("SELECT conveyor_dead_letter_purge('1 hour', 100)")
+        .execute(&app.db.runtime_pool)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&refused), "22023");
+    // The application role may not purge at all.
+    let refused =
+        sqlx::query("SELECT conveyor_dead_letter_purge('40 days', 100)").execute(&app.db.pool).await.unwrap_err();
+    assert_eq!(code(&refused), "42501");
 }

@@ -376,3 +376,46 @@ async fn queue_wait_counts_from_when_the_job_fell_due_not_from_its_commit() {
     );
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn three_dispatchers_relaying_one_flood_never_hand_out_more_than_its_window() {
+    const WINDOW: i64 = 10;
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let ids = enqueue(&app, ws, "flood", 600).await;
+    let shutdown = CancellationToken::new();
+    for _ in 0..3 {
+        dispatcher(&app, WINDOW as u32, &shutdown).await;
+    }
+    // More slots than the window, and short jobs: the window is what holds the relays back, and it reopens often, each
+    // end waking all three at once.
+    let starts = Starts::default();
+    tokio::spawn(
+        worker(&app, &starts, Duration::from_millis(10), 16).await.run(shutdown.clone(), Duration::from_secs(5)),
+    );
+    let (mut samples, mut most) = (0, 0);
+    let last = *ids.last().unwrap();
+    loop {
+        let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+        let (in_flight, left): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'dispatching' AND locked_until > now() OR status = 'dispatched'),
+                    count(*) FILTER (WHERE status <> 'completed')
+             FROM outbox_events",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        samples += 1;
+        most = most.max(in_flight);
+        if left == 0 {
+            break;
+        }
+        assert!(samples < 100_000, "the flood drained");
+    }
+    assert_eq!(conveyor::get_job(&app.db.pool, ws, last).await.unwrap().unwrap().status, JobStatus::Succeeded);
+    eprintln!("{samples} samples of the jobs in the workers' hands: at most {most} (window {WINDOW})");
+    assert!(most <= WINDOW, "at most {most} jobs were in the workers' hands at once; the window is {WINDOW}");
+    assert_eq!(starts.all().len(), 600);
+    shutdown.cancel();
+}

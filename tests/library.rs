@@ -317,9 +317,9 @@ async fn of_a_workspaces_due_jobs_the_higher_priority_is_handed_off_first() {
     let ws = principal().workspace_id;
     let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
     let mut expected = HashMap::new();
-    for (i, priority) in
-        [Priority::Low, Priority::Normal, Priority::High, Priority::Low, Priority::High].iter().enumerate()
-    {
+    // The lower priorities are written first: a claim that went by age alone would take them.
+    let priorities = [Priority::Low, Priority::Low, Priority::Low, Priority::Normal, Priority::Normal, Priority::High];
+    for (i, priority) in priorities.iter().chain([Priority::High].iter()).enumerate() {
         let job =
             conveyor::enqueue_tx(&mut tx, &greet(&i.to_string(), "ok"), EnqueueOptions::new().priority(*priority))
                 .await
@@ -327,12 +327,24 @@ async fn of_a_workspaces_due_jobs_the_higher_priority_is_handed_off_first() {
         expected.insert(job.id.0.to_string(), *priority);
     }
     tx.commit().await.unwrap();
-    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |_| {}).await;
-    dispatcher.dispatch_once().await.unwrap();
+    // Claims of two, smaller than the backlog of seven: each must choose what to hand off.
+    let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
+        v.insert("CONVEYOR_DISPATCH_BATCH".into(), "2".into());
+    })
+    .await;
     let client = common::redis_client(&common::redis_url()).await;
     let stream = conveyor::stream::keys::Keys::new(&app.redis_prefix).stream("greetings");
-    let order: Vec<Priority> = common::stream_event_ids(&client, &stream).await.iter().map(|id| expected[id]).collect();
-    assert_eq!(order, [Priority::High, Priority::High, Priority::Normal, Priority::Low, Priority::Low]);
+    let mut handed = 0;
+    let mut claims = Vec::new();
+    while handed < expected.len() {
+        dispatcher.dispatch_once().await.unwrap();
+        let ids = common::stream_event_ids(&client, &stream).await;
+        assert!(ids.len() > handed, "a claim handed something off");
+        claims.push(ids[handed..].iter().map(|id| expected[id]).collect::<Vec<Priority>>());
+        handed = ids.len();
+    }
+    use Priority::{High, Low, Normal};
+    assert_eq!(claims, [vec![High, High], vec![Normal, Normal], vec![Low, Low], vec![Low]]);
 }
 
 #[tokio::test]
@@ -933,4 +945,69 @@ async fn a_retry_after_from_the_handler_postpones_the_next_run_beyond_the_kinds_
     assert!(wait > 100.0, "next run in {wait} s");
     assert!(error.contains("429"), "{error}");
     assert_eq!(conveyor::get_job(&app.db.pool, ws, job).await.unwrap().unwrap().status, JobStatus::Retrying);
+}
+
+#[tokio::test]
+async fn an_entry_whose_job_retention_deleted_is_acknowledged_without_running() {
+    use fred::prelude::{KeysInterface, StreamsInterface};
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(
+        common::test_dispatcher(&app, &redis, |v| {
+            v.insert("CONVEYOR_DISPATCH_POLL".into(), "200ms".into());
+        })
+        .await,
+        &shutdown,
+    );
+    let ws = principal().workspace_id;
+    let mut tx = conveyor::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let job = conveyor::enqueue_tx(&mut tx, &greet("late", "ok"), EnqueueOptions::new()).await.unwrap();
+    tx.commit().await.unwrap();
+    // Handed to its stream, with no worker yet: a copy of the entry is kept, as a late duplicate would bring it back.
+    let client = common::redis_client(&redis).await;
+    let stream = conveyor::stream::keys::Keys::new(&app.redis_prefix).stream("greetings");
+    let entry = common::eventually(Duration::from_secs(20), || async {
+        let entries: Vec<(String, HashMap<String, String>)> = client.xrange(&stream, "-", "+", None).await.ok()?;
+        entries.into_iter().next().map(|(_, fields)| fields)
+    })
+    .await
+    .expect("handed off");
+
+    let (log, metrics) = (Log::default(), conveyor::metrics::Metrics::new());
+    let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
+        .runtime_pool(app.db.runtime_pool.clone())
+        .handle::<Greet>(Greeter(log.clone()))
+        .metrics(metrics.clone())
+        .build()
+        .unwrap();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    let done = conveyor::wait_for_job(&app.db.pool, ws, job.id, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(done.status, JobStatus::Succeeded);
+
+    // Retention deletes the ended job; then its entry turns up again.
+    let maintenance = conveyor::maintenance::Maintenance::new(
+        app.db.runtime_pool.clone(),
+        client.clone(),
+        conveyor::stream::keys::Keys::new(&app.redis_prefix),
+        conveyor::metrics::Metrics::new(),
+        Duration::from_secs(1),
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    );
+    assert!(maintenance.run_once().await.unwrap().outbox_purged >= 1);
+    assert!(conveyor::get_job(&app.db.pool, ws, job.id).await.unwrap().is_none(), "retention deleted it");
+    let fields: Vec<(String, String)> = entry.into_iter().collect();
+    let _: String = client.xadd(&stream, false, None, "*", fields).await.unwrap();
+
+    let skipped = metrics.jobs.with_label_values(&["greetings", "test.greet", "skipped"]);
+    let drained = common::eventually(Duration::from_secs(20), || async {
+        let length: u64 = client.xlen(&stream).await.ok()?;
+        (skipped.get() == 1 && length == 0).then_some(())
+    })
+    .await;
+    assert!(drained.is_some(), "the entry was acknowledged as skipped ({} skipped)", skipped.get());
+    assert_eq!(log.starts_of(job.id).len(), 1, "a job PostgreSQL no longer knows never runs again");
+    let _: () = client.del(&stream).await.unwrap_or(());
+    shutdown.cancel();
 }

@@ -35,13 +35,16 @@ struct Accepted {
     operation: String,
     /// Sends it took (more than one: a retry with the same key after a failure or a lost answer).
     tries: u32,
+    /// Answers `500` among them: PostgreSQL going away is unavailability (`503` with `Retry-After`), never an
+    /// internal error.
+    internal_errors: u32,
 }
 
 /// Posts `body` to `url` with `key` until a definite answer, as a careful client does: a connection error, a time-out,
-/// a `5xx` or `409 IDEMPOTENCY_REQUEST_IN_PROGRESS` is retried with the same key. Returns the accepted operation and
-/// the sends it took; panics on any other answer.
-async fn until_accepted(http: &reqwest::Client, url: &str, token: &str, key: &str, body: &Value) -> (String, u32) {
-    let mut tries = 0;
+/// a `5xx` or `409 IDEMPOTENCY_REQUEST_IN_PROGRESS` is retried with the same key. Returns the accepted operation, the
+/// sends it took and how many were answered `500`; panics on any other answer, and on a `503` without `Retry-After`.
+async fn until_accepted(http: &reqwest::Client, url: &str, token: &str, key: &str, body: &Value) -> (String, u32, u32) {
+    let (mut tries, mut internal_errors) = (0, 0);
     loop {
         tries += 1;
         let sent = http.post(url).bearer_auth(token).header("idempotency-key", key).json(body).send().await;
@@ -51,10 +54,18 @@ async fn until_accepted(http: &reqwest::Client, url: &str, token: &str, key: &st
                 if let Ok(answer) = resp.json::<Value>().await
                     && let Some(op) = answer["operation"]["id"].as_str()
                 {
-                    return (op.to_owned(), tries);
+                    return (op.to_owned(), tries, internal_errors);
                 }
             }
-            Ok(resp) if resp.status().is_server_error() => {}
+            Ok(resp) if resp.status() == 503 => {
+                assert!(resp.headers().contains_key("retry-after"), "a 503 says when to retry");
+            }
+            Ok(resp) if resp.status().is_server_error() => {
+                if resp.status() == 500 {
+                    internal_errors += 1;
+                    eprintln!("{url} answered 500: {}", resp.text().await.unwrap_or_default());
+                }
+            }
             Ok(resp) if resp.status() == 409 => {
                 let text = resp.text().await.unwrap_or_default();
                 assert!(text.contains("IDEMPOTENCY_REQUEST_IN_PROGRESS"), "unexpected conflict: {text}");
@@ -89,8 +100,9 @@ async fn create_stores(port: u16, workspaces: Vec<Principal>, n: usize, rate: u6
             async move {
                 tokio::time::sleep_until(start + Duration::from_millis(1000 * i as u64 / rate)).await;
                 let key = Uuid::new_v4().to_string();
-                let (operation, tries) = until_accepted(&http, &url, &token, &key, &common::store_body(&key)).await;
-                Accepted { operation, tries }
+                let (operation, tries, internal_errors) =
+                    until_accepted(&http, &url, &token, &key, &common::store_body(&key)).await;
+                Accepted { operation, tries, internal_errors }
             }
         })
         .buffer_unordered(8)
@@ -177,6 +189,8 @@ async fn creations_survive(name: &str, fault: impl AsyncFnOnce(&mut TestPostgres
     let exited = roles.exited();
     assert!(exited.is_empty(), "every role survives {name}; exited: {exited:?}\n{}", roles.logs());
     let retried = accepted.iter().filter(|a| a.tries > 1).count();
+    let internal_errors: u32 = accepted.iter().map(|a| a.internal_errors).sum();
+    assert_eq!(internal_errors, 0, "PostgreSQL going away ({name}) answers 503 with Retry-After, never 500");
     let stats = sandbox.stats();
     eprintln!(
         "{name}: {N} operations succeeded once each, {} marketplace effects ({} calls); fault over after {faulted:?} \

@@ -585,6 +585,7 @@ async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
         runtime_database_url: Secret::new(app.db.runtime_url.clone()),
         operator_database_url: Some(Secret::new(app.db.operator_url.clone())),
         audit_retention: Some(std::time::Duration::from_secs(2 * 86400)),
+        dead_letter_retention: None,
     };
     conveyor::migrate::run(&migrate).await.unwrap();
     let (purged,): (i64,) = sqlx::query_as("SELECT conveyor_audit_purge(interval '1 day', 100)")
@@ -621,6 +622,7 @@ async fn migrate_refuses_an_application_role_that_would_bypass_the_wall() {
         runtime_database_url: Secret::new(runtime.to_owned()),
         operator_database_url: operator.map(|o| Secret::new(o.to_owned())),
         audit_retention: None,
+        dead_letter_retention: None,
     };
     // The owner as "application role": it owns the tables, so it could turn RLS off; as runtime role likewise.
     let err = conveyor::migrate::run(&config(&db.owner_url, &db.runtime_url, None)).await.unwrap_err();

@@ -538,34 +538,6 @@ async fn add_undecodable_entry(
 }
 
 #[tokio::test]
-async fn a_job_dead_lettered_after_its_event_was_purged_still_fails_its_operation() {
-    let app = TestApp::spawn().await;
-    let redis = common::redis_url();
-    let (_sandbox, market) = common::sandbox(Settings::default()).await;
-    let who = principal();
-    // No dispatcher: the operation stays queued, and its event is deleted as the retention job would delete it,
-    // while an entry for it (undecodable, so dead-lettered at once) is still in the stream.
-    let (_, op_id) = create_store(&app, who, "good").await;
-    let mut tx = conveyor::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-    let (event,): (Uuid,) = sqlx::query_as("DELETE FROM outbox_events RETURNING id").fetch_one(&mut *tx).await.unwrap();
-    tx.commit().await.unwrap();
-    let metrics = Metrics::new();
-    let worker = common::test_worker(&app, &redis, &market, fast(), 5, metrics.clone()).await;
-    worker.ensure_groups().await.unwrap();
-    let client = common::redis_client(&redis).await;
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
-    add_undecodable_entry(&client, &stream, event, who.workspace_id, Some(&op_id)).await;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
-
-    let failed = common::operation_reaches(&app, who, &op_id, "failed", Duration::from_secs(20)).await;
-    let failed = failed.expect("the operation failed, though its event was gone");
-    assert!(failed["error"].as_str().unwrap().contains("undecodable"), "{failed}");
-    assert_eq!(metrics.job_dead_letters.with_label_values(&["undecodable"]).get(), 1);
-    shutdown.cancel();
-}
-
-#[tokio::test]
 async fn after_sigterm_a_worker_starts_no_job_it_read_beyond_its_free_slots() {
     let app = TestApp::spawn().await;
     let redis = common::redis_url();
@@ -621,5 +593,100 @@ async fn after_sigterm_a_worker_starts_no_job_it_read_beyond_its_free_slots() {
         common::operation_reaches(&app, who, op, "succeeded", Duration::from_secs(40)).await.expect("taken over");
     }
     assert_eq!(sandbox.stats().effects, 4);
+    shutdown.cancel();
+}
+
+/// The id of the job of operation `op`, read as the owner.
+async fn job_of_operation(app: &TestApp, op: &str) -> Uuid {
+    let mut owner = app.db.owner().await;
+    sqlx::query_scalar("SELECT id FROM outbox_events WHERE operation_id = $1::uuid")
+        .bind(op)
+        .fetch_one(&mut owner)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_job_that_kills_its_worker_is_dead_lettered_after_five_deaths_while_the_queue_goes_on() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    // The other jobs take longer than the poison job takes to kill its worker: they die with it, in flight.
+    let (sandbox, market) = common::sandbox(Settings { latency_ms: 1000, ..Settings::default() }).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let who = principal();
+    let (_, poison_op) = create_store(&app, who, "poison").await;
+    let poison = job_of_operation(&app, &poison_op).await;
+    let mut good = Vec::new();
+    for i in 0..6 {
+        good.push(create_store(&app, who, &format!("good-{i}")).await.1);
+    }
+
+    // The worker process aborts 0.3 s into the poison job, as one the kernel kills for its memory would; a supervisor
+    // starts it again each time, as Kubernetes restarts a pod.
+    let mut vars = process_vars(&app, &redis, &market);
+    vars.insert("CONVEYOR_WORKER_VISIBILITY".into(), "1s".into());
+    vars.insert("FAILPOINTS".into(), format!("worker::abort_on_job=return({poison})"));
+    let mut worker = Process::spawn(&["worker"], &vars);
+    let mut deaths = 0;
+    let mut logs = String::new();
+    let ended = common::eventually(Duration::from_secs(120), || {
+        if worker.child.try_wait().ok().flatten().is_some() {
+            deaths += 1;
+            logs.push_str(&worker.log());
+            worker = Process::spawn(&["worker"], &vars);
+        }
+        let (app, poison_op, good) = (&app, &poison_op, &good);
+        async move {
+            let failed = common::operation(app, who, poison_op).await;
+            if failed["status"] != "failed" {
+                return None;
+            }
+            for op in good {
+                if common::operation(app, who, op).await["status"] != "succeeded" {
+                    return None;
+                }
+            }
+            Some(failed)
+        }
+    })
+    .await;
+    let failed = ended.unwrap_or_else(|| panic!("the poison job ended and the others succeeded; logs:\n{logs}"));
+    assert_eq!(deaths, 5, "the worker died CONVEYOR_WORKER_MAX_DELIVERIES (5) times, no more; logs:\n{logs}");
+    let reason = "its worker stopped 5 times while running it";
+    assert_eq!(failed["error"], reason, "{failed}");
+    let mut owner = app.db.owner().await;
+    let (status, stops, error): (String, i32, String) =
+        sqlx::query_as("SELECT status, stops, last_error FROM outbox_events WHERE id = $1")
+            .bind(poison)
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), stops, error.as_str()), ("dead_letter", 5, reason));
+    // The other jobs of the queue went on (a job that has stopped a worker after a take-over runs alone, so none died
+    // with the poison job more than twice): each succeeded, with one marketplace effect.
+    let stats = sandbox.stats();
+    for op in &good {
+        assert!(stats.calls_by_key.contains_key(op), "{op} reached the marketplace");
+        let stops: i32 = sqlx::query_scalar("SELECT stops FROM outbox_events WHERE operation_id = $1::uuid")
+            .bind(op)
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
+        assert!(stops <= 2, "{op} stopped with its worker {stops} times");
+    }
+    assert_eq!(stats.effects as usize, stats.calls_by_key.len(), "one effect per job, however many calls");
+    // Shown as such to operators: `conveyor dlq` lists it with its reason. The worker that dead-lettered it lives.
+    let out = std::process::Command::new(common::conveyor_bin())
+        .args(["dlq", "list", "--queue", "stores"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(common::config_vars(&app.db, &app.redis_prefix))
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains(&poison.to_string()) && listed.contains(reason), "{listed}");
+    assert!(worker.child.try_wait().unwrap().is_none(), "the last worker runs on");
+    assert!(worker.log().contains("dead-lettered"), "{}", worker.log());
     shutdown.cancel();
 }

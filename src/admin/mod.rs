@@ -59,11 +59,7 @@ impl AdminError {
 
     /// Whether PostgreSQL could not be reached (or the operator role could not connect in time).
     pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
-            Self::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed)
-                | Self::Unaudited(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed)
-        )
+        matches!(self, Self::Database(e) | Self::Unaudited(e) if crate::db::is_unavailable(e))
     }
 }
 

@@ -186,11 +186,10 @@ impl From<ValidationError> for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        match e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
-                Self::Unavailable(anyhow::Error::new(e).context("PostgreSQL unavailable"))
-            }
-            e => Self::Internal(anyhow::Error::new(e)),
+        if crate::db::is_unavailable(&e) {
+            Self::Unavailable(anyhow::Error::new(e).context("PostgreSQL unavailable"))
+        } else {
+            Self::Internal(anyhow::Error::new(e))
         }
     }
 }

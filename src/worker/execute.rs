@@ -37,6 +37,8 @@ pub(super) struct Delivery {
     pub(super) max_attempts: Option<u32>,
     pub(super) timeout: Option<Duration>,
     pub(super) backoff: Option<Backoff>,
+    /// Taken over from a worker that stopped while it held the entry (`XAUTOCLAIM`), rather than read new.
+    pub(super) taken_over: bool,
 }
 
 impl Delivery {
@@ -63,13 +65,20 @@ impl Delivery {
             event_type: f.take("type").unwrap_or_default(),
             payload: f.take("payload").unwrap_or_default(),
             traceparent: f.take("traceparent").unwrap_or_default(),
+            taken_over: false,
         })
     }
 }
 
 impl Worker {
     /// Runs one entry to its end and acknowledges it when the outcome allows.
-    pub(super) async fn process(&self, queue: Arc<Queue>, mut entry: Entry, abandon: CancellationToken) -> Outcome {
+    pub(super) async fn process(
+        &self,
+        queue: Arc<Queue>,
+        mut entry: Entry,
+        abandon: CancellationToken,
+        taken_over: bool,
+    ) -> Outcome {
         let started = Instant::now();
         let kind = queue.kind_slot(entry.fields.get("type"));
         let class = Queue::class_slot(entry.fields.get("class"));
@@ -78,7 +87,8 @@ impl Worker {
                 tracing::error!(queue = %queue.name, entry_id = %entry.id, "Stream entry is not a Conveyor job (no event or workspace id); dropping it");
                 (Outcome::Malformed, None)
             }
-            Some(delivery) => {
+            Some(mut delivery) => {
+                delivery.taken_over = taken_over;
                 // From when the job fell due: a delayed job, or a retry backing off, waits on purpose until then.
                 if let Some(since) = delivery.due_at_ms.or(delivery.enqueued_at_ms) {
                     let wait = (chrono::Utc::now().timestamp_millis() - since).max(0) as f64 / 1000.0;
@@ -137,6 +147,23 @@ impl Worker {
             let reason = format!("no handler registered for kind `{}`", redact(&d.event_type));
             return Ok((Box::pin(self.dead_letter(d, &reason, "no_handler")).await?, None));
         };
+        if d.taken_over {
+            // The delivery before this one started and never ended: its worker stopped. Counted before this run, so
+            // that a run that stops this worker too is counted by the next one.
+            match Box::pin(record::count_stop(pool, d.workspace_id, d.event_id, d.redrive)).await? {
+                None => return Ok((Outcome::Skipped, None)),
+                Some(stops) if stops >= self.0.settings.max_deliveries => {
+                    // Its runs keep stopping their worker (killed, out of memory): it would stop the next one too.
+                    let reason = format!("its worker stopped {stops} times while running it");
+                    tracing::error!(event_id = %d.event_id, stops, "Job stopped its worker every time it ran; dead-lettered");
+                    return Ok((Box::pin(self.dead_letter(d, &reason, "worker_stopped")).await?, None));
+                }
+                Some(stops) => {
+                    tracing::warn!(event_id = %d.event_id, stops, "Running a job whose worker stopped while running it");
+                }
+            }
+        }
+        abort_on_job(d.event_id);
         let max_attempts = d.max_attempts.unwrap_or_else(|| handler.max_attempts());
         let mut cx = JobContext {
             id: JobId(d.event_id),
@@ -357,6 +384,19 @@ impl Worker {
         self.0.metrics.job_dead_letters.with_label_values(&[why]).inc();
         Ok(Outcome::DeadLettered)
     }
+}
+
+/// Crash tests (`worker::abort_on_job=return(<job id>)`): the worker process aborts 0.3 s into that job, as one the
+/// kernel kills for the memory its job took would, with whatever else it runs in flight.
+fn abort_on_job(job: Uuid) {
+    fail::fail_point!("worker::abort_on_job", |target: Option<String>| {
+        if target.is_some_and(|t| t == job.to_string()) {
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                std::process::abort();
+            });
+        }
+    });
 }
 
 /// Refreshes the operation's `updated_at` every `every` while its job runs, so that the reconciler, which re-drives

@@ -1,6 +1,7 @@
 //! The reading side of a worker: new entries (`XREADGROUP`), entries of dead consumers (`XAUTOCLAIM`), and starting
 //! a job for each as job slots free up, after one look at PostgreSQL for jobs that must not run (canceled, ended).
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,12 +26,13 @@ impl Worker {
         entry: Entry,
         permit: OwnedSemaphorePermit,
         abandon: CancellationToken,
+        taken_over: bool,
     ) {
         let worker = self.clone();
         worker.0.metrics.worker_jobs_in_flight.inc();
         jobs.spawn(async move {
             let _permit = permit;
-            worker.process(queue, entry, abandon).await;
+            worker.process(queue, entry, abandon, taken_over).await;
             worker.0.metrics.worker_jobs_in_flight.dec();
         });
     }
@@ -44,6 +46,17 @@ impl Worker {
         }
     }
 
+    /// Every job slot, once the jobs running now have ended, unless `shutdown` comes first: for a job that may take
+    /// its worker down. Reads wait meanwhile (the semaphore is fair: no slot is given out while this waits).
+    async fn every_slot(&self, shutdown: &CancellationToken) -> Option<OwnedSemaphorePermit> {
+        let all = u32::try_from(self.0.settings.concurrency).unwrap_or(u32::MAX);
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => None,
+            p = self.0.permits.clone().acquire_many_owned(all) => Some(p.expect("the semaphore is never closed")),
+        }
+    }
+
     /// Waits for a free job slot and returns it with the number of slots free now (at least 1).
     async fn free_slots(&self, shutdown: &CancellationToken) -> Option<(OwnedSemaphorePermit, usize)> {
         let first = self.slot(shutdown).await?;
@@ -52,12 +65,18 @@ impl Worker {
     }
 
     /// Starts jobs for `entries`, each as soon as a slot is free (the first takes `first`). Jobs that must not run
-    /// (canceled or ended) are acknowledged as skipped. Once `shutdown` fires no job starts: the entries left are
-    /// neither run nor acknowledged, and another worker takes them over after the visibility time-out.
+    /// (canceled, ended, or gone) are acknowledged as skipped. Entries `taken_over` from a stopped worker count a stop
+    /// of their job as they start, so that a job that keeps killing its worker ends (see
+    /// [`WorkerSettings::max_deliveries`](super::WorkerSettings::max_deliveries)); one that has already stopped a
+    /// worker after a take-over runs alone, holding every slot, so that it takes no other job down with it. Once
+    /// `shutdown` fires no job starts: the entries left are neither run nor acknowledged, and another worker takes
+    /// them over after the visibility time-out.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn start_jobs(
         &self,
         (queue, partition): &Lane,
         entries: Vec<Entry>,
+        taken_over: bool,
         first: Option<OwnedSemaphorePermit>,
         jobs: &TaskTracker,
         abandon: &CancellationToken,
@@ -66,8 +85,17 @@ impl Worker {
         let partition = *partition;
         self.track(&queue.name, partition, entries.iter().map(|e| e.id.clone()));
         let ids: Vec<(WorkspaceId, Uuid, Option<i32>)> = entries.iter().filter_map(job_of).collect();
-        let skip = match record::not_to_run(&self.0.runtime, &ids).await {
-            Ok(skip) => skip,
+        let checked = if taken_over {
+            record::taken_over(&self.0.runtime, &ids).await.map(|counted| {
+                let skip = counted.iter().filter(|(_, stops)| stops.is_none()).map(|(id, _)| *id).collect();
+                let stops = counted.into_iter().filter_map(|(id, stops)| Some((id, stops?))).collect();
+                (skip, stops)
+            })
+        } else {
+            record::not_to_run(&self.0.runtime, &ids).await.map(|skip| (skip, HashMap::new()))
+        };
+        let (skip, stopped): (HashSet<Uuid>, HashMap<Uuid, u32>) = match checked {
+            Ok(checked) => checked,
             Err(e) => {
                 tracing::warn!(queue = %queue.name, error = %redact(&e.to_string()), "Cannot check jobs before running them; leaving them for later");
                 self.untrack(&queue.name, partition, entries.iter().map(|e| &e.id));
@@ -82,19 +110,27 @@ impl Worker {
                 let _ = self.0.acks.send((queue.clone(), partition, entry.id, None));
                 continue;
             }
-            let permit = match first.take() {
-                Some(p) => p,
-                None => match self.slot(shutdown).await {
-                    Some(p) => p,
-                    None => {
-                        let left: Vec<String> = std::iter::once(entry.id).chain(entries.map(|e| e.id)).collect();
-                        tracing::info!(queue = %queue.name, left = left.len(), "Stopping: entries read but not started are left to another worker");
-                        self.untrack(&queue.name, partition, &left);
-                        return;
-                    }
-                },
+            let alone = job_of(&entry).and_then(|(_, id, _)| stopped.get(&id)).is_some_and(|&stops| stops >= 1);
+            let held = first.take();
+            let permit = if alone {
+                drop(held); // waiting for every slot while holding one would wait forever
+                self.every_slot(shutdown).await
+            } else {
+                match held {
+                    Some(p) => Some(p),
+                    None => self.slot(shutdown).await,
+                }
             };
-            self.spawn_job(jobs, queue.clone(), entry, permit, abandon.clone());
+            let permit = match permit {
+                Some(p) => p,
+                None => {
+                    let left: Vec<String> = std::iter::once(entry.id).chain(entries.map(|e| e.id)).collect();
+                    tracing::info!(queue = %queue.name, left = left.len(), "Stopping: entries read but not started are left to another worker");
+                    self.untrack(&queue.name, partition, &left);
+                    return;
+                }
+            };
+            self.spawn_job(jobs, queue.clone(), entry, permit, abandon.clone(), taken_over);
         }
     }
 
@@ -133,7 +169,7 @@ impl Worker {
                 let _ = self.0.acks.send((queue.clone(), *partition, entry.id, None));
                 return Ok(Some(Outcome::Skipped));
             }
-            return Ok(Some(self.process(queue.clone(), entry, CancellationToken::new()).await));
+            return Ok(Some(self.process(queue.clone(), entry, CancellationToken::new(), false).await));
         }
         Ok(None)
     }
@@ -208,7 +244,7 @@ impl Worker {
             jobs.spawn(async move {
                 let _check = check;
                 for (lane, entries) in read {
-                    worker.start_jobs(&lane, entries, None, &jobs_, &abandon, &shutdown).await;
+                    worker.start_jobs(&lane, entries, false, None, &jobs_, &abandon, &shutdown).await;
                 }
             });
         }
@@ -252,7 +288,7 @@ impl Worker {
                 "Took over entries idle past the visibility time-out"
             );
             self.0.metrics.worker_reclaims.with_label_values(&[name]).inc_by(reclaimed.entries.len() as u64);
-            self.start_jobs(lane, reclaimed.entries, Some(first), jobs, abandon, shutdown).await;
+            self.start_jobs(lane, reclaimed.entries, true, Some(first), jobs, abandon, shutdown).await;
         }
         // Pending entries whose data Redis no longer has: the job is re-driven from PostgreSQL.
         for entry_id in reclaimed.deleted {

@@ -40,6 +40,11 @@ pub struct WorkerSettings {
     /// which re-drives operations without progress, leaves a long job alone (`CONVEYOR_OPERATION_KEEPALIVE`,
     /// default 1 min).
     pub keepalive: Duration,
+    /// Deliveries of one job that may end with their worker stopped (killed, out of memory) before the job is
+    /// dead-lettered instead of run again, with the reason "its worker stopped N times while running it"
+    /// (`CONVEYOR_WORKER_MAX_DELIVERIES`, default 5, like BullMQ's `maxStalledCount` but counted in PostgreSQL). A
+    /// delivery counts when another worker takes it over past the visibility time-out.
+    pub max_deliveries: u32,
 }
 
 impl Default for WorkerSettings {
@@ -50,6 +55,7 @@ impl Default for WorkerSettings {
             block: Duration::from_secs(1),
             reclaim_interval: Duration::from_secs(1),
             keepalive: Duration::from_secs(60),
+            max_deliveries: 5,
         }
     }
 }

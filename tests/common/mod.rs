@@ -108,6 +108,7 @@ impl TestDb {
             runtime_database_url: Secret::new(runtime_url.clone()),
             operator_database_url: Some(Secret::new(operator_url.clone())),
             audit_retention: None,
+            dead_letter_retention: None,
         };
         conveyor::migrate::run(&migrate).await.expect("migrations apply");
         let pool = db::connect(&app_url, 16).await.expect("connect as the application role");

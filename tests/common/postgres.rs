@@ -148,6 +148,7 @@ impl TestPostgres {
             runtime_database_url: Secret::new(pg.url("conveyor_runtime")),
             operator_database_url: Some(Secret::new(pg.url("conveyor_operator"))),
             audit_retention: None,
+            dead_letter_retention: None,
         };
         conveyor::migrate::run(&migrate).await.expect("migrations apply to the test's own PostgreSQL");
         pg

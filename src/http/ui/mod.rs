@@ -158,10 +158,7 @@ impl IntoResponse for UiError {
             }
             Self::Failed(e) => {
                 tracing::error!(error = ?e, "Operator UI call failed");
-                let unreachable = matches!(
-                    &e,
-                    AdminError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) | AdminError::Redis(_)
-                );
+                let unreachable = e.is_unavailable() || matches!(&e, AdminError::Redis(_));
                 let status =
                     if unreachable { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
                 (status, "Operator store failed", "The call failed; the server's log has the cause.".to_owned())

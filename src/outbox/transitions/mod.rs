@@ -13,7 +13,7 @@
 
 pub mod relay;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -196,6 +196,51 @@ pub(crate) async fn not_to_run(
         .fetch_all(pool)
         .await?;
     Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+/// For `jobs`, entries taken over from a worker that stopped while it held them (migration 0036): by job id, the
+/// runs of it that stopped their worker so far (as counted by [`count_stop`]), or `None` for a job that must not run
+/// (ended, re-driven since, or gone).
+pub(crate) async fn taken_over(
+    pool: &PgPool,
+    jobs: &[(WorkspaceId, Uuid, Option<i32>)],
+) -> Result<HashMap<Uuid, Option<u32>>, sqlx::Error> {
+    if jobs.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let workspaces: Vec<Uuid> = jobs.iter().map(|(w, _, _)| w.0).collect();
+    let ids: Vec<Uuid> = jobs.iter().map(|(_, id, _)| *id).collect();
+    let redrives: Vec<Option<i32>> = jobs.iter().map(|(_, _, r)| *r).collect();
+    let rows: Vec<(Uuid, Option<i32>)> = sqlx::query_as("SELECT id, stops FROM conveyor_jobs_taken_over($1, $2, $3)")
+        .bind(&workspaces)
+        .bind(&ids)
+        .bind(&redrives)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.into_iter().map(|(id, stops)| (id, stops.map(|s| s.max(0) as u32))).collect())
+}
+
+/// Counts a stop of the job as a delivery taken over from a stopped worker starts it: the delivery before it started
+/// and never ended. The stops so far, this one included; `None` when the job must not run (ended, re-driven since
+/// the entry was written, or gone).
+pub(crate) async fn count_stop(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    job: Uuid,
+    redrive: Option<i32>,
+) -> Result<Option<u32>, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let stops: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "UPDATE outbox_events SET stops = stops + 1
+         WHERE id = $1 AND status IN {LIVE} AND NOT ($2::integer IS NOT NULL AND redrive_count > $2)
+         RETURNING stops"
+    )))
+    .bind(job)
+    .bind(redrive)
+    .fetch_optional(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(stops.map(|s| s.max(0) as u32))
 }
 
 /// Records `progress` of a running job: on its operation when it has one, else on the job. False when the job is no
@@ -614,7 +659,7 @@ pub(crate) async fn replay_tx(
     }
     let moved = sqlx::query(
         "UPDATE outbox_events
-         SET status = 'pending', next_attempt_at = now(), attempt_count = 0, job_attempts = 0,
+         SET status = 'pending', next_attempt_at = now(), attempt_count = 0, job_attempts = 0, stops = 0,
              redrive_count = redrive_count + 1, last_error = NULL, failure_stage = NULL, dead_lettered_at = NULL,
              stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
          WHERE id = $1 AND status = 'dead_letter'",
