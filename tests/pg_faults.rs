@@ -288,3 +288,57 @@ async fn after_a_restart_the_dispatcher_listens_again_and_relays_a_new_job_on_it
     let exited = roles.exited();
     assert!(exited.is_empty(), "every role survives the restart; exited: {exited:?}\n{}", roles.logs());
 }
+
+/// A request whose statement is cut off by PostgreSQL (`57P01`, "terminating connection due to administrator command",
+/// what every backend gets in a fast shutdown) answers `503` with `Retry-After`, not `500`; the same request sent again
+/// once PostgreSQL serves is accepted.
+#[tokio::test]
+async fn a_request_whose_statement_postgres_terminates_answers_503_with_retry_after() {
+    let app = common::TestApp::spawn().await;
+    let who = common::principal();
+    // The owner holds the stores table, so the request's statement waits on its lock, in flight.
+    let mut owner = app.db.owner().await;
+    sqlx::query("BEGIN").execute(&mut owner).await.unwrap();
+    sqlx::query("LOCK TABLE stores IN ACCESS EXCLUSIVE MODE").execute(&mut owner).await.unwrap();
+    let key = Uuid::new_v4().to_string();
+    let sending = {
+        let (http, url, token) = (app.http.clone(), app.url("/v1/stores"), app.token(who));
+        let key = key.clone();
+        tokio::spawn(async move {
+            http.post(url).bearer_auth(token).header("idempotency-key", key).json(&common::store_body("cut")).send().await
+        })
+    };
+    // Its backend, waiting on the lock; terminated as a shutdown would (the application role may end its own).
+    let mut app_conn = app.db.app_connection().await;
+    let mut waiting = Vec::new();
+    for _ in 0..100 {
+        waiting = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND usename = current_user AND pid <> pg_backend_pid()",
+        )
+        .fetch_all(&mut app_conn)
+        .await
+        .unwrap();
+        if !waiting.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!waiting.is_empty(), "the request's statement waits on the lock");
+    for pid in waiting.iter().copied::<i32>() {
+        sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&mut app_conn).await.unwrap();
+    }
+    let answer = sending.await.unwrap().unwrap();
+    let status = answer.status();
+    let retry_after = answer.headers().get("retry-after").cloned();
+    let body = answer.text().await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(retry_after.as_ref().map(|v| v.to_str().unwrap()), Some("1"));
+    assert!(body.contains("SERVICE_UNAVAILABLE"), "{body}");
+    sqlx::query("ROLLBACK").execute(&mut owner).await.unwrap();
+    // Nothing half-done: the same key is accepted once PostgreSQL serves.
+    let resp = app
+        .send_with_key(reqwest::Method::POST, "/v1/stores", who, Some(&key), Some(&common::store_body("cut")))
+        .await;
+    assert_eq!(resp.status(), 202);
+}
