@@ -11,6 +11,7 @@ use conveyor::db;
 use conveyor::dispatcher::{DispatchOutcome, Dispatcher};
 use conveyor::ids::WorkspaceId;
 use conveyor::jobs::VerifyCredentials;
+use conveyor::metrics::Metrics;
 use conveyor::outbox::{self, EnqueueOptions};
 use conveyor::stream::keys::Keys;
 use reqwest::Method;
@@ -254,12 +255,24 @@ async fn while_redis_is_down_events_back_off_then_flow_or_dead_letter_with_a_red
     let app = TestApp::spawn().await;
     let password = "hunter2-redis-password";
     let mut redis = TestRedis::start(Some(password)).await;
-    let d = dispatcher(&app, &redis.url(), |v| {
-        v.insert("CONVEYOR_DISPATCH_BACKOFF_BASE".into(), "200ms".into());
-        v.insert("CONVEYOR_DISPATCH_BACKOFF_MAX".into(), "10s".into());
-        v.insert("CONVEYOR_DISPATCH_MAX_ATTEMPTS".into(), "4".into());
-    })
-    .await;
+    // The dispatcher's Redis client, kept to tell when it has reconnected (a clone shares its connection).
+    let vars: HashMap<String, String> = [
+        ("CONVEYOR_DISPATCH_BACKOFF_BASE", "200ms"),
+        ("CONVEYOR_DISPATCH_BACKOFF_MAX", "10s"),
+        ("CONVEYOR_DISPATCH_MAX_ATTEMPTS", "4"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let settings = conveyor::config::DispatcherSettings::from_source(&vars).unwrap();
+    let client = conveyor::stream::connect(&redis.url(), Duration::from_millis(500)).await.unwrap();
+    let producer = conveyor::stream::producer::Producer::new(
+        client.clone(),
+        conveyor::stream::keys::Keys::new(&app.redis_prefix),
+        settings.dedup_ttl,
+    );
+    let pool = db::connect(&app.db.runtime_url, 8).await.unwrap();
+    let d = Dispatcher::new(pool, producer, settings, Metrics::new(), conveyor::ids::instance_name());
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = enqueue(&app, ws, 3).await;
     redis.stop();
@@ -291,8 +304,15 @@ async fn while_redis_is_down_events_back_off_then_flow_or_dead_letter_with_a_red
     }
     assert_eq!(count_status(&app, &[ws], "dead_letter").await, 0, "nothing lost, nothing given up yet");
 
-    // Redis comes back: everything flows.
+    // Redis comes back: once the dispatcher's client has reconnected (a pass before that would spend the last
+    // attempt), everything flows.
     redis.start_again().await;
+    common::eventually(Duration::from_secs(30), || async {
+        use fred::prelude::ClientLike;
+        client.ping::<()>(None).await.ok()
+    })
+    .await
+    .expect("the dispatcher's client reconnects");
     common::eventually(Duration::from_secs(30), || async {
         let _ = d.dispatch_once().await;
         (count_status(&app, &[ws], "dispatched").await == 3).then_some(())

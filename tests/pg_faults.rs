@@ -305,7 +305,12 @@ async fn a_request_whose_statement_postgres_terminates_answers_503_with_retry_af
         let (http, url, token) = (app.http.clone(), app.url("/v1/stores"), app.token(who));
         let key = key.clone();
         tokio::spawn(async move {
-            http.post(url).bearer_auth(token).header("idempotency-key", key).json(&common::store_body("cut")).send().await
+            http.post(url)
+                .bearer_auth(token)
+                .header("idempotency-key", key)
+                .json(&common::store_body("cut"))
+                .send()
+                .await
         })
     };
     // Its backend, waiting on the lock; terminated as a shutdown would (the application role may end its own).
@@ -337,8 +342,7 @@ async fn a_request_whose_statement_postgres_terminates_answers_503_with_retry_af
     assert!(body.contains("SERVICE_UNAVAILABLE"), "{body}");
     sqlx::query("ROLLBACK").execute(&mut owner).await.unwrap();
     // Nothing half-done: the same key is accepted once PostgreSQL serves.
-    let resp = app
-        .send_with_key(reqwest::Method::POST, "/v1/stores", who, Some(&key), Some(&common::store_body("cut")))
-        .await;
+    let resp =
+        app.send_with_key(reqwest::Method::POST, "/v1/stores", who, Some(&key), Some(&common::store_body("cut"))).await;
     assert_eq!(resp.status(), 202);
 }
