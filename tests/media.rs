@@ -209,7 +209,7 @@ fn process_settings(app: &TestApp) -> ProcessSettings {
     ProcessSettings {
         storage: ObjectStorage::open(&app.config.scenarios.object_store_url).unwrap(),
         limits: limits(app),
-        gate: DecodeGate::new(2),
+        gate: DecodeGate::new(2, 320 << 20),
     }
 }
 
