@@ -108,6 +108,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
         storage: crate::storage::ObjectStorage::open(&config.scenarios.object_store_url)
             .context("Failed to open object storage (CONVEYOR_OBJECT_STORE_URL)")?,
         scenarios: config.scenarios.clone(),
+        uploads: Arc::new(tokio::sync::Semaphore::new(config.scenarios.media_max_concurrent_uploads)),
         redis_readiness: http::readiness::RedisGrace::new(config.ready_redis_grace),
         claim_hook: None,
     })
@@ -335,7 +336,10 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
                     max_bytes: config.scenarios.media_max_bytes,
                     max_pixels: config.scenarios.media_max_pixels,
                 },
-                gate: crate::domain::media::DecodeGate::new(config.scenarios.media_decode_permits),
+                gate: crate::domain::media::DecodeGate::new(
+                    config.scenarios.media_decode_permits,
+                    config.scenarios.media_decode_memory,
+                ),
             },
             metrics: state.metrics.clone(),
             max_attempts: config.job_max_attempts,

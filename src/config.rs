@@ -185,9 +185,17 @@ pub struct ScenarioSettings {
     pub media_max_bytes: u64,
     /// `CONVEYOR_MEDIA_MAX_PIXELS`: largest width × height decoded (default 64 megapixels).
     pub media_max_pixels: u64,
-    /// `CONVEYOR_MEDIA_DECODE_PERMITS`: images a worker process decodes at once (default: one per CPU core); its
-    /// memory for images stays within this many × (`CONVEYOR_MEDIA_MAX_BYTES` + 12 × `CONVEYOR_MEDIA_MAX_PIXELS`).
+    /// `CONVEYOR_MEDIA_DECODE_PERMITS`: images a worker process decodes at once (default: one per CPU core).
     pub media_decode_permits: usize,
+    /// `CONVEYOR_MEDIA_DECODE_MEMORY`: what the images a worker process decodes at once may hold together, in bytes
+    /// (default 320 MiB, within the chart's 512 MiB worker limit): each decode reserves, from its header and before a
+    /// pixel is decoded, the original, its pixels at 8 bits a sample, the decoder's working memory and the
+    /// derivatives; an image that needs more than all of it is rejected (`TOO_MANY_PIXELS`). At least twice
+    /// `CONVEYOR_MEDIA_MAX_BYTES` plus 16 MiB.
+    pub media_decode_memory: u64,
+    /// `CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS`: uploads one API process receives at once (default 16), each holding at
+    /// most one part of [`crate::domain::media::PART_BYTES`]; beyond it `503 UPLOADS_BUSY` with `Retry-After`.
+    pub media_max_concurrent_uploads: usize,
     /// `CONVEYOR_ASSET_ALLOWED_NETWORKS`: CIDRs a transfer may reach although refused by default (empty).
     pub asset_allowed_networks: Vec<ipnet::IpNet>,
     /// `CONVEYOR_ASSET_ALLOWED_PORTS`: ports a transfer may reach besides 80 and 443, for every host (empty).
@@ -275,6 +283,26 @@ impl ScenarioSettings {
                 "CONVEYOR_MEDIA_DECODE_PERMITS",
                 std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             )?,
+            media_decode_memory: {
+                let max_bytes = positive(src, "CONVEYOR_MEDIA_MAX_BYTES", 25 * 1024 * 1024u64)?;
+                let memory = size(src, "CONVEYOR_MEDIA_DECODE_MEMORY", 320 * MIB)?;
+                let least = max_bytes.saturating_mul(2).saturating_add(16 * MIB);
+                if memory < least {
+                    return Err(invalid(
+                        "CONVEYOR_MEDIA_DECODE_MEMORY",
+                        format!(
+                            "must be at least twice CONVEYOR_MEDIA_MAX_BYTES plus 16 MiB ({} MiB), so that every \
+                             original it lets in can be read and inspected",
+                            least.div_ceil(MIB)
+                        ),
+                    ));
+                }
+                if memory > 1024 * 1024 * MIB {
+                    return Err(invalid("CONVEYOR_MEDIA_DECODE_MEMORY", "must be at most 1TiB"));
+                }
+                memory
+            },
+            media_max_concurrent_uploads: positive(src, "CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS", 16)?,
             asset_allowed_networks,
             asset_allowed_ports,
             asset_max_bytes: positive(src, "CONVEYOR_ASSET_MAX_BYTES", 100 * 1024 * 1024)?,
@@ -368,6 +396,39 @@ fn duration(src: &dyn Source, name: &'static str, default: Duration) -> Result<D
         None => Ok(default),
         Some(raw) => humantime::parse_duration(raw.trim())
             .map_err(|e| invalid(name, format!("`{raw}` is not a duration such as 48h or 30s ({e})"))),
+    }
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// A size in bytes: a whole number of bytes, or one with a unit, binary (`KiB`, `MiB`, `GiB`, `TiB`; `Ki`, `Mi`, ...
+/// as Kubernetes writes them) or decimal (`kB`, `MB`, `GB`, `TB`; `k`, `M`, `G`, `T`).
+pub fn parse_size(raw: &str) -> Option<u64> {
+    let raw = raw.trim();
+    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
+    let (number, unit) = raw.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let unit: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "k" | "kB" | "K" | "KB" => 1000,
+        "M" | "MB" => 1000_u64.pow(2),
+        "G" | "GB" => 1000_u64.pow(3),
+        "T" | "TB" => 1000_u64.pow(4),
+        "Ki" | "KiB" => 1 << 10,
+        "Mi" | "MiB" => 1 << 20,
+        "Gi" | "GiB" => 1 << 30,
+        "Ti" | "TiB" => 1 << 40,
+        _ => return None,
+    };
+    number.checked_mul(unit)
+}
+
+fn size(src: &dyn Source, name: &'static str, default: u64) -> Result<u64, ConfigError> {
+    match src.get(name) {
+        None => Ok(default),
+        Some(raw) => parse_size(&raw)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| invalid(name, format!("`{raw}` is not a size such as 320MiB, 1GiB or 335544320 (bytes)"))),
     }
 }
 
@@ -825,6 +886,22 @@ mod tests {
         assert_eq!(config.idempotency_keys[0].id, "k1", "the first key signs");
         assert_eq!(config.redis_prefix, "conveyor");
         assert_eq!(config.dispatcher.dedup_ttl_recorded, Duration::from_secs(15 * 60));
+        assert_eq!(config.scenarios.media_decode_memory, 320 * 1024 * 1024);
+        assert_eq!(config.scenarios.media_max_concurrent_uploads, 16);
+    }
+
+    #[test]
+    fn sizes_take_binary_and_decimal_units() {
+        assert_eq!(parse_size("335544320"), Some(320 << 20));
+        assert_eq!(parse_size("320MiB"), Some(320 << 20));
+        assert_eq!(parse_size("320Mi"), Some(320 << 20));
+        assert_eq!(parse_size(" 1GiB "), Some(1 << 30));
+        assert_eq!(parse_size("512 KiB"), Some(512 << 10));
+        assert_eq!(parse_size("300MB"), Some(300_000_000));
+        assert_eq!(parse_size("2G"), Some(2_000_000_000));
+        for bad in ["", "MiB", "1.5GiB", "-1", "12 parsecs", "99999999999999TiB"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
     }
 
     #[test]
@@ -859,6 +936,11 @@ mod tests {
             ("CONVEYOR_AI_CREDITS_PER_WORKSPACE", "0"),
             ("CONVEYOR_AI_CREDITS_PER_WORKSPACE", "lots"),
             ("CONVEYOR_AI_PROVIDER_URL", "ftp://x"),
+            ("CONVEYOR_MEDIA_DECODE_MEMORY", "lots"),
+            ("CONVEYOR_MEDIA_DECODE_MEMORY", "0"),
+            // Less than twice the largest original (25 MiB by default) plus 16 MiB.
+            ("CONVEYOR_MEDIA_DECODE_MEMORY", "64MiB"),
+            ("CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS", "0"),
             ("CONVEYOR_RUNTIME_DATABASE_URL", "mysql://x"),
             ("CONVEYOR_AUDIT_RETENTION", "1h"),
             ("CONVEYOR_DEAD_LETTER_RETENTION", "12h"),

@@ -102,6 +102,11 @@ pub struct Metrics {
     pub stream_group_lag: IntGaugeVec,
     /// `conveyor_media_derivations_total{result}`: `media.process` runs by result (`derived`, `reused`, `rejected`).
     pub media_derivations: IntCounterVec,
+    /// `conveyor_media_uploads_in_progress`: media uploads this API process is receiving (at most
+    /// `CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS`).
+    pub media_uploads_in_progress: IntGauge,
+    /// `conveyor_media_uploads_refused_total`: uploads answered `503 UPLOADS_BUSY` because that many were in progress.
+    pub media_uploads_refused: IntCounter,
     /// `conveyor_build_info{version, revision, role}` = 1, once [`Metrics::set_role`] names the role.
     pub build_info: IntGaugeVec,
     /// The pools `conveyor_db_pool_*` reads at scrape ([`Metrics::watch_pool`]).
@@ -351,6 +356,16 @@ impl Metrics {
                 "conveyor_media_derivations_total",
                 "media.process runs by result: derived, reused (same bytes derived before) or rejected",
                 &["result"],
+            ),
+            media_uploads_in_progress: gauge(
+                r,
+                "conveyor_media_uploads_in_progress",
+                "Media uploads being received (at most CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS)",
+            ),
+            media_uploads_refused: counter(
+                r,
+                "conveyor_media_uploads_refused_total",
+                "Media uploads answered 503 UPLOADS_BUSY: CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS were in progress",
             ),
             registry,
         }

@@ -141,6 +141,14 @@ impl ObjectStorage {
         Ok(())
     }
 
+    /// Starts writing an object under `key` in parts ([`PartUpload::put_part`], then [`PartUpload::finish`]): it
+    /// becomes visible only once finished; an aborted or dropped upload leaves nothing under `key` (the local store
+    /// deletes its staging file; S3 keeps the parts of an upload neither completed nor aborted until a lifecycle rule
+    /// removes them).
+    pub async fn start_upload(&self, key: &ObjectKey) -> Result<PartUpload, StorageError> {
+        Ok(PartUpload { inner: self.store.put_multipart(&key.0).await? })
+    }
+
     /// Writes the concatenation of `parts` (objects written earlier) under `key` in one upload that becomes visible
     /// only when complete, reading one part at a time. Returns the size written.
     pub async fn concat(&self, key: &ObjectKey, parts: &[ObjectKey]) -> Result<u64, StorageError> {
@@ -195,6 +203,38 @@ impl ObjectStorage {
     }
 }
 
+/// An object being written one part at a time ([`ObjectStorage::start_upload`]).
+pub struct PartUpload {
+    inner: Box<dyn object_store::MultipartUpload>,
+}
+
+impl fmt::Debug for PartUpload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PartUpload").finish_non_exhaustive()
+    }
+}
+
+impl PartUpload {
+    /// Writes the next part and waits until it is stored (one part in flight: its bytes are freed when this returns).
+    /// Every part but the last must be at least 5 MiB on S3.
+    pub async fn put_part(&mut self, bytes: Bytes) -> Result<(), StorageError> {
+        self.inner.put_part(PutPayload::from(bytes)).await?;
+        Ok(())
+    }
+
+    /// Makes the object visible under its key.
+    pub async fn finish(mut self) -> Result<(), StorageError> {
+        self.inner.complete().await?;
+        Ok(())
+    }
+
+    /// Gives up: nothing becomes visible, the parts written are deleted.
+    pub async fn abort(mut self) -> Result<(), StorageError> {
+        self.inner.abort().await?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,6 +276,27 @@ mod tests {
         let bytes = store.get(&whole).await.unwrap();
         assert_eq!(bytes.len(), 30 * 1024 * 1024 + 3);
         assert_eq!(bytes[10 * 1024 * 1024], b'b');
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_object_written_in_parts_is_visible_only_once_finished() {
+        let (store, dir) = temp_store();
+        let (ws, id) = (Uuid::new_v4(), Uuid::new_v4());
+        let key = ObjectKey::new(ws, "t", id, "whole");
+        let mut upload = store.start_upload(&key).await.unwrap();
+        upload.put_part(Bytes::from(vec![b'a'; 5 * 1024 * 1024])).await.unwrap();
+        upload.put_part(Bytes::from_static(b"tail")).await.unwrap();
+        assert_eq!(store.size(&key).await.unwrap(), None, "not visible before it is finished");
+        upload.finish().await.unwrap();
+        assert_eq!(store.size(&key).await.unwrap(), Some(5 * 1024 * 1024 + 4));
+        let aborted = ObjectKey::new(ws, "t", id, "aborted");
+        let mut upload = store.start_upload(&aborted).await.unwrap();
+        upload.put_part(Bytes::from_static(b"partial")).await.unwrap();
+        upload.abort().await.unwrap();
+        assert_eq!(store.size(&aborted).await.unwrap(), None);
+        let left: Vec<_> = std::fs::read_dir(dir.join(format!("workspaces/{ws}/t/{id}"))).unwrap().collect();
+        assert_eq!(left.len(), 1, "only the finished object is left: {left:?}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -209,7 +209,7 @@ fn process_settings(app: &TestApp) -> ProcessSettings {
     ProcessSettings {
         storage: ObjectStorage::open(&app.config.scenarios.object_store_url).unwrap(),
         limits: limits(app),
-        gate: DecodeGate::new(2),
+        gate: DecodeGate::new(2, 320 << 20),
     }
 }
 
@@ -665,10 +665,10 @@ async fn a_decompression_bomb_never_grows_a_worker_process_past_the_bound_of_its
     assert_eq!(processed(&app, who, &warm).await["status"], "ready", "log:\n{}", worker.log());
     let baseline = peak_rss(pid);
 
-    // At most one decode per permit at once (the worker's gate, `CONVEYOR_MEDIA_DECODE_PERMITS`), each holding at most the original, the decoded
-    // pixels (at most 8 bytes a pixel, 16-bit RGBA, under the decoder's allocation limit) and an 8-bit copy (4 bytes
-    // a pixel); plus 64 MiB for the allocator's and the runtime's slack. The bombs claim 10^10, 3.6 × 10^9 and
-    // 2.25 × 10^8 pixels.
+    // At most one decode per permit at once (the worker's gate, `CONVEYOR_MEDIA_DECODE_PERMITS`), each holding at
+    // most the original and 12 bytes a pixel (what a 16-bit RGBA decode and its 8-bit copy took before decodes went
+    // straight to 8 bits; an upper bound still); plus 64 MiB for the allocator's and the runtime's slack. The bombs
+    // claim 10^10, 3.6 × 10^9 and 2.25 × 10^8 pixels. (tests/memory_bounds.rs holds the decode memory's bounds.)
     let bound = baseline + PERMITS * (MAX_BYTES + 12 * MAX_PIXELS) + 64 * 1024 * 1024;
     let started = std::time::Instant::now();
     let inflating = png_inflating_bomb();
@@ -780,8 +780,8 @@ async fn cancel(app: &TestApp, who: Principal, operation: &str) {
 
 #[tokio::test]
 async fn a_canceled_decode_keeps_its_permit_until_its_blocking_work_ends() {
-    const MAX_BYTES: u64 = 4 * 1024 * 1024;
-    const MAX_PIXELS: u64 = 4_000_000;
+    const MAX_BYTES: u64 = 16 * 1024 * 1024;
+    const MAX_PIXELS: u64 = 16_000_000;
     const PERMITS: u64 = 1;
     let limits = |v: &mut HashMap<String, String>| {
         v.insert("CONVEYOR_MEDIA_MAX_BYTES".into(), MAX_BYTES.to_string());
@@ -789,13 +789,18 @@ async fn a_canceled_decode_keeps_its_permit_until_its_blocking_work_ends() {
     };
     let app = TestApp::spawn_with(limits).await;
     let who = principal();
-    // 16-bit RGBA: 32 MB of decoded pixels, held (by the failpoint) for 12 s after each decode.
-    let (width, height) = (2000u32, 1990u32);
+    // 16-bit RGBA, decoded straight to 8 bits (64 MB of pixels), held (by the failpoint) for 12 s after each decode.
+    let (width, height) = (4000u32, 3990u32);
     let rgba16 = DynamicImage::ImageRgba16(image::ImageBuffer::from_fn(width, height, |x, y| {
-        image::Rgba([(x * 32 % 65536) as u16, (y * 32 % 65536) as u16, 9000, 50000])
+        image::Rgba([(x * 16 % 65536) as u16, (y * 16 % 65536) as u16, 9000, 50000])
     }));
     let png = encode(&rgba16, ImageFormat::Png);
+    drop(rgba16);
     assert!(png.len() as u64 <= MAX_BYTES, "{} bytes", png.len());
+    // What one decode of it reserves from the decode memory (the original, its 8-bit pixels, the decoder's working
+    // memory and the derivatives), as the worker computes it from the header.
+    let reserved =
+        media::inspect("image/png", &png, ImageLimits { max_bytes: MAX_BYTES, max_pixels: MAX_PIXELS }).unwrap().memory;
     let (worker, shutdown) = worker_process(
         &app,
         &[
@@ -811,13 +816,13 @@ async fn a_canceled_decode_keeps_its_permit_until_its_blocking_work_ends() {
     let (warm, _) = submit(&app, who, "image/png", encode(&gradient(64, 64), ImageFormat::Png)).await;
     assert_eq!(processed(&app, who, &warm).await["status"], "ready", "log:\n{}", worker.log());
     let baseline = peak_rss(pid);
-    // One decode per permit, each holding at most the original, the decoded pixels (8 bytes a pixel) and an 8-bit
-    // copy (4), plus 64 MiB of slack: the bound of `CONVEYOR_MEDIA_DECODE_PERMITS`, not of the cores.
-    let bound = baseline + PERMITS * (MAX_BYTES + 12 * MAX_PIXELS) + 64 * 1024 * 1024;
+    // One decode per permit, each holding at most what it reserved, plus 64 MiB of slack: the bound of
+    // `CONVEYOR_MEDIA_DECODE_PERMITS`, not of the cores.
+    let bound = baseline + PERMITS * reserved + 64 * 1024 * 1024;
 
     // Complete, let the job start its decode, cancel it, complete again: five times. Each canceled decode goes on
-    // running on its blocking thread, holding its 32 MB for 12 s; if its job gave the permit back when it was
-    // dropped, the next job would decode beside it (five at once: 160 MB over the baseline).
+    // running on its blocking thread, holding its original and 64 MB of pixels for 12 s; if its job gave the permit
+    // back when it was dropped, the next job would decode beside it (five at once: some 380 MB over the baseline).
     let (id, mut op) = submit(&app, who, "image/png", png).await;
     for round in 0..5 {
         common::operation_reaches(&app, who, &op, "running", WAIT)
@@ -832,7 +837,7 @@ async fn a_canceled_decode_keeps_its_permit_until_its_blocking_work_ends() {
     }
     let media = processed(&app, who, &id).await;
     assert_eq!(media["status"], "ready", "{media}; log:\n{}", worker.log());
-    assert_eq!((media["width"].as_u64(), media["height"].as_u64()), (Some(2000), Some(1990)));
+    assert_eq!((media["width"].as_u64(), media["height"].as_u64()), (Some(4000), Some(3990)));
     let peak = peak_rss(pid);
     eprintln!(
         "worker VmHWM: baseline {} MiB, after five canceled decodes {} MiB, bound {} MiB",

@@ -162,6 +162,18 @@ pub const VARIABLES: &[Variable] = &[
     var("CONVEYOR_MEDIA_MAX_PIXELS", WORKER, Some("64000000"), "largest width x height decoded"),
     var("CONVEYOR_MEDIA_DECODE_PERMITS", WORKER, None, "images decoded at once (default: one per CPU core)"),
     var(
+        "CONVEYOR_MEDIA_DECODE_MEMORY",
+        WORKER,
+        Some("320MiB"),
+        "memory the images decoded at once may hold together, reserved from each header (a size: 320MiB, 1GiB)",
+    ),
+    var(
+        "CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS",
+        API,
+        Some("16"),
+        "uploads received at once by one API process (each holds at most a 5 MiB part); beyond it 503",
+    ),
+    var(
         "CONVEYOR_ASSET_ALLOWED_NETWORKS",
         API | WORKER,
         None,

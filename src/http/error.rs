@@ -87,6 +87,10 @@ pub enum ApiError {
     /// The `If-Match` revision is not the current one (`412`); the problem carries `current_revision`.
     #[error("the resource has changed since it was read; its current revision is {0}")]
     PreconditionFailed(i64),
+    /// As many media uploads as `CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS` are being received by this process (`503
+    /// UPLOADS_BUSY` with `Retry-After`); nothing was read or kept.
+    #[error("this server is receiving {0} uploads already, its limit; retry later")]
+    UploadsBusy(usize),
     /// PostgreSQL or Redis cannot be reached right now.
     #[error("a backing service is unavailable")]
     Unavailable(#[source] anyhow::Error),
@@ -94,6 +98,9 @@ pub enum ApiError {
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
+
+/// The `Retry-After` of `503 UPLOADS_BUSY`: about what an upload of a few megabytes takes.
+pub const UPLOADS_RETRY_AFTER_SECS: u64 = 2;
 
 #[derive(Serialize)]
 struct Problem<'a> {
@@ -149,7 +156,7 @@ impl ApiError {
             Self::IdempotencyKeyReused | Self::IdempotencyRequestInProgress | Self::OperationFinished(_) => {
                 StatusCode::CONFLICT
             }
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::UploadsBusy(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -173,6 +180,7 @@ impl ApiError {
             Self::AiQuotaExceeded { .. } => "AI_QUOTA_EXCEEDED",
             Self::PreconditionFailed(_) => "PRECONDITION_FAILED",
             Self::Unavailable(_) => "SERVICE_UNAVAILABLE",
+            Self::UploadsBusy(_) => "UPLOADS_BUSY",
             Self::Internal(_) => "INTERNAL",
         }
     }
@@ -220,6 +228,9 @@ impl IntoResponse for ApiError {
         let headers = response.headers_mut();
         if matches!(self, Self::IdempotencyRequestInProgress | Self::Unavailable(_)) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Self::UploadsBusy(_) = self {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(UPLOADS_RETRY_AFTER_SECS));
         }
         if let Self::AiQuotaExceeded { retry_after_secs: Some(secs), .. } = self {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -6,7 +6,9 @@
 //!   `422 VALIDATION_FAILED`.
 //! - `PUT /v1/media/{id}/content` (not idempotency-keyed): the raw bytes, streamed into object storage in parts; an
 //!   upload replaces an earlier one while the media is `awaiting_upload`. More than `CONVEYOR_MEDIA_MAX_BYTES` → 413;
-//!   an empty body → `422 VALIDATION_FAILED`; after completion → `409 MEDIA_ALREADY_COMPLETED` (with `operation_id`).
+//!   an empty body → `422 VALIDATION_FAILED`; after completion → `409 MEDIA_ALREADY_COMPLETED` (with `operation_id`);
+//!   while `CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS` uploads are being received by the process → `503 UPLOADS_BUSY`
+//!   with `Retry-After`, before a byte is read (each upload holds one part in memory: the cap bounds the process's).
 //! - `POST /v1/media/{id}/complete` (idempotent) → `202 {"media", "operation"}`; without an upload
 //!   `409 MEDIA_NOT_UPLOADED`; once completed (under another key) `409 MEDIA_ALREADY_COMPLETED` with `operation_id`,
 //!   unless that operation ended `canceled` or `failed`, when a new one starts.
@@ -104,6 +106,7 @@ async fn upload(
     request: Request,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
+    let _receiving = Receiving::enter(&state)?;
     let max_bytes = state.scenarios.media_max_bytes;
     // Refuse before reading a byte when the media cannot take an upload or the body announces too many bytes.
     let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
@@ -119,7 +122,7 @@ async fn upload(
     }
 
     let body = request.into_body().into_data_stream();
-    let (object, size) = media::store_upload(&state.storage, principal.workspace_id, id, body, max_bytes)
+    let (object, size) = media::store_upload(&state.storage, principal.workspace_id, id, body, announced, max_bytes)
         .await
         .map_err(|e| match e {
             UploadError::TooLarge(max) => ApiError::PayloadTooLarge(usize::try_from(max).unwrap_or(usize::MAX)),
@@ -148,6 +151,31 @@ async fn upload(
     drop(tx);
     discard(&state, &object).await;
     Err(refused)
+}
+
+/// One of the uploads the process receives at once, counted in `conveyor_media_uploads_in_progress` while it lasts
+/// (until the handler returns or its client goes away).
+struct Receiving {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    gauge: prometheus::IntGauge,
+}
+
+impl Receiving {
+    fn enter(state: &AppState) -> Result<Self, ApiError> {
+        let Ok(permit) = state.uploads.clone().try_acquire_owned() else {
+            state.metrics.media_uploads_refused.inc();
+            return Err(ApiError::UploadsBusy(state.scenarios.media_max_concurrent_uploads));
+        };
+        let gauge = state.metrics.media_uploads_in_progress.clone();
+        gauge.inc();
+        Ok(Self { _permit: permit, gauge })
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
 }
 
 /// Deletes an object nothing points at any more; a failure leaves garbage, not an error.

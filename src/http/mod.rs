@@ -59,6 +59,8 @@ pub struct Shared {
     pub storage: crate::storage::ObjectStorage,
     /// Media, transfer and TLS settings.
     pub scenarios: crate::config::ScenarioSettings,
+    /// The uploads received at once (`CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS`): one permit each, taken without waiting.
+    pub uploads: Arc<tokio::sync::Semaphore>,
     /// Operating across workspaces (admin API, web UI); `None` without `CONVEYOR_OPERATOR_DATABASE_URL`.
     pub admin: Option<crate::admin::Admin>,
     /// Checks operator credentials (`CONVEYOR_ADMIN_TOKEN`, operator JWTs).

@@ -33,10 +33,11 @@ use crate::outbox::{self, EnqueueError, EnqueueOptions};
 use crate::storage::ObjectKey;
 
 pub use images::{
-    Checked, Derived, DerivedImage, Format, ImageLimits, Refusal, RejectionCode, Sniffed, derive, inspect, sniff,
+    Checked, Derived, DerivedImage, Format, ImageLimits, Refusal, RejectionCode, Sniffed, check_memory, derive,
+    inspect, sniff,
 };
 pub use process::{DecodeGate, Derivation, ProcessError, ProcessOutcome, ProcessSettings, process_tx};
-pub use upload::{UploadError, store_upload};
+pub use upload::{PART_BYTES, UploadError, store_upload};
 
 /// The operation kind (and job kind) of processing.
 pub const PROCESS_KIND: &str = <ProcessMedia as crate::JobKind>::KIND;

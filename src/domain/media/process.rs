@@ -22,33 +22,95 @@ use crate::ids::WorkspaceId;
 use crate::storage::{ObjectKey, ObjectStorage, StorageError};
 
 /// Bounds the runs that hold image bytes at once in this process (from reading the original to storing the
-/// derivatives), so that memory stays at most `permits` × (original + decoded pixels) however many jobs the worker
-/// runs at once. Cheap to clone.
+/// derivatives): at most `permits` runs, whose memory together stays within the decode memory
+/// (`CONVEYOR_MEDIA_DECODE_MEMORY`), however many jobs the worker runs at once. Cheap to clone.
 ///
-/// The permit moves into every blocking closure that works on the bytes and comes back out with its result: a job
-/// whose future is dropped mid-decode (canceled, timed out) does not free its permit while the decode it started goes
-/// on running on its blocking thread; the permit is released when that work and the bytes it holds are gone.
+/// A run takes a permit, then reserves the original's size (and what inspecting its header takes) before reading it,
+/// then, from the header, all that decoding and deriving it takes ([`images::Checked::memory`]) before decoding. The
+/// memory is counted in KiB on a fair semaphore. The second reservation is only ever *tried* while the first is held:
+/// when the memory is not free, the run lets its original go and waits for the whole reservation at once, holding no
+/// memory while it waits (then reads the original again), so two runs never each hold part of what the other waits
+/// for.
+///
+/// What a run holds moves into every blocking closure that works on the bytes and comes back out with its result: a
+/// job whose future is dropped mid-decode (canceled, timed out) does not free its permit or its memory while the
+/// decode it started goes on running on its blocking thread; they are released when that work and the bytes it holds
+/// are gone.
 #[derive(Clone, Debug)]
-pub struct DecodeGate(Arc<Semaphore>);
+pub struct DecodeGate {
+    permits: Arc<Semaphore>,
+    memory: Arc<Semaphore>,
+    memory_kib: u32,
+}
+
+/// What a run holds: one of the gate's permits and its memory.
+#[derive(Debug)]
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    memory: OwnedSemaphorePermit,
+}
+
+/// What reading an original and inspecting its header may take besides the original itself.
+const INSPECT_BYTES: u64 = 8 * 1024 * 1024;
+
+fn kib(bytes: u64) -> u32 {
+    u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX)
+}
 
 impl DecodeGate {
-    /// At most `permits` decodes at once (at least one).
-    pub fn new(permits: usize) -> Self {
-        Self(Arc::new(Semaphore::new(permits.max(1))))
+    /// At most `permits` decodes at once (at least one), holding at most `memory` bytes together (at most 4 TiB).
+    pub fn new(permits: usize, memory: u64) -> Self {
+        let memory_kib = kib(memory).max(1);
+        Self {
+            permits: Arc::new(Semaphore::new(permits.max(1))),
+            memory: Arc::new(Semaphore::new(memory_kib as usize)),
+            memory_kib,
+        }
     }
 
-    /// One decode per CPU core.
-    pub fn per_core() -> Self {
-        Self::new(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    /// One decode per CPU core, within `memory` bytes.
+    pub fn per_core(memory: u64) -> Self {
+        Self::new(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), memory)
     }
 
     /// Permits free right now (for tests and metrics).
     pub fn available(&self) -> usize {
-        self.0.available_permits()
+        self.permits.available_permits()
     }
 
-    async fn acquire(&self) -> OwnedSemaphorePermit {
-        self.0.clone().acquire_owned().await.expect("the gate is never closed")
+    /// Bytes of decode memory not reserved right now (to the KiB).
+    pub fn memory_available(&self) -> u64 {
+        self.memory.available_permits() as u64 * 1024
+    }
+
+    /// The decode memory, all of it (to the KiB).
+    pub fn memory(&self) -> u64 {
+        u64::from(self.memory_kib) * 1024
+    }
+
+    async fn permit(&self) -> OwnedSemaphorePermit {
+        self.permits.clone().acquire_owned().await.expect("the gate is never closed")
+    }
+
+    /// Waits for `bytes` of memory (at most all of it).
+    async fn reserve(&self, bytes: u64) -> OwnedSemaphorePermit {
+        let kib = kib(bytes).min(self.memory_kib);
+        self.memory.clone().acquire_many_owned(kib).await.expect("the gate is never closed")
+    }
+
+    /// Grows `held` to `bytes` if that much is free now.
+    fn try_grow(&self, held: &mut OwnedSemaphorePermit, bytes: u64) -> bool {
+        let more = kib(bytes).min(self.memory_kib).saturating_sub(held.num_permits() as u32);
+        if more == 0 {
+            return true;
+        }
+        match self.memory.clone().try_acquire_many_owned(more) {
+            Ok(extra) => {
+                held.merge(extra);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -59,7 +121,8 @@ pub struct ProcessSettings {
     pub storage: ObjectStorage,
     /// `CONVEYOR_MEDIA_MAX_BYTES` and `CONVEYOR_MEDIA_MAX_PIXELS`.
     pub limits: ImageLimits,
-    /// The process's bound on concurrent decodes.
+    /// The process's bound on concurrent decodes and their memory (`CONVEYOR_MEDIA_DECODE_PERMITS`,
+    /// `CONVEYOR_MEDIA_DECODE_MEMORY`).
     pub gate: DecodeGate,
 }
 
@@ -159,10 +222,11 @@ pub async fn process_tx(
     }
     let object = ObjectKey::parse(object_key.as_deref().expect("a processing media has its object"))?;
     let limits = settings.limits;
+    let gate = &settings.gate;
     // Held until the end: the original and its pixels are in memory from here on. Taken before the advisory lock
-    // below, so the holder of that lock always holds a permit too and can finish. It moves into each blocking closure
-    // and back (see [`DecodeGate`]).
-    let permit = settings.gate.acquire().await;
+    // below, so the holder of that lock always holds a permit and its memory too and can finish. It moves into each
+    // blocking closure and back (see [`DecodeGate`]).
+    let permit = gate.permit().await;
 
     // Never read more than the limit: the size first, then a bounded read (in case the object grew meanwhile).
     let too_large =
@@ -171,21 +235,39 @@ pub async fn process_tx(
     if size > limits.max_bytes {
         return reject_tx(tx, media_id, None, too_large()).await;
     }
-    let Some(bytes) = read_bounded(&settings.storage, &object, limits.max_bytes).await? else {
+    let memory = gate.reserve(size + INSPECT_BYTES).await;
+    let Some(bytes) = read_bounded(&settings.storage, &object, size, limits.max_bytes).await? else {
         return reject_tx(tx, media_id, None, too_large()).await;
     };
 
-    let ((bytes, sha256, inspected), permit) = blocking(permit, move || {
+    let held = Held { _permit: permit, memory };
+    let ((bytes, sha256, inspected), mut held) = blocking(held, move || {
         let sha256: [u8; 32] = Sha256::digest(&bytes).into();
         let inspected = guarded(|| images::inspect(&content_type, &bytes, limits));
         (bytes, sha256, inspected)
     })
     .await?;
     let sha_hex = hex(&sha256);
-    let checked = match inspected {
+    let checked = match inspected.and_then(|checked| images::check_memory(&checked, gate.memory()).map(|()| checked)) {
         Ok(checked) => checked,
         Err(refusal) => return reject_tx(tx, media_id, Some(&sha_hex), refusal).await,
     };
+    // All that decoding it takes, before a pixel is decoded: at once if it is free, else without holding any of it
+    // while waiting (the original is read again once it is reserved).
+    let bytes = if gate.try_grow(&mut held.memory, checked.memory) {
+        bytes
+    } else {
+        drop(bytes);
+        drop(held.memory);
+        held.memory = gate.reserve(checked.memory).await;
+        let again = read_bounded(&settings.storage, &object, size, limits.max_bytes).await?;
+        match again.filter(|again| Sha256::digest(again).as_slice() == sha256) {
+            Some(again) => again,
+            // An original's object is written once; a different one is a storage fault, worth a retry.
+            None => return Err(StorageError::Backend(format!("{object} changed while it was processed")).into()),
+        }
+    };
+    let permit = held;
 
     // One derivation per content in the workspace: wait for a concurrent job on the same bytes, then look.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
@@ -253,15 +335,17 @@ async fn reject_tx(
     Ok(ProcessOutcome::Rejected { code: refusal.code.as_str(), detail: refusal.detail })
 }
 
-/// The object, or `None` once it passes `max_bytes` (reading at most one chunk past the limit).
+/// The object, or `None` once it passes `max_bytes` (reading at most one chunk past the limit), into a buffer of its
+/// announced `size` (no copy as it grows, unless the object grew meanwhile).
 async fn read_bounded(
     storage: &ObjectStorage,
     object: &ObjectKey,
+    size: u64,
     max_bytes: u64,
 ) -> Result<Option<bytes::Bytes>, StorageError> {
     use futures_util::StreamExt;
     let mut stream = std::pin::pin!(storage.stream(object).await?);
-    let mut buffer = bytes::BytesMut::new();
+    let mut buffer = bytes::BytesMut::with_capacity(usize::try_from(size.min(max_bytes)).unwrap_or(0));
     while let Some(chunk) = stream.next().await {
         let chunk = chunk?;
         if (buffer.len() + chunk.len()) as u64 > max_bytes {
@@ -292,7 +376,7 @@ async fn stored_manifest(
 /// Decodes and derives on a blocking thread, then stores the derivatives and, last, their manifest.
 async fn derive_and_store(
     settings: &ProcessSettings,
-    permit: OwnedSemaphorePermit,
+    permit: Held,
     workspace_id: WorkspaceId,
     derivation_id: Uuid,
     bytes: bytes::Bytes,
@@ -331,12 +415,12 @@ async fn derive_and_store(
     Ok(Ok(manifest))
 }
 
-/// Runs `work` on a blocking thread holding `permit`, and hands the permit back with the result. If the caller's
-/// future is dropped meanwhile, the permit stays with the work until it ends.
+/// Runs `work` on a blocking thread holding `permit` (and its memory), and hands them back with the result. If the
+/// caller's future is dropped meanwhile, they stay with the work until it ends.
 async fn blocking<T: Send + 'static>(
-    permit: OwnedSemaphorePermit,
+    permit: Held,
     work: impl FnOnce() -> T + Send + 'static,
-) -> Result<(T, OwnedSemaphorePermit), ProcessError> {
+) -> Result<(T, Held), ProcessError> {
     tokio::task::spawn_blocking(move || (work(), permit)).await.map_err(|e| ProcessError::Panicked(e.to_string()))
 }
 
@@ -369,6 +453,31 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn memory_is_reserved_whole_or_waited_for_without_holding_any() {
+        let gate = DecodeGate::new(2, 100 << 20);
+        assert_eq!(gate.memory(), 100 << 20);
+        let mut first = gate.reserve(10 << 20).await;
+        assert!(gate.try_grow(&mut first, 80 << 20), "80 of 100 MiB are free");
+        let mut second = gate.reserve(10 << 20).await;
+        assert!(!gate.try_grow(&mut second, 30 << 20), "only 10 MiB are left");
+        assert_eq!(gate.memory_available(), 10 << 20, "a failed try takes nothing");
+        // The second run lets its part go and waits for the whole: the first finishes and it gets it.
+        drop(second);
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.reserve(30 << 20).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(first);
+        let second = waiting.await.unwrap();
+        assert_eq!(second.num_permits() as u64 * 1024, 30 << 20);
+        // Never more than all of it, however much is asked.
+        drop(second);
+        assert_eq!(gate.reserve(1 << 40).await.num_permits() as u64 * 1024, 100 << 20);
+    }
 
     #[test]
     fn a_panic_in_the_decoder_is_a_corrupt_refusal() {
