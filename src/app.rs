@@ -313,6 +313,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         visibility: config.worker_visibility,
         keepalive: config.operation_keepalive,
         max_deliveries: config.worker_max_deliveries,
+        queue_concurrency: config.worker_queue_concurrency.clone(),
         ..WorkerSettings::default()
     };
     Worker::builder(state.pool.clone(), consumer)

@@ -147,6 +147,8 @@ pub struct Config {
     /// Deliveries of a job that may end with their worker stopped before it is dead-lettered
     /// (`CONVEYOR_WORKER_MAX_DELIVERIES`, default 5).
     pub worker_max_deliveries: u32,
+    /// Slots of each queue named, at most (`CONVEYOR_WORKER_QUEUE_CONCURRENCY=transfers=4,media=8`).
+    pub worker_queue_concurrency: std::collections::BTreeMap<String, usize>,
     /// Longest run of one job (`CONVEYOR_JOB_TIMEOUT`, default 60s).
     pub job_timeout: Duration,
     /// Runs of a job before it is dead-lettered (`CONVEYOR_JOB_MAX_ATTEMPTS`, default 5).
@@ -640,6 +642,7 @@ impl Config {
             worker_concurrency: positive(src, "CONVEYOR_WORKER_CONCURRENCY", 16)?,
             worker_visibility: duration(src, "CONVEYOR_WORKER_VISIBILITY", Duration::from_secs(5))?,
             worker_max_deliveries: positive(src, "CONVEYOR_WORKER_MAX_DELIVERIES", 5u32)?,
+            worker_queue_concurrency: queue_concurrency(src)?,
             job_timeout: duration(src, "CONVEYOR_JOB_TIMEOUT", Duration::from_secs(60))?,
             job_max_attempts: positive(src, "CONVEYOR_JOB_MAX_ATTEMPTS", 5)?,
             maintenance_interval: duration(src, "CONVEYOR_MAINTENANCE_INTERVAL", Duration::from_secs(30))?,
@@ -719,6 +722,29 @@ fn optional_runtime_database_url(src: &dyn Source) -> Result<Option<Secret<Strin
         None => Ok(None),
         Some(_) => runtime_database_url(src).map(Some),
     }
+}
+
+/// `CONVEYOR_WORKER_QUEUE_CONCURRENCY`: `queue=slots` pairs separated by commas.
+fn queue_concurrency(src: &dyn Source) -> Result<std::collections::BTreeMap<String, usize>, ConfigError> {
+    const NAME: &str = "CONVEYOR_WORKER_QUEUE_CONCURRENCY";
+    let mut caps = std::collections::BTreeMap::new();
+    for pair in src.get(NAME).unwrap_or_default().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((queue, slots)) = pair.split_once('=') else {
+            return Err(invalid(NAME, format!("`{pair}` is not queue=slots (say transfers=4,media=8)")));
+        };
+        let queue = queue.trim();
+        if !crate::kind::valid_queue_name(queue) {
+            return Err(invalid(NAME, format!("`{queue}` is not a valid queue name")));
+        }
+        let slots: usize = match slots.trim().parse() {
+            Ok(n) if n >= 1 => n,
+            _ => return Err(invalid(NAME, format!("the slots of `{queue}` must be a whole number of at least 1"))),
+        };
+        if caps.insert(queue.to_owned(), slots).is_some() {
+            return Err(invalid(NAME, format!("`{queue}` is named twice")));
+        }
+    }
+    Ok(caps)
 }
 
 fn dead_letter_retention(src: &dyn Source) -> Result<Duration, ConfigError> {
@@ -945,6 +971,10 @@ mod tests {
             ("CONVEYOR_AUDIT_RETENTION", "1h"),
             ("CONVEYOR_DEAD_LETTER_RETENTION", "12h"),
             ("CONVEYOR_WORKER_MAX_DELIVERIES", "0"),
+            ("CONVEYOR_WORKER_QUEUE_CONCURRENCY", "transfers"),
+            ("CONVEYOR_WORKER_QUEUE_CONCURRENCY", "transfers=0"),
+            ("CONVEYOR_WORKER_QUEUE_CONCURRENCY", "Bad Queue=2"),
+            ("CONVEYOR_WORKER_QUEUE_CONCURRENCY", "media=2,media=3"),
             // Shorter than the de-dup window (24 h): a repeated hand-off could outlive its job's row.
             ("CONVEYOR_OUTBOX_RETENTION", "1h"),
             ("CONVEYOR_OPERATION_KEEPALIVE", "0s"),

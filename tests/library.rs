@@ -1011,3 +1011,25 @@ async fn an_entry_whose_job_retention_deleted_is_acknowledged_without_running() 
     let _: () = client.del(&stream).await.unwrap_or(());
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn slots_set_for_a_queue_the_worker_does_not_consume_are_refused_naming_it() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let build = |queue: &'static str, slots: usize| {
+        let app = &app;
+        let redis = redis.clone();
+        async move {
+            Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
+                .runtime_pool(app.db.runtime_pool.clone())
+                .handle::<Greet>(Greeter(Log::default()))
+                .queue_concurrency(queue, slots)
+                .build()
+        }
+    };
+    let err = build("greeting", 2).await.err().expect("refused").to_string();
+    assert!(err.contains("`greeting`") && err.contains("greetings"), "{err}");
+    let err = build("greetings", 0).await.err().expect("refused").to_string();
+    assert!(err.contains("at least one slot"), "{err}");
+    assert!(build("greetings", 2).await.is_ok());
+}

@@ -964,3 +964,70 @@ fn the_allowed_ports_variable_is_validated_with_a_message_naming_it() {
         assert!(text.contains("is not a port number from 1 to 65535"), "{bad}: {text}");
     }
 }
+
+/// A 2×2 PNG.
+fn tiny_png() -> Vec<u8> {
+    let mut bytes = std::io::Cursor::new(Vec::new());
+    image::DynamicImage::ImageRgb8(image::RgbImage::from_pixel(2, 2, image::Rgb([200, 40, 40])))
+        .write_to(&mut bytes, image::ImageFormat::Png)
+        .unwrap();
+    bytes.into_inner()
+}
+
+#[tokio::test]
+async fn one_tenants_slow_transfers_never_hold_the_slot_another_tenants_media_job_needs() {
+    let (_sandbox, sandbox_url) = common::sandbox(Settings::default()).await;
+    // Two slots, as in the report: two transfers could hold both.
+    let app = app(LOOPBACK, &sandbox_url, &[("CONVEYOR_WORKER_CONCURRENCY", "2")]).await;
+    let shutdown = CancellationToken::new();
+    run_pipeline(&app, &shutdown).await;
+    let (slow, other) = (principal(), principal());
+    // Sources that send 1 KiB a second: 8 MiB would take over two hours.
+    let size = 8 * 1024 * 1024;
+    let mut transfers = Vec::new();
+    for n in 0..2 {
+        let url = format!("{sandbox_url}/files/slow-{n}.png?size={size}&content_type=image/png&throttle_kbps=1");
+        transfers.push(start(&app, slow, &url).await.0);
+    }
+    common::eventually(Duration::from_secs(30), || async {
+        for id in &transfers {
+            if transfer(&app, slow, id).await["status"] == "transferring" {
+                return Some(());
+            }
+        }
+        None
+    })
+    .await
+    .expect("a slow transfer is downloading");
+
+    // Another tenant's upload: its media job gets a slot while the transfers go on.
+    let png = tiny_png();
+    let body = json!({"filename": "dot.png", "content_type": "image/png", "size_bytes": png.len()});
+    let created: Value = app.send(Method::POST, "/v1/media", other, Some(&body)).await.json().await.unwrap();
+    let media = created["media"]["id"].as_str().unwrap().to_owned();
+    let put = app
+        .http
+        .put(app.url(&format!("/v1/media/{media}/content")))
+        .bearer_auth(app.token(other))
+        .header("content-type", "application/octet-stream")
+        .body(png)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let key = Uuid::new_v4().to_string();
+    let path = format!("/v1/media/{media}/complete");
+    assert_eq!(app.send_with_key(Method::POST, &path, other, Some(&key), Some(&json!({}))).await.status(), 202);
+    let processed = common::eventually(Duration::from_secs(30), || async {
+        let m: Value = app.send(Method::GET, &format!("/v1/media/{media}"), other, None).await.json().await.unwrap();
+        (m["status"] != "processing").then_some(m)
+    })
+    .await
+    .expect("the other tenant's media was processed while the slow transfers went on");
+    assert_eq!(processed["status"], "ready", "{processed}");
+    for id in &transfers {
+        let t = transfer(&app, slow, id).await;
+        assert!(!matches!(t["status"].as_str(), Some("completed" | "failed")), "still transferring: {t}");
+    }
+    shutdown.cancel();
+}

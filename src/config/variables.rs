@@ -146,6 +146,12 @@ pub const VARIABLES: &[Variable] = &[
     var("CONVEYOR_WORKER_CONCURRENCY", WORKER, Some("16"), "jobs a worker process runs at once"),
     var("CONVEYOR_WORKER_VISIBILITY", WORKER, Some("5s"), "idle time before a dead consumer's entry is reclaimed"),
     var(
+        "CONVEYOR_WORKER_QUEUE_CONCURRENCY",
+        WORKER,
+        None,
+        "slots of each queue named, at most (transfers=4,media=8); others: all but one per other queue",
+    ),
+    var(
         "CONVEYOR_WORKER_MAX_DELIVERIES",
         WORKER,
         Some("5"),

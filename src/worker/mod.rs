@@ -16,6 +16,7 @@ mod execute;
 pub mod handler;
 mod reader;
 pub mod runtime;
+mod slots;
 
 pub use handler::{Handler, JobContext, JobError};
 pub use runtime::{Outcome, Worker, WorkerBuilder, WorkerSettings};

@@ -5,12 +5,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::runtime::{Lane, Outcome, Queue, Worker};
+use super::slots::Slot;
 use crate::db;
 use crate::ids::WorkspaceId;
 use crate::outbox::transitions as record;
@@ -24,7 +24,7 @@ impl Worker {
         jobs: &TaskTracker,
         queue: Arc<Queue>,
         entry: Entry,
-        permit: OwnedSemaphorePermit,
+        permit: Slot,
         abandon: CancellationToken,
         taken_over: bool,
     ) {
@@ -37,31 +37,41 @@ impl Worker {
         });
     }
 
-    /// A free job slot, unless `shutdown` comes first.
-    async fn slot(&self, shutdown: &CancellationToken) -> Option<OwnedSemaphorePermit> {
+    /// A free slot for a job of `queue`, unless `shutdown` comes first.
+    async fn slot(&self, queue: &Queue, shutdown: &CancellationToken) -> Option<Slot> {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => None,
-            p = self.0.permits.clone().acquire_owned() => Some(p.expect("the semaphore is never closed")),
+            slot = self.0.slots.take(&queue.cap) => Some(slot),
         }
     }
 
     /// Every job slot, once the jobs running now have ended, unless `shutdown` comes first: for a job that may take
-    /// its worker down. Reads wait meanwhile (the semaphore is fair: no slot is given out while this waits).
-    async fn every_slot(&self, shutdown: &CancellationToken) -> Option<OwnedSemaphorePermit> {
-        let all = u32::try_from(self.0.settings.concurrency).unwrap_or(u32::MAX);
+    /// its worker down. Reads wait meanwhile (no slot is given out while this waits).
+    async fn every_slot(&self, queue: &Queue, shutdown: &CancellationToken) -> Option<Slot> {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => None,
-            p = self.0.permits.clone().acquire_many_owned(all) => Some(p.expect("the semaphore is never closed")),
+            slot = self.0.slots.take_all(&queue.cap) => Some(slot),
         }
     }
 
-    /// Waits for a free job slot and returns it with the number of slots free now (at least 1).
-    async fn free_slots(&self, shutdown: &CancellationToken) -> Option<(OwnedSemaphorePermit, usize)> {
-        let first = self.slot(shutdown).await?;
-        let free = 1 + self.0.permits.available_permits().min(255);
-        Some((first, free + read_beyond_free_slots()))
+    /// Waits until a lane's queue has room for a job; then the room of each of `lanes` (at most 256 each), unless
+    /// `shutdown` comes first.
+    async fn rooms(&self, lanes: &[Lane], shutdown: &CancellationToken) -> Option<Vec<usize>> {
+        loop {
+            let rooms: Vec<usize> = lanes.iter().map(|(q, _)| self.0.slots.room(&q.cap).min(256)).collect();
+            if rooms.iter().any(|&r| r > 0) {
+                return Some(rooms);
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return None,
+                _ = self.0.slots.freed() => {}
+                // The lanes may have grown meanwhile (more partitions).
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
     }
 
     /// Starts jobs for `entries`, each as soon as a slot is free (the first takes `first`). Jobs that must not run
@@ -77,7 +87,7 @@ impl Worker {
         (queue, partition): &Lane,
         entries: Vec<Entry>,
         taken_over: bool,
-        first: Option<OwnedSemaphorePermit>,
+        first: Option<Slot>,
         jobs: &TaskTracker,
         abandon: &CancellationToken,
         shutdown: &CancellationToken,
@@ -114,11 +124,11 @@ impl Worker {
             let held = first.take();
             let permit = if alone {
                 drop(held); // waiting for every slot while holding one would wait forever
-                self.every_slot(shutdown).await
+                self.every_slot(queue, shutdown).await
             } else {
                 match held {
                     Some(p) => Some(p),
-                    None => self.slot(shutdown).await,
+                    None => self.slot(queue, shutdown).await,
                 }
             };
             let permit = match permit {
@@ -174,31 +184,37 @@ impl Worker {
         Ok(None)
     }
 
-    /// Reads while job slots are free. With one stream to read, a blocking `XREADGROUP` on it. With several (queues,
-    /// partitions), a pass over all of them without waiting, starting one further each time, takes what waits until
-    /// the free slots are spoken for; only when nothing waits anywhere does it block, on one stream in turn and for
-    /// at most 100 ms, so that the others are looked at again soon. A stream with nothing costs one quick read, not a
-    /// wait.
+    /// Reads while job slots are free, each queue no more than its room (its cap's free slots, within the worker's).
+    /// With one stream to read, a blocking `XREADGROUP` on it. With several (queues, partitions), a pass over all of
+    /// them without waiting, starting one further each time, takes what waits until the free slots are spoken for;
+    /// only when nothing waits anywhere does it block, on one stream with room in turn and for at most 100 ms, so that
+    /// the others are looked at again soon. A stream with nothing costs one quick read, not a wait.
     pub(super) async fn read_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
         let block_ms = self.0.settings.block.as_millis() as u64;
         let mut turn = 0usize;
         let checks = Arc::new(tokio::sync::Semaphore::new(2));
         // Slots are not held while blocked in XREADGROUP (the reclaimer needs them too); entries read beyond the
         // free slots wait for one, and are kept alive by the heartbeat meanwhile.
-        while let Some((first, free)) = self.free_slots(&shutdown).await {
-            drop(first);
+        loop {
             let lanes = self.lanes();
+            let Some(rooms) = self.rooms(&lanes, &shutdown).await else { break };
+            let extra = read_beyond_free_slots();
             turn = turn.wrapping_add(1);
             let mut read: Vec<(Lane, Vec<Entry>)> = Vec::new();
             let mut failures = 0;
             if lanes.len() > 1 {
-                let mut wanted = free;
+                let mut wanted = self.0.slots.free().min(256) + extra;
                 for k in 0..lanes.len() {
                     if wanted == 0 {
                         break;
                     }
-                    let lane = &lanes[(turn + k) % lanes.len()];
-                    match self.0.consumer.read_now_in(&lane.0.name, lane.1, wanted as u64).await {
+                    let at = (turn + k) % lanes.len();
+                    let lane = &lanes[at];
+                    let want = wanted.min(rooms[at] + extra);
+                    if want == 0 {
+                        continue;
+                    }
+                    match self.0.consumer.read_now_in(&lane.0.name, lane.1, want as u64).await {
                         Ok(entries) if entries.is_empty() => {}
                         Ok(entries) => {
                             wanted = wanted.saturating_sub(entries.len());
@@ -212,10 +228,11 @@ impl Worker {
                 }
             }
             if read.is_empty() && failures < lanes.len() {
-                // Nothing waits anywhere: wait for new entries on one stream.
-                let lane = &lanes[turn % lanes.len()];
+                // Nothing waits anywhere: wait for new entries on one stream whose queue has room.
+                let at = (0..lanes.len()).map(|k| (turn + k) % lanes.len()).find(|&at| rooms[at] > 0).unwrap_or(0);
+                let lane = &lanes[at];
                 let block = if lanes.len() > 1 { block_ms.min(100) } else { block_ms };
-                match self.0.consumer.read_in(&lane.0.name, lane.1, free as u64, block).await {
+                match self.0.consumer.read_in(&lane.0.name, lane.1, (rooms[at] + extra) as u64, block).await {
                     Ok(entries) if entries.is_empty() => {}
                     Ok(entries) => read.push((lane.clone(), entries)),
                     Err(e) => {
@@ -277,8 +294,8 @@ impl Worker {
         abandon: &CancellationToken,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<()> {
-        let Ok(first) = self.0.permits.clone().try_acquire_owned() else { return Ok(()) };
-        let count = 1 + self.0.permits.available_permits().min(99) as u64;
+        let Some(first) = self.0.slots.try_take(&lane.0.cap) else { return Ok(()) };
+        let count = 1 + self.0.slots.room(&lane.0.cap).min(99) as u64;
         let (name, partition) = (lane.0.name.as_str(), lane.1);
         let reclaimed = self.0.consumer.reclaim_in(name, partition, min_idle, count).await?;
         if !reclaimed.entries.is_empty() {

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::handler::{Handler, Registered, Typed};
+use super::slots::Slots;
 use crate::kind::{self, JobKind};
 use crate::metrics::Metrics;
 use crate::outbox::transitions::Finished;
@@ -45,6 +46,11 @@ pub struct WorkerSettings {
     /// (`CONVEYOR_WORKER_MAX_DELIVERIES`, default 5, like BullMQ's `maxStalledCount` but counted in PostgreSQL). A
     /// delivery counts when another worker takes it over past the visibility time-out.
     pub max_deliveries: u32,
+    /// Slots of the queues named, at most (`CONVEYOR_WORKER_QUEUE_CONCURRENCY=transfers=4,media=8`, or
+    /// [`WorkerBuilder::queue_concurrency`]), within `concurrency`. A queue not named may take every slot but one for
+    /// each other queue, so that one queue's jobs (a slow source, a flood of one kind) never hold them all; caps that
+    /// sum to `concurrency` or less reserve slots for every queue.
+    pub queue_concurrency: std::collections::BTreeMap<String, usize>,
 }
 
 impl Default for WorkerSettings {
@@ -56,6 +62,7 @@ impl Default for WorkerSettings {
             reclaim_interval: Duration::from_secs(1),
             keepalive: Duration::from_secs(60),
             max_deliveries: 5,
+            queue_concurrency: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -116,6 +123,8 @@ impl Outcome {
 /// labels and a lock.
 pub(super) struct Queue {
     pub(super) name: String,
+    /// Its jobs running in this worker, at most ([`WorkerSettings::queue_concurrency`]).
+    pub(super) cap: Arc<Semaphore>,
     /// Enqueue to start, by the workspace's class at the claim (in the order of [`Queue::CLASSES`]).
     wait: [Histogram; Queue::CLASSES.len()],
     /// Jobs and their duration by kind (the kinds registered on this queue, then `unknown` for anything else), by
@@ -126,7 +135,7 @@ pub(super) struct Queue {
 type Ended = [(IntCounter, Histogram); Outcome::ALL.len()];
 
 impl Queue {
-    fn new(name: &str, kinds: &[&'static str], metrics: &Metrics) -> Self {
+    fn new(name: &str, kinds: &[&'static str], cap: usize, metrics: &Metrics) -> Self {
         let ended = kinds
             .iter()
             .copied()
@@ -140,7 +149,7 @@ impl Queue {
             })
             .collect();
         let wait = Self::CLASSES.map(|class| metrics.job_queue_wait.with_label_values(&[name, class]));
-        Self { name: name.to_owned(), wait, ended }
+        Self { name: name.to_owned(), cap: Arc::new(Semaphore::new(cap)), wait, ended }
     }
 
     /// The fair-share classes a stream entry's `class` field can name, then `unknown` (no field, or another value).
@@ -236,7 +245,7 @@ pub(super) struct Inner {
     pub(super) handlers: HashMap<&'static str, Arc<dyn Registered>>,
     pub(super) settings: WorkerSettings,
     pub(super) metrics: Metrics,
-    pub(super) permits: Arc<Semaphore>,
+    pub(super) slots: Arc<Slots>,
     pub(super) in_flight: Mutex<HashMap<(String, Partition), HashSet<String>>>,
     pub(super) running: Mutex<Running>,
     pub(super) acks: mpsc::UnboundedSender<Done>,
@@ -264,6 +273,13 @@ impl WorkerBuilder {
     /// Replaces the settings.
     pub fn settings(mut self, settings: WorkerSettings) -> Self {
         self.settings = settings;
+        self
+    }
+
+    /// Runs at most `slots` jobs of `queue` at once (within the worker's concurrency), whatever its backlog: see
+    /// [`WorkerSettings::queue_concurrency`].
+    pub fn queue_concurrency(mut self, queue: &str, slots: usize) -> Self {
+        self.settings.queue_concurrency.insert(queue.to_owned(), slots);
         self
     }
 
@@ -320,12 +336,23 @@ impl WorkerBuilder {
         }
         let kinds: Vec<&str> = handlers.keys().copied().collect();
         self.metrics.init_worker(&queue_names, &kinds);
+        for (queue, &cap) in &self.settings.queue_concurrency {
+            anyhow::ensure!(
+                queue_names.contains(&queue.as_str()),
+                "the slots of queue `{queue}` are set (CONVEYOR_WORKER_QUEUE_CONCURRENCY), but no kind of this worker \
+                 is in that queue (its queues: {})",
+                queue_names.join(", ")
+            );
+            anyhow::ensure!(cap >= 1, "queue `{queue}` must have at least one slot");
+        }
+        let caps = super::slots::caps(self.settings.concurrency, &queue_names, &self.settings.queue_concurrency);
         let queues: Vec<Arc<Queue>> = queue_names
             .into_iter()
-            .map(|queue| {
+            .zip(caps)
+            .map(|(queue, cap)| {
                 let kinds: Vec<&'static str> =
                     handlers.values().filter(|h| h.queue() == queue).map(|h| h.kind()).collect();
-                Arc::new(Queue::new(queue, &kinds, &self.metrics))
+                Arc::new(Queue::new(queue, &kinds, cap, &self.metrics))
             })
             .collect();
         let control = self.control.unwrap_or_else(|| {
@@ -347,7 +374,7 @@ impl WorkerBuilder {
             lanes: Mutex::new(Arc::new(queues.iter().map(|q| (q.clone(), Partition::Whole)).collect())),
             queues,
             handlers,
-            permits: Arc::new(Semaphore::new(self.settings.concurrency)),
+            slots: Slots::new(self.settings.concurrency),
             settings: self.settings,
             metrics: self.metrics,
             in_flight: Mutex::new(HashMap::new()),
@@ -597,7 +624,7 @@ mod tests {
     #[test]
     fn queue_wait_is_observed_by_the_entrys_class_or_unknown() {
         let metrics = Metrics::new();
-        let queue = Queue::new("test", &["test.ping"], &metrics);
+        let queue = Queue::new("test", &["test.ping"], 1, &metrics);
         for class in [Some("light"), Some("backlogged"), Some("backlogged"), None, Some("other")] {
             queue.waited(Queue::class_slot(class), 0.1);
         }
