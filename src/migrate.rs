@@ -6,7 +6,8 @@
 //!   `workspace_weights` and `dispatch_pauses` read only: [`READ_ONLY_TABLES`]) and `EXECUTE` on the functions of
 //!   [`APPLICATION_FUNCTIONS`] alone, each proven to stay in the caller's workspace;
 //! - the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`: dispatcher, maintenance, the worker's bookkeeping): DML on
-//!   the platform's tables alone ([`RUNTIME_TABLES`], never a business table), every `conveyor_` function but the
+//!   the platform's tables alone ([`RUNTIME_TABLES`], never a business table; the operator's weights and pauses it
+//!   only reads), every `conveyor_` function but the
 //!   operator's (among them those that read or change rows of several
 //!   workspaces in one call), and a policy that reads every pause (the relay's claim reads them across workspaces);
 //! - the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`, optional): `EXECUTE` on the audited `conveyor_admin_*`
@@ -73,8 +74,6 @@ const RUNTIME_TABLES: &[&str] = &[
     "operations",
     "outbox_events",
     "job_kinds",
-    "workspace_weights",
-    "dispatch_pauses",
     "job_key_limits",
     "job_kind_limits",
     "job_schedules",
@@ -103,6 +102,10 @@ pub const APPLICATION_FUNCTIONS: &[&str] = &[
     "conveyor_catalog_sync_replayed",
     "conveyor_asset_transfer_ended",
 ];
+
+/// The tables the runtime role only reads: the operator's weights and pauses (the relay's claim reads them; only the
+/// audited `conveyor_admin_*` functions change them).
+const RUNTIME_READ_ONLY_TABLES: &[&str] = &["workspace_weights", "dispatch_pauses"];
 
 /// The tables the application role only reads: the kinds (the worker's bookkeeping, as the runtime role, registers
 /// them), and the operator's data, weights and pauses (migration 0035: changed through the audited
@@ -290,6 +293,12 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
     for (t,) in &tables {
         let table = quote_ident(t);
         grants.push(format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}"));
+        if RUNTIME_READ_ONLY_TABLES.contains(&t.as_str()) {
+            // Earlier releases let it write them too.
+            grants.push(format!("REVOKE ALL ON {table} FROM {runtime}"));
+            grants.push(format!("GRANT SELECT ON {table} TO {runtime}"));
+            continue;
+        }
         grants.push(if RUNTIME_TABLES.contains(&t.as_str()) {
             format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {runtime}")
         } else {

@@ -102,6 +102,9 @@ async fn each_role_gets_a_permission_error_for_what_it_may_not_do() {
         (&db.runtime_url, "SELECT * FROM stores"),
         (&db.runtime_url, "UPDATE media SET status = status"),
         (&db.runtime_url, "DELETE FROM asset_transfers"),
+        // The operator's data: the runtime role reads weights and pauses, never sets them.
+        (&db.runtime_url, "INSERT INTO workspace_weights (workspace_id, weight) VALUES (gen_random_uuid(), 1000)"),
+        (&db.runtime_url, "DELETE FROM dispatch_pauses"),
         (&db.operator_url, "SELECT * FROM outbox_events"),
         (&db.operator_url, "SELECT * FROM store_credentials"),
         (&db.operator_url, "SELECT * FROM conveyor_admin_audit"),

@@ -60,6 +60,9 @@ impl Worker {
     /// `shutdown` comes first.
     async fn rooms(&self, lanes: &[Lane], shutdown: &CancellationToken) -> Option<Vec<usize>> {
         loop {
+            if shutdown.is_cancelled() {
+                return None;
+            }
             let rooms: Vec<usize> = lanes.iter().map(|(q, _)| self.0.slots.room(&q.cap).min(256)).collect();
             if rooms.iter().any(|&r| r > 0) {
                 return Some(rooms);
