@@ -960,6 +960,48 @@ mod tests {
     }
 
     #[test]
+    fn the_transfer_deadline_and_minimum_throughput_refuse_bad_values_naming_their_variable() {
+        let cases = [
+            ("CONVEYOR_ASSET_MAX_DURATION", "forever"),
+            ("CONVEYOR_ASSET_MAX_DURATION", "-1s"),
+            ("CONVEYOR_ASSET_MAX_DURATION", "0s"),
+            ("CONVEYOR_ASSET_MAX_DURATION", "500ms"),
+            ("CONVEYOR_ASSET_MAX_DURATION", "25h"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "fast"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "-1"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "1.5KiB"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "1KiB/min"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "2GiB"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "soon"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "0s"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "500ms"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "2h"),
+        ];
+        for (name, value) in cases {
+            let mut vars = valid();
+            vars.insert(name.to_owned(), value.to_owned());
+            let result = Config::from_source(&vars);
+            let Err(error) = result else { panic!("{name}={value} was accepted") };
+            assert_eq!(error.variable(), name, "{name}={value}: {error}");
+            assert!(error.to_string().starts_with(&format!("{name} is invalid: ")), "{name}={value}: {error}");
+        }
+        for (name, value) in [
+            ("CONVEYOR_ASSET_MAX_DURATION", "1s"),
+            ("CONVEYOR_ASSET_MAX_DURATION", "24h"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "0"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "512"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "2KiB/s"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "1GiB"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "1s"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "1h"),
+        ] {
+            let mut vars = valid();
+            vars.insert(name.to_owned(), value.to_owned());
+            assert!(Config::from_source(&vars).is_ok(), "{name}={value} is refused");
+        }
+    }
+
+    #[test]
     fn errors_and_debug_output_never_show_a_secret() {
         let secret = "0123456789abcdef0123456789abcdef-very-secret";
         let err = error_with("CONVEYOR_ENCRYPTION_KEY", Some(secret));
