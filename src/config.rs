@@ -208,6 +208,17 @@ pub struct ScenarioSettings {
     pub asset_connect_timeout: Duration,
     /// `CONVEYOR_ASSET_READ_TIMEOUT`: longest wait for the next bytes of a download (default 30s).
     pub asset_read_timeout: Duration,
+    /// `CONVEYOR_ASSET_MAX_DURATION`: longest run of a transfer's download (default 10m, 1s to 24h); past it the run
+    /// fails `SOURCE_TOO_SLOW`. The transfer job's time-out is this plus
+    /// [`crate::jobs::TRANSFER_FINISH_TIME`] (5m).
+    pub asset_max_duration: Duration,
+    /// `CONVEYOR_ASSET_MIN_THROUGHPUT`: fewest bytes a second a download must average over each throughput window
+    /// after the first (default 1 KiB, at most 1 GiB; 0 turns the check off); under it the run fails
+    /// `SOURCE_TOO_SLOW`.
+    pub asset_min_throughput: u64,
+    /// `CONVEYOR_ASSET_THROUGHPUT_WINDOW`: the window the throughput is averaged over, and the grace at a run's start
+    /// before the first (default 30s, 1s to 1h).
+    pub asset_throughput_window: Duration,
     /// `CONVEYOR_TLS_CA_FILE`: PEM certificates trusted besides the built-in roots (a private CA; the tests' own).
     pub tls_ca_file: Option<std::path::PathBuf>,
     /// `CONVEYOR_CATALOG_PAGE_SIZE`: products asked of the marketplace per catalog page (1 to 1000, default 200).
@@ -310,6 +321,21 @@ impl ScenarioSettings {
             asset_max_bytes: positive(src, "CONVEYOR_ASSET_MAX_BYTES", 100 * 1024 * 1024)?,
             asset_connect_timeout: duration(src, "CONVEYOR_ASSET_CONNECT_TIMEOUT", Duration::from_secs(10))?,
             asset_read_timeout: duration(src, "CONVEYOR_ASSET_READ_TIMEOUT", Duration::from_secs(30))?,
+            asset_max_duration: duration_within(
+                src,
+                "CONVEYOR_ASSET_MAX_DURATION",
+                Duration::from_secs(10 * 60),
+                Duration::from_secs(1)..=Duration::from_secs(24 * 3600),
+                "between 1s and 24h",
+            )?,
+            asset_min_throughput: rate(src, "CONVEYOR_ASSET_MIN_THROUGHPUT", 1024)?,
+            asset_throughput_window: duration_within(
+                src,
+                "CONVEYOR_ASSET_THROUGHPUT_WINDOW",
+                Duration::from_secs(30),
+                Duration::from_secs(1)..=Duration::from_secs(3600),
+                "between 1s and 1h",
+            )?,
             tls_ca_file: src.get("CONVEYOR_TLS_CA_FILE").map(std::path::PathBuf::from),
             catalog_page_size: {
                 let size = positive(src, "CONVEYOR_CATALOG_PAGE_SIZE", 200u32)?;
@@ -401,7 +427,34 @@ fn duration(src: &dyn Source, name: &'static str, default: Duration) -> Result<D
     }
 }
 
+/// A duration within `bounds` (`bounds_text` says which, for the error).
+fn duration_within(
+    src: &dyn Source,
+    name: &'static str,
+    default: Duration,
+    bounds: std::ops::RangeInclusive<Duration>,
+    bounds_text: &str,
+) -> Result<Duration, ConfigError> {
+    let value = duration(src, name, default)?;
+    if !bounds.contains(&value) {
+        return Err(invalid(name, format!("must be {bounds_text}")));
+    }
+    Ok(value)
+}
+
 const MIB: u64 = 1024 * 1024;
+
+/// Bytes a second: a size ([`parse_size`]: `1KiB`, `1024`), optionally followed by `/s`; 0 allowed; at most 1 GiB.
+fn rate(src: &dyn Source, name: &'static str, default: u64) -> Result<u64, ConfigError> {
+    let Some(raw) = src.get(name) else { return Ok(default) };
+    let text = raw.trim();
+    parse_size(text.strip_suffix("/s").unwrap_or(text)).filter(|&n| n <= 1024 * MIB).ok_or_else(|| {
+        invalid(
+            name,
+            format!("`{raw}` is not a rate of bytes a second such as 1KiB, 2KiB/s or 1024, at most 1GiB (0: off)"),
+        )
+    })
+}
 
 /// A size in bytes: a whole number of bytes, or one with a unit, binary (`KiB`, `MiB`, `GiB`, `TiB`; `Ki`, `Mi`, ...
 /// as Kubernetes writes them) or decimal (`kB`, `MB`, `GB`, `TB`; `k`, `M`, `G`, `T`).
@@ -914,6 +967,9 @@ mod tests {
         assert_eq!(config.dispatcher.dedup_ttl_recorded, Duration::from_secs(15 * 60));
         assert_eq!(config.scenarios.media_decode_memory, 320 * 1024 * 1024);
         assert_eq!(config.scenarios.media_max_concurrent_uploads, 16);
+        assert_eq!(config.scenarios.asset_max_duration, Duration::from_secs(600));
+        assert_eq!(config.scenarios.asset_min_throughput, 1024);
+        assert_eq!(config.scenarios.asset_throughput_window, Duration::from_secs(30));
     }
 
     #[test]
@@ -986,6 +1042,48 @@ mod tests {
         ];
         for (name, value) in cases {
             assert!(error_with(name, Some(value)).contains(name), "{name}={value}");
+        }
+    }
+
+    #[test]
+    fn the_transfer_deadline_and_minimum_throughput_refuse_bad_values_naming_their_variable() {
+        let cases = [
+            ("CONVEYOR_ASSET_MAX_DURATION", "forever"),
+            ("CONVEYOR_ASSET_MAX_DURATION", "-1s"),
+            ("CONVEYOR_ASSET_MAX_DURATION", "0s"),
+            ("CONVEYOR_ASSET_MAX_DURATION", "500ms"),
+            ("CONVEYOR_ASSET_MAX_DURATION", "25h"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "fast"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "-1"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "1.5KiB"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "1KiB/min"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "2GiB"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "soon"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "0s"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "500ms"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "2h"),
+        ];
+        for (name, value) in cases {
+            let mut vars = valid();
+            vars.insert(name.to_owned(), value.to_owned());
+            let result = Config::from_source(&vars);
+            let Err(error) = result else { panic!("{name}={value} was accepted") };
+            assert_eq!(error.variable(), name, "{name}={value}: {error}");
+            assert!(error.to_string().starts_with(&format!("{name} is invalid: ")), "{name}={value}: {error}");
+        }
+        for (name, value) in [
+            ("CONVEYOR_ASSET_MAX_DURATION", "1s"),
+            ("CONVEYOR_ASSET_MAX_DURATION", "24h"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "0"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "512"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "2KiB/s"),
+            ("CONVEYOR_ASSET_MIN_THROUGHPUT", "1GiB"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "1s"),
+            ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "1h"),
+        ] {
+            let mut vars = valid();
+            vars.insert(name.to_owned(), value.to_owned());
+            assert!(Config::from_source(&vars).is_ok(), "{name}={value} is refused");
         }
     }
 

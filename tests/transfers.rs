@@ -568,6 +568,7 @@ fn fetcher(allowed: &[&str], ports: &[u16], names: &[(&str, &[&str])]) -> Fetche
         allowed_networks: allowed.iter().map(|n| n.parse().unwrap()).collect(),
         allowed_ports: ports.to_vec(),
         ca_file: None,
+        ..FetchSettings::from_scenarios(&conveyor::config::ScenarioSettings::default())
     };
     Fetcher::new(settings, Arc::new(FakeResolver(table))).unwrap()
 }
@@ -1029,5 +1030,98 @@ async fn one_tenants_slow_transfers_never_hold_the_slot_another_tenants_media_jo
         let t = transfer(&app, slow, id).await;
         assert!(!matches!(t["status"].as_str(), Some("completed" | "failed")), "still transferring: {t}");
     }
+    shutdown.cancel();
+}
+
+/// The transfer's job row (its outbox event): status and runs.
+async fn transfer_job(app: &TestApp, who: Principal, operation: &str) -> Value {
+    let rows = app.db.rows("outbox_events", who.workspace_id).await;
+    rows.into_iter().find(|r| r["operation_id"] == operation).expect("the transfer's job")
+}
+
+#[tokio::test]
+async fn a_source_under_the_minimum_throughput_fails_source_too_slow_after_two_runs_while_a_steady_one_completes() {
+    let (sandbox, sandbox_url) = common::sandbox(Settings::default()).await;
+    // 1 KiB a second over windows of one second, after a first second of grace.
+    let tight = [("CONVEYOR_ASSET_MIN_THROUGHPUT", "1KiB"), ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "1s")];
+    let app = app(LOOPBACK, &sandbox_url, &tight).await;
+    let shutdown = CancellationToken::new();
+    run_pipeline(&app, &shutdown).await;
+    let who = principal();
+
+    // One byte a second: it never times out a read (30 s), and would take a day.
+    let drip = format!("{sandbox_url}/files/drip.png?size=100000&content_type=image/png&drip_ms=1000");
+    let (slow, slow_op) = start(&app, who, &drip).await;
+    // 256 KiB a second over several windows: far above the minimum.
+    let size: u64 = 1024 * 1024 + 5;
+    let steady_url = format!("{sandbox_url}/files/steady.png?size={size}&content_type=image/png&throttle_kbps=256");
+    let (steady, steady_op) = start(&app, who, &steady_url).await;
+
+    let t = ended(&app, who, &slow, Duration::from_secs(90)).await;
+    assert_eq!(t["status"], "failed", "{t}");
+    assert_eq!(t["error"]["code"], "SOURCE_TOO_SLOW", "{t}");
+    let detail = t["error"]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("less than the minimum of 1024 bytes a second"), "{t}");
+    assert!(t["media_id"].is_null());
+    let op = common::operation_reaches(&app, who, &slow_op, "failed", Duration::from_secs(30)).await.expect("failed");
+    assert!(op["error"].as_str().unwrap_or_default().contains("SOURCE_TOO_SLOW"), "{op}");
+    // Two runs, not the kind's five: the retry, then the end.
+    let job = common::eventually(Duration::from_secs(30), || async {
+        let job = transfer_job(&app, who, &slow_op).await;
+        (job["status"] == "dead_letter").then_some(job)
+    })
+    .await
+    .expect("the slow transfer's job ended");
+    assert_eq!(job["job_attempts"], 2, "{job}");
+
+    let t = ended(&app, who, &steady, Duration::from_secs(60)).await;
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(t["sha256"], sha256_hex(&files::file_bytes("steady.png", size)));
+    common::operation_reaches(&app, who, &steady_op, "succeeded", Duration::from_secs(30)).await.expect("succeeded");
+    assert_eq!(sandbox.stats().file_requests, 2 + 1, "one request per run: two of the drip, one of the steady file");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_transfer_past_its_deadline_fails_source_too_slow_after_two_runs_while_a_short_one_completes() {
+    let (sandbox, sandbox_url) = common::sandbox(Settings::default()).await;
+    // A three-second deadline; the minimum throughput checked every second, which these sources pass.
+    let vars = [
+        ("CONVEYOR_ASSET_MAX_DURATION", "3s"),
+        ("CONVEYOR_ASSET_MIN_THROUGHPUT", "1KiB"),
+        ("CONVEYOR_ASSET_THROUGHPUT_WINDOW", "1s"),
+    ];
+    let app = app(LOOPBACK, &sandbox_url, &vars).await;
+    let shutdown = CancellationToken::new();
+    run_pipeline(&app, &shutdown).await;
+    let who = principal();
+
+    // 16 KiB every 100 ms (160 KiB a second): never too slow, but 4 MiB take 25 s.
+    let size: u64 = 4 * 1024 * 1024;
+    let long = format!("{sandbox_url}/files/long.png?size={size}&content_type=image/png&drip_ms=100&drip_bytes=16384");
+    let (id, op) = start(&app, who, &long).await;
+    let short_url = format!("{sandbox_url}/files/short.png?size=300000&content_type=image/png");
+    let (short, _) = start(&app, who, &short_url).await;
+
+    let t = ended(&app, who, &id, Duration::from_secs(90)).await;
+    assert_eq!(t["status"], "failed", "{t}");
+    assert_eq!(t["error"]["code"], "SOURCE_TOO_SLOW", "{t}");
+    let detail = t["error"]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("deadline of 3s"), "{t}");
+    assert!(t["media_id"].is_null());
+    let op = common::operation_reaches(&app, who, &op, "failed", Duration::from_secs(30)).await.expect("failed");
+    assert!(op["error"].as_str().unwrap_or_default().contains("SOURCE_TOO_SLOW"), "{op}");
+    let job = common::eventually(Duration::from_secs(30), || async {
+        let job = transfer_job(&app, who, op["id"].as_str().unwrap()).await;
+        (job["status"] == "dead_letter").then_some(job)
+    })
+    .await
+    .expect("the long transfer's job ended");
+    assert_eq!(job["job_attempts"], 2, "{job}");
+
+    let t = ended(&app, who, &short, Duration::from_secs(60)).await;
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(t["sha256"], sha256_hex(&files::file_bytes("short.png", 300_000)));
+    assert_eq!(sandbox.stats().file_requests, 2 + 1, "one request per run: two of the long file, one of the short");
     shutdown.cancel();
 }

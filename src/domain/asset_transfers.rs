@@ -78,7 +78,8 @@ async fn hash_objects(storage: &ObjectStorage, objects: &[ObjectKey]) -> Result<
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TransferError {
     /// Stable code: `SOURCE_FORBIDDEN`, `TOO_LARGE`, `UNSUPPORTED_CONTENT_TYPE`, `SOURCE_UNAVAILABLE`,
-    /// `TOO_MANY_REDIRECTS`, `INVALID_SOURCE_URL`, `CANCELED`, ...
+    /// `SOURCE_TOO_SLOW` (under the minimum throughput, or past the deadline), `TOO_MANY_REDIRECTS`,
+    /// `INVALID_SOURCE_URL`, `CANCELED`, ...
     pub code: String,
     /// Text for the client.
     pub detail: String,

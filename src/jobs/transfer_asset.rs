@@ -1,6 +1,12 @@
 //! `asset.transfer`: downloads a transfer's source into object storage (SSRF-safe, resumable, part by part), then
 //! makes the object a media that goes through `media.process`.
 //!
+//! A run's download has a deadline (`CONVEYOR_ASSET_MAX_DURATION`) and a minimum throughput
+//! (`CONVEYOR_ASSET_MIN_THROUGHPUT`); a run past either fails `SOURCE_TOO_SLOW`, which is retried only after a first run
+//! ([`TRANSFER_TOO_SLOW_ATTEMPTS`]), not on every attempt the kind has: a source too slow holds a worker's slot for two
+//! runs of at most a deadline each. The job's time-out is the deadline plus [`TRANSFER_FINISH_TIME`], so the deadline
+//! ends a slow run first.
+//!
 //! The run holds the job's transaction (and so its lock) from the start, so a second delivery of the same job waits
 //! instead of downloading beside it. Progress commits part by part in transactions of its own; the completion (the
 //! transfer `completed`, the media, its `media.process` job) commits in the job's transaction, once.
@@ -31,9 +37,19 @@ pub struct TransferAsset {
 impl JobKind for TransferAsset {
     const KIND: &'static str = "asset.transfer";
     const QUEUE: &'static str = "transfers";
-    /// A large file on a slow source takes long; a crash costs one part, not the run.
+    /// A large file on a slow source takes long; a crash costs one part, not the run. [`TransferAssetHandler`]
+    /// replaces it by its deadline plus [`TRANSFER_FINISH_TIME`].
     const TIMEOUT: Duration = Duration::from_secs(30 * 60);
 }
+
+/// What a transfer's run may take beyond its download's deadline (`CONVEYOR_ASSET_MAX_DURATION`): assembling the
+/// parts into one object (a copy and a hash of up to `CONVEYOR_ASSET_MAX_BYTES`) and committing. The handler's
+/// time-out is the deadline plus this, so a slow source ends `SOURCE_TOO_SLOW` before the job times out.
+pub const TRANSFER_FINISH_TIME: Duration = Duration::from_secs(5 * 60);
+
+/// Runs that may end `SOURCE_TOO_SLOW`: a run too slow is retried (resuming where it stopped) only when it was the
+/// first run; later, it fails the transfer, whatever attempts the kind has left.
+pub const TRANSFER_TOO_SLOW_ATTEMPTS: u32 = 2;
 
 /// Runs [`TransferAsset`] jobs.
 pub struct TransferAssetHandler {
@@ -48,6 +64,8 @@ pub struct TransferAssetHandler {
 
 impl Handler<TransferAsset> for TransferAssetHandler {
     async fn handle(&self, job: TransferAsset, cx: &mut JobContext) -> Result<serde_json::Value, JobError> {
+        // The run's deadline and throughput windows count from here, through a download started over.
+        let started = Instant::now();
         let (workspace, id) = (cx.workspace_id(), job.asset_transfer_id);
         let transfer = asset_transfers::job_tx(cx.tx().await?, id)
             .await?
@@ -77,7 +95,7 @@ impl Handler<TransferAsset> for TransferAssetHandler {
                 stored_parts,
                 shown_at: None,
             };
-            let downloaded = self.fetcher.download(&source_url, &mut progress, &mut sink, &cancel).await;
+            let downloaded = self.fetcher.download_since(started, &source_url, &mut progress, &mut sink, &cancel).await;
             stored_parts = sink.stored_parts.max(progress.parts);
             if let Err(e) = downloaded {
                 return Err(self.failed(cx, id, stored_parts, e).await);
@@ -140,6 +158,11 @@ impl Handler<TransferAsset> for TransferAssetHandler {
     fn max_attempts(&self) -> u32 {
         self.max_attempts
     }
+
+    /// The download's deadline plus [`TRANSFER_FINISH_TIME`]: never shorter than the deadline.
+    fn timeout(&self) -> Duration {
+        self.fetcher.settings().max_duration + TRANSFER_FINISH_TIME
+    }
 }
 
 impl TransferAssetHandler {
@@ -173,7 +196,7 @@ impl TransferAssetHandler {
                 }
                 return JobError::Canceled;
             }
-            e if e.is_retryable() && cx.attempt() < cx.max_attempts() => {
+            e if e.is_retryable() && cx.attempt() < attempts_for(e, cx.max_attempts()) => {
                 tracing::info!(asset_transfer_id = %id, code = e.code(), error = %e, "Asset transfer run failed");
                 return JobError::Retryable(e.detail());
             }
@@ -189,10 +212,16 @@ impl TransferAssetHandler {
         }
         match e {
             FetchError::Sink(SinkError::Canceled) => JobError::Canceled,
-            e if e.is_retryable() => JobError::Retryable(e.detail()),
+            // Ended before the kind's attempts are spent: a retry would only find the transfer failed.
+            e if e.is_retryable() && !e.is_too_slow() => JobError::Retryable(e.detail()),
             e => JobError::Permanent(format!("{}: {}", e.code(), e.detail())),
         }
     }
+}
+
+/// The runs a transfer gets for error `e`, of `max_attempts`.
+fn attempts_for(e: &FetchError, max_attempts: u32) -> u32 {
+    if e.is_too_slow() { TRANSFER_TOO_SLOW_ATTEMPTS.min(max_attempts) } else { max_attempts }
 }
 
 impl TransferAssetHandler {

@@ -11,7 +11,10 @@
 //! - **Redirects** are followed by hand (reqwest's policy is `none`), at most [`MAX_REDIRECTS`]; every hop's URL is
 //!   checked again like the first (scheme, address and port), and its name resolved and checked again on connect.
 //! - **Limits.** Connect and read time-outs, a size cap on `Content-Length` and on the running count, and a
-//!   content-type allow-list ([`CONTENT_TYPES`]).
+//!   content-type allow-list ([`CONTENT_TYPES`]). A run of a download has a deadline (`CONVEYOR_ASSET_MAX_DURATION`)
+//!   and a minimum throughput (`CONVEYOR_ASSET_MIN_THROUGHPUT` bytes a second, averaged over each window of
+//!   `CONVEYOR_ASSET_THROUGHPUT_WINDOW` after a first window of grace): a source past either is `SOURCE_TOO_SLOW`
+//!   ([`FetchError::TooSlow`], [`FetchError::DeadlineExceeded`]), checked by a timer, whether bytes arrive or not.
 //! - **Resumable.** Bytes are handed to a [`PartSink`] in parts of `part_size` as they arrive, and the [`Progress`]
 //!   (bytes and parts stored, total, validator) is what a later run resumes from: it asks for `Range: bytes=<done>-`
 //!   with `If-Range: <validator>`, only when the source gave a validator (a strong `ETag`, else `Last-Modified`);
@@ -29,6 +32,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use url::{Host, Url};
 
@@ -54,6 +58,15 @@ pub struct FetchSettings {
     pub connect_timeout: Duration,
     /// Longest wait for the next bytes (`CONVEYOR_ASSET_READ_TIMEOUT`).
     pub read_timeout: Duration,
+    /// Longest run of a download, from its start to its last byte stored (`CONVEYOR_ASSET_MAX_DURATION`): past it
+    /// the run fails with [`FetchError::DeadlineExceeded`].
+    pub max_duration: Duration,
+    /// Fewest bytes a second a download must average over each [`FetchSettings::throughput_window`] after the first
+    /// (`CONVEYOR_ASSET_MIN_THROUGHPUT`; 0: not checked): under it the run fails with [`FetchError::TooSlow`].
+    pub min_throughput: u64,
+    /// The window over which the throughput is averaged, and the grace at a run's start before the first window
+    /// (`CONVEYOR_ASSET_THROUGHPUT_WINDOW`).
+    pub throughput_window: Duration,
     /// Largest file (`CONVEYOR_ASSET_MAX_BYTES`).
     pub max_bytes: u64,
     /// Bytes per stored part.
@@ -74,6 +87,9 @@ impl FetchSettings {
         Self {
             connect_timeout: scenarios.asset_connect_timeout,
             read_timeout: scenarios.asset_read_timeout,
+            max_duration: scenarios.asset_max_duration,
+            min_throughput: scenarios.asset_min_throughput,
+            throughput_window: scenarios.asset_throughput_window,
             max_bytes: scenarios.asset_max_bytes,
             part_size: DEFAULT_PART_SIZE,
             max_resumes: 5,
@@ -121,6 +137,22 @@ pub enum FetchError {
     /// Storing the bytes failed (worth retrying), or the sink stopped the download.
     #[error(transparent)]
     Sink(#[from] SinkError),
+    /// The source sent fewer than `min` bytes a second over a window (after the grace at the run's start).
+    #[error("the source sent {bytes} bytes in {}, less than the minimum of {min} bytes a second", humantime::format_duration(*window))]
+    TooSlow {
+        /// Bytes received in the window.
+        bytes: u64,
+        /// The window.
+        window: Duration,
+        /// The minimum, in bytes a second.
+        min: u64,
+    },
+    /// The run did not store the whole file within its deadline.
+    #[error("the source did not send the whole file within the transfer's deadline of {}", humantime::format_duration(*max_duration))]
+    DeadlineExceeded {
+        /// The deadline, from the run's start.
+        max_duration: Duration,
+    },
     /// The caller's cancellation token fired.
     #[error("the download was canceled")]
     Canceled,
@@ -136,6 +168,7 @@ impl FetchError {
             Self::TooLarge { .. } => "TOO_LARGE",
             Self::UnsupportedContentType(_) => "UNSUPPORTED_CONTENT_TYPE",
             Self::Rejected(_) | Self::Unavailable(_) => "SOURCE_UNAVAILABLE",
+            Self::TooSlow { .. } | Self::DeadlineExceeded { .. } => "SOURCE_TOO_SLOW",
             Self::Sink(SinkError::Canceled) | Self::Canceled => "CANCELED",
             Self::Sink(_) => "STORAGE_UNAVAILABLE",
         }
@@ -152,9 +185,14 @@ impl FetchError {
         }
     }
 
-    /// Whether another run could succeed.
+    /// Whether another run could succeed (a run too slow resumes where it stopped: its caller bounds how often).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Sink(SinkError::Failed(_)))
+        matches!(self, Self::Unavailable(_) | Self::Sink(SinkError::Failed(_))) || self.is_too_slow()
+    }
+
+    /// Whether the source was too slow (`SOURCE_TOO_SLOW`): under the minimum throughput, or past the deadline.
+    pub fn is_too_slow(&self) -> bool {
+        matches!(self, Self::TooSlow { .. } | Self::DeadlineExceeded { .. })
     }
 }
 
@@ -278,8 +316,14 @@ impl Fetcher {
         Ok(Self { client, policy, settings })
     }
 
+    /// Its settings.
+    pub fn settings(&self) -> &FetchSettings {
+        &self.settings
+    }
+
     /// Downloads `source` into `sink`, continuing from `progress` (zero for a new download), which it keeps up to
-    /// date. Returns once every byte is stored (`progress.bytes_total` then set).
+    /// date. Returns once every byte is stored (`progress.bytes_total` then set). The run's deadline and throughput
+    /// windows count from now.
     pub async fn download<S: PartSink>(
         &self,
         source: &str,
@@ -287,13 +331,29 @@ impl Fetcher {
         sink: &mut S,
         cancel: &CancellationToken,
     ) -> Result<(), FetchError> {
+        self.download_since(Instant::now().into_std(), source, progress, sink, cancel).await
+    }
+
+    /// [`Fetcher::download`] for a run that started at `started`: its deadline
+    /// ([`FetchSettings::max_duration`]) and throughput windows count from then (a caller that downloads again in
+    /// the same run, after starting over, passes the same instant).
+    pub async fn download_since<S: PartSink>(
+        &self,
+        started: std::time::Instant,
+        source: &str,
+        progress: &mut Progress,
+        sink: &mut S,
+        cancel: &CancellationToken,
+    ) -> Result<(), FetchError> {
+        let mut pace = Pace::new(Instant::from_std(started), &self.settings);
         let mut resumes = 0;
         loop {
             if progress.is_complete() {
                 return Ok(());
             }
+            pace.check()?;
             let before = progress.bytes_done;
-            match self.pass(source, progress, sink, cancel).await {
+            match self.pass(source, progress, sink, cancel, &mut pace).await {
                 Ok(()) => return Ok(()),
                 Err(Pass::Failed(e)) => return Err(e),
                 Err(Pass::Dropped(reason)) => {
@@ -319,8 +379,9 @@ impl Fetcher {
         progress: &mut Progress,
         sink: &mut S,
         cancel: &CancellationToken,
+        pace: &mut Pace,
     ) -> Result<(), Pass> {
-        let response = self.request(source, progress, cancel).await?;
+        let response = self.request(source, progress, cancel, pace).await?;
         let resuming = progress.bytes_done > 0;
         let status = response.status();
         let (total, restarted) = match status {
@@ -376,11 +437,16 @@ impl Fetcher {
             let next = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return Err(FetchError::Canceled.into()),
+                _ = tokio::time::sleep_until(pace.next_check()) => {
+                    pace.check()?;
+                    continue;
+                }
                 next = body.next() => next,
             };
             match next {
                 None => break,
                 Some(Ok(chunk)) => {
+                    pace.received(chunk.len());
                     if progress.bytes_done + (buffer.len() + chunk.len()) as u64 > limit {
                         return Err(FetchError::TooLarge { limit }.into());
                     }
@@ -426,6 +492,7 @@ impl Fetcher {
         source: &str,
         progress: &Progress,
         cancel: &CancellationToken,
+        pace: &mut Pace,
     ) -> Result<reqwest::Response, Pass> {
         let mut url = check_source_url(source, &self.policy)?;
         let mut redirects = 0;
@@ -439,10 +506,16 @@ impl Fetcher {
                     request = request.header(header::IF_RANGE, validator);
                 }
             }
-            let response = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err(FetchError::Canceled.into()),
-                sent = request.send() => sent.map_err(classify)?,
+            let sending = request.send();
+            tokio::pin!(sending);
+            let response = loop {
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Err(FetchError::Canceled.into()),
+                    // Waiting for an answer counts too: no bytes arrive meanwhile.
+                    _ = tokio::time::sleep_until(pace.next_check()) => pace.check()?,
+                    sent = &mut sending => break sent.map_err(classify)?,
+                }
             };
             if !response.status().is_redirection() || response.status() == StatusCode::NOT_MODIFIED {
                 return Ok(response);
@@ -466,6 +539,65 @@ impl Fetcher {
                 other => other,
             })?;
         }
+    }
+}
+
+/// A run's clock: its deadline, and the throughput window being counted.
+struct Pace {
+    deadline: Instant,
+    max_duration: Duration,
+    /// Bytes a second a window must average; 0: not checked.
+    min: u64,
+    window: Duration,
+    /// Where the window being counted ends; it began one window earlier (the first after a window of grace).
+    window_end: Instant,
+    /// Bytes received in that window.
+    window_bytes: u64,
+}
+
+impl Pace {
+    /// The clock of a run that started at `started`. A download the run starts again later (after a stored part went
+    /// missing) keeps the run's deadline, and counts its first window from now.
+    fn new(started: Instant, settings: &FetchSettings) -> Self {
+        let window = settings.throughput_window;
+        Self {
+            deadline: started + settings.max_duration,
+            max_duration: settings.max_duration,
+            min: settings.min_throughput,
+            window,
+            window_end: (started + window * 2).max(Instant::now() + window),
+            window_bytes: 0,
+        }
+    }
+
+    /// When [`Pace::check`] is due next: the window's end or the deadline.
+    fn next_check(&self) -> Instant {
+        if self.min == 0 { self.deadline } else { self.deadline.min(self.window_end) }
+    }
+
+    /// Counts `n` bytes received now (nothing during the grace).
+    fn received(&mut self, n: usize) {
+        if self.min > 0 && Instant::now() + self.window >= self.window_end {
+            self.window_bytes += n as u64;
+        }
+    }
+
+    /// Fails a run past its deadline, or whose window ended with fewer bytes than the minimum; else starts the next
+    /// window if this one ended.
+    fn check(&mut self) -> Result<(), FetchError> {
+        let now = Instant::now();
+        if now >= self.deadline {
+            return Err(FetchError::DeadlineExceeded { max_duration: self.max_duration });
+        }
+        if self.min > 0 && now >= self.window_end {
+            if u128::from(self.window_bytes) * 1000 < u128::from(self.min) * self.window.as_millis() {
+                return Err(FetchError::TooSlow { bytes: self.window_bytes, window: self.window, min: self.min });
+            }
+            // A check that came late (the sink took its time) starts the next window now.
+            self.window_end = now + self.window;
+            self.window_bytes = 0;
+        }
+        Ok(())
     }
 }
 
@@ -638,6 +770,56 @@ mod tests {
         let storage = FetchError::Sink(SinkError::Failed("error returned from database: relation \"x\"".into()));
         assert_eq!((storage.code(), storage.detail().as_str()), ("STORAGE_UNAVAILABLE", STORAGE_DETAIL));
         assert_eq!(FetchError::Rejected(404).detail(), "the source answered 404");
+    }
+
+    fn pace_settings(max_duration: Duration, min_throughput: u64, throughput_window: Duration) -> FetchSettings {
+        FetchSettings {
+            max_duration,
+            min_throughput,
+            throughput_window,
+            ..FetchSettings::from_scenarios(&crate::config::ScenarioSettings::default())
+        }
+    }
+
+    #[test]
+    fn a_run_fails_too_slow_under_the_minimum_or_past_its_deadline_and_a_late_restart_gets_a_fresh_window() {
+        let window = Duration::from_secs(10);
+        let settings = pace_settings(Duration::from_secs(60), 100, window);
+        // A window that ended with fewer bytes than 100 a second: too slow; with enough, the next window starts.
+        let mut pace = Pace::new(Instant::now(), &settings);
+        pace.window_end = Instant::now();
+        pace.window_bytes = 999;
+        let slow = pace.check().unwrap_err();
+        assert!(matches!(slow, FetchError::TooSlow { bytes: 999, min: 100, .. }), "{slow:?}");
+        assert_eq!(slow.code(), "SOURCE_TOO_SLOW");
+        assert!(slow.is_retryable() && slow.is_too_slow());
+        assert_eq!(slow.detail(), "the source sent 999 bytes in 10s, less than the minimum of 100 bytes a second");
+        let mut pace = Pace::new(Instant::now(), &settings);
+        pace.window_end = Instant::now();
+        pace.window_bytes = 1000;
+        pace.check().unwrap();
+        assert_eq!(pace.window_bytes, 0);
+        assert!(pace.window_end > Instant::now(), "the next window");
+        // Bytes received during the grace (the first window) do not count.
+        let mut pace = Pace::new(Instant::now(), &settings);
+        pace.received(5000);
+        assert_eq!(pace.window_bytes, 0);
+        // Off: no window is checked, only the deadline.
+        let mut off = Pace::new(Instant::now(), &pace_settings(Duration::from_secs(60), 0, window));
+        off.window_end = Instant::now();
+        off.check().unwrap();
+        assert_eq!(off.next_check(), off.deadline);
+
+        // A download started again late in its run (after a stored part went missing): the run's deadline stays, its
+        // first window starts now instead of failing at once for the bytes counted by the first download.
+        let started = Instant::now() - Duration::from_secs(30);
+        let mut late = Pace::new(started, &settings);
+        late.check().unwrap();
+        assert_eq!(late.deadline, started + Duration::from_secs(60));
+        let past = Pace::new(started, &pace_settings(Duration::from_secs(20), 100, window)).check().unwrap_err();
+        assert!(matches!(past, FetchError::DeadlineExceeded { .. }), "{past:?}");
+        assert_eq!(past.code(), "SOURCE_TOO_SLOW");
+        assert_eq!(past.detail(), "the source did not send the whole file within the transfer's deadline of 20s");
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //!   step after a transfer succeeds;
 //! - `content_type` (default `application/octet-stream`, `image/png` for `format=png`);
 //! - `throttle_kbps`: at most that many KiB per second;
+//! - `drip_ms=N` (with `drip_bytes=B`, default 1): a slow drip, B bytes of body every N ms (the first B after N ms
+//!   too): a source that sends a byte a second is `drip_ms=1000`;
 //! - `drop_after=N`: the first response for this `name` closes the connection after N bytes of body (once per name,
 //!   so that a retry can finish);
 //! - `no_range=true`: ignore `Range` (answer `200` with the whole file);
@@ -62,6 +64,8 @@ struct FileQuery {
     height: Option<u32>,
     content_type: Option<String>,
     throttle_kbps: Option<u64>,
+    drip_ms: Option<u64>,
+    drip_bytes: Option<u64>,
     drop_after: Option<u64>,
     #[serde(default)]
     no_range: bool,
@@ -181,7 +185,11 @@ async fn serve(
     };
     let drop_after = if drop_now { query.drop_after } else { None };
     let pattern_name = version.map_or_else(|| name.clone(), |version| version_name(&name, version));
-    let body = body_stream(sandbox, pattern_name, image, range.clone(), query.throttle_kbps, drop_after);
+    let pace = Pace {
+        throttle_kbps: query.throttle_kbps.filter(|k| *k > 0),
+        drip: query.drip_ms.map(|ms| (Duration::from_millis(ms), query.drip_bytes.unwrap_or(1).max(1))),
+    };
+    let body = body_stream(sandbox, pattern_name, image, range.clone(), pace, drop_after);
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
     let h = response.headers_mut();
@@ -205,13 +213,22 @@ async fn serve(
     response
 }
 
+/// How fast a body is sent.
+#[derive(Clone, Copy)]
+struct Pace {
+    /// At most this many KiB a second.
+    throttle_kbps: Option<u64>,
+    /// A wait before every chunk, and the chunk's size.
+    drip: Option<(Duration, u64)>,
+}
+
 /// The body: chunks of the range, paced, counted, and cut after `drop_after` bytes.
 fn body_stream(
     sandbox: Sandbox,
     name: String,
     image: Option<Bytes>,
     range: Range<u64>,
-    throttle_kbps: Option<u64>,
+    pace: Pace,
     drop_after: Option<u64>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     let state = (range.start, 0u64);
@@ -229,10 +246,16 @@ fn body_stream(
                 return Some((Err(error), (end, sent)));
             }
             let mut len = (end - position).min(CHUNK as u64);
+            if let Some((_, bytes)) = pace.drip {
+                len = len.min(bytes);
+            }
             if let Some(limit) = drop_after {
                 len = len.min(limit - sent).max(1);
             }
-            if let Some(kbps) = throttle_kbps.filter(|k| *k > 0) {
+            if let Some((every, _)) = pace.drip {
+                tokio::time::sleep(every).await;
+            }
+            if let Some(kbps) = pace.throttle_kbps {
                 tokio::time::sleep(Duration::from_secs_f64(len as f64 / (kbps as f64 * 1024.0))).await;
             }
             let chunk = match &image {
