@@ -845,7 +845,10 @@ async fn index_entries_read(owner: &mut sqlx::PgConnection, claimer: &mut sqlx::
 /// backlog each time (and under a long-held snapshot every row version it keeps too). Now about 40 a claim.
 #[tokio::test]
 async fn a_claim_reads_its_own_workspaces_due_jobs_and_no_more_than_it_takes() {
-    let app = TestApp::spawn().await;
+    // A server of its own: on the shared one, another test's open transaction holds the cluster-wide horizon back, so
+    // the index entries of the rows earlier claims replaced cannot be marked dead, and each claim walks them again.
+    let pg = common::postgres::TestPostgres::start().await;
+    let app = TestApp::spawn_on_db(pg.test_db().await, |_| {}).await;
     let (busy, quiet) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
     // The other workspace's jobs first: a walk of every workspace's due jobs in due order meets them before busy's.
     for (ws, n) in [(quiet, 2_000), (busy, 3_000)] {
