@@ -164,6 +164,8 @@ impl RedisCluster {
         for _ in 0..6 {
             nodes.push(Node::start(&dir).await);
         }
+        // In port order: `--cluster create` makes the first three masters, so the lowest address is a master's.
+        nodes.sort_by_key(|n| n.port);
         let cluster = Self { dir, nodes };
         let addrs: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let created = Command::new("redis-cli")
@@ -394,8 +396,19 @@ impl RedisSentinel {
     /// `redis-sentinel://127.0.0.1:<s1>,127.0.0.1:<s2>,.../0?sentinelServiceName=main`: every sentinel, in start
     /// order.
     pub fn url(&self) -> String {
+        self.url_in(true)
+    }
+
+    /// Every sentinel in start order, as a comma list when `commas` ([`RedisSentinel::url`]), else in fred's form
+    /// (`redis-sentinel://<s1>/0?sentinelServiceName=main&node=<s2>&node=<s3>`).
+    pub fn url_in(&self, commas: bool) -> String {
         let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
-        format!("redis-sentinel://{}/0?sentinelServiceName=main", hosts.join(","))
+        if commas {
+            format!("redis-sentinel://{}/0?sentinelServiceName=main", hosts.join(","))
+        } else {
+            let nodes: String = hosts[1..].iter().map(|h| format!("&node={h}")).collect();
+            format!("redis-sentinel://{}/0?sentinelServiceName=main{nodes}", hosts[0])
+        }
     }
 
     /// The master's port as a live sentinel names it.
