@@ -351,12 +351,13 @@ async fn each_master_killed_in_turn_first_seed_silently_every_job_done_within_30
     eprintln!("from each promotion to the last job of its burst done:\n  {}", figures.join("\n  "));
 }
 
-/// Behind three sentinels (quorum 2): the host of the master and of the sentinel every URL lists first dies, silently,
-/// during a burst of 200 store creations; every accepted job must be done within 30 s of the promotion, with one
+/// Behind three sentinels (quorum 2): during a burst of 200 store creations the sentinel every URL lists first is
+/// SIGKILLed and the master dies silently; every accepted job must be done within 30 s of the promotion, with one
 /// marketplace effect each. The dispatcher and maintenance list the sentinels with commas, the API and the worker in
-/// fred's `?node=` form.
+/// fred's `?node=` form. (A sentinel that hangs, accepting connections and answering nothing, is another matter: see
+/// the README's Redis Cluster and Sentinel notes.)
 #[tokio::test]
-async fn the_master_and_the_first_listed_sentinel_dead_silently_every_job_done_within_30_s_of_the_promotion() {
+async fn the_master_dead_silently_and_the_first_listed_sentinel_killed_every_job_done_within_30_s_of_the_promotion() {
     let mut sentinel = RedisSentinel::start_with(3).await;
     let (commas, nodes) = (sentinel.url_in(true), sentinel.url_in(false));
     let app = app_on(&nodes).await;
@@ -370,9 +371,9 @@ async fn the_master_and_the_first_listed_sentinel_dead_silently_every_job_done_w
     let mut ops = create_stores(&app, roles.api_port, &warm, 8).await;
     all_succeed(&app, &warm, 8, &roles, Duration::from_secs(60)).await;
 
-    let what = "the master and the first-listed sentinel killed (Silent)";
+    let what = "the first-listed sentinel killed (Sigkill), the master (Silent)";
     let round = burst_with_a_kill(&app, &roles, what, async || {
-        sentinel.kill_sentinel(0, Death::Silent);
+        sentinel.kill_sentinel(0, Death::Sigkill);
         sentinel.kill_master_by(Death::Silent).await;
     })
     .await;
