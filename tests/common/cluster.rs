@@ -5,10 +5,11 @@
 //! kills every process and removes its directory.
 //!
 //! A node dies one of two ways ([`Death`]). SIGKILLed on loopback, its connections are reset and its port refuses at
-//! once, so clients learn of the death in microseconds. A host that dies (power, kernel, network) tells its clients
-//! nothing: their connections hang and new ones get no answer. That is [`Death::Silent`]: the process is stopped
-//! (SIGSTOP), so the kernel keeps its sockets open and accepts connections that nothing answers, and it is SIGKILLed
-//! when the setup is dropped.
+//! once, so clients learn of the death in microseconds. A host that dies (power, kernel, network) or a node that hangs
+//! tells its clients nothing: their connections hang, new ones get no answer. That is [`Death::Silent`]: the process
+//! is stopped (SIGSTOP), so the kernel keeps its sockets open and accepts connections that nothing answers (as a hung
+//! node's kernel does; a dead host's does not even accept them, which costs a client the same wait), and it is
+//! SIGKILLed when the setup is dropped.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
