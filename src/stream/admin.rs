@@ -4,7 +4,7 @@ use fred::cmd;
 use fred::prelude::ClientLike;
 use fred::types::Value;
 
-use super::RedisClient;
+use super::{RedisClient, Watched};
 
 /// What the start-up check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +92,6 @@ pub(crate) async fn entries_exist(
     for (stream, id) in entries {
         let _: () = pipeline.custom(cmd!("XRANGE"), vec![stream.as_str(), id.as_str(), id.as_str()]).await?;
     }
-    let replies: Vec<Value> = pipeline.all().await?;
+    let replies: Vec<Value> = pipeline.all().await.watched(client)?;
     Ok(replies.into_iter().map(|r| matches!(r, Value::Array(items) if !items.is_empty())).collect())
 }

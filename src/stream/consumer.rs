@@ -7,13 +7,14 @@
 
 use std::sync::Arc;
 
-use fred::prelude::StreamsInterface;
+use fred::prelude::{ClientLike, StreamsInterface};
 use fred::types::Value;
+use fred::types::config::Options;
 
-use super::RedisClient;
 use super::keys::{Keys, Partition};
 use super::layout::LayoutCache;
 use super::script::LuaScript;
+use super::{RedisClient, Watched};
 
 const ACK_SCRIPT: &str = r#"
 local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
@@ -150,13 +151,25 @@ pub struct Consumer {
     layout: Arc<LayoutCache>,
     /// Partitions read even before the layout names them (`CONVEYOR_STREAM_PARTITIONS`).
     partitions: u16,
+    /// The command time-out of `client`: a blocking read times out this long after its wait.
+    command_timeout: std::time::Duration,
 }
 
 impl Consumer {
     /// A consumer named `consumer` (pod or host name plus process id). `blocking` must be a client of its own.
     pub fn new(client: RedisClient, blocking: RedisClient, keys: Keys, consumer: String) -> Self {
         let layout = Arc::new(LayoutCache::new(client.clone(), &keys, 1));
-        Self { client, blocking, keys, consumer, ack_script: LuaScript::new(ACK_SCRIPT), layout, partitions: 1 }
+        let command_timeout = client.perf_config().default_command_timeout;
+        Self {
+            client,
+            blocking,
+            keys,
+            consumer,
+            ack_script: LuaScript::new(ACK_SCRIPT),
+            layout,
+            partitions: 1,
+            command_timeout,
+        }
     }
 
     /// Reads the partitions of `partitions` (`CONVEYOR_STREAM_PARTITIONS`) from the start, as well as every stream
@@ -201,7 +214,8 @@ impl Consumer {
     /// Creates the queue's group (and stream) in one of its streams if missing, reading from the beginning.
     pub async fn ensure_group_in(&self, queue: &str, partition: Partition) -> Result<(), fred::error::Error> {
         let stream = self.keys.partition_stream(queue, partition);
-        let created: Result<Value, _> = self.client.xgroup_create(stream, self.keys.group(queue), "0", true).await;
+        let created: Result<Value, _> =
+            self.client.xgroup_create(stream, self.keys.group(queue), "0", true).await.watched(&self.client);
         match created {
             Ok(_) => Ok(()),
             Err(e) if e.details().contains("BUSYGROUP") || e.to_string().contains("BUSYGROUP") => Ok(()),
@@ -245,19 +259,23 @@ impl Consumer {
         count: u64,
         block_ms: Option<u64>,
     ) -> Result<Vec<Entry>, fred::error::Error> {
-        // A read that does not block may share a connection with other commands.
-        let client = if block_ms.is_some() { &self.blocking } else { &self.client };
-        let read: Result<Value, _> = client
-            .xreadgroup(
-                self.keys.group(queue),
-                &self.consumer,
-                Some(count),
-                block_ms,
-                false,
-                self.keys.partition_stream(queue, partition),
-                ">",
-            )
-            .await;
+        let (group, stream) = (self.keys.group(queue), self.keys.partition_stream(queue, partition));
+        let read: Result<Value, _> = match block_ms {
+            // A read that does not block may share a connection with other commands.
+            None => {
+                let read = self.client.xreadgroup(group, &self.consumer, Some(count), None, false, stream, ">");
+                read.await.watched(&self.client)
+            }
+            // A blocking read is given up the command time-out after its wait, not the blocking client's own longer
+            // time-out: a node that went silent under it is noticed (and looked for again) as soon as by any other
+            // command, and the reader's other streams do not wait on it.
+            Some(ms) => {
+                let timeout = std::time::Duration::from_millis(ms) + self.command_timeout;
+                let blocking = self.blocking.with_options(&Options { timeout: Some(timeout), ..Options::default() });
+                let read = blocking.xreadgroup(group, &self.consumer, Some(count), Some(ms), false, stream, ">");
+                read.await.watched(&self.blocking)
+            }
+        };
         match read {
             Err(e) if is_nogroup(&e) => {
                 self.ensure_group_in(queue, partition).await?;
@@ -309,7 +327,8 @@ impl Consumer {
                 false,
                 true,
             )
-            .await;
+            .await
+            .watched(&self.client);
         match claimed {
             // The group is gone with the entries (see `read`): nothing to keep alive, make the group again.
             Err(e) if is_nogroup(&e) => self.ensure_group_in(queue, partition).await,
@@ -333,6 +352,7 @@ impl Consumer {
             .client
             .xautoclaim(&stream, self.keys.group(queue), &self.consumer, min_idle_ms, "0-0", Some(count), false)
             .await
+            .watched(&self.client)
         {
             Err(e) if is_nogroup(&e) => {
                 self.ensure_group_in(queue, partition).await?;
@@ -374,7 +394,7 @@ pub(crate) async fn stream_stats(
     partition: Partition,
 ) -> Result<QueueStats, fred::error::Error> {
     let stream = keys.partition_stream(queue, partition);
-    let length: u64 = client.xlen(&stream).await?;
+    let length: u64 = client.xlen(&stream).await.watched(client)?;
     let groups: Value = client.xinfo_groups(&stream).await.unwrap_or(Value::Null);
     let group = keys.group(queue);
     let mut stats = QueueStats { length, ..QueueStats::default() };

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::RedisClient;
 use super::keys::{Keys, Partition};
 use super::script::LuaScript;
+use super::{RedisClient, Watched};
 
 /// Most partitions a queue may have.
 pub const MAX_PARTITIONS: u16 = 1024;
@@ -101,7 +101,7 @@ impl Layout {
 /// what an operator's view sums its `XLEN` and `XINFO GROUPS` over.
 pub async fn stream_keys(client: &RedisClient, keys: &Keys, queue: &str) -> Result<Vec<String>, fred::error::Error> {
     use fred::prelude::KeysInterface;
-    let text: Option<String> = client.get(keys.layout()).await?;
+    let text: Option<String> = client.get(keys.layout()).await.watched(client)?;
     let layout = Layout::parse(text.as_deref().unwrap_or_default());
     Ok(layout.streams(1).into_iter().map(|p| keys.partition_stream(queue, p)).collect())
 }
@@ -159,7 +159,7 @@ impl LayoutCache {
             self.script.run(&self.client, vec![self.key.clone()], args).await?
         } else {
             use fred::prelude::KeysInterface;
-            self.client.get(&self.key).await?
+            self.client.get(&self.key).await.watched(&self.client)?
         };
         let layout = Layout::parse(text.as_deref().unwrap_or_default());
         if layout.latest() > self.raise_to

@@ -9,6 +9,15 @@
 //! and its de-dup keys stays in one Redis Cluster slot; a queue split into partitions has one tag, so one slot, per
 //! partition (`<prefix>:{<queue>:<p>}:…`, see [`layout`]). Scripts run on whichever node holds their slot, loaded
 //! or not ([`script`]); in a cluster, fred follows `MOVED`/`ASK` and re-reads the slot map after a failover.
+//!
+//! Failover. fred learns that a master died from a reset connection or a `MOVED` reply. A master that dies silently
+//! (its host down or cut off, its process frozen) gives neither: its connections stay open and its commands go
+//! unanswered. So a command that times out makes its client look again ([`recover_after`]): a cluster client asks its
+//! masters for the slot map and, where a replica took a master's slots, re-reads it, which drops the dead master's
+//! connections; a sentinel client whose master does not answer asks the sentinels again. fred re-reads the slot map
+//! inside the task that routes every command, trying the nodes it knows one after another, each silent one costing
+//! every command of the client up to [`NODE_TIMEOUT`]: so the map is re-read only when it changed, and scripts are
+//! routed by their keys' slot, which needs no re-read at all ([`script`]).
 
 pub mod admin;
 pub mod consumer;
@@ -19,19 +28,35 @@ mod script;
 pub(crate) mod tls;
 mod url;
 
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
-use fred::prelude::{Builder, ClientLike, Config as RedisConfig, ReconnectPolicy};
+use fred::prelude::{Builder, ClientLike, ClusterInterface, Config as RedisConfig, ReconnectPolicy};
+use fred::types::config::{ClusterDiscoveryPolicy, Options};
+use fred::types::{ClusterHash, Value};
 
 pub use fred::clients::Client as RedisClient;
 pub use tls::{RedisTls, TlsFileError};
 
-/// Opens a Redis client that reconnects with exponential back-off forever (fred's default is never) and fails
-/// commands after `command_timeout` instead of queueing them while Redis is away. `url` is `redis://`, `rediss://`,
-/// `redis-sentinel://`, `redis-cluster://` or their TLS forms `rediss-sentinel://` and `rediss-cluster://` (verified
-/// against the system's roots; [`connect_with`] names a CA and a client certificate); a cluster's seed nodes may be
-/// listed with commas (`redis-cluster://h1:6379,h2:6379`) or as fred's `?node=h2:6379` parameters. A cluster client
-/// follows `MOVED` and `ASK` redirections and re-reads the slot map after a failover.
+/// The longest one node may keep a client waiting per attempt: to connect (TCP and TLS), and then for each answer
+/// while the connection is set up or the cluster's slot map is read (fred's defaults, 10 s each, let one dead seed
+/// hold every command of a cluster client for 10 s each time it re-read the map). Loopback and LAN nodes answer in
+/// milliseconds. Never more than the command time-out.
+pub const NODE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long after one look for its nodes a client may look again while its commands time out ([`recover_after`]).
+const RECOVER_EVERY: Duration = Duration::from_secs(1);
+
+/// Opens a Redis client that reconnects with exponential back-off forever (fred's default is never; at most 2 s
+/// apart) and fails commands after `command_timeout` instead of queueing them while Redis is away. `url` is
+/// `redis://`, `rediss://`, `redis-sentinel://`, `redis-cluster://` or their TLS forms `rediss-sentinel://` and
+/// `rediss-cluster://` (verified against the system's roots; [`connect_with`] names a CA and a client certificate); a
+/// cluster's seed nodes (or a sentinel setup's sentinels) may be listed with commas (`redis-cluster://h1:6379,h2:6379`)
+/// or as fred's `?node=h2:6379` parameters. A cluster client follows `MOVED` and `ASK` redirections and re-reads the
+/// slot map after a failover, from any node it knows: the seeds and every primary of the last slot map it read (fred's
+/// default reads it from the seeds alone, so a client whose seeds had died could never find the cluster again). A node
+/// that does not answer costs at most [`NODE_TIMEOUT`] per attempt.
 pub async fn connect(url: &str, command_timeout: Duration) -> Result<RedisClient, fred::error::Error> {
     connect_with(url, command_timeout, &RedisTls::default()).await
 }
@@ -60,15 +85,20 @@ pub async fn connect_with(
     if uses_tls != config.tls.is_some() {
         return Err(Error::new(ErrorKind::Tls, "CONVEYOR_REDIS_URL asks for TLS but no TLS configuration was made"));
     }
+    if config.server.is_clustered() {
+        config.server.set_cluster_discovery_policy(ClusterDiscoveryPolicy::UseCache)?;
+    }
+    let node_timeout = NODE_TIMEOUT.min(command_timeout);
     let client = Builder::from_config(config)
         .with_connection_config(|c| {
-            c.connection_timeout = Duration::from_secs(3);
+            c.connection_timeout = node_timeout;
+            c.internal_command_timeout = node_timeout;
             c.max_command_attempts = 2;
         })
         .with_performance_config(|p| {
             p.default_command_timeout = command_timeout;
         })
-        .set_policy(ReconnectPolicy::new_exponential(0, 100, 5_000, 2))
+        .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2))
         .build()?;
     if let Err(e) = client.init().await {
         let _ = client.quit().await;
@@ -116,5 +146,162 @@ pub(crate) fn is_unavailable(e: &fred::error::Error) -> bool {
 
 /// `PING` with the client's command time-out: whether Redis answers.
 pub async fn ping(client: &RedisClient) -> Result<(), fred::error::Error> {
-    client.ping::<()>(None).await
+    client.ping::<()>(None).await.watched(client)
+}
+
+/// After a command of `client` timed out (Redis did not answer; a reset connection fred handles itself): makes the
+/// client look for its nodes again, in the background, one look at a time and at most one every [`RECOVER_EVERY`].
+/// A cluster client asks its masters for the slot map ([`slot_map_changed`]) and, if it names other masters than
+/// the client's copy, re-reads it (fred's re-read, which connects to the new masters and drops the connections of the
+/// ones gone: a silent master's, once a replica serves its slots). A sentinel client whose master does not answer a
+/// `PING` reconnects, asking the sentinels for the master. A single server's client is left to fred (there is nowhere
+/// else to look). A look that finds nothing changed costs a question per master: fred's re-read tries known nodes one
+/// after another inside the task that routes every command, each silent one costing [`NODE_TIMEOUT`], so it is only
+/// done when it would find something.
+pub(crate) fn recover_after(client: &RedisClient, e: &fred::error::Error) {
+    /// One client's looks: whether one is under way, and when the last one ended.
+    type Look = (bool, Option<Instant>);
+    static LOOKS: LazyLock<Mutex<HashMap<String, Look>>> = LazyLock::new(Mutex::default);
+    let clustered = client.is_clustered();
+    if *e.kind() != fred::error::ErrorKind::Timeout || !(clustered || client.uses_sentinels()) {
+        return;
+    }
+    {
+        let mut looks = LOOKS.lock().expect("recovery lock");
+        let look = looks.entry(client.id().to_owned()).or_default();
+        if look.0 || look.1.is_some_and(|ended| ended.elapsed() < RECOVER_EVERY) {
+            return;
+        }
+        look.0 = true;
+    }
+    let client = client.clone();
+    tokio::spawn(async move {
+        let looked = if clustered { recover_cluster(&client).await } else { recover_sentinel(&client).await };
+        match looked {
+            Ok(true) => tracing::info!(client = client.id(), "Redis nodes changed; found them again after a time-out"),
+            Ok(false) => {}
+            Err(e) => tracing::debug!(client = client.id(), error = %e, "Could not look for the Redis nodes again"),
+        }
+        LOOKS.lock().expect("recovery lock").insert(client.id().to_owned(), (false, Some(Instant::now())));
+    });
+}
+
+/// Re-reads the slot map if a master says it changed; whether it did.
+async fn recover_cluster(client: &RedisClient) -> Result<bool, fred::error::Error> {
+    if !slot_map_changed(client).await {
+        return Ok(false);
+    }
+    client.sync_cluster().await?;
+    Ok(true)
+}
+
+/// Reconnects (asking the sentinels for the master) if the master does not answer a `PING`; whether it did.
+async fn recover_sentinel(client: &RedisClient) -> Result<bool, fred::error::Error> {
+    let quick = Options { timeout: Some(NODE_TIMEOUT), max_attempts: Some(1), ..Options::default() };
+    if client.with_options(&quick).ping::<()>(None).await.is_ok() {
+        return Ok(false);
+    }
+    client.force_reconnection().await?;
+    Ok(true)
+}
+
+/// Whether the slot map, as the first master to answer gives it, names other masters than `client`'s copy of it (or
+/// no master answers). Every master of the copy is asked at once (routed by one of its slots, given
+/// [`NODE_TIMEOUT`]): fred's routing task sends the questions and goes on, so a silent master delays nothing; it just
+/// never answers.
+async fn slot_map_changed(client: &RedisClient) -> bool {
+    let Some(copy) = client.cached_cluster_state() else { return true };
+    let known: HashSet<(String, u16)> =
+        copy.unique_primary_nodes().into_iter().map(|s| (s.host.to_string(), s.port)).collect();
+    let mut asked = HashSet::new();
+    let questions: Vec<_> = copy
+        .slots()
+        .iter()
+        .filter(|range| asked.insert((range.primary.host.to_string(), range.primary.port)))
+        .map(|range| {
+            let routed = Options {
+                cluster_hash: Some(ClusterHash::Custom(range.start)),
+                timeout: Some(NODE_TIMEOUT),
+                max_attempts: Some(1),
+                ..Options::default()
+            };
+            let (client, host) = (client.with_options(&routed), range.primary.host.to_string());
+            Box::pin(async move { client.cluster_slots::<Value>().await.map(|slots| (host, slots)) })
+        })
+        .collect();
+    if questions.is_empty() {
+        return true;
+    }
+    // No master answering is a change too: the map is then read from the other nodes the client knows.
+    match futures_util::future::select_ok(questions).await {
+        Ok(((host, slots), _)) => slot_map_primaries(&slots, &host) != known,
+        Err(_) => true,
+    }
+}
+
+/// The masters (host, port) a `CLUSTER SLOTS` reply from a node on `host` names (a master named without a host is on
+/// the node's, as fred reads it too).
+fn slot_map_primaries(reply: &Value, host: &str) -> HashSet<(String, u16)> {
+    let Value::Array(ranges) = reply else { return HashSet::new() };
+    ranges
+        .iter()
+        .filter_map(|range| match range {
+            Value::Array(fields) => match fields.get(2) {
+                Some(Value::Array(node)) => {
+                    let named = node.first()?.as_string()?;
+                    let port = node.get(1)?.as_u64().and_then(|p| u16::try_from(p).ok())?;
+                    Some((if named.is_empty() { host.to_owned() } else { named }, port))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// A Redis call's result that makes its client look for its nodes again when it timed out ([`recover_after`]).
+pub(crate) trait Watched {
+    /// `self`, after [`recover_after`] if it is a time-out.
+    fn watched(self, client: &RedisClient) -> Self;
+}
+
+impl<T> Watched for Result<T, fred::error::Error> {
+    fn watched(self, client: &RedisClient) -> Self {
+        if let Err(e) = &self {
+            recover_after(client, e);
+        }
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &str) -> Value {
+        Value::String(v.into())
+    }
+
+    #[test]
+    fn the_masters_of_a_cluster_slots_reply_are_its_ranges_first_nodes() {
+        let range = |start, end, port, replica| {
+            Value::Array(vec![
+                Value::Integer(start),
+                Value::Integer(end),
+                Value::Array(vec![s("10.0.0.1"), Value::Integer(port), s("id")]),
+                Value::Array(vec![s("10.0.0.2"), Value::Integer(replica), s("id2")]),
+            ])
+        };
+        let reply =
+            Value::Array(vec![range(0, 99, 7000, 7100), range(100, 199, 7001, 7101), range(200, 299, 7000, 7100)]);
+        let masters = slot_map_primaries(&reply, "10.0.0.9");
+        assert_eq!(masters, HashSet::from([("10.0.0.1".to_owned(), 7000), ("10.0.0.1".to_owned(), 7001)]));
+        assert!(slot_map_primaries(&Value::Null, "10.0.0.9").is_empty());
+        let unnamed = Value::Array(vec![Value::Array(vec![
+            Value::Integer(0),
+            Value::Integer(16383),
+            Value::Array(vec![s(""), Value::Integer(7000)]),
+        ])]);
+        assert_eq!(slot_map_primaries(&unnamed, "10.0.0.9"), HashSet::from([("10.0.0.9".to_owned(), 7000)]));
+    }
 }

@@ -11,13 +11,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use fred::prelude::ClientLike;
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::{CustomCommand, Value};
 use uuid::Uuid;
 
-use super::RedisClient;
 use super::keys::{Keys, Partition, parse_stream_ref, stream_ref};
 use super::layout::LayoutCache;
-use super::script::{LuaScript, is_noscript};
+use super::script::{LuaScript, is_noscript, routed_by};
+use super::{RedisClient, Watched};
 
 /// A queue and one of its streams.
 type Stream<'a> = (&'a str, Partition);
@@ -201,10 +201,11 @@ impl Producer {
             return Ok(());
         }
         let ms = ttl.as_millis().max(1).to_string();
-        // EVAL, not EVALSHA: the script is short, and a restarted Redis needs no reload.
-        let eval = CustomCommand::new("EVAL", ClusterHash::Offset(2), false);
         let pipeline = self.client.pipeline();
         for keys in by_queue.values() {
+            // EVAL, not EVALSHA: the script is short, and a restarted Redis needs no reload. Routed by the stream's
+            // slot, which all of its de-dup keys share.
+            let eval = CustomCommand::new("EVAL", routed_by(&keys[0]), false);
             for chunk in keys.chunks(CHUNK) {
                 let mut args = Vec::with_capacity(chunk.len() + 3);
                 args.extend([EXPIRE_SCRIPT.to_owned(), chunk.len().to_string()]);
@@ -213,7 +214,7 @@ impl Producer {
                 pipeline.custom::<Value, _>(eval.clone(), args).await?;
             }
         }
-        pipeline.try_all::<Value>().await.into_iter().try_for_each(|r| r.map(drop))
+        pipeline.try_all::<Value>().await.into_iter().try_for_each(|r| r.map(drop)).watched(&self.client)
     }
 
     /// Publishes `messages` in one pipeline. Each result is the stream reference ([`stream_ref`]: the entry id, new
@@ -281,6 +282,9 @@ impl Producer {
             }
         }
         let replies = pipeline.try_all::<Value>().await;
+        if let Some(Err(e)) = replies.iter().find(|r| r.is_err()) {
+            super::recover_after(&self.client, e);
+        }
         if replies.len() != chunks.len() {
             let e = replies
                 .into_iter()

@@ -1,8 +1,15 @@
 //! A real Redis Cluster on loopback for one test: six `redis-server` processes (three masters, one replica each) on
-//! free ports, joined by `redis-cli --cluster create`, with a way to SIGKILL the master that owns a key and wait for
-//! its replica to take over. And a Sentinel setup: a master, its replica and one sentinel (`redis-server
-//! --sentinel`), with a way to SIGKILL the master and wait for the sentinel's failover. Dropping either kills every
-//! process and removes its directory.
+//! free ports, joined by `redis-cli --cluster create`, with a way to kill a master (the one that owns a key, or any)
+//! and wait for its replica to take over. And a Sentinel setup: a master, its replica and one or three sentinels
+//! (`redis-server --sentinel`), with a way to kill the master or a sentinel and wait for the failover. Dropping either
+//! kills every process and removes its directory.
+//!
+//! A node dies one of two ways ([`Death`]). SIGKILLed on loopback, its connections are reset and its port refuses at
+//! once, so clients learn of the death in microseconds. A host that dies (power, kernel, network) or a node that hangs
+//! tells its clients nothing: their connections hang, new ones get no answer. That is [`Death::Silent`]: the process
+//! is stopped (SIGSTOP), so the kernel keeps its sockets open and accepts connections that nothing answers (as a hung
+//! node's kernel does; a dead host's does not even accept them, which costs a client the same wait), and it is
+//! SIGKILLed when the setup is dropped.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -11,10 +18,45 @@ use std::time::Duration;
 
 use super::{eventually, free_port};
 
-/// One node: its client port, its cluster bus port, its process (None once killed).
+/// One node: its client port, its process (None once killed), whether it is stopped (dead to its clients).
 struct Node {
     port: u16,
     child: Option<Child>,
+    stopped: bool,
+}
+
+/// How a node dies (see the module's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Death {
+    /// SIGKILL: its connections are reset, its port refuses.
+    Sigkill,
+    /// SIGSTOP, SIGKILL at the end: its connections hang, its port accepts and never answers.
+    Silent,
+}
+
+impl Node {
+    /// Kills the node as `death` says; it no longer counts as live.
+    fn kill(&mut self, death: Death) {
+        match death {
+            Death::Sigkill => {
+                if let Some(mut child) = self.child.take() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+            Death::Silent => {
+                if let Some(child) = &self.child {
+                    let stopped = Command::new("kill").args(["-STOP", &child.id().to_string()]).status();
+                    assert!(stopped.is_ok_and(|s| s.success()), "SIGSTOP reached redis-server {}", self.port);
+                    self.stopped = true;
+                }
+            }
+        }
+    }
+
+    fn live(&self) -> bool {
+        self.child.is_some() && !self.stopped
+    }
 }
 
 /// A running Redis Cluster.
@@ -104,7 +146,7 @@ impl Node {
             })
             .await;
             if answered == Some(true) {
-                return Node { port, child: Some(child) };
+                return Node { port, child: Some(child), stopped: false };
             }
             let _ = child.kill();
             let _ = child.wait();
@@ -123,6 +165,8 @@ impl RedisCluster {
         for _ in 0..6 {
             nodes.push(Node::start(&dir).await);
         }
+        // In port order: `--cluster create` makes the first three masters, so the lowest address is a master's.
+        nodes.sort_by_key(|n| n.port);
         let cluster = Self { dir, nodes };
         let addrs: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let created = Command::new("redis-cli")
@@ -153,9 +197,23 @@ impl RedisCluster {
         format!("redis-cluster://{}", addrs.join(","))
     }
 
-    /// The ports of the nodes still running.
+    /// A URL naming every node with `first` as its first seed (the others in start order): as a comma list
+    /// (`redis-cluster://a,b,c`) when `commas`, else in fred's form (`redis-cluster://a?node=b&node=c`).
+    pub fn url_led_by(&self, first: u16, commas: bool) -> String {
+        let mut ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
+        ports.sort_by_key(|&p| p != first);
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        if commas {
+            format!("redis-cluster://{}", addrs.join(","))
+        } else {
+            let nodes: Vec<String> = addrs[1..].iter().map(|a| format!("node={a}")).collect();
+            format!("redis-cluster://{}?{}", addrs[0], nodes.join("&"))
+        }
+    }
+
+    /// The ports of the nodes still running (and not stopped).
     pub fn live_ports(&self) -> Vec<u16> {
-        self.nodes.iter().filter(|n| n.child.is_some()).map(|n| n.port).collect()
+        self.nodes.iter().filter(|n| n.live()).map(|n| n.port).collect()
     }
 
     /// `CLUSTER NODES` as one live node sees it.
@@ -217,12 +275,16 @@ impl RedisCluster {
     /// and every live node says `cluster_state:ok`), and returns the killed port.
     pub async fn kill_master_of(&mut self, key: &str) -> u16 {
         let port = self.master_of(key);
-        let node = self.nodes.iter_mut().find(|n| n.port == port).expect("the master is one of ours");
-        if let Some(mut child) = node.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let slot = self.keyslot(key);
+        self.kill_master(port, Death::Sigkill).await;
+        port
+    }
+
+    /// Kills the master on `port` as `death` says and waits until its replica serves its slots and every live node
+    /// says `cluster_state:ok`.
+    pub async fn kill_master(&mut self, port: u16, death: Death) {
+        let master = self.masters().into_iter().find(|m| m.port == port).expect("a live master serving slots");
+        let slot = master.slots[0].0;
+        self.nodes.iter_mut().find(|n| n.port == port).expect("the master is one of ours").kill(death);
         eventually(Duration::from_secs(30), || async {
             let promoted = self
                 .masters()
@@ -233,28 +295,24 @@ impl RedisCluster {
         .await
         .expect("the replica took over the killed master's slots");
         self.wait_ok().await;
-        port
     }
 }
 
 impl Drop for RedisCluster {
     fn drop(&mut self) {
         for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+            node.kill(Death::Sigkill);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-/// A master, its replica and one sentinel watching them as service `main`.
+/// A master, its replica and one sentinel (quorum 1) or three (quorum 2) watching them as service `main`.
 pub struct RedisSentinel {
     dir: PathBuf,
     master: Node,
     replica: Node,
-    sentinel: Node,
+    sentinels: Vec<Node>,
 }
 
 fn spawn_server(args: &[String]) -> Child {
@@ -267,11 +325,17 @@ fn spawn_server(args: &[String]) -> Child {
 }
 
 impl RedisSentinel {
-    /// Starts the three processes and waits until the sentinel knows the master and its replica is in sync.
+    /// A master, its replica and one sentinel; see [`RedisSentinel::start_with`].
     pub async fn start() -> Self {
+        Self::start_with(1).await
+    }
+
+    /// Starts the master, its replica and `sentinels` sentinels (quorum: a majority of them), and waits until every
+    /// sentinel knows the master, its replica and the other sentinels, and the replica is in sync.
+    pub async fn start_with(sentinels: usize) -> Self {
         let dir = std::env::temp_dir().join(format!("conveyor-sentinel-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
-        let (m, r, s) = (free_port(), free_port(), free_port());
+        let (m, r) = (free_port(), free_port());
         let base = |port: u16| {
             vec![
                 "--port".to_owned(),
@@ -292,51 +356,85 @@ impl RedisSentinel {
         let mut replica_args = base(r);
         replica_args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), m.to_string()]);
         let replica = spawn_server(&replica_args);
-        let conf = dir.join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {s}\nbind 127.0.0.1\ndir {}\nsentinel monitor main 127.0.0.1 {m} 1\n\
-                 sentinel down-after-milliseconds main 1000\nsentinel failover-timeout main 5000\n",
-                dir.display()
-            ),
-        )
-        .unwrap();
-        let sentinel = spawn_server(&[conf.display().to_string(), "--sentinel".to_owned()]);
+        let quorum = sentinels / 2 + 1;
+        let sentinels: Vec<Node> = (0..sentinels)
+            .map(|_| {
+                let s = free_port();
+                let conf = dir.join(format!("sentinel-{s}.conf"));
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "port {s}\nbind 127.0.0.1\ndir {}\nsentinel monitor main 127.0.0.1 {m} {quorum}\n\
+                         sentinel down-after-milliseconds main 1000\nsentinel failover-timeout main 5000\n",
+                        dir.display()
+                    ),
+                )
+                .unwrap();
+                let child = spawn_server(&[conf.display().to_string(), "--sentinel".to_owned()]);
+                Node { port: s, child: Some(child), stopped: false }
+            })
+            .collect();
         let setup = Self {
             dir,
-            master: Node { port: m, child: Some(master) },
-            replica: Node { port: r, child: Some(replica) },
-            sentinel: Node { port: s, child: Some(sentinel) },
+            master: Node { port: m, child: Some(master), stopped: false },
+            replica: Node { port: r, child: Some(replica), stopped: false },
+            sentinels,
         };
+        let others = setup.sentinels.len() - 1;
         eventually(Duration::from_secs(30), || async {
             let synced = cli(r, &["INFO", "replication"]).contains("master_link_status:up");
-            let known = cli(s, &["SENTINEL", "replicas", "main"]).contains(&r.to_string());
+            let known = setup.sentinels.iter().all(|s| {
+                cli(s.port, &["SENTINEL", "replicas", "main"]).contains(&r.to_string())
+                    && cli(s.port, &["SENTINEL", "sentinels", "main"]).lines().filter(|l| *l == "ip").count() == others
+            });
             (synced && known && setup.master_port_by_sentinel() == Some(m)).then_some(())
         })
         .await
-        .expect("the sentinel watches a master whose replica is in sync");
+        .expect("the sentinels watch a master whose replica is in sync, and know each other");
         setup
     }
 
-    /// `redis-sentinel://127.0.0.1:<sentinel>/0?sentinelServiceName=main`.
+    /// `redis-sentinel://127.0.0.1:<s1>,127.0.0.1:<s2>,.../0?sentinelServiceName=main`: every sentinel, in start
+    /// order.
     pub fn url(&self) -> String {
-        format!("redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=main", self.sentinel.port)
+        self.url_in(true)
     }
 
-    /// The master's port as the sentinel names it.
+    /// Every sentinel in start order, as a comma list when `commas` ([`RedisSentinel::url`]), else in fred's form
+    /// (`redis-sentinel://<s1>/0?sentinelServiceName=main&node=<s2>&node=<s3>`).
+    pub fn url_in(&self, commas: bool) -> String {
+        let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
+        if commas {
+            format!("redis-sentinel://{}/0?sentinelServiceName=main", hosts.join(","))
+        } else {
+            let nodes: String = hosts[1..].iter().map(|h| format!("&node={h}")).collect();
+            format!("redis-sentinel://{}/0?sentinelServiceName=main{nodes}", hosts[0])
+        }
+    }
+
+    /// The master's port as a live sentinel names it.
     pub fn master_port_by_sentinel(&self) -> Option<u16> {
-        let out = cli(self.sentinel.port, &["SENTINEL", "get-master-addr-by-name", "main"]);
+        let sentinel = self.sentinels.iter().find(|s| s.live())?;
+        let out = cli(sentinel.port, &["SENTINEL", "get-master-addr-by-name", "main"]);
         out.lines().nth(1).and_then(|p| p.trim().parse().ok())
     }
 
-    /// SIGKILLs the master and waits until the sentinel has promoted the replica (and the replica says so).
+    /// Kills the sentinel the URL lists at `index` as `death` says.
+    pub fn kill_sentinel(&mut self, index: usize, death: Death) -> u16 {
+        self.sentinels[index].kill(death);
+        self.sentinels[index].port
+    }
+
+    /// SIGKILLs the master and waits until the sentinels have promoted the replica (and the replica says so).
     pub async fn kill_master(&mut self) -> u16 {
+        self.kill_master_by(Death::Sigkill).await
+    }
+
+    /// Kills the master as `death` says and waits until the sentinels have promoted the replica (and the replica
+    /// says so).
+    pub async fn kill_master_by(&mut self, death: Death) -> u16 {
         let killed = self.master.port;
-        if let Some(mut child) = self.master.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.master.kill(death);
         let replica = self.replica.port;
         eventually(Duration::from_secs(60), || async {
             let promoted = self.master_port_by_sentinel() == Some(replica)
@@ -344,18 +442,15 @@ impl RedisSentinel {
             promoted.then_some(())
         })
         .await
-        .expect("the sentinel promoted the replica");
+        .expect("the sentinels promoted the replica");
         killed
     }
 }
 
 impl Drop for RedisSentinel {
     fn drop(&mut self) {
-        for node in [&mut self.master, &mut self.replica, &mut self.sentinel] {
-            if let Some(mut child) = node.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+        for node in [&mut self.master, &mut self.replica].into_iter().chain(self.sentinels.iter_mut()) {
+            node.kill(Death::Sigkill);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

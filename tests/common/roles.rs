@@ -30,10 +30,16 @@ pub struct Roles {
 impl Roles {
     /// Starts every role with `vars`, the API on a free port.
     pub fn spawn(vars: &HashMap<String, String>) -> Self {
+        Self::spawn_each(vars, |_, _| {})
+    }
+
+    /// Starts every role with `vars` as `tweak` changes them for that role, the API on a free port.
+    pub fn spawn_each(vars: &HashMap<String, String>, tweak: impl Fn(&str, &mut HashMap<String, String>)) -> Self {
         let api_port = free_port();
         let mut processes = Vec::new();
         for role in ["api", "dispatcher", "worker", "maintenance"] {
             let mut vars = vars.clone();
+            tweak(role, &mut vars);
             vars.insert("CONVEYOR_HTTP_ADDR".into(), format!("127.0.0.1:{api_port}"));
             vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", free_port()));
             processes.push((role, Process::spawn(&[role], &vars)));
