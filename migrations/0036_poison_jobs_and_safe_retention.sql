@@ -6,8 +6,10 @@
 --    out of memory, cut off from Redis past the visibility time-out). A first delivery writes nothing before it runs
 --    (the common path stays as cheap as it was); a delivery taken over from a stopped worker adds one to `stops` as
 --    it starts, in PostgreSQL, before its handler runs: its predecessor started and never ended. A job whose count
---    reaches CONVEYOR_WORKER_MAX_DELIVERIES is dead-lettered instead of run. Deliveries a stopped worker held without
---    starting them (waiting for a slot) are not counted: a take-over writes only when it starts the job.
+--    reaches CONVEYOR_WORKER_MAX_DELIVERIES is dead-lettered instead of run. As with BullMQ's stalled counter, a
+--    delivery the stopped worker held without starting it counts too (the taker cannot tell it from a started one),
+--    and so does one its worker gave up alive (PostgreSQL failing around the job, a shutdown past its grace period); a
+--    recorded retry starts the count again.
 ALTER TABLE outbox_events ADD COLUMN stops integer NOT NULL DEFAULT 0;
 
 -- For entries taken over from a stopped worker: the stops of each live job of the entry's generation among `ids`,

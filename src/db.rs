@@ -15,7 +15,7 @@ use crate::ids::WorkspaceId;
 pub type WorkspaceTx = Transaction<'static, Postgres>;
 
 /// Whether `e` means PostgreSQL cannot serve now, rather than that the request or the code is wrong: the connection
-/// failed or was lost (I/O, TLS, a protocol break mid-reply, SQLSTATE class `08`), the server is shutting down or
+/// failed or was lost (I/O, TLS, a protocol break mid-reply, SQLSTATE class `08` but `08P01`), the server is shutting down or
 /// starting (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot connect now), it has no connection slot
 /// left (`53300`), or the pool gave none in time. The API answers these `503` with `Retry-After`; the roles retry.
 pub fn is_unavailable(e: &sqlx::Error) -> bool {
@@ -29,7 +29,9 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
 
 /// The SQLSTATEs of [`is_unavailable`].
 fn unavailable_sqlstate(code: &str) -> bool {
-    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+    // Class 08 but 08P01 (protocol_violation), which a wrong number of bind parameters raises too: a bug, not an
+    // outage.
+    matches!(code, "08000" | "08001" | "08003" | "08004" | "08006" | "08007" | "57P01" | "57P02" | "57P03" | "53300")
 }
 
 /// The options of a PostgreSQL URL. TLS is used when the URL asks for it (`sslmode=require`, `verify-ca` or
@@ -108,7 +110,7 @@ mod tests {
         for code in ["08000", "08003", "08006", "08001", "08004", "57P01", "57P02", "57P03", "53300"] {
             assert!(unavailable_sqlstate(code), "{code}");
         }
-        for code in ["23505", "42501", "40001", "57014", "53100", "22P02"] {
+        for code in ["23505", "42501", "40001", "57014", "53100", "22P02", "08P01"] {
             assert!(!unavailable_sqlstate(code), "{code}");
         }
         assert!(is_unavailable(&sqlx::Error::PoolTimedOut));

@@ -96,32 +96,23 @@ impl Maintenance {
     /// operations stay failed); how many. Never younger ones than the retention `conveyor migrate` recorded
     /// (migration 0036), whatever this process was given; each purge that discarded any is on the audit trail.
     pub async fn purge_dead_letters(&self) -> Result<u64, sqlx::Error> {
-        let mut purged = 0;
-        for _ in 0..MAX_BATCHES_PER_PASS {
-            let (done,): (i64,) = sqlx::query_as("SELECT conveyor_dead_letter_purge(make_interval(secs => $1), $2)")
-                .bind(self.dead_letter_retention.as_secs_f64())
-                .bind(BATCH as i32)
-                .fetch_one(&self.pool)
-                .await?;
-            purged += done as u64;
-            if done < BATCH {
-                break;
-            }
-        }
-        Ok(purged)
+        self.purge("SELECT conveyor_dead_letter_purge(make_interval(secs => $1), $2)", self.dead_letter_retention).await
     }
 
     /// Deletes the audit trail's entries older than its retention, [`BATCH`] at a time; how many. Never younger ones
     /// than the retention `conveyor migrate` recorded (the purge function's floor, migration 0035), whatever this
     /// process was given.
     pub async fn purge_audit(&self) -> Result<u64, sqlx::Error> {
+        self.purge("SELECT conveyor_audit_purge(make_interval(secs => $1), $2)", self.audit_retention).await
+    }
+
+    /// Runs `purge` (a purge function's call: `$1` the retention in seconds, `$2` the batch, answering how many it
+    /// removed) until a batch comes back short, at most [`MAX_BATCHES_PER_PASS`] times; how many in all.
+    async fn purge(&self, purge: &'static str, retention: Duration) -> Result<u64, sqlx::Error> {
         let mut purged = 0;
         for _ in 0..MAX_BATCHES_PER_PASS {
-            let (done,): (i64,) = sqlx::query_as("SELECT conveyor_audit_purge(make_interval(secs => $1), $2)")
-                .bind(self.audit_retention.as_secs_f64())
-                .bind(BATCH as i32)
-                .fetch_one(&self.pool)
-                .await?;
+            let (done,): (i64,) =
+                sqlx::query_as(purge).bind(retention.as_secs_f64()).bind(BATCH as i32).fetch_one(&self.pool).await?;
             purged += done as u64;
             if done < BATCH {
                 break;

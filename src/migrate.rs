@@ -353,25 +353,22 @@ pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
             .await
             .context("Failed to grant the application, runtime and operator roles")?;
     }
-    // The audit trail's retention, where no role but the owner reads or writes it: the purge's floor.
-    sqlx::query(
-        "INSERT INTO conveyor_settings (name, value)
-         VALUES ('audit_retention', justify_hours(make_interval(secs => $1))::text)
-         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()",
-    )
-    .bind(audit_retention.as_secs_f64())
-    .execute(&mut *tx)
-    .await
-    .context("Failed to record CONVEYOR_AUDIT_RETENTION")?;
-    sqlx::query(
-        "INSERT INTO conveyor_settings (name, value)
-         VALUES ('dead_letter_retention', justify_hours(make_interval(secs => $1))::text)
-         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()",
-    )
-    .bind(dead_letter_retention.as_secs_f64())
-    .execute(&mut *tx)
-    .await
-    .context("Failed to record CONVEYOR_DEAD_LETTER_RETENTION")?;
+    // The retentions of the audit trail and of dead letters, where no role but the owner reads or writes them: the
+    // floors of their purges.
+    for (setting, retention, variable) in [
+        ("audit_retention", audit_retention, "CONVEYOR_AUDIT_RETENTION"),
+        ("dead_letter_retention", dead_letter_retention, "CONVEYOR_DEAD_LETTER_RETENTION"),
+    ] {
+        sqlx::query(
+            "INSERT INTO conveyor_settings (name, value) VALUES ($1, justify_hours(make_interval(secs => $2))::text)
+             ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()",
+        )
+        .bind(setting)
+        .bind(retention.as_secs_f64())
+        .execute(&mut *tx)
+        .await
+        .with_context(|| format!("Failed to record {variable}"))?;
+    }
     tx.commit().await?;
     tracing::info!(
         role = %app_role,

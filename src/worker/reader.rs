@@ -207,13 +207,16 @@ impl Worker {
             let mut failures = 0;
             if lanes.len() > 1 {
                 let mut wanted = self.0.slots.free().min(256) + extra;
+                // A queue's room is its cap's, shared by its partitions' lanes: what one lane read, the next has not.
+                let mut left: HashMap<&str, usize> =
+                    lanes.iter().zip(&rooms).map(|((q, _), &room)| (q.name.as_str(), room + extra)).collect();
                 for k in 0..lanes.len() {
                     if wanted == 0 {
                         break;
                     }
-                    let at = (turn + k) % lanes.len();
-                    let lane = &lanes[at];
-                    let want = wanted.min(rooms[at] + extra);
+                    let lane = &lanes[(turn + k) % lanes.len()];
+                    let room = left.get_mut(lane.0.name.as_str()).expect("every lane's queue");
+                    let want = wanted.min(*room);
                     if want == 0 {
                         continue;
                     }
@@ -221,6 +224,7 @@ impl Worker {
                         Ok(entries) if entries.is_empty() => {}
                         Ok(entries) => {
                             wanted = wanted.saturating_sub(entries.len());
+                            *room = room.saturating_sub(entries.len());
                             read.push((lane.clone(), entries));
                         }
                         Err(e) => {
@@ -308,7 +312,13 @@ impl Worker {
                 "Took over entries idle past the visibility time-out"
             );
             self.0.metrics.worker_reclaims.with_label_values(&[name]).inc_by(reclaimed.entries.len() as u64);
-            self.start_jobs(lane, reclaimed.entries, true, Some(first), jobs, abandon, shutdown).await;
+            // Started beside the reclaim loop, not in it: a job that must run alone waits for every running job to
+            // end, and the loop goes on meanwhile (other lanes, new partitions, the streams' gauges).
+            let (worker, lane, tracker) = (self.clone(), lane.clone(), jobs.clone());
+            let (abandon, shutdown, entries) = (abandon.clone(), shutdown.clone(), reclaimed.entries);
+            jobs.spawn(async move {
+                worker.start_jobs(&lane, entries, true, Some(first), &tracker, &abandon, &shutdown).await;
+            });
         }
         // Pending entries whose data Redis no longer has: the job is re-driven from PostgreSQL.
         for entry_id in reclaimed.deleted {

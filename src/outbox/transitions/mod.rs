@@ -466,7 +466,7 @@ pub(crate) async fn retry(
         "WITH moved AS (
              UPDATE outbox_events
              SET status = 'pending', next_attempt_at = now() + make_interval(secs => $2),
-                 job_attempts = job_attempts + 1, redrive_count = redrive_count + 1, last_error = $3,
+                 job_attempts = job_attempts + 1, redrive_count = redrive_count + 1, last_error = $3, stops = 0,
                  stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
              WHERE id = $1 AND redrive_count = coalesce($4, redrive_count)
                AND status IN ('pending', 'dispatching', 'dispatched')
@@ -523,7 +523,7 @@ pub(crate) async fn throttle(
     let moved: Option<(Option<String>, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
         "UPDATE outbox_events
          SET status = 'pending', next_attempt_at = greatest($2, now()), redrive_count = redrive_count + 1,
-             last_error = $3, stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
+             last_error = $3, stops = 0, stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
          WHERE id = $1 AND redrive_count = coalesce($4, redrive_count)
            AND status IN ('pending', 'dispatching', 'dispatched')
          RETURNING limit_key, next_attempt_at",
