@@ -458,7 +458,7 @@ fn rate(src: &dyn Source, name: &'static str, default: u64) -> Result<u64, Confi
 
 /// A size in bytes: a whole number of bytes, or one with a unit, binary (`KiB`, `MiB`, `GiB`, `TiB`; `Ki`, `Mi`, ...
 /// as Kubernetes writes them) or decimal (`kB`, `MB`, `GB`, `TB`; `k`, `M`, `G`, `T`).
-pub fn parse_size(raw: &str) -> Option<u64> {
+pub(crate) fn parse_size(raw: &str) -> Option<u64> {
     let raw = raw.trim();
     let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
     let (number, unit) = raw.split_at(split);

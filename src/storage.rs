@@ -145,7 +145,7 @@ impl ObjectStorage {
     /// becomes visible only once finished; an aborted or dropped upload leaves nothing under `key` (the local store
     /// deletes its staging file; S3 keeps the parts of an upload neither completed nor aborted until a lifecycle rule
     /// removes them).
-    pub async fn start_upload(&self, key: &ObjectKey) -> Result<PartUpload, StorageError> {
+    pub(crate) async fn start_upload(&self, key: &ObjectKey) -> Result<PartUpload, StorageError> {
         Ok(PartUpload { inner: self.store.put_multipart(&key.0).await? })
     }
 
@@ -204,7 +204,7 @@ impl ObjectStorage {
 }
 
 /// An object being written one part at a time ([`ObjectStorage::start_upload`]).
-pub struct PartUpload {
+pub(crate) struct PartUpload {
     inner: Box<dyn object_store::MultipartUpload>,
 }
 
@@ -217,19 +217,19 @@ impl fmt::Debug for PartUpload {
 impl PartUpload {
     /// Writes the next part and waits until it is stored (one part in flight: its bytes are freed when this returns).
     /// Every part but the last must be at least 5 MiB on S3.
-    pub async fn put_part(&mut self, bytes: Bytes) -> Result<(), StorageError> {
+    pub(crate) async fn put_part(&mut self, bytes: Bytes) -> Result<(), StorageError> {
         self.inner.put_part(PutPayload::from(bytes)).await?;
         Ok(())
     }
 
     /// Makes the object visible under its key.
-    pub async fn finish(mut self) -> Result<(), StorageError> {
+    pub(crate) async fn finish(mut self) -> Result<(), StorageError> {
         self.inner.complete().await?;
         Ok(())
     }
 
     /// Gives up: nothing becomes visible, the parts written are deleted.
-    pub async fn abort(mut self) -> Result<(), StorageError> {
+    pub(crate) async fn abort(mut self) -> Result<(), StorageError> {
         self.inner.abort().await?;
         Ok(())
     }

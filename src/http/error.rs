@@ -100,7 +100,7 @@ pub enum ApiError {
 }
 
 /// The `Retry-After` of `503 UPLOADS_BUSY`: about what an upload of a few megabytes takes.
-pub const UPLOADS_RETRY_AFTER_SECS: u64 = 2;
+pub(crate) const UPLOADS_RETRY_AFTER_SECS: u64 = 2;
 
 #[derive(Serialize)]
 struct Problem<'a> {

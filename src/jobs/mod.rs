@@ -12,5 +12,5 @@ pub use generate_ai::{GenerateAi, GenerateAiHandler};
 pub use process_media::{ProcessMedia, ProcessMediaHandler};
 pub use publish_listing::{PublishListing, PublishListingHandler};
 pub use sync_catalog::{SyncCatalog, SyncCatalogHandler};
-pub use transfer_asset::{TRANSFER_FINISH_TIME, TRANSFER_TOO_SLOW_ATTEMPTS, TransferAsset, TransferAssetHandler};
+pub use transfer_asset::{TransferAsset, TransferAssetHandler};
 pub use verify_credentials::{VerifyCredentials, VerifyCredentialsHandler};

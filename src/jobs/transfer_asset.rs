@@ -45,11 +45,11 @@ impl JobKind for TransferAsset {
 /// What a transfer's run may take beyond its download's deadline (`CONVEYOR_ASSET_MAX_DURATION`): assembling the
 /// parts into one object (a copy and a hash of up to `CONVEYOR_ASSET_MAX_BYTES`) and committing. The handler's
 /// time-out is the deadline plus this, so a slow source ends `SOURCE_TOO_SLOW` before the job times out.
-pub const TRANSFER_FINISH_TIME: Duration = Duration::from_secs(5 * 60);
+pub(crate) const TRANSFER_FINISH_TIME: Duration = Duration::from_secs(5 * 60);
 
 /// Runs that may end `SOURCE_TOO_SLOW`: a run too slow is retried (resuming where it stopped) only when it was the
 /// first run; later, it fails the transfer, whatever attempts the kind has left.
-pub const TRANSFER_TOO_SLOW_ATTEMPTS: u32 = 2;
+pub(crate) const TRANSFER_TOO_SLOW_ATTEMPTS: u32 = 2;
 
 /// Runs [`TransferAsset`] jobs.
 pub struct TransferAssetHandler {

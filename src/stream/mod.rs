@@ -43,7 +43,7 @@ pub use tls::{RedisTls, TlsFileError};
 /// while the connection is set up or the cluster's slot map is read (fred's defaults, 10 s each, let one dead seed
 /// hold every command of a cluster client for 10 s each time it re-read the map). Loopback and LAN nodes answer in
 /// milliseconds. Never more than the command time-out.
-pub const NODE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const NODE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long after one look for its nodes a client may look again while its commands time out ([`recover_after`]).
 const RECOVER_EVERY: Duration = Duration::from_secs(1);

@@ -191,7 +191,7 @@ impl FetchError {
     }
 
     /// Whether the source was too slow (`SOURCE_TOO_SLOW`): under the minimum throughput, or past the deadline.
-    pub fn is_too_slow(&self) -> bool {
+    pub(crate) fn is_too_slow(&self) -> bool {
         matches!(self, Self::TooSlow { .. } | Self::DeadlineExceeded { .. })
     }
 }
@@ -337,7 +337,7 @@ impl Fetcher {
     /// [`Fetcher::download`] for a run that started at `started`: its deadline
     /// ([`FetchSettings::max_duration`]) and throughput windows count from then (a caller that downloads again in
     /// the same run, after starting over, passes the same instant).
-    pub async fn download_since<S: PartSink>(
+    pub(crate) async fn download_since<S: PartSink>(
         &self,
         started: std::time::Instant,
         source: &str,

@@ -383,7 +383,7 @@ pub fn check_pixels(width: u32, height: u32, limits: ImageLimits) -> Result<(), 
 
 /// The decode memory: an image whose [`Checked::memory`] is more than all of `decode_memory` (the worker's
 /// `CONVEYOR_MEDIA_DECODE_MEMORY`) is refused without decoding.
-pub fn check_memory(checked: &Checked, decode_memory: u64) -> Result<(), Refusal> {
+pub(crate) fn check_memory(checked: &Checked, decode_memory: u64) -> Result<(), Refusal> {
     if checked.memory > decode_memory {
         let mib = |n: u64| n.div_ceil(1 << 20);
         return Err(refuse(

@@ -33,8 +33,7 @@ use crate::outbox::{self, EnqueueError, EnqueueOptions};
 use crate::storage::ObjectKey;
 
 pub use images::{
-    Checked, Derived, DerivedImage, Format, ImageLimits, Refusal, RejectionCode, Sniffed, check_memory, derive,
-    inspect, sniff,
+    Checked, Derived, DerivedImage, Format, ImageLimits, Refusal, RejectionCode, Sniffed, derive, inspect, sniff,
 };
 pub use process::{DecodeGate, Derivation, ProcessError, ProcessOutcome, ProcessSettings, process_tx};
 pub use upload::{PART_BYTES, UploadError, store_upload};

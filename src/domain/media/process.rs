@@ -68,18 +68,14 @@ impl DecodeGate {
         }
     }
 
-    /// One decode per CPU core, within `memory` bytes.
-    pub fn per_core(memory: u64) -> Self {
-        Self::new(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), memory)
-    }
-
     /// Permits free right now (for tests and metrics).
     pub fn available(&self) -> usize {
         self.permits.available_permits()
     }
 
     /// Bytes of decode memory not reserved right now (to the KiB).
-    pub fn memory_available(&self) -> u64 {
+    #[cfg(test)]
+    fn memory_available(&self) -> u64 {
         self.memory.available_permits() as u64 * 1024
     }
 
