@@ -248,6 +248,39 @@ async fn a_queued_operation_canceled_never_reaches_the_marketplace_and_cannot_be
     shutdown.cancel();
 }
 
+/// An operation canceled after its job started (the operation shows `running`) but before the job's transaction
+/// opened (held open here by `worker::before_job_tx`, the window a slower connection such as TLS widens): the
+/// delivery finds the job canceled and ends as canceled, not skipped, and nothing runs.
+#[tokio::test]
+async fn an_operation_canceled_before_its_job_transaction_opens_ends_the_run_canceled() {
+    let _scenario = fail::FailScenario::setup();
+    fail::cfg("worker::before_job_tx", "return(1500)").unwrap();
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let (sandbox, market) = common::sandbox(Settings::default()).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
+    let metrics = Metrics::new();
+    let worker = common::test_worker(&app, &redis, &market, fast(), 5, metrics.clone()).await;
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+
+    let who = principal();
+    let (store, op) = create_store(&app, who, "held").await;
+    common::operation_reaches(&app, who, &op, "running", Duration::from_secs(30)).await.expect("running");
+    assert_eq!(cancel(&app, who, &op).await.status(), StatusCode::OK);
+
+    let label = |outcome| metrics.jobs.with_label_values(&["stores", "store.verify_credentials", outcome]);
+    let (canceled, skipped) = (label("canceled"), label("skipped"));
+    common::eventually(Duration::from_secs(30), || async { (canceled.get() + skipped.get() > 0).then_some(()) })
+        .await
+        .expect("the delivery ended");
+    assert_eq!((canceled.get(), skipped.get()), (1, 0), "a delivery that finds its job canceled ends canceled");
+    assert_eq!(sandbox.stats().calls, 0, "the handler never ran");
+    let store: Value = app.send(Method::GET, &format!("/v1/stores/{store}"), who, None).await.json().await.unwrap();
+    assert_eq!(store["status"], "pending_verification");
+    shutdown.cancel();
+}
+
 #[tokio::test]
 async fn a_running_operation_canceled_ends_canceled_and_its_writes_roll_back() {
     let app = TestApp::spawn().await;

@@ -179,6 +179,7 @@ impl Worker {
             control: self.0.control.clone(),
             ended: false,
             operation_ended: false,
+            ended_canceled: false,
         };
         if let Some(operation) = d.operation_id {
             if !Box::pin(record::start(pool, d.workspace_id, operation, d.attempt)).await? {
@@ -187,9 +188,13 @@ impl Worker {
                 return Ok((Outcome::Skipped, None));
             }
             // With an operation, the transaction (and the job's lock) comes first: a repeat delivery waits here
-            // for the first run, then sees the job or its operation ended and skips.
+            // for the first run, then sees the job or its operation ended and skips (or, canceled, ends so).
+            #[cfg(feature = "failpoints")]
+            if let Some(Some(ms)) = fail::eval("worker::before_job_tx", |ms| ms.and_then(|ms| ms.parse().ok())) {
+                tokio::time::sleep(Duration::from_millis(ms)).await; // `return(<ms>)`: a slow connection, not a stall
+            }
             match Box::pin(cx.tx()).await.map(|_| ()) {
-                Err(_) if cx.ended => return Ok((Outcome::Skipped, None)),
+                Err(_) if cx.ended => return Ok((cx.ended_outcome(), None)),
                 opened => opened?,
             }
             if cx.operation_ended {
@@ -246,7 +251,7 @@ impl Worker {
             if let Some(tx) = cx.tx.take() {
                 Box::pin(tx.rollback()).await?;
             }
-            let outcome = if cx.ended { Outcome::Skipped } else { Outcome::Canceled };
+            let outcome = if cx.ended { cx.ended_outcome() } else { Outcome::Canceled };
             return Ok((outcome, None));
         }
         match result {
@@ -322,7 +327,7 @@ impl Worker {
         if let Some(operation) = d.operation_id {
             match cx.tx().await.map(|_| ()) {
                 Ok(()) => {}
-                Err(_) if cx.ended => return Ok((Outcome::Skipped, None)),
+                Err(_) if cx.ended => return Ok((cx.ended_outcome(), None)),
                 Err(e) => return Err(e.into()),
             }
             let tx = cx.tx.as_mut().expect("opened just above");

@@ -107,9 +107,16 @@ pub struct JobContext {
     pub(crate) ended: bool,
     /// Set when [`JobContext::tx`] found that the job's operation had ended: the run is skipped.
     pub(crate) operation_ended: bool,
+    /// With `ended`: the end found was a cancel, so this delivery ends as canceled, not skipped.
+    pub(crate) ended_canceled: bool,
 }
 
 impl JobContext {
+    /// How a delivery that found its job already ended ends: canceled when the end was a cancel, else skipped.
+    pub(crate) fn ended_outcome(&self) -> super::Outcome {
+        if self.ended_canceled { super::Outcome::Canceled } else { super::Outcome::Skipped }
+    }
+
     /// The job's id (its outbox event's id).
     pub fn id(&self) -> JobId {
         self.id
@@ -176,6 +183,7 @@ impl JobContext {
             self.operation_ended = self.operation.is_some() && state.operation_ended;
             if !state.live {
                 self.ended = true;
+                self.ended_canceled = state.canceled;
                 tx.rollback().await?;
                 return Err(sqlx::Error::Protocol("the job has already ended; this delivery is skipped".into()));
             }

@@ -361,6 +361,8 @@ pub(crate) struct JobState {
     /// The job's end is not recorded (a job no longer in the outbox, purged by retention, has no end to protect; a
     /// discarded one keeps a tombstone, and is not live).
     pub(crate) live: bool,
+    /// The job was canceled (its end is the cancel's): a delivery that finds it so ends as canceled.
+    pub(crate) canceled: bool,
     /// It advances an operation that has ended (or no longer exists): a run would repeat finished work.
     pub(crate) operation_ended: bool,
 }
@@ -379,7 +381,8 @@ pub(crate) async fn job_state_tx(
     .fetch_one(&mut **tx)
     .await?;
     Ok(JobState {
-        live: job.is_none_or(|s| matches!(s.as_str(), "pending" | "dispatching" | "dispatched")),
+        live: job.as_deref().is_none_or(|s| matches!(s, "pending" | "dispatching" | "dispatched")),
+        canceled: job.as_deref() == Some("canceled"),
         operation_ended: operation.is_none_or(|s| matches!(s.as_str(), "succeeded" | "failed" | "canceled")),
     })
 }
