@@ -12,12 +12,13 @@ ARG RUST_VERSION=1
 
 FROM rust:${RUST_VERSION}-bookworm AS builder
 WORKDIR /src
-# Only what the build reads: the manifest and lock, the sources, the embedded migrations, and the bench targets the
-# manifest declares (Cargo refuses a manifest whose targets are missing).
-COPY Cargo.toml Cargo.lock ./
+# Only what the build reads: the workspace's manifest and lock, the platform's sources and embedded migrations, the
+# shop and server crates (the server's bench targets included: Cargo refuses a manifest whose targets are missing).
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY migrations ./migrations
-COPY benches ./benches
+COPY shop ./shop
+COPY server ./server
 # Stamped into conveyor_build_info{revision} (pass --build-arg CONVEYOR_GIT_REVISION=$(git rev-parse --short HEAD)).
 ARG CONVEYOR_GIT_REVISION=unknown
 ENV CONVEYOR_GIT_REVISION=${CONVEYOR_GIT_REVISION}

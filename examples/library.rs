@@ -10,7 +10,7 @@ use std::env;
 use std::time::Duration;
 
 use anyhow::Context;
-use conveyor::{
+use conveyor_jobs::{
     Dispatcher, EnqueueOptions, Handler, JobContext, JobError, JobKind, JobStatus, Priority, Worker, WorkspaceId,
 };
 use serde::{Deserialize, Serialize};
@@ -57,7 +57,7 @@ async fn main() -> anyhow::Result<()> {
     let redis_url = env::var("CONVEYOR_REDIS_URL").context("set CONVEYOR_REDIS_URL")?;
     let prefix = env::var("CONVEYOR_REDIS_PREFIX").unwrap_or_else(|_| "conveyor".into());
     if let Ok(owner_url) = env::var("CONVEYOR_MIGRATION_DATABASE_URL") {
-        conveyor::migrate(&owner_url, &database_url, &runtime_url).await?; // `conveyor migrate`; safe to run again
+        conveyor_jobs::migrate(&owner_url, &database_url, &runtime_url).await?; // `conveyor migrate`; safe to run again
     }
 
     // The application role's pool (each wait_for_job keeps one connection for LISTEN while it waits), and the runtime
@@ -79,7 +79,7 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let dispatcher = Dispatcher::connect(runtime.clone(), &redis_url, &prefix).await?;
     let dispatching = tokio::spawn(dispatcher.run(shutdown.clone()));
-    let consumer = conveyor::Consumer::connect(&redis_url, &prefix).await?;
+    let consumer = conveyor_jobs::Consumer::connect(&redis_url, &prefix).await?;
     let worker =
         Worker::builder(shop.clone(), consumer).runtime_pool(runtime).handle::<SendReceipt>(Receipts).build()?;
     let working = tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(10)));
@@ -87,26 +87,26 @@ async fn main() -> anyhow::Result<()> {
     // One transaction, scoped to a tenant: the order and its jobs commit together, or not at all.
     let workspace = WorkspaceId(Uuid::new_v4());
     let order_id = Uuid::new_v4();
-    let mut tx = conveyor::begin_workspace(&shop, workspace).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&shop, workspace).await?;
     sqlx::query("INSERT INTO orders VALUES ($1, 'ada@example.com', 4250, false)")
         .bind(order_id)
         .execute(&mut *tx)
         .await?;
     let options = EnqueueOptions::new().dedup_key(format!("receipt-{order_id}")).priority(Priority::High);
-    let job = conveyor::enqueue_tx(&mut tx, &SendReceipt { order_id }, options.clone()).await?;
+    let job = conveyor_jobs::enqueue_tx(&mut tx, &SendReceipt { order_id }, options.clone()).await?;
     // The same key again (a double click): nothing written, the live job's id answered.
-    let again = conveyor::enqueue_tx(&mut tx, &SendReceipt { order_id }, options).await?;
+    let again = conveyor_jobs::enqueue_tx(&mut tx, &SendReceipt { order_id }, options).await?;
     anyhow::ensure!(job.created && !again.created && again.id == job.id, "the de-dup key let a second job in");
     // A job for tomorrow, looked up and canceled below.
     let later = EnqueueOptions::new().delay(Duration::from_secs(86_400));
-    let tomorrow = conveyor::enqueue_tx(&mut tx, &SendReceipt { order_id }, later).await?;
+    let tomorrow = conveyor_jobs::enqueue_tx(&mut tx, &SendReceipt { order_id }, later).await?;
     tx.commit().await?;
 
-    conveyor::cancel_job(&pool, workspace, tomorrow.id).await?;
-    let canceled = conveyor::get_job(&pool, workspace, tomorrow.id).await?.context("the job exists")?;
+    conveyor_jobs::cancel_job(&pool, workspace, tomorrow.id).await?;
+    let canceled = conveyor_jobs::get_job(&pool, workspace, tomorrow.id).await?.context("the job exists")?;
     anyhow::ensure!(canceled.status == JobStatus::Canceled, "the job for tomorrow is {:?}", canceled.status);
 
-    let done = conveyor::wait_for_job(&pool, workspace, job.id, Duration::from_secs(30)).await?;
+    let done = conveyor_jobs::wait_for_job(&pool, workspace, job.id, Duration::from_secs(30)).await?;
     println!("job {} ({}) {:?}: {}", done.id, done.kind, done.status, done.result.clone().unwrap_or_default());
     anyhow::ensure!(done.status == JobStatus::Succeeded, "the job ended {:?}: {:?}", done.status, done.last_error);
     let (sent,): (bool,) =

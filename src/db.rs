@@ -18,7 +18,7 @@ pub type WorkspaceTx = Transaction<'static, Postgres>;
 /// failed or was lost (I/O, TLS, a protocol break mid-reply, SQLSTATE class `08` but `08P01`), the server is shutting down or
 /// starting (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot connect now), it has no connection slot
 /// left (`53300`), or the pool gave none in time. The API answers these `503` with `Retry-After`; the roles retry.
-pub(crate) fn is_unavailable(e: &sqlx::Error) -> bool {
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
         sqlx::Error::Protocol(_) => true,

@@ -15,7 +15,7 @@ use crate::backoff::Backoff;
 /// jobs in flight) is dead-lettered with a redacted reason, so evolve payloads compatibly (new fields optional).
 ///
 /// ```
-/// use conveyor::JobKind;
+/// use conveyor_jobs::JobKind;
 /// use serde::{Deserialize, Serialize};
 ///
 /// #[derive(Serialize, Deserialize)]
@@ -85,7 +85,7 @@ pub(crate) fn valid_kind_name(name: &str) -> bool {
 }
 
 /// Whether `name` is a valid queue name.
-pub(crate) fn valid_queue_name(name: &str) -> bool {
+pub fn valid_queue_name(name: &str) -> bool {
     valid_name(name, |c| matches!(c, '_' | '.' | '-'))
 }
 

@@ -26,32 +26,16 @@
 //! documentation, and are not part of the library's API: they may change in any release.
 
 #[doc(hidden)]
-pub mod adapters;
-#[doc(hidden)]
 pub mod admin;
 #[doc(hidden)]
-pub mod app;
-#[doc(hidden)]
-pub mod auth;
-#[doc(hidden)]
 pub mod backoff;
-#[doc(hidden)]
-pub mod config;
 #[doc(hidden)]
 pub mod db;
 #[doc(hidden)]
 pub mod dispatcher;
-#[doc(hidden)]
-pub mod domain;
 mod flow;
 #[doc(hidden)]
-pub mod http;
-#[doc(hidden)]
-pub mod idempotency;
-#[doc(hidden)]
 pub mod ids;
-#[doc(hidden)]
-pub mod jobs;
 mod kind;
 mod limits;
 #[doc(hidden)]
@@ -68,10 +52,8 @@ pub mod outbox;
 pub mod redact;
 #[doc(hidden)]
 pub mod schedule;
-#[doc(hidden)]
-pub mod sealing;
-#[doc(hidden)]
-pub mod storage;
+mod secret;
+mod settings;
 #[doc(hidden)]
 pub mod stream;
 #[doc(hidden)]
@@ -82,12 +64,12 @@ pub mod testing;
 pub mod worker;
 
 pub use backoff::Backoff;
-pub use config::DispatcherSettings;
 pub use db::{WorkspaceTx, begin_workspace};
 pub use dispatcher::Dispatcher;
+pub use dispatcher::DispatcherSettings;
 pub use flow::{FlowError, Pause, PauseScope, list_pauses, pause, resume, set_workspace_weight};
 pub use ids::{JobId, UserId, WorkspaceId};
-pub use kind::{JobKind, Priority};
+pub use kind::{JobKind, Priority, valid_queue_name};
 pub use limits::{
     KeyLimit, KeyLimits, KindLimit, list_key_limits, list_kind_limits, remove_key_limit, remove_kind_limit,
     set_key_limit, set_kind_limit,
@@ -101,5 +83,8 @@ pub use schedule::{
     Schedule, ScheduleError, ScheduleOptions, ScheduleSpec, list_schedules, pause_schedule, remove_schedule_tx,
     resume_schedule, upsert_schedule_tx,
 };
+pub use secret::Secret;
+pub use settings::SettingsError;
 pub use stream::consumer::Consumer;
+pub use telemetry::set_exporting as set_trace_export;
 pub use worker::{Handler, JobContext, JobError, Outcome, Worker, WorkerBuilder, WorkerSettings};

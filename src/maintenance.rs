@@ -1,5 +1,5 @@
-//! The maintenance role: periodic retention of expired idempotency records, of ended outbox events and of the
-//! operators' audit trail, and the reconciler that re-drives jobs Redis lost. Each pass is bounded; the loop sleeps
+//! The maintenance role: periodic retention of ended outbox events, of dead letters and of the operators' audit trail
+//! (and of whatever a host adds with [`Maintenance::with_purge`]), and the reconciler that re-drives jobs Redis lost. Each pass is bounded; the loop sleeps
 //! between passes. Its pool is the runtime role's: it finds the workspaces to clean through functions that read
 //! across workspaces, then cleans each in its own context.
 
@@ -8,7 +8,8 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::idempotency::cleanup;
+use futures_util::future::BoxFuture;
+
 use crate::metrics::Metrics;
 use crate::outbox::reconcile;
 use crate::outbox::transitions::relay as claim;
@@ -23,8 +24,8 @@ pub const MAX_BATCHES_PER_PASS: usize = 100;
 /// What one pass did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PassReport {
-    /// Expired idempotency records deleted.
-    pub idempotency_purged: u64,
+    /// Rows each of the host's purges ([`Maintenance::with_purge`]) removed, by name.
+    pub host_purged: Vec<(&'static str, u64)>,
     /// Dispatched outbox events past their retention deleted.
     pub outbox_purged: u64,
     /// Stalled jobs re-driven from PostgreSQL.
@@ -33,6 +34,14 @@ pub struct PassReport {
     pub audit_purged: u64,
     /// Dead letters past their retention discarded.
     pub dead_letters_purged: u64,
+}
+
+impl PassReport {
+    /// Whether the pass removed or re-drove anything.
+    pub fn removed_any(&self) -> bool {
+        self.outbox_purged + self.redriven + self.audit_purged + self.dead_letters_purged > 0
+            || self.host_purged.iter().any(|(_, n)| *n > 0)
+    }
 }
 
 /// Default retention of the audit trail (`CONVEYOR_AUDIT_RETENTION`).
@@ -52,7 +61,11 @@ pub struct Maintenance {
     reconcile_after: Duration,
     audit_retention: Duration,
     dead_letter_retention: Duration,
+    purges: Vec<(&'static str, Purge)>,
 }
+
+/// A host's own bounded retention: given the maintenance pool, removes what it keeps no longer; answers how many.
+type Purge = Box<dyn Fn(PgPool) -> BoxFuture<'static, Result<u64, sqlx::Error>> + Send + Sync>;
 
 impl Maintenance {
     /// Housekeeping every `interval` over `pool` (the runtime role's); ended jobs are kept `outbox_retention`;
@@ -77,7 +90,19 @@ impl Maintenance {
             reconcile_after,
             audit_retention: DEFAULT_AUDIT_RETENTION,
             dead_letter_retention: DEFAULT_DEAD_LETTER_RETENTION,
+            purges: Vec::new(),
         }
+    }
+
+    /// Adds a host's own retention to every pass, after the platform's: `purge` gets the maintenance pool and answers
+    /// how many rows it removed (reported under `name`). Keep it bounded, as the platform's purges are (at most
+    /// [`MAX_BATCHES_PER_PASS`] statements of [`BATCH`] rows); an error fails the pass, which the next interval retries.
+    pub fn with_purge<F>(mut self, name: &'static str, purge: impl Fn(PgPool) -> F + Send + Sync + 'static) -> Self
+    where
+        F: Future<Output = Result<u64, sqlx::Error>> + Send + 'static,
+    {
+        self.purges.push((name, Box::new(move |pool| Box::pin(purge(pool)))));
+        self
     }
 
     /// Keeps the audit trail `retention` (at least a day: the database refuses less).
@@ -123,8 +148,6 @@ impl Maintenance {
 
     /// One bounded pass.
     pub async fn run_once(&self) -> anyhow::Result<PassReport> {
-        let idempotency_purged = cleanup::purge_expired(&self.pool, BATCH, MAX_BATCHES_PER_PASS).await?;
-        self.metrics.idempotency_records_purged.inc_by(idempotency_purged);
         let outbox_purged =
             claim::purge_finished(&self.pool, self.outbox_retention, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.outbox_events_purged.inc_by(outbox_purged);
@@ -135,14 +158,18 @@ impl Maintenance {
         let audit_purged = self.purge_audit().await?;
         let dead_letters_purged = self.purge_dead_letters().await?;
         self.metrics.dead_letters_purged.inc_by(dead_letters_purged);
-        Ok(PassReport { idempotency_purged, outbox_purged, redriven, audit_purged, dead_letters_purged })
+        let mut host_purged = Vec::with_capacity(self.purges.len());
+        for (name, purge) in &self.purges {
+            host_purged.push((*name, purge(self.pool.clone()).await?));
+        }
+        Ok(PassReport { host_purged, outbox_purged, redriven, audit_purged, dead_letters_purged })
     }
 
     /// Passes every interval until `shutdown`. A failed pass is logged and retried at the next interval.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         loop {
             match self.run_once().await {
-                Ok(report) if report != PassReport::default() => tracing::info!(?report, "Maintenance pass done"),
+                Ok(report) if report.removed_any() => tracing::info!(?report, "Maintenance pass done"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = ?e, "Maintenance pass failed; retrying next interval"),
             }

@@ -28,7 +28,8 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::config::MigrateConfig;
+use crate::Secret;
+use std::time::Duration;
 
 /// The migrations, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -113,6 +114,27 @@ const RUNTIME_READ_ONLY_TABLES: &[&str] = &["workspace_weights", "dispatch_pause
 /// pauses that hold its jobs).
 const READ_ONLY_TABLES: &[&str] = &["job_kinds", "workspace_weights", "dispatch_pauses"];
 
+/// What `conveyor migrate` needs: the owner's URL, and the roles to grant.
+#[derive(Clone, Debug)]
+pub struct MigrateConfig {
+    /// PostgreSQL URL of the owner role (`CONVEYOR_MIGRATION_DATABASE_URL`).
+    pub migration_database_url: Secret<String>,
+    /// PostgreSQL URL of the application role (`CONVEYOR_DATABASE_URL`); its user is granted DML rights.
+    pub database_url: Secret<String>,
+    /// PostgreSQL URL of the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`); its user is granted DML rights and the
+    /// functions that work across workspaces.
+    pub runtime_database_url: Secret<String>,
+    /// PostgreSQL URL of the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`, optional); its user is granted the
+    /// audited `conveyor_admin_*` functions and nothing else.
+    pub operator_database_url: Option<Secret<String>>,
+    /// The audit trail's retention (`CONVEYOR_AUDIT_RETENTION`, at least 1d): written where only the owner can change
+    /// it, as the floor of every purge; `None` writes the default, 90 days.
+    pub audit_retention: Option<Duration>,
+    /// Dead letters' retention (`CONVEYOR_DEAD_LETTER_RETENTION`, at least 1d), written the same way as the floor of
+    /// every purge of them; `None` writes the default, 30 days.
+    pub dead_letter_retention: Option<Duration>,
+}
+
 /// What `CONVEYOR_AUDIT_RETENTION` defaults to, written by [`migrate`] and a [`MigrateConfig`] without one.
 const DEFAULT_AUDIT_RETENTION: std::time::Duration = crate::maintenance::DEFAULT_AUDIT_RETENTION;
 const DEFAULT_DEAD_LETTER_RETENTION: std::time::Duration = crate::maintenance::DEFAULT_DEAD_LETTER_RETENTION;
@@ -188,9 +210,9 @@ fn quote_ident(name: &str) -> String {
 /// on several workspaces at once.
 pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> anyhow::Result<()> {
     let config = MigrateConfig {
-        migration_database_url: crate::config::Secret::new(owner_url.to_owned()),
-        database_url: crate::config::Secret::new(app_url.to_owned()),
-        runtime_database_url: crate::config::Secret::new(runtime_url.to_owned()),
+        migration_database_url: Secret::new(owner_url.to_owned()),
+        database_url: Secret::new(app_url.to_owned()),
+        runtime_database_url: Secret::new(runtime_url.to_owned()),
         operator_database_url: None,
         audit_retention: None,
         dead_letter_retention: None,

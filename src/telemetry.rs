@@ -17,19 +17,12 @@
 //! the export are not created (the request's is a `DEBUG` span, as before) and `traceparent` travels as before: the
 //! incoming one, or a new one per request.
 
-pub mod export;
-pub mod propagation;
+mod propagation;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::trace::SdkTracerProvider;
 use rand::RngCore;
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
 
-pub use export::OtlpSettings;
 pub use propagation::{request_traceparent, set_parent, traceparent_of};
 
 /// Whether spans are exported (an OTLP exporter is installed). Read on hot paths before any tracing work that only
@@ -41,70 +34,10 @@ pub fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 
-/// What [`init`] installed; [`Telemetry::shutdown`] exports the spans still buffered.
-#[must_use = "call shutdown() at exit, or buffered spans are lost"]
-pub struct Telemetry {
-    provider: Option<SdkTracerProvider>,
-}
-
-impl Telemetry {
-    /// Whether traces are exported.
-    pub fn exporting(&self) -> bool {
-        self.provider.is_some()
-    }
-
-    /// Flushes and stops the exporter (blocks up to its export time-out). Call outside the async runtime, at exit.
-    pub fn shutdown(self) {
-        if let Some(provider) = self.provider {
-            EXPORTING.store(false, Ordering::Relaxed);
-            if let Err(e) = provider.shutdown() {
-                eprintln!("conveyor: could not export the last spans: {e}");
-            }
-        }
-    }
-}
-
-/// Installs the global `tracing` subscriber: logs on stderr, human-readable or JSON lines, filtered by `RUST_LOG`
-/// (default `info`); and, with `service` given and an OTLP endpoint configured, the span exporter, whose
-/// `service.name` is `OTEL_SERVICE_NAME` or `service`. Fails on an invalid OpenTelemetry configuration. Call it
-/// before the async runtime starts (the exporter's client runs on threads of its own).
-pub fn init(json: bool, service: Option<&str>) -> anyhow::Result<Telemetry> {
-    let settings = match service {
-        Some(service) => OtlpSettings::from_source(&crate::config::Env, service)?,
-        None => None,
-    };
-    let provider = settings.as_ref().map(export::provider).transpose()?;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = subscriber(json, filter, provider.as_ref()).try_init();
-    if let Some(settings) = &settings {
-        EXPORTING.store(true, Ordering::Relaxed);
-        tracing::info!(endpoint = %settings.traces_url, service = %settings.service_name, "Exporting traces (OTLP/HTTP)");
-    }
-    Ok(Telemetry { provider })
-}
-
-/// Logs, and spans exported to `provider`, both filtered by `filter`. One global filter, not one per layer: with
-/// per-layer filters (tracing-subscriber 0.3.23), a worker's log lines and spans went missing at random.
-fn subscriber(
-    json: bool,
-    filter: EnvFilter,
-    provider: Option<&SdkTracerProvider>,
-) -> impl tracing::Subscriber + Send + Sync + for<'a> tracing_subscriber::registry::LookupSpan<'a> {
-    let otel = provider.map(|provider| {
-        tracing_opentelemetry::layer().with_tracer(provider.tracer("conveyor")).with_level(false).with_threads(false)
-    });
-    let logs = if json {
-        tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).boxed()
-    } else {
-        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed()
-    };
-    tracing_subscriber::registry().with(filter).with(otel).with(logs)
-}
-
-/// Installs the logging subscriber alone (no trace export), as [`init`] does without a service.
-pub fn init_logging(json: bool) {
-    // Without a service no variable is read, so nothing can fail.
-    let _ = init(json, None);
+/// Tells Conveyor whether the process exports its spans (an OpenTelemetry layer is installed in the `tracing`
+/// subscriber): only then does it create the spans, and link the parents, that serve the export alone.
+pub fn set_exporting(on: bool) {
+    EXPORTING.store(on, Ordering::Relaxed);
 }
 
 /// Keeps an incoming `traceparent` when it is well-formed (version 00), else starts a new trace.

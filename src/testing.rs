@@ -2,10 +2,10 @@
 //! step by step, without background tasks and without sleeping.
 //!
 //! ```no_run
-//! # async fn f(dispatcher: conveyor::Dispatcher, worker: conveyor::Worker) -> anyhow::Result<()> {
+//! # async fn f(dispatcher: conveyor_jobs::Dispatcher, worker: conveyor_jobs::Worker) -> anyhow::Result<()> {
 //! // ... enqueue jobs in a transaction and commit it ...
-//! let outcomes = conveyor::testing::drain(&dispatcher, &worker).await?;
-//! assert!(outcomes.iter().all(|o| *o == conveyor::Outcome::Succeeded));
+//! let outcomes = conveyor_jobs::testing::drain(&dispatcher, &worker).await?;
+//! assert!(outcomes.iter().all(|o| *o == conveyor_jobs::Outcome::Succeeded));
 //! # Ok(()) }
 //! ```
 

@@ -83,7 +83,10 @@ fn the_readme_program_is_examples_library_rs_and_its_toml_names_every_crate_it_u
     let toml = &README[toml_at..toml_end];
     assert!(toml_end < rust_at, "the ```toml block comes before the program");
     assert!(toml.contains("[dependencies]"), "the ```toml block is a [dependencies] table");
-    assert!(toml.contains("conveyor = { path = "), "conveyor is a path dependency (the crate is not published)");
+    assert!(
+        toml.contains("conveyor-jobs = { path = "),
+        "conveyor-jobs is a path dependency (the crate is not published)"
+    );
     let declared = dependencies(toml);
     let used = crates_used(EXAMPLE);
     let missing: Vec<&String> = used.difference(&declared).collect();
@@ -93,10 +96,10 @@ fn the_readme_program_is_examples_library_rs_and_its_toml_names_every_crate_it_u
 #[test]
 fn the_crate_finder_reads_use_lines_and_paths() {
     let source = "use std::env;\nuse anyhow::Context;\nuse tokio_util::sync::CancellationToken;\n\
-                  fn f() { env::var(\"X\"); sqlx::query(\"\"); conveyor::Dispatcher::connect; Foo::bar(); }\n\
+                  fn f() { env::var(\"X\"); sqlx::query(\"\"); conveyor_jobs::Dispatcher::connect; Foo::bar(); }\n\
                   fn g() { w.handle::<K>(); }\n";
     let found: Vec<String> = crates_used(source).into_iter().collect();
-    assert_eq!(found, ["anyhow", "conveyor", "sqlx", "tokio_util"]);
+    assert_eq!(found, ["anyhow", "conveyor_jobs", "sqlx", "tokio_util"]);
     assert_eq!(
         dependencies(
             "[dependencies]\ntokio-util = \"0.7\"\nserde = { version = \"1\" }\n[dev-dependencies]\nx = \"1\"\n"

@@ -11,7 +11,6 @@
 //! then its outcome (the functions write it themselves, with the change).
 
 mod audit;
-mod auth;
 mod dead_letters;
 mod filters;
 mod holds;
@@ -265,7 +264,6 @@ pub struct DeadLetterFilter {
     pub all: bool,
 }
 
-pub use self::auth::{OPERATOR_AUDIENCE, OperatorAuth, OperatorAuthError};
 pub use crate::worker::dlq::{DeadLetter, Replay};
 
 /// What a bulk replay or discard did.

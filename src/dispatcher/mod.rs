@@ -28,7 +28,6 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::backoff::Backoff;
-use crate::config::DispatcherSettings;
 use crate::ids::WorkspaceId;
 use crate::metrics::Metrics;
 use crate::outbox::NOTIFY_CHANNEL;
@@ -39,6 +38,9 @@ use crate::telemetry;
 use claim::{ClaimedEvent, Delivered, Failure, Settled};
 
 mod listen;
+mod settings;
+
+pub use settings::DispatcherSettings;
 
 /// The span of one job's hand-off to its stream (a producer span), a child of the job's `traceparent`.
 fn relay_span(event: &ClaimedEvent) -> tracing::Span {

@@ -16,7 +16,7 @@ use crate::kind::{self, JobKind, Priority};
 ///
 /// ```
 /// use std::time::Duration;
-/// use conveyor::{EnqueueOptions, Priority};
+/// use conveyor_jobs::{EnqueueOptions, Priority};
 ///
 /// let options = EnqueueOptions::new()
 ///     .delay(Duration::from_secs(30))
@@ -178,7 +178,7 @@ pub enum EnqueueError {
     #[error("the job payload does not serialize: {0}")]
     Payload(#[from] serde_json::Error),
     /// The transaction has no workspace set ([`crate::begin_workspace`] sets one).
-    #[error("the transaction has no workspace set; begin it with conveyor::begin_workspace")]
+    #[error("the transaction has no workspace set; begin it with conveyor_jobs::begin_workspace")]
     NoWorkspace,
     /// PostgreSQL failed; the caller's transaction is aborted.
     #[error("database: {0}")]
@@ -257,13 +257,13 @@ fn no_workspace(e: sqlx::Error) -> EnqueueError {
 /// is written when an option is invalid or the payload does not serialize.
 ///
 /// ```no_run
-/// # use conveyor::{JobKind, EnqueueOptions, WorkspaceId};
+/// # use conveyor_jobs::{JobKind, EnqueueOptions, WorkspaceId};
 /// # #[derive(serde::Serialize, serde::Deserialize)] struct SendReceipt { order_id: uuid::Uuid }
 /// # impl JobKind for SendReceipt { const KIND: &'static str = "orders.send_receipt"; const QUEUE: &'static str = "emails"; }
 /// # async fn f(pool: sqlx::PgPool, ws: WorkspaceId, order_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
-/// let mut tx = conveyor::begin_workspace(&pool, ws).await?;
+/// let mut tx = conveyor_jobs::begin_workspace(&pool, ws).await?;
 /// // ... write the order with `&mut *tx` ...
-/// let job = conveyor::enqueue_tx(&mut tx, &SendReceipt { order_id }, EnqueueOptions::new()).await?;
+/// let job = conveyor_jobs::enqueue_tx(&mut tx, &SendReceipt { order_id }, EnqueueOptions::new()).await?;
 /// tx.commit().await?;
 /// # Ok(()) }
 /// ```

@@ -19,14 +19,14 @@ pub const MAX_EVERY: Duration = Duration::from_secs(366 * 86_400);
 ///
 /// ```
 /// use std::time::Duration;
-/// use conveyor::ScheduleSpec;
+/// use conveyor_jobs::ScheduleSpec;
 ///
 /// // At minute 0 of every hour from 9 to 17, Monday to Friday, Paris time (summer time handled).
 /// let business_hours = ScheduleSpec::cron("0 9-17 * * 1-5", "Europe/Paris")?;
 /// // Every 30 seconds (6 fields: the first is the second).
 /// let often = ScheduleSpec::cron("*/30 * * * * *", "UTC")?;
 /// let every_five_minutes = ScheduleSpec::every(Duration::from_secs(300))?;
-/// # Ok::<(), conveyor::ScheduleError>(())
+/// # Ok::<(), conveyor_jobs::ScheduleError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ScheduleSpec(Spec);

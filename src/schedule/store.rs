@@ -16,7 +16,7 @@ use crate::outbox::NOTIFY_CHANNEL;
 /// How a schedule's jobs run, and whether it is paused. Unset options take the kind's defaults.
 ///
 /// ```
-/// use conveyor::{Priority, ScheduleOptions};
+/// use conveyor_jobs::{Priority, ScheduleOptions};
 ///
 /// let options = ScheduleOptions::new().priority(Priority::Low).max_attempts(3);
 /// ```
@@ -123,13 +123,13 @@ fn no_workspace(e: sqlx::Error) -> ScheduleError {
 /// is invalid, or the payload does not serialize.
 ///
 /// ```no_run
-/// # use conveyor::{JobKind, ScheduleOptions, ScheduleSpec, WorkspaceId};
+/// # use conveyor_jobs::{JobKind, ScheduleOptions, ScheduleSpec, WorkspaceId};
 /// # #[derive(serde::Serialize, serde::Deserialize)] struct SendDigest { list_id: uuid::Uuid }
 /// # impl JobKind for SendDigest { const KIND: &'static str = "mail.digest"; const QUEUE: &'static str = "emails"; }
 /// # async fn f(pool: sqlx::PgPool, ws: WorkspaceId, list_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
-/// let mut tx = conveyor::begin_workspace(&pool, ws).await?;
+/// let mut tx = conveyor_jobs::begin_workspace(&pool, ws).await?;
 /// let spec = ScheduleSpec::cron("0 8 * * MON", "Europe/Paris")?;
-/// conveyor::upsert_schedule_tx(&mut tx, "weekly-digest", &SendDigest { list_id }, spec, ScheduleOptions::new())
+/// conveyor_jobs::upsert_schedule_tx(&mut tx, "weekly-digest", &SendDigest { list_id }, spec, ScheduleOptions::new())
 ///     .await?;
 /// tx.commit().await?;
 /// # Ok(()) }

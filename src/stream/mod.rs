@@ -37,7 +37,7 @@ use fred::types::config::{ClusterDiscoveryPolicy, Options};
 use fred::types::{ClusterHash, Value};
 
 pub use fred::clients::Client as RedisClient;
-pub use tls::{RedisTls, TlsFileError};
+pub use tls::{RedisTls, TlsFileError, url_uses_tls};
 
 /// The longest one node may keep a client waiting per attempt: to connect (TCP and TLS), and then for each answer
 /// while the connection is set up or the cluster's slot map is read (fred's defaults, 10 s each, let one dead seed

@@ -39,7 +39,7 @@ fn file_error(variable: &'static str, path: &Path, reason: impl std::fmt::Displa
 }
 
 /// Whether a Redis URL asks for TLS.
-pub(crate) fn url_uses_tls(url: &str) -> bool {
+pub fn url_uses_tls(url: &str) -> bool {
     url.split_once("://").is_some_and(|(scheme, _)| {
         matches!(scheme, "rediss" | "rediss-cluster" | "rediss-sentinel" | "valkeys" | "valkeys-cluster")
     })

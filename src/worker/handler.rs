@@ -208,7 +208,7 @@ impl JobContext {
 /// external systems get [`JobContext::idempotency_token`].
 ///
 /// ```
-/// use conveyor::{Handler, JobContext, JobError, JobKind};
+/// use conveyor_jobs::{Handler, JobContext, JobError, JobKind};
 /// # #[derive(serde::Serialize, serde::Deserialize)] struct SendReceipt { order_id: uuid::Uuid }
 /// # impl JobKind for SendReceipt { const KIND: &'static str = "orders.send_receipt"; const QUEUE: &'static str = "emails"; }
 ///

@@ -386,7 +386,7 @@ impl WorkerBuilder {
 /// Runs registered handlers over their queues' streams.
 ///
 /// ```no_run
-/// # use conveyor::{Handler, JobContext, JobError, JobKind, Worker};
+/// # use conveyor_jobs::{Handler, JobContext, JobError, JobKind, Worker};
 /// # #[derive(serde::Serialize, serde::Deserialize)] struct SendReceipt { order_id: uuid::Uuid }
 /// # impl JobKind for SendReceipt { const KIND: &'static str = "orders.send_receipt"; const QUEUE: &'static str = "emails"; }
 /// # struct Receipts;
@@ -394,7 +394,7 @@ impl WorkerBuilder {
 /// #     async fn handle(&self, _: SendReceipt, _: &mut JobContext) -> Result<serde_json::Value, JobError> { Ok(serde_json::Value::Null) }
 /// # }
 /// # async fn f(pool: sqlx::PgPool) -> anyhow::Result<()> {
-/// let consumer = conveyor::Consumer::connect("redis://127.0.0.1:6379", "conveyor").await?;
+/// let consumer = conveyor_jobs::Consumer::connect("redis://127.0.0.1:6379", "conveyor").await?;
 /// let worker = Worker::builder(pool, consumer).handle::<SendReceipt>(Receipts).build()?;
 /// let shutdown = tokio_util::sync::CancellationToken::new();
 /// worker.run(shutdown, std::time::Duration::from_secs(30)).await?;

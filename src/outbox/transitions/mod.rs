@@ -273,7 +273,7 @@ pub(crate) async fn progress(
 
 /// How a cancellation ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Cancel {
+pub enum Cancel {
     /// Canceled now: the job will not run (or, running, is told to stop), and its operation is `canceled`.
     Canceled,
     /// It had already ended with this status (`completed`, `canceled`, `dead_letter`; for an operation `succeeded`,
@@ -388,7 +388,7 @@ pub(crate) async fn job_state_tx(
 }
 
 /// Cancels the operation `operation` and every live job that advances it, in the caller's transaction.
-pub(crate) async fn cancel_operation_tx(
+pub async fn cancel_operation_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     operation: Uuid,

@@ -1,0 +1,348 @@
+//! The operator's JSON API on the admin listener, under `/admin/v1`: the HTTP face of [`conveyor_jobs::admin::Admin`].
+//!
+//! ```text
+//! GET    /queues, /queues/{name}                       counts by state, lag, throughput, oldest age, paused
+//! GET    /jobs?queue&kind&status&workspace&since&until&before&limit, /jobs/{id}
+//! POST   /jobs/{id}/cancel, /jobs/{id}/retry
+//! GET    /operations?kind&status&workspace&since&until&before&limit
+//! GET    /dead-letters?queue&kind&workspace&since&until&before&limit
+//! POST   /dead-letters/{id}/replay      DELETE /dead-letters/{id}
+//! POST   /dead-letters/replay, /dead-letters/discard   body: a filter (queue, kind, workspace, since, until, limit)
+//!                                                      with at least one of its fields, or "all": true
+//! GET    /pauses   POST /pauses (scope + reason)   DELETE /pauses (scope in the body or the query)
+//! GET    /schedules?workspace   POST /schedules/{workspace}/{name}/pause|resume
+//! GET    /audit?limit
+//! ```
+//!
+//! Every call needs an operator ([`Operator`]: `Authorization: Bearer` with `CONVEYOR_ADMIN_TOKEN` or an operator
+//! JWT); without the operator database it answers 503 `ADMIN_NOT_CONFIGURED`. Every call, reads included, leaves a
+//! row in the audit trail; a change leaves its intent there before it runs (503 `SERVICE_UNAVAILABLE`, and nothing
+//! changes, when that cannot be written), then its outcome. Errors are problem+json: 400 names the parameter, 404 an
+//! unknown id, 409 a state that refuses the change.
+
+mod operator;
+mod params;
+mod problem;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+pub use self::operator::{CSRF_HEADER, Operating, Operator, operator_of};
+use self::params::Params;
+pub use self::problem::AdminApiError;
+use super::AppState;
+use conveyor_jobs::PauseScope;
+use conveyor_jobs::admin::{DeadLetterFilter, JobAction, JobFilter, OperationFilter, Replay};
+use conveyor_jobs::ids::{JobId, WorkspaceId};
+
+/// The admin API's routes, to nest under `/admin/v1` in the admin router (which supplies the state).
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/queues", get(queues))
+        .route("/queues/{name}", get(queue))
+        .route("/jobs", get(jobs))
+        .route("/jobs/{id}", get(job))
+        .route("/jobs/{id}/cancel", post(cancel_job))
+        .route("/jobs/{id}/retry", post(retry_job))
+        .route("/operations", get(operations))
+        .route("/dead-letters", get(dead_letters))
+        .route("/dead-letters/replay", post(replay_dead_letters))
+        .route("/dead-letters/discard", post(discard_dead_letters))
+        .route("/dead-letters/{id}", delete(discard_dead_letter))
+        .route("/dead-letters/{id}/replay", post(replay_dead_letter))
+        .route("/pauses", get(pauses).post(pause).delete(resume))
+        .route("/schedules", get(schedules))
+        .route("/schedules/{workspace}/{name}/pause", post(pause_schedule))
+        .route("/schedules/{workspace}/{name}/resume", post(resume_schedule))
+        .route("/audit", get(audit))
+        .fallback(|| async { AdminApiError::NotFound("route") })
+}
+
+type Answer = Result<Response, AdminApiError>;
+type RawQuery = Result<Query<Vec<(String, String)>>, QueryRejection>;
+
+fn params(query: RawQuery, allowed: &[&'static str]) -> Result<Params, AdminApiError> {
+    let Query(pairs) = query.map_err(|e| AdminApiError::Invalid(format!("the query string: {}", e.body_text())))?;
+    Params::new(pairs, allowed)
+}
+
+fn id(raw: &str, parameter: &'static str) -> Result<Uuid, AdminApiError> {
+    raw.parse().map_err(|_| AdminApiError::BadParameter { parameter, detail: format!("`{raw}` is not a UUID") })
+}
+
+/// The JSON object of a request body, of the shape `T` (unknown fields refused).
+fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, AdminApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(AdminApiError::BadBody("must be a JSON object ({} for none of its fields)".to_owned()));
+    }
+    serde_json::from_slice(bytes).map_err(|e| AdminApiError::BadBody(format!("is not what this endpoint takes: {e}")))
+}
+
+fn ok(value: impl serde::Serialize) -> Answer {
+    Ok(Json(value).into_response())
+}
+
+fn items(items: impl serde::Serialize) -> Answer {
+    ok(json!({ "items": items }))
+}
+
+async fn queues(op: Operating) -> Answer {
+    items(op.admin.queues(&op.actor).await?)
+}
+
+async fn queue(op: Operating, Path(name): Path<String>) -> Answer {
+    match op.admin.queue(&op.actor, &name).await? {
+        Some(queue) => ok(queue),
+        None => Err(AdminApiError::NotFound("queue")),
+    }
+}
+
+async fn jobs(op: Operating, query: RawQuery) -> Answer {
+    let p = params(query, &["queue", "kind", "status", "workspace", "since", "until", "before", "limit"])?;
+    let filter = JobFilter {
+        queue: p.text("queue"),
+        kind: p.text("kind"),
+        status: p.status("status")?,
+        workspace: p.uuid("workspace")?,
+        since: p.time("since")?,
+        until: p.time("until")?,
+        before: p.uuid("before")?,
+        limit: p.limit("limit")?,
+    };
+    ok(op.admin.jobs(&op.actor, &filter).await?)
+}
+
+async fn job(op: Operating, Path(raw): Path<String>) -> Answer {
+    match op.admin.job(&op.actor, JobId(id(&raw, "id")?)).await? {
+        Some(job) => ok(job),
+        None => Err(AdminApiError::NotFound("job")),
+    }
+}
+
+/// The answer to a cancel or retry.
+fn job_action(id: Uuid, action: JobAction, done: &'static str, refused: &'static str) -> Answer {
+    match action {
+        JobAction::Done => ok(json!({ "id": id, "outcome": done })),
+        JobAction::NotFound => Err(AdminApiError::NotFound("job")),
+        JobAction::NotAllowed => Err(AdminApiError::Conflict {
+            code: if done == "canceled" { "JOB_FINISHED" } else { "JOB_NOT_RETRYABLE" },
+            detail: format!("job {id} {refused}"),
+            named: None,
+        }),
+        JobAction::KeyHeld(live) => Err(key_held(id, live)),
+        JobAction::Held(why) => Err(AdminApiError::Conflict {
+            code: "JOB_HELD",
+            detail: format!("job {id} is not run now: {why}"),
+            named: None,
+        }),
+    }
+}
+
+fn key_held(id: Uuid, live: Uuid) -> AdminApiError {
+    AdminApiError::Conflict {
+        code: "DEDUP_KEY_HELD",
+        detail: format!("job {id} is not run again: live job {live} holds its de-duplication key"),
+        named: Some(("live_job_id", json!(live))),
+    }
+}
+
+async fn cancel_job(op: Operating, Path(raw): Path<String>) -> Answer {
+    let id = id(&raw, "id")?;
+    let action = op.admin.cancel_job(&op.actor, JobId(id)).await?;
+    job_action(id, action, "canceled", "has already ended")
+}
+
+async fn retry_job(op: Operating, Path(raw): Path<String>) -> Answer {
+    let id = id(&raw, "id")?;
+    let action = op.admin.retry_job(&op.actor, JobId(id)).await?;
+    job_action(id, action, "retried", "is neither failed, delayed nor waiting for a retry")
+}
+
+async fn operations(op: Operating, query: RawQuery) -> Answer {
+    let p = params(query, &["kind", "status", "workspace", "since", "until", "before", "limit"])?;
+    let filter = OperationFilter {
+        kind: p.text("kind"),
+        status: p.text("status"),
+        workspace: p.uuid("workspace")?,
+        since: p.time("since")?,
+        until: p.time("until")?,
+        before: p.uuid("before")?,
+        limit: p.limit("limit")?,
+    };
+    ok(op.admin.operations(&op.actor, &filter).await?)
+}
+
+async fn dead_letters(op: Operating, query: RawQuery) -> Answer {
+    let p = params(query, &["queue", "kind", "workspace", "since", "until", "before", "limit"])?;
+    let filter = DeadLetterFilter {
+        queue: p.text("queue"),
+        kind: p.text("kind"),
+        workspace: p.uuid("workspace")?,
+        since: p.time("since")?,
+        until: p.time("until")?,
+        before: p.uuid("before")?,
+        limit: p.limit("limit")?,
+        all: false,
+    };
+    ok(op.admin.dead_letters(&op.actor, &filter).await?)
+}
+
+async fn replay_dead_letter(op: Operating, Path(raw): Path<String>) -> Answer {
+    let id = id(&raw, "id")?;
+    match op.admin.replay_dead_letter(&op.actor, JobId(id)).await? {
+        Replay::Replayed => ok(json!({ "id": id, "outcome": "replayed" })),
+        Replay::NotDeadLetter => Err(AdminApiError::NotFound("dead letter")),
+        Replay::KeyHeld(live) => Err(key_held(id, live)),
+    }
+}
+
+async fn discard_dead_letter(op: Operating, Path(raw): Path<String>) -> Answer {
+    let id = id(&raw, "id")?;
+    if op.admin.discard_dead_letter(&op.actor, JobId(id)).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(AdminApiError::NotFound("dead letter"))
+    }
+}
+
+/// The filter of a bulk replay or discard: at least one field, or `"all": true` (checked by the operator module).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkFilter {
+    queue: Option<String>,
+    kind: Option<String>,
+    workspace: Option<Uuid>,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+    limit: Option<u32>,
+    #[serde(default)]
+    all: bool,
+}
+
+impl From<BulkFilter> for DeadLetterFilter {
+    fn from(f: BulkFilter) -> Self {
+        Self {
+            queue: f.queue,
+            kind: f.kind,
+            workspace: f.workspace,
+            since: f.since,
+            until: f.until,
+            before: None,
+            limit: f.limit,
+            all: f.all,
+        }
+    }
+}
+
+async fn replay_dead_letters(op: Operating, bytes: Bytes) -> Answer {
+    let filter: DeadLetterFilter = body::<BulkFilter>(&bytes)?.into();
+    ok(op.admin.replay_dead_letters(&op.actor, &filter).await?)
+}
+
+async fn discard_dead_letters(op: Operating, bytes: Bytes) -> Answer {
+    let filter: DeadLetterFilter = body::<BulkFilter>(&bytes)?.into();
+    ok(op.admin.discard_dead_letters(&op.actor, &filter).await?)
+}
+
+async fn pauses(op: Operating) -> Answer {
+    items(op.admin.pauses(&op.actor).await?)
+}
+
+/// A pause's scope, and its reason when one is set.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    queue: Option<String>,
+    kind: Option<String>,
+    workspace: Option<Uuid>,
+    reason: Option<String>,
+}
+
+impl PauseBody {
+    fn scope(&self) -> PauseScope {
+        PauseScope { queue: self.queue.clone(), kind: self.kind.clone(), workspace: self.workspace.map(WorkspaceId) }
+    }
+}
+
+async fn pause(op: Operating, bytes: Bytes) -> Answer {
+    let pause: PauseBody = body(&bytes)?;
+    let scope = pause.scope();
+    let created = op.admin.pause(&op.actor, &scope, pause.reason.as_deref()).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!({ "scope": scope, "created": created }))).into_response())
+}
+
+async fn resume(op: Operating, query: RawQuery, bytes: Bytes) -> Answer {
+    let p = params(query, &["queue", "kind", "workspace"])?;
+    let from_query =
+        PauseBody { queue: p.text("queue"), kind: p.text("kind"), workspace: p.uuid("workspace")?, reason: None };
+    let given = from_query.queue.is_some() || from_query.kind.is_some() || from_query.workspace.is_some();
+    let scope = match (given, bytes.iter().all(u8::is_ascii_whitespace)) {
+        (true, true) => from_query.scope(),
+        (false, false) => {
+            let body: PauseBody = body(&bytes)?;
+            if body.reason.is_some() {
+                return Err(AdminApiError::BadBody("names a scope only (queue, kind, workspace), not a reason".into()));
+            }
+            body.scope()
+        }
+        (true, false) => return Err(AdminApiError::BadBody("and the query both name a scope: give one".to_owned())),
+        (false, true) => {
+            return Err(AdminApiError::Invalid(
+                "name the pause's scope (queue, kind, workspace) in the query or a JSON body".to_owned(),
+            ));
+        }
+    };
+    if op.admin.resume(&op.actor, &scope).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(AdminApiError::NotFound("pause of exactly that scope"))
+    }
+}
+
+async fn schedules(op: Operating, query: RawQuery) -> Answer {
+    let p = params(query, &["workspace"])?;
+    let schedules = op.admin.schedules(&op.actor, p.uuid("workspace")?.map(WorkspaceId)).await?;
+    let listed: Vec<Value> = schedules
+        .into_iter()
+        .map(|(workspace, schedule)| {
+            let mut value = serde_json::to_value(schedule).unwrap_or_default();
+            value["workspace_id"] = json!(workspace);
+            value
+        })
+        .collect();
+    items(listed)
+}
+
+async fn set_schedule_paused(op: Operating, workspace: &str, name: &str, paused: bool) -> Answer {
+    let workspace = WorkspaceId(id(workspace, "workspace")?);
+    if op.admin.set_schedule_paused(&op.actor, workspace, name, paused).await? {
+        ok(json!({ "workspace_id": workspace.0, "name": name, "paused": paused }))
+    } else {
+        Err(AdminApiError::NotFound("schedule"))
+    }
+}
+
+async fn pause_schedule(op: Operating, Path((workspace, name)): Path<(String, String)>) -> Answer {
+    set_schedule_paused(op, &workspace, &name, true).await
+}
+
+async fn resume_schedule(op: Operating, Path((workspace, name)): Path<(String, String)>) -> Answer {
+    set_schedule_paused(op, &workspace, &name, false).await
+}
+
+async fn audit(op: Operating, query: RawQuery) -> Answer {
+    let p = params(query, &["limit"])?;
+    items(op.admin.audit(&op.actor, p.limit("limit")?.unwrap_or(50)).await?)
+}

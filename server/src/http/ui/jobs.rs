@@ -1,0 +1,197 @@
+//! Jobs: the search across workspaces, and one job in full (attempts with their redacted errors, payload, progress,
+//! result) with cancel and retry (a replay, for a dead letter).
+
+use axum::extract::{Path, Query};
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::layout::{self, Notice, Section, field, maybe, maybe_time, segment, short_id, url_with};
+use super::{Console, UiError};
+use conveyor_jobs::admin::{JobAction, JobDetail, JobFilter, JobSummary};
+use conveyor_jobs::ids::JobId;
+use conveyor_jobs::outbox::control::JobStatus;
+
+/// The search's filters, as the form sends them.
+#[derive(Deserialize)]
+pub(super) struct Filters {
+    queue: Option<String>,
+    kind: Option<String>,
+    status: Option<String>,
+    workspace: Option<String>,
+    before: Option<String>,
+}
+
+/// `GET /ui/jobs`.
+pub(super) async fn search(console: Console, Query(f): Query<Filters>) -> Result<Markup, UiError> {
+    let filter = JobFilter {
+        queue: field(&f.queue).map(str::to_owned),
+        kind: field(&f.kind).map(str::to_owned),
+        status: layout::status_field(&f.status)?,
+        workspace: layout::uuid_field("workspace", &f.workspace)?,
+        before: layout::uuid_field("before", &f.before)?,
+        ..JobFilter::default()
+    };
+    let jobs = console.admin.jobs(console.actor(), &filter).await?;
+    let kept = [
+        ("queue", field(&f.queue)),
+        ("kind", field(&f.kind)),
+        ("status", field(&f.status)),
+        ("workspace", field(&f.workspace)),
+    ];
+    let body = html! {
+        form.filters method="get" action="/ui/jobs" {
+            label { "Queue" input name="queue" value=(field(&f.queue).unwrap_or("")); }
+            label { "Kind" input name="kind" value=(field(&f.kind).unwrap_or("")); }
+            label { "Status"
+                select name="status" {
+                    option value="" { "any" }
+                    @for s in layout::JOB_STATUSES {
+                        @let s = layout::status_name(s);
+                        option value=(s) selected[field(&f.status) == Some(s)] { (s) }
+                    }
+                }
+            }
+            label { "Workspace" input name="workspace" size="38" value=(field(&f.workspace).unwrap_or("")); }
+            button type="submit" { "Search" }
+        }
+        (job_table(&jobs.items, true))
+        (layout::pager(jobs.next, "/ui/jobs", &kept))
+    };
+    Ok(layout::page("Jobs", Section::Jobs, &console.chrome(), None, body))
+}
+
+/// A table of jobs, each linking to its page.
+pub(super) fn job_table(jobs: &[JobSummary], with_queue: bool) -> Markup {
+    html! {
+        @if jobs.is_empty() {
+            div.card.muted { "No job matches." }
+        } @else {
+            table #jobs {
+                thead { tr {
+                    th { "Job" } th { "Kind" } @if with_queue { th { "Queue" } } th { "Status" }
+                    th.num { "Failed runs" } th { "Last error" } th { "Workspace" } th { "Enqueued" } th { "Ended" }
+                } }
+                tbody {
+                    @for j in jobs {
+                        @let status = layout::status_name(j.status);
+                        tr data-job=(j.id) data-status=(status) {
+                            td { a href=(format!("/ui/jobs/{}", j.id)) { (short_id(j.id)) } }
+                            td { (j.kind) }
+                            @if with_queue { td { a href=(format!("/ui/queues/{}", segment(&j.queue))) { (j.queue) } } }
+                            td { (layout::status_badge(status)) }
+                            td.num { (j.failed_runs) }
+                            td.err { (layout::error_text(j.last_error.as_deref())) }
+                            td { (short_id(j.workspace_id)) }
+                            td { (layout::time(j.created_at)) }
+                            td { (maybe_time(j.finished_at)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `GET /ui/jobs/{id}`.
+pub(super) async fn show(
+    console: Console,
+    Path(id): Path<String>,
+    Query(notice): Query<Notice>,
+) -> Result<Markup, UiError> {
+    let id = job_id(&id)?;
+    let Some(job) = console.admin.job(console.actor(), id).await? else {
+        return Err(UiError::NotFound(format!("No job {}.", id.0)));
+    };
+    let title = format!("Job {}", job.job.id);
+    Ok(layout::page(&title, Section::Jobs, &console.chrome(), notice.render(), detail(&job, &console.csrf)))
+}
+
+fn detail(d: &JobDetail, csrf: &str) -> Markup {
+    let j = &d.job;
+    let status = layout::status_name(j.status);
+    let path = format!("/ui/jobs/{}", j.id);
+    html! {
+        div.actions {
+            span #status data-status=(status) { (layout::status_badge(status)) }
+            @if !j.status.is_finished() {
+                (layout::post_button(&format!("{path}/cancel"), "Cancel", csrf, &[], "danger"))
+            }
+            @match j.status {
+                JobStatus::Failed => (layout::post_button(&format!("{path}/retry"), "Replay", csrf, &[], "primary")),
+                JobStatus::Retrying | JobStatus::Scheduled => (layout::post_button(&format!("{path}/retry"), "Run now", csrf, &[], "primary")),
+                _ => {}
+            }
+            a #reload href=(path) { "Reload" }
+        }
+        div.card {
+            dl.facts {
+                dt { "Id" } dd.mono { (j.id) }
+                dt { "Kind" } dd { (j.kind) }
+                dt { "Queue" } dd { a href=(format!("/ui/queues/{}", segment(&j.queue))) { (j.queue) } }
+                dt { "Workspace" } dd.mono {
+                    a href=(url_with("/ui/jobs", &[("workspace", Some(j.workspace_id.to_string().as_str()))])) { (j.workspace_id) }
+                }
+                dt { "Operation" } dd.mono { (maybe(j.operation_id)) }
+                dt { "Priority" } dd { (match d.priority { 0 => "high", 1 => "normal", 2 => "low", _ => "other" }) }
+                dt { "Failed runs" } dd { (j.failed_runs) @if let Some(max) = d.max_attempts { " of at most " (max) " runs" } }
+                dt { "De-dup key" } dd.mono { (maybe(d.dedup_key.as_deref())) }
+                dt { "Enqueued" } dd { (layout::time(j.created_at)) }
+                dt { "Runs at" } dd { (layout::time(j.run_at)) }
+                dt { "Last handed to workers" } dd { (maybe_time(d.dispatched_at)) }
+                dt { "Ended" } dd { (maybe_time(j.finished_at)) }
+                dt { "Last error" } dd.err { (layout::error_text(j.last_error.as_deref())) }
+            }
+        }
+        h2 { "Failed attempts" }
+        @if d.attempts.is_empty() {
+            div.card.muted { "None." }
+        } @else {
+            table #attempts {
+                thead { tr { th.num { "Run" } th { "Stage" } th { "Error (redacted)" } th { "Failed at" } } }
+                tbody {
+                    @for a in &d.attempts {
+                        tr { td.num { (a.attempt) } td { (a.stage) } td.err { (layout::error_text(a.error.as_deref())) }
+                             td { (layout::time(a.failed_at)) } }
+                    }
+                }
+            }
+        }
+        h2 { "Payload" }
+        (layout::json_block(&d.payload))
+        @if let Some(progress) = &d.progress { h2 { "Progress" } (layout::json_block(progress)) }
+        @if let Some(result) = &d.result { h2 { "Result" } (layout::json_block(result)) }
+    }
+}
+
+/// A job id from the path, or an error naming it.
+pub(super) fn job_id(text: &str) -> Result<JobId, UiError> {
+    text.parse::<Uuid>().map(JobId).map_err(|_| UiError::Invalid(format!("job id is not a UUID: {text}")))
+}
+
+/// `POST /ui/jobs/{id}/cancel`.
+pub(super) async fn cancel(console: Console, Path(id): Path<String>) -> Result<Response, UiError> {
+    let id = job_id(&id)?;
+    let action = console.admin.cancel_job(console.actor(), id).await?;
+    Ok(after(id, action, "canceled"))
+}
+
+/// `POST /ui/jobs/{id}/retry`: a dead letter is replayed from its first attempt; a retrying or delayed job runs now.
+pub(super) async fn retry(console: Console, Path(id): Path<String>) -> Result<Response, UiError> {
+    let id = job_id(&id)?;
+    let action = console.admin.retry_job(console.actor(), id).await?;
+    Ok(after(id, action, "retried"))
+}
+
+fn after(id: JobId, action: JobAction, done: &str) -> Response {
+    let path = format!("/ui/jobs/{}", id.0);
+    let url = match action {
+        JobAction::Done => Notice::url(&path, done, None),
+        JobAction::NotFound => Notice::url(&path, "not-found", None),
+        JobAction::NotAllowed => Notice::url(&path, "not-allowed", None),
+        JobAction::KeyHeld(holder) => Notice::held_url(&path, holder),
+        JobAction::Held(_) => Notice::url(&path, "held-back", None),
+    };
+    Redirect::to(&url).into_response()
+}

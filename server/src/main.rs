@@ -1,0 +1,767 @@
+//! The `conveyor` binary: parses the command line and hands over to the library.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use conveyor_server::app::{self, Role};
+use conveyor_server::auth::{Principal, TokenKeys};
+use conveyor_server::config::{self, Config, Env};
+use conveyor_shop::adapters::sandbox::{Sandbox, SandboxTls, Settings};
+use uuid::Uuid;
+
+/// mimalloc instead of glibc's malloc: a worker allocates and frees many small buffers per job (Redis frames,
+/// strings, task state), where glibc's malloc took about 15% of a drain's CPU. Its v2 line (the `v2` feature): over a
+/// million jobs (`scripts/bench soak`) the dispatcher's RSS grew 15% on v3 and 4% on v2, at the same CPU per job. The
+/// `system-allocator` feature keeps glibc's, for heap profilers that hook `malloc`.
+#[cfg(not(feature = "system-allocator"))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(name = "conveyor", version, about = "Transactional outbox, idempotent writes and Redis Streams workers")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply migrations as the owner role and grant the application role.
+    Migrate,
+    /// Serve the HTTP API (and the admin endpoints).
+    Api,
+    /// Relay the outbox into Redis Streams.
+    Dispatcher,
+    /// Consume the streams and run the job handlers.
+    Worker,
+    /// Retention of expired records (and, later, the reconciler).
+    Maintenance,
+    /// Run every role in one process (development, demos).
+    All,
+    /// Serve the sandbox of every external system: marketplace, catalog, AI provider, source files (development and
+    /// tests).
+    Sandbox {
+        /// Listen address.
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        addr: std::net::SocketAddr,
+        /// Latency added to every answer, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        latency_ms: u64,
+        /// Share of calls answered 503 (0 to 1).
+        #[arg(long, default_value_t = 0.0)]
+        error_rate: f64,
+        /// Share of calls that hang for 30 s (0 to 1).
+        #[arg(long, default_value_t = 0.0)]
+        timeout_rate: f64,
+        /// Products in every store's catalog.
+        #[arg(long, default_value_t = 250)]
+        catalog_size: u64,
+        /// Serve https with this PEM certificate chain (with `--tls-key`).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        /// The PEM private key of `--tls-cert`.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<std::path::PathBuf>,
+    },
+    /// Every queue with its jobs by state, stream lag, throughput and oldest age (as the operator role).
+    Queues {
+        /// One JSON object a line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Find, show, cancel and retry jobs of any workspace (as the operator role; changes are audited).
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+    /// Check the configuration a role would start with.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Print a shell completion script (e.g. `conveyor completions bash > /etc/bash_completion.d/conveyor`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Inspect and replay dead-lettered jobs.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Hold jobs in the outbox (a queue, a kind, a workspace, or a combination), lift such a pause, list pauses,
+    /// or set a workspace's weight in the fair share.
+    Flow {
+        #[command(subcommand)]
+        command: FlowCommand,
+    },
+    /// List, set and remove a workspace's repeatable jobs (schedules).
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
+    },
+    /// Print a signed development JWT.
+    Token {
+        /// The workspace the token grants.
+        #[arg(long)]
+        workspace: Uuid,
+        /// The user (`sub`).
+        #[arg(long)]
+        user: Uuid,
+        /// How long it is valid, e.g. 1h or 30m.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+}
+
+#[derive(Subcommand)]
+enum JobsCommand {
+    /// Jobs matching the filters, newest first, one JSON object a line.
+    List {
+        /// Of this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// In this state: scheduled, queued, retrying, active, succeeded, failed, canceled.
+        #[arg(long, value_parser = parse_status)]
+        status: Option<conveyor_jobs::JobStatus>,
+        /// Of this workspace.
+        #[arg(long)]
+        workspace: Option<Uuid>,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// One job in full, with its failed attempts.
+    Show {
+        /// The job id.
+        id: Uuid,
+    },
+    /// Cancel a job that has not ended.
+    Cancel {
+        /// The job id.
+        id: Uuid,
+    },
+    /// Run a job again: a dead letter from its first attempt, a delayed or retrying job now.
+    Retry {
+        /// The job id.
+        id: Uuid,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CheckedRole {
+    Api,
+    Dispatcher,
+    Worker,
+    Maintenance,
+    All,
+    Migrate,
+    Operator,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate every variable the role reads (all problems at once) and print the effective configuration, secrets
+    /// redacted. Exits 1 when something is wrong.
+    Check {
+        /// The role to check for.
+        #[arg(long, value_enum, default_value = "all")]
+        role: CheckedRole,
+    },
+}
+
+fn parse_status(raw: &str) -> Result<conveyor_jobs::JobStatus, String> {
+    serde_json::from_value(serde_json::Value::String(raw.to_owned()))
+        .map_err(|_| "one of scheduled, queued, retrying, active, succeeded, failed, canceled".to_owned())
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// Dead letters of every workspace matching the filters, newest first, one JSON object a line.
+    List {
+        #[command(flatten)]
+        filter: DlqFilter,
+        /// Older than this job id (the last one of the previous page).
+        #[arg(long)]
+        before: Option<Uuid>,
+    },
+    /// One dead letter in full, with its failed attempts.
+    Show {
+        /// The job (outbox event) id.
+        id: Uuid,
+    },
+    /// Run a dead letter again from its first attempt; with --all, every one matching the filters.
+    Replay {
+        /// The job (outbox event) id.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<Uuid>,
+        /// Every dead letter matching the filters (at most --limit, default 500).
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        filter: DlqFilter,
+    },
+    /// Delete a dead letter (its operation stays failed); with --all, every one matching the filters.
+    Discard {
+        /// The job (outbox event) id.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<Uuid>,
+        /// Every dead letter matching the filters (at most --limit, default 500).
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        filter: DlqFilter,
+    },
+}
+
+/// Which dead letters a `dlq` command takes (every option given must match).
+#[derive(clap::Args)]
+struct DlqFilter {
+    /// Of this queue.
+    #[arg(long)]
+    queue: Option<String>,
+    /// Of this kind.
+    #[arg(long)]
+    kind: Option<String>,
+    /// Of this workspace.
+    #[arg(long)]
+    workspace: Option<Uuid>,
+    /// Dead-lettered at or after: an RFC 3339 time, or a duration ago (e.g. 2h).
+    #[arg(long, value_parser = parse_time)]
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Dead-lettered before: an RFC 3339 time, or a duration ago.
+    #[arg(long, value_parser = parse_time)]
+    until: Option<chrono::DateTime<chrono::Utc>>,
+    /// How many (1 to 500; default 50 for list, 500 for --all).
+    #[arg(long)]
+    limit: Option<u32>,
+}
+
+impl DlqFilter {
+    fn is_empty(&self) -> bool {
+        let Self { queue, kind, workspace, since, until, limit } = self;
+        queue.is_none()
+            && kind.is_none()
+            && workspace.is_none()
+            && since.is_none()
+            && until.is_none()
+            && limit.is_none()
+    }
+
+    /// The filter; `all`: a bulk action the operator asked for with `--all` (with or without other filters).
+    fn into_filter(self, before: Option<Uuid>, all: bool) -> conveyor_jobs::admin::DeadLetterFilter {
+        let Self { queue, kind, workspace, since, until, limit } = self;
+        conveyor_jobs::admin::DeadLetterFilter { queue, kind, workspace, since, until, before, limit, all }
+    }
+}
+
+/// An RFC 3339 time, or a duration before now (`90m`, `2h`, `1day`).
+fn parse_time(raw: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(raw) {
+        return Ok(at.with_timezone(&chrono::Utc));
+    }
+    let ago = humantime::parse_duration(raw)
+        .map_err(|_| format!("`{raw}` is neither an RFC 3339 time nor a duration such as 2h"))?;
+    chrono::Duration::from_std(ago)
+        .ok()
+        .and_then(|ago| chrono::Utc::now().checked_sub_signed(ago))
+        .ok_or_else(|| format!("`{raw}` reaches too far back"))
+}
+
+/// What a pause holds: every job matching all the options given (at least one).
+#[derive(clap::Args)]
+struct Scope {
+    /// Jobs of this queue.
+    #[arg(long)]
+    queue: Option<String>,
+    /// Jobs of this kind.
+    #[arg(long)]
+    kind: Option<String>,
+    /// Jobs of this workspace.
+    #[arg(long)]
+    workspace: Option<Uuid>,
+}
+
+impl Scope {
+    fn into_scope(self) -> conveyor_jobs::PauseScope {
+        conveyor_jobs::PauseScope {
+            queue: self.queue,
+            kind: self.kind,
+            workspace: self.workspace.map(conveyor_jobs::WorkspaceId),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum FlowCommand {
+    /// Hold the jobs of a scope in the outbox; jobs already handed to workers finish.
+    Pause {
+        #[command(flatten)]
+        scope: Scope,
+        /// Why (shown by `flow pauses`).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Lift the pause of exactly this scope; the held jobs go in their order.
+    Resume {
+        #[command(flatten)]
+        scope: Scope,
+    },
+    /// The pauses in force, one JSON object a line.
+    Pauses,
+    /// A workspace's weight: it keeps weight × CONVEYOR_DISPATCH_WINDOW jobs in the workers' hands (default 1).
+    Weight {
+        /// The workspace.
+        #[arg(long)]
+        workspace: Uuid,
+        /// 1 to 1000.
+        #[arg(long)]
+        weight: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum ScheduleCommand {
+    /// The workspace's schedules, one JSON object a line.
+    List {
+        /// The workspace.
+        #[arg(long)]
+        workspace: Uuid,
+    },
+    /// Create or replace a schedule: a job of a registered kind on every tick.
+    Set {
+        /// The workspace.
+        #[arg(long)]
+        workspace: Uuid,
+        /// The schedule's name, unique in the workspace.
+        #[arg(long)]
+        name: String,
+        /// The job kind (registered by a worker: its queue is looked up).
+        #[arg(long)]
+        kind: String,
+        /// The job payload, a JSON object.
+        #[arg(long, default_value = "{}")]
+        payload: String,
+        /// A cron expression of 5 or 6 fields (a leading second).
+        #[arg(long, conflicts_with = "every", required_unless_present = "every")]
+        cron: Option<String>,
+        /// The time zone the cron expression is read in (IANA name).
+        #[arg(long, default_value = "UTC", requires = "cron")]
+        tz: String,
+        /// A fixed period instead, e.g. 30s or 5m.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        every: Option<Duration>,
+        /// Set it paused.
+        #[arg(long)]
+        paused: bool,
+    },
+    /// Remove a schedule (the jobs it enqueued stay).
+    Remove {
+        /// The workspace.
+        #[arg(long)]
+        workspace: Uuid,
+        /// The schedule's name.
+        #[arg(long)]
+        name: String,
+    },
+}
+
+fn main() -> ExitCode {
+    no_transparent_huge_pages();
+    let cli = parse_cli();
+    // The dispatcher is one loop that waits on PostgreSQL and Redis in turn: on one thread, a notification reaches it
+    // with no wake-up across threads. dispatch-latency, six alternating runs: p50 0.72 against 0.86 ms, p99 5.5
+    // against 6.9 ms (medians).
+    let mut builder = match cli.command {
+        Command::Dispatcher => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    // Logs, and traces for the long-running roles when OTEL_EXPORTER_OTLP_ENDPOINT is set; set up before the runtime
+    // (the exporter runs on threads of its own) and flushed after it.
+    let log_json = std::env::var("CONVEYOR_LOG_JSON").is_ok_and(|v| v == "true" || v == "1");
+    let service = role(&cli.command).map(|role| format!("conveyor-{}", role.name()));
+    let telemetry = match conveyor_server::telemetry::init(log_json, service.as_deref()) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("conveyor: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match builder.enable_all().build() {
+        Ok(runtime) => runtime.block_on(start(cli)),
+        Err(e) => {
+            eprintln!("conveyor: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    };
+    telemetry.shutdown();
+    code
+}
+
+/// The role a command runs, for the long-running ones.
+fn role(command: &Command) -> Option<Role> {
+    match command {
+        Command::Api => Some(Role::Api),
+        Command::Dispatcher => Some(Role::Dispatcher),
+        Command::Worker => Some(Role::Worker),
+        Command::Maintenance => Some(Role::Maintenance),
+        Command::All => Some(Role::All),
+        _ => None,
+    }
+}
+
+/// Parses the command line, with each role's `--help` listing the variables it reads.
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    use conveyor_server::config::variables::{self as vars, help_for};
+    let mut command = Cli::command();
+    for (name, role) in [
+        ("api", vars::API),
+        ("dispatcher", vars::DISPATCHER),
+        ("worker", vars::WORKER),
+        ("maintenance", vars::MAINTENANCE),
+        ("all", vars::SERVERS),
+        ("migrate", vars::MIGRATE),
+        ("queues", vars::OPERATOR),
+        ("jobs", vars::OPERATOR),
+        ("dlq", vars::OPERATOR),
+    ] {
+        command = command.mut_subcommand(name, |sub| sub.after_long_help(help_for(role)));
+    }
+    let matches = command.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Opts this process out of transparent huge pages, before any thread starts. Where the kernel applies them to every
+/// mapping (`/sys/kernel/mm/transparent_hugepage/enabled` = `always`), the allocator's first touch of its arena
+/// would be backed by a 2 MiB page: a worker's resident memory went from 17 to 29 MiB that way. Elsewhere it changes
+/// nothing. Best effort: a kernel without the switch just says no.
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_thp_disable(true);
+}
+
+async fn start(cli: Cli) -> ExitCode {
+    // With the `failpoints` feature, FAILPOINTS=name=action;... arms crash points for tests; without it, nothing.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("conveyor: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Migrate => conveyor_jobs::migrate::run(&config::migrate_config(&Env)?).await,
+        Command::Api => app::run(Config::from_env()?, Role::Api).await,
+        Command::Dispatcher => app::run(Config::from_env()?, Role::Dispatcher).await,
+        Command::Worker => app::run(Config::from_env()?, Role::Worker).await,
+        Command::Sandbox { addr, latency_ms, error_rate, timeout_rate, catalog_size, tls_cert, tls_key } => {
+            let settings =
+                Settings { latency_ms, error_rate, timeout_rate, hang_ms: 30_000, catalog_size, ..Settings::default() };
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                app::wait_for_signal().await;
+                stop.cancel();
+            });
+            let sandbox = Sandbox::new(settings);
+            match (tls_cert, tls_key) {
+                (Some(cert), Some(key)) => {
+                    tracing::info!(%addr, "Sandbox listening (https)");
+                    let tls = SandboxTls::from_pem_files(&cert, &key)?;
+                    sandbox.serve_tls(listener, tls, shutdown).await
+                }
+                _ => {
+                    tracing::info!(%addr, "Sandbox listening (http)");
+                    sandbox.serve(listener, shutdown).await
+                }
+            }
+        }
+        Command::Dlq { command } => dlq(command).await,
+        Command::Schedule { command } => schedule(command).await,
+        Command::Queues { json } => queues(json).await,
+        Command::Jobs { command } => jobs(command).await,
+        Command::Config { command: ConfigCommand::Check { role } } => config_check(role),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "conveyor", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Flow { command } => {
+            // Pauses and weights are operator data: read and changed through the operator role, audited.
+            let (admin, actor) = operator(Needs::Postgres).await?;
+            match command {
+                FlowCommand::Pause { scope, reason } => {
+                    let added = admin.pause(&actor, &scope.into_scope(), reason.as_deref()).await?;
+                    println!("{}", if added { "paused" } else { "already paused" });
+                }
+                FlowCommand::Resume { scope } => {
+                    if !admin.resume(&actor, &scope.into_scope()).await? {
+                        anyhow::bail!("no pause of exactly that scope (see `conveyor flow pauses`)");
+                    }
+                    println!("resumed");
+                }
+                FlowCommand::Pauses => {
+                    for pause in admin.pauses(&actor).await? {
+                        println!("{}", serde_json::to_string(&pause)?);
+                    }
+                }
+                FlowCommand::Weight { workspace, weight } => {
+                    admin.set_workspace_weight(&actor, conveyor_jobs::WorkspaceId(workspace), weight).await?;
+                    println!("weight {weight}");
+                }
+            }
+            Ok(())
+        }
+        Command::Maintenance => app::run(Config::from_env()?, Role::Maintenance).await,
+        Command::All => app::run(Config::from_env()?, Role::All).await,
+        Command::Token { workspace, user, ttl } => {
+            let keys = TokenKeys::new(&config::jwt_secret(&Env)?);
+            let principal = Principal { workspace_id: workspace.into(), user_id: user.into() };
+            println!("{}", keys.mint(principal, ttl));
+            Ok(())
+        }
+    }
+}
+
+/// `conveyor schedule ...`: as the application role, under row-level security in the given workspace.
+async fn schedule(command: ScheduleCommand) -> anyhow::Result<()> {
+    use conveyor_jobs::schedule::{ScheduleOptions, ScheduleSpec};
+    let url = config::database_url(&Env)?;
+    let pool = conveyor_jobs::db::connect(url.expose(), 2).await?;
+    match command {
+        ScheduleCommand::List { workspace } => {
+            for schedule in conveyor_jobs::list_schedules(&pool, workspace.into()).await? {
+                println!("{}", serde_json::to_string(&schedule)?);
+            }
+        }
+        ScheduleCommand::Set { workspace, name, kind, payload, cron, tz, every, paused } => {
+            let spec = match (cron, every) {
+                (Some(expression), _) => ScheduleSpec::cron(&expression, &tz)?,
+                (None, Some(period)) => ScheduleSpec::every(period)?,
+                (None, None) => anyhow::bail!("give --cron or --every"),
+            };
+            let payload: serde_json::Value =
+                serde_json::from_str(&payload).map_err(|e| anyhow::anyhow!("--payload is not JSON: {e}"))?;
+            anyhow::ensure!(payload.is_object(), "--payload must be a JSON object");
+            let Some(queue) = conveyor_jobs::schedule::registered_queue(&pool, &kind).await? else {
+                anyhow::bail!(
+                    "unknown job kind `{kind}`: a worker registers its kinds (and their queue) when it starts"
+                )
+            };
+            let mut tx = conveyor_jobs::begin_workspace(&pool, workspace.into()).await?;
+            let options = ScheduleOptions::new().paused(paused);
+            let schedule =
+                conveyor_jobs::schedule::upsert_schedule_raw_tx(&mut tx, &name, &kind, &queue, payload, &spec, options)
+                    .await?;
+            tx.commit().await?;
+            println!("{}", serde_json::to_string(&schedule)?);
+        }
+        ScheduleCommand::Remove { workspace, name } => {
+            let mut tx = conveyor_jobs::begin_workspace(&pool, workspace.into()).await?;
+            let removed = conveyor_jobs::remove_schedule_tx(&mut tx, &name).await?;
+            tx.commit().await?;
+            anyhow::ensure!(removed, "no schedule `{name}` in workspace {workspace}");
+            println!("removed {name}");
+        }
+    }
+    Ok(())
+}
+
+/// What an operator command connects to besides PostgreSQL.
+#[derive(PartialEq, Eq)]
+enum Needs {
+    /// PostgreSQL only (jobs, dead letters).
+    Postgres,
+    /// Redis too, for stream lag (queues).
+    Redis,
+}
+
+/// The operator's handle from the environment: the operator role for reads across workspaces, the application role
+/// for changes under row-level security, and Redis for stream lag when `needs` says so. The actor of the audit trail
+/// is `cli:<user>`.
+async fn operator(needs: Needs) -> anyhow::Result<(conveyor_jobs::admin::Admin, conveyor_jobs::admin::Actor)> {
+    use anyhow::Context;
+    use conveyor_jobs::admin::{Actor, Admin};
+    let operator_url = config::operator_database_url(&Env)?
+        .context("CONVEYOR_OPERATOR_DATABASE_URL is required by the operator commands (the operator role's URL)")?;
+    let app_url = config::database_url(&Env)?;
+    let operator = conveyor_jobs::db::connect(operator_url.expose(), 2)
+        .await
+        .context("Failed to connect as the operator role (CONVEYOR_OPERATOR_DATABASE_URL)")?;
+    let app = conveyor_jobs::db::connect(app_url.expose(), 2)
+        .await
+        .context("Failed to connect as the application role (CONVEYOR_DATABASE_URL)")?;
+    let admin = if needs == Needs::Redis {
+        let (redis_url, prefix) = config::redis(&Env)?;
+        let tls = config::redis_tls(&Env, &redis_url)?;
+        let redis = conveyor_jobs::stream::connect_with(&redis_url, Duration::from_secs(5), &tls)
+            .await
+            .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
+        Admin::new(operator, app, redis, conveyor_jobs::stream::keys::Keys::new(&prefix))
+    } else {
+        Admin::without_redis(operator, app)
+    };
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned());
+    Ok((admin, Actor(format!("cli:{user}"))))
+}
+
+/// `conveyor queues`: a table (or JSON lines) of every queue.
+async fn queues(json: bool) -> anyhow::Result<()> {
+    let (admin, actor) = operator(Needs::Redis).await?;
+    let queues = admin.queues(&actor).await?;
+    if json {
+        for queue in &queues {
+            println!("{}", serde_json::to_string(queue)?);
+        }
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>7}",
+        "QUEUE", "QUEUED", "DELAYED", "RUNNING", "RETRYING", "DEAD", "LAG", "DONE/MIN", "OLDEST(s)", "PAUSED"
+    );
+    let or_dash = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    for q in &queues {
+        println!(
+            "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9.1} {:>10} {:>7}",
+            q.name,
+            q.counts.queued,
+            q.counts.delayed,
+            q.counts.running,
+            q.counts.retrying,
+            q.counts.dead,
+            or_dash(q.lag),
+            q.completed_per_minute,
+            q.oldest_queued_seconds.map_or_else(|| "-".to_owned(), |s| format!("{s:.0}")),
+            if q.paused { "yes" } else { "no" },
+        );
+    }
+    Ok(())
+}
+
+/// `conveyor jobs list|show|cancel|retry`.
+async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
+    use conveyor_jobs::admin::{JobAction, JobFilter};
+    let (admin, actor) = operator(Needs::Postgres).await?;
+    let acted = |id: Uuid, action: JobAction, verb: &str| -> anyhow::Result<()> {
+        match action {
+            JobAction::Done => {
+                println!("{verb} {id}");
+                Ok(())
+            }
+            JobAction::NotFound => anyhow::bail!("no job {id}"),
+            JobAction::NotAllowed => anyhow::bail!("job {id} cannot be {verb} in its state (see `conveyor jobs show`)"),
+            JobAction::KeyHeld(live) => {
+                anyhow::bail!("job {id} is not {verb}: live job {live} holds its de-dup key")
+            }
+            JobAction::Held(why) => anyhow::bail!("job {id} is not {verb}: {why}"),
+        }
+    };
+    match command {
+        JobsCommand::List { queue, kind, status, workspace, limit } => {
+            let filter = JobFilter { queue, kind, status, workspace, limit: Some(limit), ..JobFilter::default() };
+            for job in admin.jobs(&actor, &filter).await?.items {
+                println!("{}", serde_json::to_string(&job)?);
+            }
+            Ok(())
+        }
+        JobsCommand::Show { id } => match admin.job(&actor, conveyor_jobs::JobId(id)).await? {
+            Some(job) => {
+                println!("{}", serde_json::to_string_pretty(&job)?);
+                Ok(())
+            }
+            None => anyhow::bail!("no job {id}"),
+        },
+        JobsCommand::Cancel { id } => acted(id, admin.cancel_job(&actor, conveyor_jobs::JobId(id)).await?, "canceled"),
+        JobsCommand::Retry { id } => acted(id, admin.retry_job(&actor, conveyor_jobs::JobId(id)).await?, "retried"),
+    }
+}
+
+/// `conveyor config check`: prints the effective configuration (secrets redacted) and every problem.
+fn config_check(role: CheckedRole) -> anyhow::Result<()> {
+    use conveyor_server::config::variables as vars;
+    let mask = match role {
+        CheckedRole::Api => vars::API,
+        CheckedRole::Dispatcher => vars::DISPATCHER,
+        CheckedRole::Worker => vars::WORKER,
+        CheckedRole::Maintenance => vars::MAINTENANCE,
+        CheckedRole::All => vars::SERVERS,
+        CheckedRole::Migrate => vars::MIGRATE,
+        CheckedRole::Operator => vars::OPERATOR,
+    };
+    let report = conveyor_server::config::check::check(&Env, mask);
+    for (name, value, origin) in &report.effective {
+        println!("{name}={value}  # {origin}");
+    }
+    if report.is_ok() {
+        eprintln!("config check: ok");
+        return Ok(());
+    }
+    for error in &report.errors {
+        eprintln!("config check: {error}");
+    }
+    anyhow::bail!("{} problem(s) in the configuration", report.errors.len())
+}
+
+/// `conveyor dlq ...`: as the operator role across workspaces (changes as the application role in each dead letter's
+/// workspace), audited as `cli:<user>`. Needs CONVEYOR_OPERATOR_DATABASE_URL and CONVEYOR_DATABASE_URL, not Redis.
+async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+    use conveyor_jobs::admin::Replay;
+    let (admin, actor) = operator(Needs::Postgres).await?;
+    let single = |id: Option<Uuid>, filter: &DlqFilter| -> anyhow::Result<Option<conveyor_jobs::JobId>> {
+        anyhow::ensure!(id.is_none() || filter.is_empty(), "the filters apply with --all, not to one id");
+        Ok(id.map(conveyor_jobs::JobId))
+    };
+    match command {
+        DlqCommand::List { filter, before } => {
+            let page = admin.dead_letters(&actor, &filter.into_filter(before, false)).await?;
+            for dead in &page.items {
+                println!("{}", serde_json::to_string(dead)?);
+            }
+            if let Some(next) = page.next {
+                eprintln!("more: --before {next}");
+            }
+        }
+        DlqCommand::Show { id } => match admin.job(&actor, conveyor_jobs::JobId(id)).await? {
+            Some(job) if job.job.status == conveyor_jobs::JobStatus::Failed => {
+                println!("{}", serde_json::to_string_pretty(&job)?)
+            }
+            _ => anyhow::bail!("no dead letter {id}"),
+        },
+        DlqCommand::Replay { id, all: _, filter } => match single(id, &filter)? {
+            Some(id) => match admin.replay_dead_letter(&actor, id).await? {
+                Replay::Replayed => println!("replaying {id}"),
+                Replay::NotDeadLetter => anyhow::bail!("no dead letter {id}"),
+                Replay::KeyHeld(live) => anyhow::bail!(
+                    "dead letter {id} is not replayed: live job {live} holds its de-dup key (cancel it, or wait for it \
+                     to end)"
+                ),
+            },
+            None => println!(
+                "{}",
+                serde_json::to_string(&admin.replay_dead_letters(&actor, &filter.into_filter(None, true)).await?)?
+            ),
+        },
+        DlqCommand::Discard { id, all: _, filter } => match single(id, &filter)? {
+            Some(id) => {
+                anyhow::ensure!(admin.discard_dead_letter(&actor, id).await?, "no dead letter {id}");
+                println!("discarded {id}");
+            }
+            None => println!(
+                "{}",
+                serde_json::to_string(&admin.discard_dead_letters(&actor, &filter.into_filter(None, true)).await?)?
+            ),
+        },
+    }
+    Ok(())
+}

@@ -1,0 +1,625 @@
+//! Test harness shared by every integration binary: a fresh database per test (migrations applied, application
+//! role granted), a unique Redis key prefix per test, the API served in-process or as a real child process.
+#![allow(dead_code)]
+
+pub mod cluster;
+pub mod postgres;
+pub mod roles;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use conveyor_jobs::db;
+use conveyor_jobs::ids::{UserId, WorkspaceId};
+use conveyor_jobs::metrics::Metrics;
+use conveyor_server::auth::{Principal, TokenKeys};
+use conveyor_server::config::{Config, MigrateConfig, Secret};
+use conveyor_server::http::AppState;
+use conveyor_server::http::idempotent::ClaimHook;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+pub const JWT_SECRET: &str = "test-jwt-secret-must-never-leak-0123456789";
+/// The operator JWTs' own key (never the workspace tokens').
+pub const OPERATOR_JWT_SECRET: &str = "test-operator-jwt-secret-never-the-tenants-0123";
+pub const ENCRYPTION_KEY_B64: &str = "dGVzdC1lbmNyeXB0aW9uLWtleS0zMi1ieXRlcyEhISE=";
+pub const FINGERPRINT_KEYS: &str = "t1:test-fingerprint-key-must-never-leak-0123";
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_owned())
+}
+
+/// The owner role's URL on the maintenance database (`CONVEYOR_TEST_OWNER_URL`).
+pub fn owner_base_url() -> String {
+    env_or("CONVEYOR_TEST_OWNER_URL", "postgres://conveyor_owner:conveyor_owner@127.0.0.1:5432/conveyor")
+}
+
+/// The runtime role's URL on the maintenance database (`CONVEYOR_TEST_RUNTIME_URL`).
+pub fn runtime_base_url() -> String {
+    env_or("CONVEYOR_TEST_RUNTIME_URL", "postgres://conveyor_runtime:conveyor_runtime@127.0.0.1:5432/conveyor")
+}
+
+/// The operator role's URL on the maintenance database (`CONVEYOR_TEST_OPERATOR_URL`).
+pub fn operator_base_url() -> String {
+    env_or("CONVEYOR_TEST_OPERATOR_URL", "postgres://conveyor_operator:conveyor_operator@127.0.0.1:5432/conveyor")
+}
+
+/// The operator token of every test app.
+pub const ADMIN_TOKEN: &str = "test-only-admin-token-0123456789abcdef";
+
+pub fn app_base_url() -> String {
+    env_or("CONVEYOR_TEST_APP_URL", "postgres://conveyor_app:conveyor_app@127.0.0.1:5432/conveyor")
+}
+
+/// The shared Redis (`CONVEYOR_TEST_REDIS_URL`).
+pub fn redis_url() -> String {
+    env_or("CONVEYOR_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+}
+
+fn with_database(url: &str, database: &str) -> String {
+    let (base, _) = url.rsplit_once('/').expect("a database URL has a path");
+    format!("{base}/{database}")
+}
+
+/// A database of its own for one test, migrated, with the application role granted.
+pub struct TestDb {
+    /// Its name.
+    pub name: String,
+    /// The owner role's URL on it.
+    pub owner_url: String,
+    /// The application role's URL on it.
+    pub app_url: String,
+    /// The operator role's URL on it.
+    pub operator_url: String,
+    /// The runtime role's URL on it (dispatcher, maintenance, the worker's bookkeeping).
+    pub runtime_url: String,
+    /// A pool of the application role (subject to row-level security).
+    pub pool: PgPool,
+    /// A pool of the runtime role (subject to row-level security too; executes the functions that work across
+    /// workspaces).
+    pub runtime_pool: PgPool,
+}
+
+impl TestDb {
+    pub async fn create() -> Self {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let name = format!("conveyor_test_{now}_{}", &Uuid::new_v4().simple().to_string()[..12]);
+        let mut admin =
+            PgConnection::connect(&owner_base_url()).await.expect("connect as the owner role; run scripts/services.sh");
+        sweep_stale_databases(&mut admin, now).await;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await
+            .expect("create test database");
+        let owner_url = with_database(&owner_base_url(), &name);
+        let app_url = with_database(&app_base_url(), &name);
+        let operator_url = with_database(&operator_base_url(), &name);
+        let runtime_url = with_database(&runtime_base_url(), &name);
+        let migrate = MigrateConfig {
+            migration_database_url: Secret::new(owner_url.clone()),
+            database_url: Secret::new(app_url.clone()),
+            runtime_database_url: Secret::new(runtime_url.clone()),
+            operator_database_url: Some(Secret::new(operator_url.clone())),
+            audit_retention: None,
+            dead_letter_retention: None,
+        };
+        conveyor_jobs::migrate::run(&migrate).await.expect("migrations apply");
+        let pool = db::connect(&app_url, 16).await.expect("connect as the application role");
+        let runtime_pool = db::connect(&runtime_url, 8).await.expect("connect as the runtime role");
+        Self { name, owner_url, app_url, operator_url, runtime_url, pool, runtime_pool }
+    }
+
+    /// A single connection of the owner role.
+    pub async fn owner(&self) -> PgConnection {
+        PgConnection::connect(&self.owner_url).await.expect("connect as owner")
+    }
+
+    /// A single connection of the application role, with no workspace set.
+    pub async fn app_connection(&self) -> PgConnection {
+        let options: PgConnectOptions = self.app_url.parse().unwrap();
+        PgConnection::connect_with(&options).await.expect("connect as application role")
+    }
+
+    /// How many rows of `table` the workspace holds (read as the application role under RLS).
+    pub async fn count(&self, table: &str, workspace: WorkspaceId) -> i64 {
+        let mut tx = db::begin_workspace(&self.pool, workspace).await.unwrap();
+        let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        n
+    }
+
+    /// Every row of `table` in the workspace, as JSON.
+    pub async fn rows(&self, table: &str, workspace: WorkspaceId) -> Vec<serde_json::Value> {
+        let mut tx = db::begin_workspace(&self.pool, workspace).await.unwrap();
+        let rows: Vec<(serde_json::Value,)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT to_jsonb(t) FROM {table} t")))
+                .fetch_all(&mut *tx)
+                .await
+                .unwrap();
+        tx.commit().await.unwrap();
+        rows.into_iter().map(|(v,)| v).collect()
+    }
+}
+
+/// Drops test databases left by runs more than an hour old (a test process cannot drop its own on exit). Not while
+/// `CONVEYOR_TEST_KEEP_STALE` is set, as `scripts/bench` does: dropping a database forces a checkpoint and deletes
+/// its files, and the disk's stalls that follow would land in the measurements.
+async fn sweep_stale_databases(admin: &mut PgConnection, now: u64) {
+    if std::env::var_os("CONVEYOR_TEST_KEEP_STALE").is_some() {
+        return;
+    }
+    let names: Vec<(String,)> =
+        sqlx::query_as("SELECT datname::text FROM pg_database WHERE datname LIKE 'conveyor\\_test\\_%'")
+            .fetch_all(&mut *admin)
+            .await
+            .unwrap_or_default();
+    for (name,) in names {
+        let created = name.split('_').nth(2).and_then(|s| s.parse::<u64>().ok()).unwrap_or(now);
+        if now.saturating_sub(created) > 3600 {
+            let _ =
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}"))).execute(&mut *admin).await;
+        }
+    }
+}
+
+/// The variables a Conveyor process of this test runs with.
+pub fn config_vars(db: &TestDb, redis_prefix: &str) -> HashMap<String, String> {
+    HashMap::from([
+        ("CONVEYOR_DATABASE_URL".to_owned(), db.app_url.clone()),
+        ("CONVEYOR_MIGRATION_DATABASE_URL".to_owned(), db.owner_url.clone()),
+        ("CONVEYOR_OPERATOR_DATABASE_URL".to_owned(), db.operator_url.clone()),
+        ("CONVEYOR_RUNTIME_DATABASE_URL".to_owned(), db.runtime_url.clone()),
+        ("CONVEYOR_ADMIN_TOKEN".to_owned(), ADMIN_TOKEN.to_owned()),
+        ("CONVEYOR_REDIS_URL".to_owned(), redis_url()),
+        ("CONVEYOR_REDIS_PREFIX".to_owned(), redis_prefix.to_owned()),
+        ("CONVEYOR_JWT_SECRET".to_owned(), JWT_SECRET.to_owned()),
+        ("CONVEYOR_OPERATOR_JWT_SECRET".to_owned(), OPERATOR_JWT_SECRET.to_owned()),
+        ("CONVEYOR_IDEMPOTENCY_KEYS".to_owned(), FINGERPRINT_KEYS.to_owned()),
+        ("CONVEYOR_ENCRYPTION_KEY".to_owned(), ENCRYPTION_KEY_B64.to_owned()),
+        ("CONVEYOR_HTTP_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
+        ("CONVEYOR_ADMIN_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
+        ("CONVEYOR_OBJECT_STORE_URL".to_owned(), format!("file://{}", objects_dir(redis_prefix).display())),
+    ])
+}
+
+/// The object store directory of the test with `redis_prefix` (under the system's temporary directory).
+pub fn objects_dir(redis_prefix: &str) -> PathBuf {
+    std::env::temp_dir().join("conveyor-test-objects").join(redis_prefix)
+}
+
+/// A random workspace and user.
+pub fn principal() -> Principal {
+    Principal { workspace_id: WorkspaceId(Uuid::new_v4()), user_id: UserId(Uuid::new_v4()) }
+}
+
+/// The API served in-process over a fresh database and Redis prefix.
+pub struct TestApp {
+    pub db: Arc<TestDb>,
+    pub config: Config,
+    pub redis_prefix: String,
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub http: reqwest::Client,
+    pub tokens: TokenKeys,
+    pub shutdown: CancellationToken,
+}
+
+impl TestApp {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(|_| {}).await
+    }
+
+    /// Spawns with variables changed by `tweak` first.
+    pub async fn spawn_with(tweak: impl FnOnce(&mut HashMap<String, String>)) -> Self {
+        Self::spawn_with_hook(tweak, None).await
+    }
+
+    /// Spawns with variables changed by `tweak` and a hook run right after each idempotency claim.
+    pub async fn spawn_with_hook(tweak: impl FnOnce(&mut HashMap<String, String>), hook: Option<ClaimHook>) -> Self {
+        Self::spawn_on(Arc::new(TestDb::create().await), tweak, hook).await
+    }
+
+    /// The API over `db` (a database of the test's own server, say), with variables changed by `tweak`.
+    pub async fn spawn_on_db(db: Arc<TestDb>, tweak: impl FnOnce(&mut HashMap<String, String>)) -> Self {
+        Self::spawn_on(db, tweak, None).await
+    }
+
+    /// A second API over the same database as `self` (another process's view), with variables changed by `tweak`.
+    pub async fn spawn_sharing(&self, tweak: impl FnOnce(&mut HashMap<String, String>)) -> Self {
+        Self::spawn_on(self.db.clone(), tweak, None).await
+    }
+
+    async fn spawn_on(
+        db: Arc<TestDb>,
+        tweak: impl FnOnce(&mut HashMap<String, String>),
+        hook: Option<ClaimHook>,
+    ) -> Self {
+        let redis_prefix = format!("conveyor-test-{}", Uuid::new_v4().simple());
+        let mut vars = config_vars(&db, &redis_prefix);
+        tweak(&mut vars);
+        let config = Config::from_source(&vars).expect("test configuration is valid");
+        let mut shared = conveyor_server::app::connect_state(&config, Metrics::new()).await.expect("state");
+        shared.claim_hook = hook;
+        let state = AppState(Arc::new(shared));
+        let api = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, admin_addr) = (api.local_addr().unwrap(), admin.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        tokio::spawn(conveyor_server::app::serve(state, api, admin, shutdown.clone()));
+        Self {
+            tokens: TokenKeys::new(config.jwt_secret.as_ref().expect("the test API has a JWT secret")),
+            db,
+            config,
+            redis_prefix,
+            addr,
+            admin_addr,
+            http: reqwest::Client::new(),
+            shutdown,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// The admin listener's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        self.http.get(format!("http://{}/metrics", self.admin_addr)).send().await.unwrap().text().await.unwrap()
+    }
+
+    pub fn token(&self, principal: Principal) -> String {
+        self.tokens.mint(principal, Duration::from_secs(3600))
+    }
+
+    /// Sends `body` as JSON with a bearer token for `principal`, and a fresh `Idempotency-Key` on writes.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        principal: Principal,
+        body: Option<&serde_json::Value>,
+    ) -> reqwest::Response {
+        let key = (method != reqwest::Method::GET).then(|| Uuid::new_v4().to_string());
+        self.send_with_key(method, path, principal, key.as_deref(), body).await
+    }
+
+    /// Sends `body` as JSON with a bearer token for `principal` and the given `Idempotency-Key`, if any.
+    pub async fn send_with_key(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        principal: Principal,
+        key: Option<&str>,
+        body: Option<&serde_json::Value>,
+    ) -> reqwest::Response {
+        let mut req = self.http.request(method, self.url(path)).bearer_auth(self.token(principal));
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        req.send().await.expect("request reaches the API")
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A store creation body whose credentials carry `marker`.
+pub fn store_body(marker: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": "Main shop",
+        "platform": "sandbox",
+        "credentials": { "api_key": format!("key-{marker}"), "api_secret": format!("secret-{marker}") }
+    })
+}
+
+/// The `conveyor` binary built for this test run.
+pub fn conveyor_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_conveyor"))
+}
+
+/// A real `conveyor` process whose stderr goes to a file read back with [`Process::log`].
+pub struct Process {
+    pub child: Child,
+    pub log_path: PathBuf,
+}
+
+impl Process {
+    pub fn spawn(args: &[&str], vars: &HashMap<String, String>) -> Self {
+        let log_path = std::env::temp_dir().join(format!("conveyor-test-{}.log", Uuid::new_v4().simple()));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new(conveyor_bin())
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(vars)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn conveyor");
+        Self { child, log_path }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Sends SIGKILL and reaps the process.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends a signal by number (15 = SIGTERM).
+    pub fn signal(&self, signal: i32) {
+        let _ = Command::new("kill").arg(format!("-{signal}")).arg(self.child.id().to_string()).status();
+    }
+
+    /// SIGTERM, then waits for the process to end its in-flight work and exit (SIGKILL after 60 s).
+    pub async fn stop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        self.signal(15);
+        for _ in 0..600 {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.kill();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.log_path);
+    }
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, for at most `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A `redis-server` of the test's own on a free loopback port, which the test may stop and start again.
+pub struct TestRedis {
+    pub port: u16,
+    pub password: Option<String>,
+    child: Option<Child>,
+    /// With TLS only: the server's certificate, key and the CA of its clients' certificates (PEM files).
+    tls: Option<RedisServerTls>,
+}
+
+/// The files a TLS-only [`TestRedis`] serves with; clients must present a certificate `ca_file` vouches for.
+#[derive(Clone)]
+pub struct RedisServerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub ca_file: PathBuf,
+}
+
+impl TestRedis {
+    pub async fn start(password: Option<&str>) -> Self {
+        let mut redis = Self { port: free_port(), password: password.map(str::to_owned), child: None, tls: None };
+        redis.start_again().await;
+        redis
+    }
+
+    /// A server that speaks TLS only (no plain port) and requires a client certificate.
+    pub async fn start_tls(tls: RedisServerTls) -> Self {
+        let mut redis = Self { port: free_port(), password: None, child: None, tls: Some(tls) };
+        redis.start_again().await;
+        redis
+    }
+
+    /// The URL to reach it (with the password, if any).
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        match &self.password {
+            Some(p) => format!("{scheme}://:{p}@127.0.0.1:{}", self.port),
+            None => format!("{scheme}://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// Starts the server (empty: it keeps nothing on disk) and waits until it answers.
+    pub async fn start_again(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        match &self.tls {
+            None => cmd.args(["--port", &self.port.to_string()]),
+            Some(tls) => cmd
+                .args(["--port", "0", "--tls-port", &self.port.to_string(), "--tls-auth-clients", "yes"])
+                .arg("--tls-cert-file")
+                .arg(&tls.cert_file)
+                .arg("--tls-key-file")
+                .arg(&tls.key_file)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca_file),
+        };
+        cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+        if let Some(p) = &self.password {
+            cmd.args(["--requirepass", p]);
+        }
+        self.child = Some(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("redis-server is installed"));
+        let port = self.port;
+        eventually(Duration::from_secs(10), || async move {
+            std::net::TcpStream::connect(("127.0.0.1", port)).ok().map(|_| ())
+        })
+        .await
+        .expect("test redis-server answers");
+    }
+
+    /// Kills the server (SIGKILL): everything in it is lost.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A Redis client for assertions.
+pub async fn redis_client(url: &str) -> conveyor_jobs::stream::RedisClient {
+    conveyor_jobs::stream::connect(url, Duration::from_secs(5)).await.expect("connect to redis")
+}
+
+/// The `event_id` field of every entry of `stream`, in stream order.
+pub async fn stream_event_ids(client: &conveyor_jobs::stream::RedisClient, stream: &str) -> Vec<String> {
+    use fred::prelude::StreamsInterface;
+    let entries: Vec<(String, HashMap<String, String>)> = client.xrange(stream, "-", "+", None).await.expect("XRANGE");
+    entries.into_iter().map(|(_, fields)| fields.get("event_id").cloned().unwrap_or_default()).collect()
+}
+
+/// The sandbox marketplace, served in-process on a free port; its URL and a handle to read its counters.
+pub async fn sandbox(
+    settings: conveyor_shop::adapters::sandbox::Settings,
+) -> (conveyor_shop::adapters::sandbox::Sandbox, String) {
+    let sandbox = conveyor_shop::adapters::sandbox::Sandbox::new(settings);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sandbox.clone().serve(listener, CancellationToken::new()));
+    (sandbox, url)
+}
+
+/// A dispatcher over the test's database and prefix, on `redis_url`, with `CONVEYOR_DISPATCH_*` set by `tweak`.
+pub async fn test_dispatcher(
+    app: &TestApp,
+    redis_url: &str,
+    tweak: impl FnOnce(&mut HashMap<String, String>),
+) -> conveyor_jobs::dispatcher::Dispatcher {
+    test_dispatcher_on(&app.db.runtime_url, &app.redis_prefix, redis_url, tweak).await
+}
+
+/// A dispatcher over the database at `runtime_url` (the runtime role) and the key prefix `redis_prefix`: what
+/// [`test_dispatcher`] builds, for a runtime that does not hold the [`TestApp`].
+pub async fn test_dispatcher_on(
+    runtime_url: &str,
+    redis_prefix: &str,
+    redis_url: &str,
+    tweak: impl FnOnce(&mut HashMap<String, String>),
+) -> conveyor_jobs::dispatcher::Dispatcher {
+    test_dispatcher_metered(runtime_url, redis_prefix, redis_url, tweak, Metrics::new()).await
+}
+
+/// What [`test_dispatcher_on`] builds, counting into `metrics`.
+pub async fn test_dispatcher_metered(
+    runtime_url: &str,
+    redis_prefix: &str,
+    redis_url: &str,
+    tweak: impl FnOnce(&mut HashMap<String, String>),
+    metrics: Metrics,
+) -> conveyor_jobs::dispatcher::Dispatcher {
+    use conveyor_jobs::dispatcher::Dispatcher;
+    let mut vars = HashMap::new();
+    tweak(&mut vars);
+    let settings = conveyor_server::config::dispatcher_settings(&vars).unwrap();
+    let client = conveyor_jobs::stream::connect(redis_url, Duration::from_millis(500)).await.unwrap();
+    let producer = conveyor_jobs::stream::producer::Producer::new(
+        client,
+        conveyor_jobs::stream::keys::Keys::new(redis_prefix),
+        settings.dedup_ttl,
+    );
+    // A pool of its own, as a dispatcher process would have.
+    let pool = db::connect(runtime_url, 8).await.unwrap();
+    Dispatcher::new(pool, producer, settings, metrics, conveyor_jobs::ids::instance_name())
+}
+
+/// A worker with the shipped handlers over the test's database and prefix, on `redis_url`, calling the
+/// marketplace at `marketplace_url`.
+pub async fn test_worker(
+    app: &TestApp,
+    redis_url: &str,
+    marketplace_url: &str,
+    settings: conveyor_jobs::worker::WorkerSettings,
+    max_attempts: u32,
+    metrics: Metrics,
+) -> conveyor_jobs::worker::Worker {
+    let client = conveyor_jobs::stream::connect(redis_url, Duration::from_secs(2)).await.unwrap();
+    let blocking = conveyor_jobs::stream::connect(redis_url, Duration::from_secs(5)).await.unwrap();
+    let consumer = conveyor_jobs::stream::consumer::Consumer::new(
+        client,
+        blocking,
+        conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix),
+        format!("test-{}", Uuid::new_v4().simple()),
+    );
+    let sealer = conveyor_shop::sealing::Sealer::new(&app.config.encryption_key, "k1");
+    let marketplace =
+        Arc::new(conveyor_shop::adapters::marketplace::HttpMarketplace::new(marketplace_url, Duration::from_secs(10)));
+    conveyor_jobs::worker::Worker::builder(app.db.pool.clone(), consumer)
+        .runtime_pool(app.db.runtime_pool.clone())
+        .handle::<conveyor_shop::jobs::VerifyCredentials>(conveyor_shop::jobs::VerifyCredentialsHandler {
+            sealer,
+            marketplace,
+            max_attempts,
+            timeout: Duration::from_secs(30),
+        })
+        .settings(settings)
+        .metrics(metrics)
+        .build()
+        .unwrap()
+}
+
+/// Runs `dispatcher` in the background until `shutdown`.
+pub fn run_dispatcher(dispatcher: conveyor_jobs::dispatcher::Dispatcher, shutdown: &CancellationToken) {
+    tokio::spawn(dispatcher.run(shutdown.clone()));
+}
+
+/// The operation `id` as the API shows it.
+pub async fn operation(app: &TestApp, who: Principal, id: &str) -> serde_json::Value {
+    app.send(reqwest::Method::GET, &format!("/v1/operations/{id}"), who, None).await.json().await.unwrap()
+}
+
+/// Waits until the operation reaches `status` (or `limit` passes), returning it.
+pub async fn operation_reaches(
+    app: &TestApp,
+    who: Principal,
+    id: &str,
+    status: &str,
+    limit: Duration,
+) -> Option<serde_json::Value> {
+    eventually(limit, || async {
+        let op = operation(app, who, id).await;
+        (op["status"] == status).then_some(op)
+    })
+    .await
+}
