@@ -25,6 +25,15 @@
 //! platform's internals; they stay reachable for the binary and the crate's integration tests, hidden from the
 //! documentation, and are not part of the library's API: they may change in any release.
 
+/// A crash point (the `fail` crate's `fail_point!`), compiled only with the feature `failpoints`.
+macro_rules! fail_point {
+    ($($arg:tt)*) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($($arg)*);
+    };
+}
+pub(crate) use fail_point;
+
 #[doc(hidden)]
 pub mod admin;
 #[doc(hidden)]

@@ -106,7 +106,7 @@ impl Dispatcher {
     /// function, then each gets one batch relayed, as in `Dispatcher::relay`.
     pub async fn dispatch_once(&self) -> anyhow::Result<DispatchOutcome> {
         // A slow sweep, as under a long-held snapshot, in tests.
-        fail::fail_point!("dispatcher::sweep");
+        crate::fail_point!("dispatcher::sweep");
         let due = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
             .await
             .context("Failed to list workspaces with due events")?;
@@ -257,7 +257,7 @@ impl Dispatcher {
             publish_ms = t1.elapsed().as_secs_f64() * 1e3,
             "Batch handed off"
         );
-        fail::fail_point!("dispatcher::after_xadd");
+        crate::fail_point!("dispatcher::after_xadd");
 
         let backoff = Backoff { base: self.settings.backoff_base, max: self.settings.backoff_max };
         let now = chrono::Utc::now();
@@ -459,7 +459,7 @@ impl HandedOff {
         me: &str,
         settings: &DispatcherSettings,
     ) -> anyhow::Result<Settled> {
-        fail::fail_point!("dispatcher::before_mark");
+        crate::fail_point!("dispatcher::before_mark");
         let started = std::time::Instant::now();
         let mut settled = claim::settle(pool, me, &self.delivered, &self.failures, settings.max_attempts)
             .await

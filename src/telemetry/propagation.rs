@@ -1,13 +1,19 @@
 //! W3C trace context between `tracing` spans and the `traceparent` strings that travel in headers, outbox rows and
-//! stream entries. Every function is a cheap no-op while traces are not exported ([`super::exporting`]).
+//! stream entries. Every function is a cheap no-op while traces are not exported ([`super::exporting`]), and
+//! without the feature `otel` (then spans are not linked to traceparents at all; traceparents still travel).
 
+#[cfg(feature = "otel")]
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing::Span;
+#[cfg(feature = "otel")]
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::{exporting, is_valid_traceparent, traceparent_or_new};
+use super::traceparent_or_new;
+#[cfg(feature = "otel")]
+use super::{exporting, is_valid_traceparent};
 
 /// The remote span context a `traceparent` names; `None` when it is not a valid version-00 header.
+#[cfg(feature = "otel")]
 fn remote_context(traceparent: &str) -> Option<SpanContext> {
     if !is_valid_traceparent(traceparent) {
         return None;
@@ -27,6 +33,11 @@ fn remote_context(traceparent: &str) -> Option<SpanContext> {
 
 /// Makes the span `traceparent` names the parent of `span`, which must not have been entered yet. Ignored while
 /// traces are off, for a malformed `traceparent`, and for a span the exporter does not see.
+#[cfg(not(feature = "otel"))]
+pub fn set_parent(_span: &Span, _traceparent: &str) {}
+
+/// Makes the span `traceparent` names the parent of `span` (see the other definition).
+#[cfg(feature = "otel")]
 pub fn set_parent(span: &Span, traceparent: &str) {
     if !exporting() || span.is_disabled() {
         return;
@@ -39,6 +50,13 @@ pub fn set_parent(span: &Span, traceparent: &str) {
 /// The `traceparent` of `span` itself (its trace id and its own span id), to hand to whatever runs on its behalf
 /// next; `None` while traces are off or for a span the exporter does not see. Starts the span's clock if it had not
 /// started.
+#[cfg(not(feature = "otel"))]
+pub fn traceparent_of(_span: &Span) -> Option<String> {
+    None
+}
+
+/// The `traceparent` of `span` itself (see the other definition).
+#[cfg(feature = "otel")]
 pub fn traceparent_of(span: &Span) -> Option<String> {
     if !exporting() || span.is_disabled() {
         return None;
@@ -57,7 +75,7 @@ pub fn request_traceparent(incoming: Option<&str>) -> String {
     traceparent_of(&Span::current()).unwrap_or_else(|| traceparent_or_new(incoming))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "otel"))]
 mod tests {
     use super::*;
 

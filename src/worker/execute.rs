@@ -124,7 +124,7 @@ impl Worker {
                 }
             }
         };
-        fail::fail_point!("worker::before_ack", |_| outcome);
+        crate::fail_point!("worker::before_ack", |_| outcome);
         queue.ended(kind, outcome, started.elapsed());
         if outcome.acknowledges() {
             // Acknowledged in batches by the ack loop; the heartbeat keeps the entry until then.
@@ -393,8 +393,9 @@ impl Worker {
 
 /// Crash tests (`worker::abort_on_job=return(<job id>)`): the worker process aborts 0.3 s into that job, as one the
 /// kernel kills for the memory its job took would, with whatever else it runs in flight.
+#[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
 fn abort_on_job(job: Uuid) {
-    fail::fail_point!("worker::abort_on_job", |target: Option<String>| {
+    crate::fail_point!("worker::abort_on_job", |target: Option<String>| {
         if target.is_some_and(|t| t == job.to_string()) {
             std::thread::spawn(|| {
                 std::thread::sleep(Duration::from_millis(300));

@@ -351,7 +351,7 @@ impl Worker {
 /// Extra entries to read beyond the free slots: none, except in crash tests, which widen the race in which a read
 /// returns more entries than there are free slots (the reclaimer took some meanwhile), so that entries wait for one.
 fn read_beyond_free_slots() -> usize {
-    fail::fail_point!("worker::read_beyond_free_slots", |extra| extra.and_then(|e| e.parse().ok()).unwrap_or(0));
+    crate::fail_point!("worker::read_beyond_free_slots", |extra| extra.and_then(|e| e.parse().ok()).unwrap_or(0));
     0
 }
 
