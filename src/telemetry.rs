@@ -1,8 +1,8 @@
-//! Logging, traces and W3C trace context (`traceparent`).
+//! W3C trace context (`traceparent`) and the platform's spans.
 //!
-//! Logs go to stderr (text or JSON lines), filtered by `RUST_LOG`. Traces are off unless
-//! `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; then Conveyor's spans are exported
-//! over OTLP/HTTP protobuf ([`export`]) and one trace follows a job end to end ([`propagation`]):
+//! The platform creates spans and carries a `traceparent` with every job; the host installs the subscriber and any
+//! exporter (the server exports over OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set) and says so with
+//! [`set_exporting`]. Then, with the feature `otel`, one trace follows a job end to end (`propagation`):
 //!
 //! ```text
 //! API   http.request (server; child of an incoming traceparent)

@@ -224,6 +224,8 @@ impl ScenarioSettings {
 
     /// Reads the scenario variables.
     pub fn from_source(src: &dyn Source) -> Result<Self, ConfigError> {
+        // The fetcher's own defaults, where a variable is unset.
+        let fetch = conveyor_shop::adapters::fetch::FetchSettings::default();
         let object_store_url = match src.get("CONVEYOR_OBJECT_STORE_URL") {
             Some(url) => {
                 if !(url.starts_with("file:///") || url.starts_with("s3://")) {
@@ -302,21 +304,21 @@ impl ScenarioSettings {
             media_max_concurrent_uploads: positive(src, "CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS", 16)?,
             asset_allowed_networks,
             asset_allowed_ports,
-            asset_max_bytes: positive(src, "CONVEYOR_ASSET_MAX_BYTES", 100 * 1024 * 1024)?,
-            asset_connect_timeout: duration(src, "CONVEYOR_ASSET_CONNECT_TIMEOUT", Duration::from_secs(10))?,
-            asset_read_timeout: duration(src, "CONVEYOR_ASSET_READ_TIMEOUT", Duration::from_secs(30))?,
+            asset_max_bytes: positive(src, "CONVEYOR_ASSET_MAX_BYTES", fetch.max_bytes)?,
+            asset_connect_timeout: duration(src, "CONVEYOR_ASSET_CONNECT_TIMEOUT", fetch.connect_timeout)?,
+            asset_read_timeout: duration(src, "CONVEYOR_ASSET_READ_TIMEOUT", fetch.read_timeout)?,
             asset_max_duration: duration_within(
                 src,
                 "CONVEYOR_ASSET_MAX_DURATION",
-                Duration::from_secs(10 * 60),
+                fetch.max_duration,
                 Duration::from_secs(1)..=Duration::from_secs(24 * 3600),
                 "between 1s and 24h",
             )?,
-            asset_min_throughput: rate(src, "CONVEYOR_ASSET_MIN_THROUGHPUT", 1024)?,
+            asset_min_throughput: rate(src, "CONVEYOR_ASSET_MIN_THROUGHPUT", fetch.min_throughput)?,
             asset_throughput_window: duration_within(
                 src,
                 "CONVEYOR_ASSET_THROUGHPUT_WINDOW",
-                Duration::from_secs(30),
+                fetch.throughput_window,
                 Duration::from_secs(1)..=Duration::from_secs(3600),
                 "between 1s and 1h",
             )?,

@@ -32,40 +32,34 @@ fn remote_context(traceparent: &str) -> Option<SpanContext> {
 }
 
 /// Makes the span `traceparent` names the parent of `span`, which must not have been entered yet. Ignored while
-/// traces are off, for a malformed `traceparent`, and for a span the exporter does not see.
-#[cfg(not(feature = "otel"))]
-pub fn set_parent(_span: &Span, _traceparent: &str) {}
-
-/// Makes the span `traceparent` names the parent of `span` (see the other definition).
-#[cfg(feature = "otel")]
+/// traces are off, without the feature `otel`, for a malformed `traceparent`, and for a span the exporter does not see.
 pub fn set_parent(span: &Span, traceparent: &str) {
-    if !exporting() || span.is_disabled() {
-        return;
-    }
-    if let Some(remote) = remote_context(traceparent) {
+    #[cfg(feature = "otel")]
+    if exporting()
+        && !span.is_disabled()
+        && let Some(remote) = remote_context(traceparent)
+    {
         let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
     }
+    #[cfg(not(feature = "otel"))]
+    let _ = (span, traceparent);
 }
 
 /// The `traceparent` of `span` itself (its trace id and its own span id), to hand to whatever runs on its behalf
-/// next; `None` while traces are off or for a span the exporter does not see. Starts the span's clock if it had not
-/// started.
-#[cfg(not(feature = "otel"))]
-pub fn traceparent_of(_span: &Span) -> Option<String> {
-    None
-}
-
-/// The `traceparent` of `span` itself (see the other definition).
-#[cfg(feature = "otel")]
+/// next; `None` while traces are off, without the feature `otel`, or for a span the exporter does not see. Starts the
+/// span's clock if it had not started.
 pub fn traceparent_of(span: &Span) -> Option<String> {
-    if !exporting() || span.is_disabled() {
-        return None;
+    #[cfg(feature = "otel")]
+    if exporting() && !span.is_disabled() {
+        let cx = span.context();
+        let context = cx.span().span_context().clone();
+        return context
+            .is_valid()
+            .then(|| format!("00-{}-{}-{:02x}", context.trace_id(), context.span_id(), context.trace_flags().to_u8()));
     }
-    let cx = span.context();
-    let context = cx.span().span_context().clone();
-    context
-        .is_valid()
-        .then(|| format!("00-{}-{}-{:02x}", context.trace_id(), context.span_id(), context.trace_flags().to_u8()))
+    #[cfg(not(feature = "otel"))]
+    let _ = span;
+    None
 }
 
 /// The `traceparent` a job enqueued by the current request carries: the request span's own context (a child of
