@@ -7,73 +7,14 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::pki::Pki;
 use common::postgres::{PostgresTls, TestPostgres};
-use common::{Process, RedisServerTls, TestApp, TestRedis, principal};
+use common::{Process, TestApp, TestRedis, principal};
 use reqwest::Method;
 use serde_json::{Value, json};
-
-/// Two CAs of the test's own: the one that signed the servers' and the client's certificates, and another.
-struct Pki {
-    dir: PathBuf,
-    ca_file: PathBuf,
-    other_ca_file: PathBuf,
-    server_chain_pem: String,
-    server_key_pem: String,
-    client_cert_file: PathBuf,
-    client_key_file: PathBuf,
-}
-
-fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, contents).unwrap();
-    path
-}
-
-fn pki() -> Pki {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
-    let dir = std::env::temp_dir().join(format!("conveyor-test-pki-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let ca = |name: &str| {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(rcgen::DnType::CommonName, name);
-        let cert = params.self_signed(&key).unwrap();
-        (cert.pem(), Issuer::new(params, key))
-    };
-    let (ca_pem, issuer) = ca("conveyor test CA");
-    let (other_ca_pem, _) = ca("another CA");
-
-    let server_key = KeyPair::generate().unwrap();
-    let mut server = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-    server.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
-    let server_cert = server.signed_by(&server_key, &issuer).unwrap();
-
-    let client_key = KeyPair::generate().unwrap();
-    let mut client = CertificateParams::new(vec!["conveyor-client".to_owned()]).unwrap();
-    client.extended_key_usages.push(rcgen::ExtendedKeyUsagePurpose::ClientAuth);
-    let client_cert = client.signed_by(&client_key, &issuer).unwrap();
-
-    Pki {
-        ca_file: write(&dir, "ca.pem", &ca_pem),
-        other_ca_file: write(&dir, "other-ca.pem", &other_ca_pem),
-        server_chain_pem: format!("{}{ca_pem}", server_cert.pem()),
-        server_key_pem: server_key.serialize_pem(),
-        client_cert_file: write(&dir, "client.pem", &client_cert.pem()),
-        client_key_file: write(&dir, "client-key.pem", &client_key.serialize_pem()),
-        dir,
-    }
-}
-
-impl Drop for Pki {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// A TLS-only PostgreSQL (migrated as `conveyor migrate` does, over TLS) and a TLS-only Redis.
 async fn servers(pki: &Pki) -> (TestPostgres, TestRedis) {
@@ -83,39 +24,19 @@ async fn servers(pki: &Pki) -> (TestPostgres, TestRedis) {
         ca_file: pki.ca_file.clone(),
     })
     .await;
-    let redis = TestRedis::start_tls(RedisServerTls {
-        cert_file: write(&pki.dir, "redis.pem", &pki.server_chain_pem),
-        key_file: write(&pki.dir, "redis-key.pem", &pki.server_key_pem),
-        ca_file: pki.ca_file.clone(),
-    })
-    .await;
+    let redis = TestRedis::start_tls(pki.redis_server()).await;
     (pg, redis)
 }
 
 /// The Redis TLS variables: the CA and the client certificate.
 fn redis_tls_vars(pki: &Pki, redis: &TestRedis, vars: &mut HashMap<String, String>) {
     vars.insert("CONVEYOR_REDIS_URL".into(), redis.url());
-    vars.insert("CONVEYOR_REDIS_CA_FILE".into(), pki.ca_file.display().to_string());
-    vars.insert("CONVEYOR_REDIS_CLIENT_CERT_FILE".into(), pki.client_cert_file.display().to_string());
-    vars.insert("CONVEYOR_REDIS_CLIENT_KEY_FILE".into(), pki.client_key_file.display().to_string());
-}
-
-/// Waits for `process` to exit (it must, within 30 s) and returns its log.
-async fn exits(mut process: Process) -> String {
-    let exited = common::eventually(Duration::from_secs(30), || {
-        let status = process.child.try_wait().ok().flatten();
-        async move { status }
-    })
-    .await;
-    let log = process.log();
-    let status = exited.unwrap_or_else(|| panic!("the process did not exit; its log:\n{log}"));
-    assert!(!status.success(), "the process exited successfully; its log:\n{log}");
-    log
+    pki.redis_vars(vars);
 }
 
 #[tokio::test]
 async fn a_job_runs_end_to_end_with_postgresql_and_redis_both_over_verified_tls() {
-    let pki = pki();
+    let pki = Pki::new();
     let (pg, redis) = servers(&pki).await;
     let db = pg.test_db().await;
     assert!(db.app_url.contains("sslmode=verify-full"), "{}", db.app_url);
@@ -157,14 +78,7 @@ async fn a_job_runs_end_to_end_with_postgresql_and_redis_both_over_verified_tls(
     .unwrap();
     assert_eq!(plain, 0);
     // And Redis holds the job's stream, written by the dispatcher over TLS.
-    let client = {
-        let tls = conveyor_jobs::stream::RedisTls {
-            ca_file: Some(pki.ca_file.clone()),
-            client_cert_file: Some(pki.client_cert_file.clone()),
-            client_key_file: Some(pki.client_key_file.clone()),
-        };
-        conveyor_jobs::stream::connect_with(&redis.url(), Duration::from_secs(5), &tls).await.unwrap()
-    };
+    let client = common::redis_client_with(&redis.url(), &pki.redis_client()).await;
     let keys: Vec<String> =
         fred::interfaces::KeysInterface::scan_page(&client, "0", &format!("{}:*", app.redis_prefix), Some(1000), None)
             .await
@@ -175,7 +89,7 @@ async fn a_job_runs_end_to_end_with_postgresql_and_redis_both_over_verified_tls(
 
 #[tokio::test]
 async fn a_plain_url_to_a_tls_only_redis_or_a_wrong_ca_fails_at_start_up_naming_the_variable() {
-    let pki = pki();
+    let pki = Pki::new();
     let (pg, redis) = servers(&pki).await;
     let db = pg.test_db().await;
     let base = {
@@ -192,19 +106,19 @@ async fn a_plain_url_to_a_tls_only_redis_or_a_wrong_ca_fails_at_start_up_naming_
     for name in ["CONVEYOR_REDIS_CA_FILE", "CONVEYOR_REDIS_CLIENT_CERT_FILE", "CONVEYOR_REDIS_CLIENT_KEY_FILE"] {
         plain.remove(name);
     }
-    let log = exits(Process::spawn(&["dispatcher"], &plain)).await;
+    let log = Process::spawn(&["dispatcher"], &plain).fails_at_start().await;
     assert!(log.contains("CONVEYOR_REDIS_URL") && log.contains("rediss://"), "{log}");
 
     // The CA files set beside a plain URL: refused before connecting.
     let mut mixed = base.clone();
     mixed.insert("CONVEYOR_REDIS_URL".into(), format!("redis://127.0.0.1:{}", redis.port));
-    let log = exits(Process::spawn(&["dispatcher"], &mixed)).await;
+    let log = Process::spawn(&["dispatcher"], &mixed).fails_at_start().await;
     assert!(log.contains("CONVEYOR_REDIS_CA_FILE") && log.contains("does not ask for TLS"), "{log}");
 
     // rediss:// verified against a CA that did not sign Redis's certificate.
     let mut wrong_redis_ca = base.clone();
     wrong_redis_ca.insert("CONVEYOR_REDIS_CA_FILE".into(), pki.other_ca_file.display().to_string());
-    let log = exits(Process::spawn(&["api"], &wrong_redis_ca)).await;
+    let log = Process::spawn(&["api"], &wrong_redis_ca).fails_at_start().await;
     assert!(log.contains("CONVEYOR_REDIS_CA_FILE") && log.contains("certificate"), "{log}");
 
     // PostgreSQL verified against a CA that did not sign its certificate.
@@ -212,19 +126,19 @@ async fn a_plain_url_to_a_tls_only_redis_or_a_wrong_ca_fails_at_start_up_naming_
     let wrong = db.app_url.replace(&pki.ca_file.display().to_string(), &pki.other_ca_file.display().to_string());
     assert_ne!(wrong, db.app_url);
     wrong_pg_ca.insert("CONVEYOR_DATABASE_URL".into(), wrong);
-    let log = exits(Process::spawn(&["api"], &wrong_pg_ca)).await;
+    let log = Process::spawn(&["api"], &wrong_pg_ca).fails_at_start().await;
     assert!(log.contains("CONVEYOR_DATABASE_URL") && log.to_lowercase().contains("certificate"), "{log}");
 
     // Plain text to the TLS-only PostgreSQL: the server refuses it (sslmode=disable never falls back to TLS either).
     let mut plain_pg = base.clone();
     let (url, _) = db.app_url.split_once('?').unwrap();
     plain_pg.insert("CONVEYOR_DATABASE_URL".into(), format!("{url}?sslmode=disable"));
-    let log = exits(Process::spawn(&["api"], &plain_pg)).await;
+    let log = Process::spawn(&["api"], &plain_pg).fails_at_start().await;
     assert!(log.contains("CONVEYOR_DATABASE_URL") && log.contains("no encryption"), "{log}");
 
     // A CA file that does not exist: a configuration error, before any connection.
     let mut missing = base.clone();
     missing.insert("CONVEYOR_REDIS_CA_FILE".into(), "/nonexistent/ca.pem".into());
-    let log = exits(Process::spawn(&["dispatcher"], &missing)).await;
+    let log = Process::spawn(&["dispatcher"], &missing).fails_at_start().await;
     assert!(log.contains("CONVEYOR_REDIS_CA_FILE") && log.contains("/nonexistent/ca.pem"), "{log}");
 }

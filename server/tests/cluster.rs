@@ -5,7 +5,8 @@
 //! silently: every accepted job is done within 30 s of each promotion, with one marketplace effect each. Behind Redis
 //! Sentinel (`redis-sentinel://`), a SIGKILLed master, and a master dead silently with the first-listed of three
 //! sentinels. Partitioned streams: one queue in four streams spread over the masters, a master killed under it, and
-//! the partitions raised from one to four mid-run with nothing lost or doubled.
+//! the partitions raised from one to four mid-run with nothing lost or doubled. Over TLS only (`rediss-cluster://`,
+//! `rediss-sentinel://`, client certificates required): a master SIGKILLed under each, and the start-up refusals.
 
 mod common;
 
@@ -13,6 +14,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::cluster::{Death, RedisCluster, RedisSentinel};
+use common::pki::Pki;
 use common::roles::Roles;
 use common::{Process, TestApp};
 use conveyor_jobs::stream::keys::Keys;
@@ -121,9 +123,17 @@ fn one_effect_each(sandbox: &Sandbox, ops: &[(Principal, String)]) {
 }
 
 async fn app_on(url: &str) -> TestApp {
+    app_on_with(url, None).await
+}
+
+/// The API in the test's process on the Redis at `url`, over TLS with `pki`'s CA and client certificate.
+async fn app_on_with(url: &str, pki: Option<&Pki>) -> TestApp {
     let url = url.to_owned();
     TestApp::spawn_with(move |v| {
         v.insert("CONVEYOR_REDIS_URL".into(), url);
+        if let Some(pki) = pki {
+            pki.redis_vars(v);
+        }
     })
     .await
 }
@@ -156,15 +166,23 @@ async fn two_hundred_store_verifications_run_once_each_on_a_three_master_cluster
 /// Creates 200 stores at 20 a second through the API process, with the queue in `partitions` streams, SIGKILLs a
 /// master (with `kill`, given the key of the stream to hit: the whole one, or partition 1; it returns once a replica
 /// took over) when 40 verifications are done, and checks that every one of them completes with one marketplace
-/// effect each.
-async fn verifications_survive_a_master_kill(url: String, partitions: u16, kill: impl AsyncFnOnce(&str) -> u16) {
-    let app = app_on(&url).await;
+/// effect each. Over TLS with `pki`'s CA and client certificate when given.
+async fn verifications_survive_a_master_kill(
+    url: String,
+    pki: Option<&Pki>,
+    partitions: u16,
+    kill: impl AsyncFnOnce(&str) -> u16,
+) {
+    let app = app_on_with(&url, pki).await;
     let (sandbox, market) = common::sandbox(Settings { latency_ms: 20, ..Settings::default() }).await;
     let mut vars = process_vars(&app, &url, &market);
     vars.insert("CONVEYOR_STREAM_PARTITIONS".into(), partitions.to_string());
+    if let Some(pki) = pki {
+        pki.redis_vars(&mut vars);
+    }
     let roles = Roles::spawn(&vars);
     let keys = Keys::new(&app.redis_prefix);
-    let client = common::redis_client(&url).await;
+    let client = common::redis_client_with(&url, &pki.map(Pki::redis_client).unwrap_or_default()).await;
     if partitions > 1 {
         partitions::layout_in_force(&client, &keys, partitions).await;
     }
@@ -235,14 +253,14 @@ async fn verifications_survive_a_master_kill(url: String, partitions: u16, kill:
 async fn a_cluster_master_sigkilled_under_a_queue_in_four_partitions_loses_no_job_and_doubles_no_effect() {
     let mut cluster = RedisCluster::start().await;
     let url = cluster.url();
-    verifications_survive_a_master_kill(url, 4, async |stream| cluster.kill_master_of(stream).await).await;
+    verifications_survive_a_master_kill(url, None, 4, async |stream| cluster.kill_master_of(stream).await).await;
 }
 
 #[tokio::test]
 async fn a_sentinel_failover_mid_run_loses_no_job_and_doubles_no_effect() {
     let mut sentinel = RedisSentinel::start().await;
     let url = sentinel.url();
-    verifications_survive_a_master_kill(url, 1, async |_| sentinel.kill_master().await).await;
+    verifications_survive_a_master_kill(url, None, 1, async |_| sentinel.kill_master().await).await;
 }
 
 /// What [`burst_with_a_kill`] measured.
@@ -621,5 +639,79 @@ mod partitions {
         drained(&client, &keys, &roles).await;
         let worker = &roles.processes.iter().find(|(role, _)| *role == "worker").unwrap().1;
         assert!(worker.log().contains("More stream partitions; reading them too"), "{}", worker.log());
+    }
+}
+
+/// The same runs with every Redis process speaking TLS only (`rediss-cluster://`, `rediss-sentinel://`): to clients,
+/// who must present a certificate of the test's CA, on the cluster bus, and between masters, replicas and sentinels.
+/// A master is SIGKILLed mid-run under each; and a plain URL or a CA that did not sign the servers' certificates
+/// stops a process at start-up with a message naming the variable to fix.
+mod over_tls {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_tls_only_cluster_master_sigkilled_under_four_partitions_loses_no_job_and_doubles_no_effect() {
+        let pki = Pki::new();
+        let mut cluster = RedisCluster::start_tls(pki.redis_server()).await;
+        let url = cluster.url();
+        assert!(url.starts_with("rediss-cluster://"), "{url}");
+        verifications_survive_a_master_kill(url, Some(&pki), 4, async |stream| cluster.kill_master_of(stream).await)
+            .await;
+    }
+
+    #[tokio::test]
+    async fn a_tls_only_sentinel_failover_mid_run_loses_no_job_and_doubles_no_effect() {
+        let pki = Pki::new();
+        let mut sentinel = RedisSentinel::start_tls(pki.redis_server()).await;
+        let url = sentinel.url();
+        assert!(url.starts_with("rediss-sentinel://"), "{url}");
+        verifications_survive_a_master_kill(url, Some(&pki), 1, async |_| sentinel.kill_master().await).await;
+    }
+
+    #[tokio::test]
+    async fn a_plain_url_or_a_wrong_ca_to_a_tls_only_cluster_or_sentinel_fails_at_start_up_naming_the_variable() {
+        let pki = Pki::new();
+        let cluster = RedisCluster::start_tls(pki.redis_server()).await;
+        let sentinel = RedisSentinel::start_tls(pki.redis_server()).await;
+        let db = common::TestDb::create().await;
+        let base = {
+            let mut vars = common::config_vars(&db, "conveyor-tls-refused");
+            vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+            vars.insert("CONVEYOR_REDIS_COMMAND_TIMEOUT".into(), "2s".into());
+            vars
+        };
+        for url in [cluster.url(), sentinel.url()] {
+            // The plain form of the URL, no TLS files: the servers speak TLS only.
+            let mut plain = base.clone();
+            plain.insert("CONVEYOR_REDIS_URL".into(), url.replacen("rediss-", "redis-", 1));
+            let log = Process::spawn(&["dispatcher"], &plain).fails_at_start().await;
+            assert!(log.contains("CONVEYOR_REDIS_URL") && log.contains("rediss"), "{url} in plain text:\n{log}");
+
+            // The TLS URL verified against a CA that did not sign the servers' certificates.
+            let mut wrong_ca = base.clone();
+            wrong_ca.insert("CONVEYOR_REDIS_URL".into(), url.clone());
+            pki.redis_vars(&mut wrong_ca);
+            wrong_ca.insert("CONVEYOR_REDIS_CA_FILE".into(), pki.other_ca_file.display().to_string());
+            let log = Process::spawn(&["dispatcher"], &wrong_ca).fails_at_start().await;
+            assert!(
+                log.contains("CONVEYOR_REDIS_CA_FILE") && log.contains("certificate"),
+                "{url} with another CA:\n{log}"
+            );
+
+            // And with the right files, the same process starts and reaches Redis over TLS.
+            let mut right = wrong_ca.clone();
+            pki.redis_vars(&mut right);
+            let mut process = Process::spawn(&["dispatcher"], &right);
+            let ready = common::eventually(Duration::from_secs(30), || {
+                let (exited, log) = (process.child.try_wait().ok().flatten(), process.log());
+                let url = &url;
+                async move {
+                    assert!(exited.is_none(), "{url} with the right CA exited:\n{log}");
+                    log.contains("Dispatcher started").then_some(())
+                }
+            })
+            .await;
+            assert!(ready.is_some(), "{url} with the right CA did not start:\n{}", process.log());
+        }
     }
 }

@@ -606,16 +606,27 @@ impl Browser {
         }
     }
 
+    /// The element `css` selects, once the page shows one (within 10 s): a click on a form's button can return
+    /// before the page it leads to has loaded, so an element of that page is waited for, not looked up once.
+    async fn element(&self, css: &str) -> fantoccini::elements::Element {
+        self.client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"))
+    }
+
     async fn text(&self, css: &str) -> String {
-        self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).text().await.unwrap()
+        self.element(css).await.text().await.unwrap()
     }
 
     async fn click(&self, css: &str) {
-        self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).click().await.unwrap();
+        self.element(css).await.click().await.unwrap();
     }
 
     async fn type_into(&self, css: &str, text: &str) {
-        self.client.find(Locator::Css(css)).await.unwrap().send_keys(text).await.unwrap();
+        self.element(css).await.send_keys(text).await.unwrap();
     }
 
     /// A PNG of the window into `dir`, kept under ~150 KB.

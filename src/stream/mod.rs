@@ -32,7 +32,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use fred::prelude::{Builder, ClientLike, ClusterInterface, Config as RedisConfig, ReconnectPolicy};
+use fred::prelude::{Builder, ClientLike, ClusterInterface, Config as RedisConfig, ReconnectPolicy, ServerConfig};
 use fred::types::config::{ClusterDiscoveryPolicy, Options};
 use fred::types::{ClusterHash, Value};
 
@@ -89,6 +89,7 @@ pub async fn connect_with(
         config.server.set_cluster_discovery_policy(ClusterDiscoveryPolicy::UseCache)?;
     }
     let node_timeout = NODE_TIMEOUT.min(command_timeout);
+    let sentinels = matches!(config.server, ServerConfig::Sentinel { .. }).then(|| config.clone());
     let client = Builder::from_config(config)
         .with_connection_config(|c| {
             c.connection_timeout = node_timeout;
@@ -102,9 +103,40 @@ pub async fn connect_with(
         .build()?;
     if let Err(e) = client.init().await {
         let _ = client.quit().await;
+        let e = match sentinels {
+            Some(config) => why_no_sentinel(config, node_timeout, e).await,
+            None => e,
+        };
         return Err(explain_first_failure(uses_tls, e));
     }
     Ok(client)
+}
+
+/// A sentinel client's first connection failed: fred says only "Failed to connect to all sentinel nodes". Connects
+/// to the first sentinel alone, as a plain client with the same TLS and credentials, and adds what it answered (a
+/// certificate not verified, a connection reset, a refused password), so that the error says what to fix.
+async fn why_no_sentinel(mut config: RedisConfig, node_timeout: Duration, e: fred::error::Error) -> fred::error::Error {
+    let Some(first) = config.server.hosts().into_iter().next() else { return e };
+    config.server = ServerConfig::Centralized { server: first.clone() };
+    let Ok(probe) = Builder::from_config(config)
+        .with_connection_config(|c| {
+            c.connection_timeout = node_timeout;
+            c.internal_command_timeout = node_timeout;
+            c.max_command_attempts = 1;
+        })
+        .build()
+    else {
+        return e;
+    };
+    let answered = probe.init().await;
+    let _ = probe.quit().await;
+    match answered {
+        Ok(_) => e,
+        Err(why) => fred::error::Error::new(
+            why.kind().clone(),
+            format!("{}; the first sentinel, {}:{}, answered: {}", e.details(), first.host, first.port, why.details()),
+        ),
+    }
 }
 
 /// The first connection's error, with what to check when it looks like TLS on one side only or an unverified

@@ -2,7 +2,8 @@
 //! free ports, joined by `redis-cli --cluster create`, with a way to kill a master (the one that owns a key, or any)
 //! and wait for its replica to take over. And a Sentinel setup: a master, its replica and one or three sentinels
 //! (`redis-server --sentinel`), with a way to kill the master or a sentinel and wait for the failover. Dropping either
-//! kills every process and removes its directory.
+//! kills every process and removes its directory. Either may speak TLS only (`start_tls`): to its clients, who must
+//! present a certificate, and between its own processes (cluster bus, replication, sentinels).
 //!
 //! A node dies one of two ways ([`Death`]). SIGKILLed on loopback, its connections are reset and its port refuses at
 //! once, so clients learn of the death in microseconds. A host that dies (power, kernel, network) or a node that hangs
@@ -16,7 +17,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{eventually, free_port};
+use super::{RedisServerTls, eventually, free_port};
 
 /// One node: its client port, its process (None once killed), whether it is stopped (dead to its clients).
 struct Node {
@@ -63,12 +64,16 @@ impl Node {
 pub struct RedisCluster {
     dir: PathBuf,
     nodes: Vec<Node>,
+    /// Set when every node speaks TLS only (clients, the cluster bus and replication alike).
+    tls: Option<RedisServerTls>,
 }
 
-/// Runs `redis-cli -p <port> <args>` and returns its output (empty when the node does not answer).
-fn cli(port: u16, args: &[&str]) -> String {
+/// Runs `redis-cli -p <port> <args>` (over TLS with `tls`) and returns its output (empty when the node does not
+/// answer).
+fn cli(tls: Option<&RedisServerTls>, port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(tls.map(RedisServerTls::cli_args).unwrap_or_default())
         .args(args)
         .stderr(Stdio::null())
         .output()
@@ -120,13 +125,23 @@ fn parse_nodes(text: &str) -> Vec<NodeLine> {
 }
 
 impl Node {
-    /// Starts one cluster-enabled `redis-server` on free ports and waits until it answers. A port taken by another
-    /// test between `free_port` and the server's bind makes the server exit: it is started again on other ports.
-    async fn start(dir: &std::path::Path) -> Node {
+    /// Starts one cluster-enabled `redis-server` on free ports (TLS only with `tls`, its cluster bus too) and waits
+    /// until it answers. A port taken by another test between `free_port` and the server's bind makes the server
+    /// exit: it is started again on other ports.
+    async fn start(dir: &std::path::Path, tls: Option<&RedisServerTls>) -> Node {
         for _ in 0..5 {
             let (port, bus) = (free_port(), free_port());
+            let listen = match tls {
+                None => vec!["--port".to_owned(), port.to_string()],
+                Some(tls) => {
+                    let mut args = tls.server_args(port);
+                    args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned));
+                    args
+                }
+            };
             let mut child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--cluster-enabled", "yes"])
+                .args(listen)
+                .args(["--bind", "127.0.0.1", "--cluster-enabled", "yes"])
                 .args(["--cluster-port", &bus.to_string()])
                 .args(["--cluster-config-file", &dir.join(format!("nodes-{port}.conf")).display().to_string()])
                 .args(["--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no"])
@@ -141,7 +156,7 @@ impl Node {
                     if exited {
                         return Some(false);
                     }
-                    cli(port, &["PING"]).contains("PONG").then_some(true)
+                    cli(tls, port, &["PING"]).contains("PONG").then_some(true)
                 }
             })
             .await;
@@ -159,17 +174,28 @@ impl RedisCluster {
     /// Starts six nodes, creates the cluster (three masters with a replica each) and waits until every node says
     /// `cluster_state:ok` and agrees on who serves every slot.
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// [`RedisCluster::start`] with every node speaking TLS only, with `tls`'s files: to clients (who must present a
+    /// certificate), on the cluster bus and between master and replica.
+    pub async fn start_tls(tls: RedisServerTls) -> Self {
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<RedisServerTls>) -> Self {
         let dir = std::env::temp_dir().join(format!("conveyor-cluster-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut nodes = Vec::new();
         for _ in 0..6 {
-            nodes.push(Node::start(&dir).await);
+            nodes.push(Node::start(&dir, tls.as_ref()).await);
         }
         // In port order: `--cluster create` makes the first three masters, so the lowest address is a master's.
         nodes.sort_by_key(|n| n.port);
-        let cluster = Self { dir, nodes };
+        let cluster = Self { dir, nodes, tls };
         let addrs: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let created = Command::new("redis-cli")
+            .args(cluster.tls.as_ref().map(RedisServerTls::cli_args).unwrap_or_default())
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
@@ -191,10 +217,18 @@ impl RedisCluster {
         cluster
     }
 
-    /// `redis-cluster://127.0.0.1:p1,127.0.0.1:p2,...`: every node as a seed.
+    /// `redis-cluster://127.0.0.1:p1,127.0.0.1:p2,...` (`rediss-cluster://` over TLS): every node as a seed.
     pub fn url(&self) -> String {
         let addrs: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
-        format!("redis-cluster://{}", addrs.join(","))
+        format!("{}://{}", self.scheme(), addrs.join(","))
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "rediss-cluster" } else { "redis-cluster" }
+    }
+
+    fn cli(&self, port: u16, args: &[&str]) -> String {
+        cli(self.tls.as_ref(), port, args)
     }
 
     /// A URL naming every node with `first` as its first seed (the others in start order): as a comma list
@@ -204,10 +238,10 @@ impl RedisCluster {
         ports.sort_by_key(|&p| p != first);
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         if commas {
-            format!("redis-cluster://{}", addrs.join(","))
+            format!("{}://{}", self.scheme(), addrs.join(","))
         } else {
             let nodes: Vec<String> = addrs[1..].iter().map(|a| format!("node={a}")).collect();
-            format!("redis-cluster://{}?{}", addrs[0], nodes.join("&"))
+            format!("{}://{}?{}", self.scheme(), addrs[0], nodes.join("&"))
         }
     }
 
@@ -219,7 +253,7 @@ impl RedisCluster {
     /// `CLUSTER NODES` as one live node sees it.
     pub fn nodes(&self) -> Vec<NodeLine> {
         for port in self.live_ports() {
-            let text = cli(port, &["CLUSTER", "NODES"]);
+            let text = self.cli(port, &["CLUSTER", "NODES"]);
             if !text.trim().is_empty() {
                 return parse_nodes(&text);
             }
@@ -238,7 +272,7 @@ impl RedisCluster {
 
     fn replicas_in_sync(&self) -> bool {
         self.live_ports().iter().all(|&port| {
-            let info = cli(port, &["INFO", "replication"]);
+            let info = self.cli(port, &["INFO", "replication"]);
             !info.contains("role:slave") || info.contains("master_link_status:up")
         })
     }
@@ -246,7 +280,7 @@ impl RedisCluster {
     /// The slot of `key`.
     pub fn keyslot(&self, key: &str) -> u16 {
         let port = self.live_ports()[0];
-        cli(port, &["CLUSTER", "KEYSLOT", key]).trim().parse().expect("CLUSTER KEYSLOT answers a number")
+        self.cli(port, &["CLUSTER", "KEYSLOT", key]).trim().parse().expect("CLUSTER KEYSLOT answers a number")
     }
 
     /// The port of the master serving `key`'s slot.
@@ -264,7 +298,7 @@ impl RedisCluster {
         eventually(Duration::from_secs(30), || async {
             self.live_ports()
                 .iter()
-                .all(|&port| cli(port, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+                .all(|&port| self.cli(port, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
                 .then_some(())
         })
         .await
@@ -313,6 +347,8 @@ pub struct RedisSentinel {
     master: Node,
     replica: Node,
     sentinels: Vec<Node>,
+    /// Set when every server and sentinel speaks TLS only (to clients, and to each other).
+    tls: Option<RedisServerTls>,
 }
 
 fn spawn_server(args: &[String]) -> Child {
@@ -333,13 +369,29 @@ impl RedisSentinel {
     /// Starts the master, its replica and `sentinels` sentinels (quorum: a majority of them), and waits until every
     /// sentinel knows the master, its replica and the other sentinels, and the replica is in sync.
     pub async fn start_with(sentinels: usize) -> Self {
+        Self::start_setup(sentinels, None).await
+    }
+
+    /// A master, its replica and one sentinel, each speaking TLS only with `tls`'s files: to clients (who must
+    /// present a certificate), and to each other (replication, and the sentinels' own connections).
+    pub async fn start_tls(tls: RedisServerTls) -> Self {
+        Self::start_setup(1, Some(tls)).await
+    }
+
+    async fn start_setup(sentinels: usize, tls: Option<RedisServerTls>) -> Self {
         let dir = std::env::temp_dir().join(format!("conveyor-sentinel-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let (m, r) = (free_port(), free_port());
         let base = |port: u16| {
-            vec![
-                "--port".to_owned(),
-                port.to_string(),
+            let listen = match &tls {
+                None => vec!["--port".to_owned(), port.to_string()],
+                Some(tls) => {
+                    let mut args = tls.server_args(port);
+                    args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
+                    args
+                }
+            };
+            let rest = vec![
                 "--bind".to_owned(),
                 "127.0.0.1".to_owned(),
                 "--save".to_owned(),
@@ -350,7 +402,8 @@ impl RedisSentinel {
                 dir.display().to_string(),
                 "--dbfilename".to_owned(),
                 format!("dump-{port}.rdb"),
-            ]
+            ];
+            [listen, rest].concat()
         };
         let master = spawn_server(&base(m));
         let mut replica_args = base(r);
@@ -361,10 +414,14 @@ impl RedisSentinel {
             .map(|_| {
                 let s = free_port();
                 let conf = dir.join(format!("sentinel-{s}.conf"));
+                let listen = match &tls {
+                    None => format!("port {s}\n"),
+                    Some(tls) => format!("{}tls-replication yes\n", tls.config_lines(s)),
+                };
                 std::fs::write(
                     &conf,
                     format!(
-                        "port {s}\nbind 127.0.0.1\ndir {}\nsentinel monitor main 127.0.0.1 {m} {quorum}\n\
+                        "{listen}bind 127.0.0.1\ndir {}\nsentinel monitor main 127.0.0.1 {m} {quorum}\n\
                          sentinel down-after-milliseconds main 1000\nsentinel failover-timeout main 5000\n",
                         dir.display()
                     ),
@@ -379,13 +436,15 @@ impl RedisSentinel {
             master: Node { port: m, child: Some(master), stopped: false },
             replica: Node { port: r, child: Some(replica), stopped: false },
             sentinels,
+            tls,
         };
         let others = setup.sentinels.len() - 1;
         eventually(Duration::from_secs(30), || async {
-            let synced = cli(r, &["INFO", "replication"]).contains("master_link_status:up");
+            let synced = setup.cli(r, &["INFO", "replication"]).contains("master_link_status:up");
             let known = setup.sentinels.iter().all(|s| {
-                cli(s.port, &["SENTINEL", "replicas", "main"]).contains(&r.to_string())
-                    && cli(s.port, &["SENTINEL", "sentinels", "main"]).lines().filter(|l| *l == "ip").count() == others
+                setup.cli(s.port, &["SENTINEL", "replicas", "main"]).contains(&r.to_string())
+                    && setup.cli(s.port, &["SENTINEL", "sentinels", "main"]).lines().filter(|l| *l == "ip").count()
+                        == others
             });
             (synced && known && setup.master_port_by_sentinel() == Some(m)).then_some(())
         })
@@ -404,18 +463,23 @@ impl RedisSentinel {
     /// (`redis-sentinel://<s1>/0?sentinelServiceName=main&node=<s2>&node=<s3>`).
     pub fn url_in(&self, commas: bool) -> String {
         let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
+        let scheme = if self.tls.is_some() { "rediss-sentinel" } else { "redis-sentinel" };
         if commas {
-            format!("redis-sentinel://{}/0?sentinelServiceName=main", hosts.join(","))
+            format!("{scheme}://{}/0?sentinelServiceName=main", hosts.join(","))
         } else {
             let nodes: String = hosts[1..].iter().map(|h| format!("&node={h}")).collect();
-            format!("redis-sentinel://{}/0?sentinelServiceName=main{nodes}", hosts[0])
+            format!("{scheme}://{}/0?sentinelServiceName=main{nodes}", hosts[0])
         }
+    }
+
+    fn cli(&self, port: u16, args: &[&str]) -> String {
+        cli(self.tls.as_ref(), port, args)
     }
 
     /// The master's port as a live sentinel names it.
     pub fn master_port_by_sentinel(&self) -> Option<u16> {
         let sentinel = self.sentinels.iter().find(|s| s.live())?;
-        let out = cli(sentinel.port, &["SENTINEL", "get-master-addr-by-name", "main"]);
+        let out = self.cli(sentinel.port, &["SENTINEL", "get-master-addr-by-name", "main"]);
         out.lines().nth(1).and_then(|p| p.trim().parse().ok())
     }
 
@@ -438,7 +502,7 @@ impl RedisSentinel {
         let replica = self.replica.port;
         eventually(Duration::from_secs(60), || async {
             let promoted = self.master_port_by_sentinel() == Some(replica)
-                && cli(replica, &["INFO", "replication"]).contains("role:master");
+                && self.cli(replica, &["INFO", "replication"]).contains("role:master");
             promoted.then_some(())
         })
         .await

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod pki;
 pub mod postgres;
 pub mod roles;
 
@@ -359,6 +360,20 @@ impl Process {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
+    /// Waits for the process to exit, as it must within 30 s and not successfully (a start-up refused), and returns
+    /// its log.
+    pub async fn fails_at_start(mut self) -> String {
+        let exited = eventually(Duration::from_secs(30), || {
+            let status = self.child.try_wait().ok().flatten();
+            async move { status }
+        })
+        .await;
+        let log = self.log();
+        let status = exited.unwrap_or_else(|| panic!("the process did not exit; its log:\n{log}"));
+        assert!(!status.success(), "the process exited successfully; its log:\n{log}");
+        log
+    }
+
     /// Sends SIGKILL and reaps the process.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -425,12 +440,49 @@ pub struct TestRedis {
     tls: Option<RedisServerTls>,
 }
 
-/// The files a TLS-only [`TestRedis`] serves with; clients must present a certificate `ca_file` vouches for.
+/// The files a TLS-only `redis-server` serves with; clients must present a certificate `ca_file` vouches for
+/// (`redis-cli` presents `client_cert_file`).
 #[derive(Clone)]
 pub struct RedisServerTls {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
     pub ca_file: PathBuf,
+    pub client_cert_file: PathBuf,
+    pub client_key_file: PathBuf,
+}
+
+impl RedisServerTls {
+    /// `redis-server` arguments serving TLS only on `port` (no plain port), a client certificate required; the
+    /// server presents its own certificate to the servers it connects to (a replica to its master, a sentinel to
+    /// what it watches, a cluster node to the others: each has its `tls-*` switch).
+    pub fn server_args(&self, port: u16) -> Vec<String> {
+        let mut args: Vec<String> =
+            ["--port", "0", "--tls-port", &port.to_string(), "--tls-auth-clients", "yes"].map(str::to_owned).into();
+        for (flag, file) in [
+            ("--tls-cert-file", &self.cert_file),
+            ("--tls-key-file", &self.key_file),
+            ("--tls-ca-cert-file", &self.ca_file),
+        ] {
+            args.extend([flag.to_owned(), file.display().to_string()]);
+        }
+        args
+    }
+
+    /// The same as `redis.conf` lines (a sentinel's configuration file).
+    pub fn config_lines(&self, port: u16) -> String {
+        self.server_args(port).chunks(2).map(|kv| format!("{} {}\n", kv[0].trim_start_matches('-'), kv[1])).collect()
+    }
+
+    /// `redis-cli` arguments to talk to such a server.
+    pub fn cli_args(&self) -> Vec<String> {
+        let mut args = vec!["--tls".to_owned()];
+        for (flag, file) in
+            [("--cacert", &self.ca_file), ("--cert", &self.client_cert_file), ("--key", &self.client_key_file)]
+        {
+            args.extend([flag.to_owned(), file.display().to_string()]);
+        }
+        args
+    }
 }
 
 impl TestRedis {
@@ -461,14 +513,7 @@ impl TestRedis {
         let mut cmd = Command::new("redis-server");
         match &self.tls {
             None => cmd.args(["--port", &self.port.to_string()]),
-            Some(tls) => cmd
-                .args(["--port", "0", "--tls-port", &self.port.to_string(), "--tls-auth-clients", "yes"])
-                .arg("--tls-cert-file")
-                .arg(&tls.cert_file)
-                .arg("--tls-key-file")
-                .arg(&tls.key_file)
-                .arg("--tls-ca-cert-file")
-                .arg(&tls.ca_file),
+            Some(tls) => cmd.args(tls.server_args(self.port)),
         };
         cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
         if let Some(p) = &self.password {
@@ -500,7 +545,12 @@ impl Drop for TestRedis {
 
 /// A Redis client for assertions.
 pub async fn redis_client(url: &str) -> conveyor_jobs::stream::RedisClient {
-    conveyor_jobs::stream::connect(url, Duration::from_secs(5)).await.expect("connect to redis")
+    redis_client_with(url, &Default::default()).await
+}
+
+/// [`redis_client`] with TLS files (a `rediss…://` URL).
+pub async fn redis_client_with(url: &str, tls: &conveyor_jobs::stream::RedisTls) -> conveyor_jobs::stream::RedisClient {
+    conveyor_jobs::stream::connect_with(url, Duration::from_secs(5), tls).await.expect("connect to redis")
 }
 
 /// The `event_id` field of every entry of `stream`, in stream order.
