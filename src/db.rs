@@ -66,7 +66,7 @@ pub async fn begin_workspace(pool: &PgPool, workspace: WorkspaceId) -> Result<Wo
 
 /// Like [`begin_workspace`], then runs `then` (fixed SQL, no parameters) in the same round trip, after the
 /// workspace is set, so row-level security applies to it.
-pub async fn begin_workspace_then(
+pub(crate) async fn begin_workspace_then(
     pool: &PgPool,
     workspace: WorkspaceId,
     then: &'static str,
@@ -79,7 +79,7 @@ pub async fn begin_workspace_then(
 /// Fails when `pool`'s role may not execute the functions that work across workspaces (those `conveyor migrate`
 /// grants the runtime role only): `component` was given the application role's pool, and every pass would be refused.
 /// Passes when PostgreSQL cannot answer now (the component's own loop retries and says so).
-pub async fn ensure_runtime_role(pool: &PgPool, component: &str) -> anyhow::Result<()> {
+pub(crate) async fn ensure_runtime_role(pool: &PgPool, component: &str) -> anyhow::Result<()> {
     let check: Result<(String, bool), sqlx::Error> = sqlx::query_as(
         "SELECT current_user::text,
                 has_function_privilege('conveyor_due_outbox_workspaces(integer)', 'EXECUTE')

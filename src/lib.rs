@@ -21,9 +21,13 @@
 //! or fixed schedule ([`upsert_schedule_tx`], [`ScheduleSpec`]), and apply Conveyor's schema to a database
 //! ([`migrate`]). The README's library section holds a complete program.
 //!
-//! The modules behind this list are the `conveyor` binary's own (HTTP API, store scenario, configuration) or the
-//! platform's internals; they stay reachable for the binary and the crate's integration tests, hidden from the
-//! documentation, and are not part of the library's API: they may change in any release.
+//! Below the list, for services that run Conveyor's parts themselves and for the operator tools: user-visible
+//! operations ([`create_operation_tx`], [`get_operation_tx`], [`list_operations_tx`]), the operator surface
+//! ([`Admin`]), the connections ([`connect_postgres`], [`connect_redis`]) and the Redis key layout ([`RedisKeys`]),
+//! the migrations ([`MIGRATOR`], [`migrate_with`]), maintenance ([`Maintenance`]), metrics ([`Metrics`]) and trace
+//! context ([`traceparent_of`]). Every module is private: this page is the whole API.
+
+#![warn(unreachable_pub, unnameable_types, missing_docs)]
 
 /// A crash point (the `fail` crate's `fail_point!`), compiled only with the feature `failpoints`.
 macro_rules! fail_point {
@@ -34,48 +38,34 @@ macro_rules! fail_point {
 }
 pub(crate) use fail_point;
 
-#[doc(hidden)]
-pub mod admin;
-#[doc(hidden)]
-pub mod backoff;
-#[doc(hidden)]
-pub mod db;
-#[doc(hidden)]
-pub mod dispatcher;
+mod admin;
+mod backoff;
+mod db;
+mod dispatcher;
 mod flow;
-#[doc(hidden)]
-pub mod ids;
+mod ids;
 mod kind;
 mod limits;
-#[doc(hidden)]
-pub mod maintenance;
-#[doc(hidden)]
-pub mod metrics;
-#[doc(hidden)]
-pub mod migrate;
-#[doc(hidden)]
-pub mod operations;
-#[doc(hidden)]
-pub mod outbox;
-#[doc(hidden)]
-pub mod redact;
-#[doc(hidden)]
-pub mod schedule;
+mod maintenance;
+mod metrics;
+mod migrate;
+mod operations;
+mod outbox;
+mod redact;
+mod schedule;
 mod secret;
 mod settings;
-#[doc(hidden)]
-pub mod stream;
-#[doc(hidden)]
-pub mod telemetry;
+mod stream;
+mod telemetry;
+#[cfg(test)]
+mod test_db;
 #[cfg(feature = "testing")]
 pub mod testing;
-#[doc(hidden)]
-pub mod worker;
+mod worker;
 
 pub use backoff::Backoff;
 pub use db::{WorkspaceTx, begin_workspace};
-pub use dispatcher::Dispatcher;
-pub use dispatcher::DispatcherSettings;
+pub use dispatcher::{DispatchOutcome, Dispatcher, DispatcherSettings};
 pub use flow::{FlowError, Pause, PauseScope, list_pauses, pause, resume, set_workspace_weight};
 pub use ids::{JobId, UserId, WorkspaceId};
 pub use kind::{JobKind, Priority, valid_queue_name};
@@ -87,13 +77,60 @@ pub use migrate::migrate;
 pub use outbox::control::{
     CancelError, JobEnds, JobInfo, JobStatus, WaitError, cancel_job, get_job, subscribe, wait_for_job,
 };
+pub use outbox::transitions::relay::Settled;
 pub use outbox::{EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enqueue_tx};
 pub use schedule::{
-    Schedule, ScheduleError, ScheduleOptions, ScheduleSpec, list_schedules, pause_schedule, remove_schedule_tx,
-    resume_schedule, upsert_schedule_tx,
+    FireOutcome, Schedule, ScheduleError, ScheduleOptions, ScheduleSpec, fire_due as fire_due_schedules,
+    list_schedules, pause_schedule, registered_queue, remove_schedule_tx, resume_schedule, upsert_schedule_raw_tx,
+    upsert_schedule_tx,
 };
 pub use secret::Secret;
 pub use settings::SettingsError;
-pub use stream::consumer::Consumer;
-pub use telemetry::set_exporting as set_trace_export;
+pub use worker::dlq::replay as replay_dead_letter;
 pub use worker::{Handler, JobContext, JobError, Outcome, Worker, WorkerBuilder, WorkerSettings};
+
+// User-visible operations: what a request started, as its caller sees it.
+pub use operations::{
+    Cursor as OperationCursor, ListQuery as OperationQuery, MAX_PAGE as MAX_OPERATIONS_PAGE, Operation,
+    Page as OperationPage, STATUSES as OPERATION_STATUSES, create_tx as create_operation_tx,
+    get_tx as get_operation_tx, list_tx as list_operations_tx,
+};
+pub use outbox::transitions::{Cancel as OperationCancel, cancel_operation_tx};
+
+// The operator surface: reads across workspaces and audited changes.
+pub use admin::{
+    Actor, Admin, AdminError, Attempt, AuditEntry, BulkOutcome, DeadLetter, DeadLetterFilter, JobAction, JobDetail,
+    JobFilter, JobSummary, OperationFilter, OperationSummary, Page as AdminPage, QueueSummary, Replay, StateCounts,
+};
+
+// Connections: PostgreSQL, Redis (its TLS, its keys, the producer and consumer the dispatcher and worker use).
+pub use db::{
+    connect as connect_postgres, connect_options as postgres_options, is_unavailable as is_postgres_unavailable,
+};
+pub use ids::instance_name;
+pub use stream::admin::{ServerCheck as RedisCheck, check_server as check_redis};
+pub use stream::consumer::{Consumer, Entry as StreamEntry, Fields as StreamFields, QueueStats, Reclaimed};
+pub use stream::keys::{Keys as RedisKeys, Partition};
+pub use stream::layout::{Layout as StreamLayout, MAX_PARTITIONS};
+pub use stream::producer::{JobOptions as StreamJobOptions, Message as StreamMessage, Producer};
+pub use stream::{
+    RedisClient, RedisTls, TlsFileError as RedisTlsError, connect as connect_redis, connect_with as connect_redis_with,
+    ping as ping_redis, url_uses_tls as redis_url_uses_tls,
+};
+
+// Schema, maintenance, metrics, traces.
+pub use maintenance::{
+    BATCH as PURGE_BATCH, DEFAULT_AUDIT_RETENTION, DEFAULT_DEAD_LETTER_RETENTION, MAX_BATCHES_PER_PASS, Maintenance,
+    PassReport,
+};
+pub use metrics::Metrics;
+pub use migrate::{
+    APPLICATION_FUNCTIONS, HISTORY_TABLE as MIGRATION_HISTORY_TABLE, MIGRATOR, MigrateConfig,
+    pending_versions as pending_migrations, run as migrate_with,
+};
+pub use outbox::transitions::relay::purge_finished as purge_finished_jobs;
+pub use redact::redact;
+pub use telemetry::{
+    exporting as trace_exporting, is_valid_traceparent, new_traceparent, request_traceparent,
+    set_exporting as set_trace_export, set_parent as set_span_parent, traceparent_of,
+};

@@ -26,7 +26,7 @@ use crate::flow::FlowError;
 use crate::ids::WorkspaceId;
 
 /// The longest limit key, in characters.
-pub const MAX_KEY_CHARS: usize = 200;
+pub(crate) const MAX_KEY_CHARS: usize = 200;
 
 /// Whether `key` can be a limit key: 1 to 200 characters.
 pub(crate) fn valid_key(key: &str) -> bool {
@@ -44,9 +44,9 @@ pub struct KeyLimit {
 }
 
 /// The most jobs a rate lets through in one interval.
-pub const MAX_PER_INTERVAL: u32 = 10_000;
+pub(crate) const MAX_PER_INTERVAL: u32 = 10_000;
 /// The longest rate interval: a day.
-pub const MAX_RATE_INTERVAL: Duration = Duration::from_secs(86_400);
+pub(crate) const MAX_RATE_INTERVAL: Duration = Duration::from_secs(86_400);
 
 /// A key's limits and block, as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]

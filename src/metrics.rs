@@ -18,20 +18,20 @@ use prometheus::{
 use sqlx::PgPool;
 
 /// The reasons of `conveyor_job_dead_letters_total` (the worker's dead-letter paths).
-pub const JOB_DEAD_LETTER_REASONS: [&str; 5] =
+pub(crate) const JOB_DEAD_LETTER_REASONS: [&str; 5] =
     ["no_handler", "undecodable", "permanent", "exhausted", "worker_stopped"];
 /// The reasons of `conveyor_outbox_dispatch_errors_total` (the relay's failures).
-pub const DISPATCH_ERROR_REASONS: [&str; 3] = ["database", "redis_unavailable", "redis_error"];
+pub(crate) const DISPATCH_ERROR_REASONS: [&str; 3] = ["database", "redis_unavailable", "redis_error"];
 /// The passes of `conveyor_outbox_relay_passes_total`: a sweep looks up every workspace with due jobs, a named pass
 /// relays the workspaces that notifications named.
-pub const RELAY_PASSES: [&str; 2] = ["sweep", "named"];
+pub(crate) const RELAY_PASSES: [&str; 2] = ["sweep", "named"];
 /// The outcomes of `conveyor_idempotency_requests_total`.
-pub const IDEMPOTENCY_OUTCOMES: [&str; 5] = ["executed", "replayed", "key_reused", "in_progress", "rejected"];
+pub(crate) const IDEMPOTENCY_OUTCOMES: [&str; 5] = ["executed", "replayed", "key_reused", "in_progress", "rejected"];
 /// The results of `conveyor_media_derivations_total`.
-pub const MEDIA_RESULTS: [&str; 3] = ["derived", "reused", "rejected"];
+pub(crate) const MEDIA_RESULTS: [&str; 3] = ["derived", "reused", "rejected"];
 
 /// The source revision this binary was built from (`CONVEYOR_GIT_REVISION` at build time), or `unknown`.
-pub const REVISION: &str = match option_env!("CONVEYOR_GIT_REVISION") {
+pub(crate) const REVISION: &str = match option_env!("CONVEYOR_GIT_REVISION") {
     Some(revision) => revision,
     None => "unknown",
 };
@@ -57,7 +57,7 @@ pub struct Metrics {
     pub outbox_dispatch_latency: HistogramVec,
     /// `conveyor_outbox_batch_size`: events per claimed batch (one claim, of one or more workspaces).
     pub outbox_batch_size: Histogram,
-    /// `conveyor_outbox_relay_passes_total{pass}`: the relay's passes by [`RELAY_PASSES`]. Sweeps come every poll
+    /// `conveyor_outbox_relay_passes_total{pass}`: the relay's passes by `sweep` and `named`. Sweeps come every poll
     /// interval and while a backlog lasts; at a steady trickle the named passes carry the traffic.
     pub outbox_relay_passes: IntCounterVec,
     /// `conveyor_outbox_events{queue, status}`: jobs by state (`due`, `held` by a pause, `delayed`, `dispatching`,

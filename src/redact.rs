@@ -2,10 +2,10 @@
 //! Used for `outbox_events.last_error` and dead-letter reasons.
 
 /// Longest stored error text.
-pub const MAX_LEN: usize = 500;
+pub(crate) const MAX_LEN: usize = 500;
 
 /// Removes `user:password@` from every URL in `text`, drops anything after `password=`/`token=`/`secret=`-like
-/// parameters, and truncates to [`MAX_LEN`] characters.
+/// parameters, and truncates to 500 characters.
 pub fn redact(text: &str) -> String {
     let mut out = String::with_capacity(text.len().min(MAX_LEN));
     for (i, word) in text.split(' ').enumerate() {

@@ -41,7 +41,7 @@ pub fn set_exporting(on: bool) {
 }
 
 /// Keeps an incoming `traceparent` when it is well-formed (version 00), else starts a new trace.
-pub fn traceparent_or_new(incoming: Option<&str>) -> String {
+pub(crate) fn traceparent_or_new(incoming: Option<&str>) -> String {
     match incoming {
         Some(tp) if is_valid_traceparent(tp) => tp.to_ascii_lowercase(),
         _ => new_traceparent(),

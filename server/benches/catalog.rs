@@ -45,7 +45,7 @@ async fn run() {
     let body = json!({"name": "Bench", "platform": "sandbox", "credentials": {"api_key": "bench", "api_secret": "s"}});
     let created: Value = app.send(Method::POST, "/v1/stores", who, Some(&body)).await.json().await.unwrap();
     let store = created["store"]["id"].as_str().unwrap().to_owned();
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query("UPDATE stores SET status = 'active' WHERE id = $1::uuid")
         .bind(&store)
         .execute(&mut *tx)

@@ -29,13 +29,12 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conveyor_jobs::db;
-use conveyor_jobs::ids::WorkspaceId;
-use conveyor_jobs::metrics::Metrics;
-use conveyor_jobs::outbox::{self, EnqueueOptions};
-use conveyor_jobs::stream::keys::Keys;
-use conveyor_jobs::stream::producer::{Message, Producer};
-use conveyor_jobs::worker::{Handler, JobContext, JobError, Worker, WorkerSettings};
+use conveyor_jobs::EnqueueOptions;
+use conveyor_jobs::Metrics;
+use conveyor_jobs::RedisKeys;
+use conveyor_jobs::WorkspaceId;
+use conveyor_jobs::{Handler, JobContext, JobError, Worker, WorkerSettings};
+use conveyor_jobs::{Producer, StreamMessage as Message};
 use conveyor_shop::jobs::VerifyCredentials;
 use serde_json::json;
 use sha2::Digest;
@@ -113,7 +112,7 @@ async fn idempotency() {
                 tasks.push(tokio::spawn(async move {
                     let principal = conveyor_server::auth::Principal {
                         workspace_id: WorkspaceId(derived_uuid(&format!("ws{}", client + 1))),
-                        user_id: conveyor_jobs::ids::UserId(derived_uuid(&format!("user{}", client + 1))),
+                        user_id: conveyor_jobs::UserId(derived_uuid(&format!("user{}", client + 1))),
                     };
                     let token = app.token(principal);
                     let replay_key = derived_uuid(&format!("replay{}", client + 1)).to_string();
@@ -148,7 +147,7 @@ async fn idempotency() {
     for client in 1..=clients {
         let principal = conveyor_server::auth::Principal {
             workspace_id: WorkspaceId(derived_uuid(&format!("ws{client}"))),
-            user_id: conveyor_jobs::ids::UserId(derived_uuid(&format!("user{client}"))),
+            user_id: conveyor_jobs::UserId(derived_uuid(&format!("user{client}"))),
         };
         let key = derived_uuid(&format!("replay{client}")).to_string();
         let resp = app.send_with_key(reqwest::Method::POST, "/v1/stores", principal, Some(&key), Some(&body)).await;
@@ -202,7 +201,7 @@ async fn backlog(app: &common::TestApp, workspaces: usize, per_workspace: usize)
         let mut left = per_workspace;
         while left > 0 {
             let n = left.min(1000);
-            let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+            let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
             sqlx::query(
                 "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
                  SELECT gen_random_uuid(), $1, 'stores', 'store.verify_credentials',
@@ -239,8 +238,8 @@ async fn dispatch() {
     let mut dispatched = 0;
     loop {
         match dispatcher.dispatch_once().await.unwrap() {
-            conveyor_jobs::dispatcher::DispatchOutcome::Idle => break,
-            conveyor_jobs::dispatcher::DispatchOutcome::Worked(s) => dispatched += s.dispatched,
+            conveyor_jobs::DispatchOutcome::Idle => break,
+            conveyor_jobs::DispatchOutcome::Worked(s) => dispatched += s.dispatched,
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
@@ -257,7 +256,7 @@ async fn dispatch() {
 /// at which its COMMIT was sent, and the time at which it returned.
 async fn steady_commits(app: &common::TestApp, rate: u64, seconds: u64) -> Vec<(Uuid, f64, f64)> {
     let workspaces: Vec<WorkspaceId> = (0..10).map(|_| WorkspaceId(Uuid::new_v4())).collect();
-    let pool = db::connect(&app.db.app_url, 32).await.unwrap();
+    let pool = conveyor_jobs::connect_postgres(&app.db.app_url, 32).await.unwrap();
     let warmup = env("WARMUP_SECONDS", 2);
     if warmup > 0 {
         commit_at_rate(&pool, &workspaces, rate, warmup).await;
@@ -275,9 +274,9 @@ async fn commit_at_rate(pool: &PgPool, workspaces: &[WorkspaceId], rate: u64, se
         tokio::time::sleep_until(due).await;
         let (pool, ws) = (pool.clone(), workspaces[i % workspaces.len()]);
         tasks.push(tokio::spawn(async move {
-            let mut tx = db::begin_workspace(&pool, ws).await.unwrap();
+            let mut tx = conveyor_jobs::begin_workspace(&pool, ws).await.unwrap();
             let payload = VerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
-            let id = outbox::enqueue_tx(&mut tx, &payload, EnqueueOptions::new()).await.unwrap().id.0;
+            let id = conveyor_jobs::enqueue_tx(&mut tx, &payload, EnqueueOptions::new()).await.unwrap().id.0;
             let sent = chrono::Utc::now().timestamp_micros() as f64 / 1000.0;
             tx.commit().await.unwrap();
             (id, sent, chrono::Utc::now().timestamp_micros() as f64 / 1000.0)
@@ -424,13 +423,13 @@ async fn noop_worker_on(
 
 async fn noop_worker_with(pool: sqlx::PgPool, prefix: &str, concurrency: usize, handler: Noop) -> Worker {
     let redis = common::redis_url();
-    let client = conveyor_jobs::stream::connect(&redis, Duration::from_secs(5)).await.unwrap();
-    let blocking = conveyor_jobs::stream::connect(&redis, Duration::from_secs(10)).await.unwrap();
-    let consumer = conveyor_jobs::stream::consumer::Consumer::new(client, blocking, Keys::new(prefix), "bench".into());
+    let client = conveyor_jobs::connect_redis(&redis, Duration::from_secs(5)).await.unwrap();
+    let blocking = conveyor_jobs::connect_redis(&redis, Duration::from_secs(10)).await.unwrap();
+    let consumer = conveyor_jobs::Consumer::new(client, blocking, RedisKeys::new(prefix), "bench".into());
     // The worker's bookkeeping as the runtime role, on the same database as `pool`.
     let database = pool.connect_options().get_database().expect("a database").to_owned();
     let runtime_url = format!("{}/{database}", common::runtime_base_url().rsplit_once('/').unwrap().0);
-    let runtime = db::connect(&runtime_url, 4).await.unwrap();
+    let runtime = conveyor_jobs::connect_postgres(&runtime_url, 4).await.unwrap();
     Worker::builder(pool, consumer)
         .runtime_pool(runtime)
         .handle::<VerifyCredentials>(handler)
@@ -443,8 +442,8 @@ async fn noop_worker_with(pool: sqlx::PgPool, prefix: &str, concurrency: usize, 
 /// Publishes `n` jobs (no operation) straight into the stream, 1000 per pipeline, each with its outbox row (handed
 /// off, as a dispatcher leaves it): a worker runs only jobs PostgreSQL knows.
 async fn prefill(app: &common::TestApp, n: usize) {
-    let client = conveyor_jobs::stream::connect(&common::redis_url(), Duration::from_secs(10)).await.unwrap();
-    let producer = Producer::new(client, Keys::new(&app.redis_prefix), Duration::from_secs(120));
+    let client = conveyor_jobs::connect_redis(&common::redis_url(), Duration::from_secs(10)).await.unwrap();
+    let producer = Producer::new(client, RedisKeys::new(&app.redis_prefix), Duration::from_secs(120));
     let ws = Uuid::new_v4();
     let mut left = n;
     while left > 0 {
@@ -459,7 +458,7 @@ async fn prefill(app: &common::TestApp, n: usize) {
                 attempt: 1,
                 enqueued_at_ms: chrono::Utc::now().timestamp_millis(),
                 due_at_ms: None,
-                traceparent: conveyor_jobs::telemetry::new_traceparent(),
+                traceparent: conveyor_jobs::new_traceparent(),
                 redrive: 0,
                 class: String::new(),
                 options: Default::default(),
@@ -467,7 +466,7 @@ async fn prefill(app: &common::TestApp, n: usize) {
             .collect();
         let ids: Vec<Uuid> = batch.iter().map(|m| m.event_id).collect();
         let payloads: Vec<String> = batch.iter().map(|m| m.payload.clone()).collect();
-        let mut tx = db::begin_workspace(&app.db.pool, conveyor_jobs::WorkspaceId(ws)).await.unwrap();
+        let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, conveyor_jobs::WorkspaceId(ws)).await.unwrap();
         sqlx::query(
             "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, status, dispatched_at)
              SELECT id, $2, 'stores', 'store.verify_credentials', payload::jsonb, 'dispatched', now()
@@ -490,7 +489,7 @@ async fn prefill(app: &common::TestApp, n: usize) {
 async fn stream_len(app: &common::TestApp) -> u64 {
     use fred::prelude::StreamsInterface;
     let client = common::redis_client(&common::redis_url()).await;
-    client.xlen(Keys::new(&app.redis_prefix).stream("stores")).await.unwrap()
+    client.xlen(RedisKeys::new(&app.redis_prefix).stream("stores")).await.unwrap()
 }
 
 /// CPU time (user and system) this process has used so far, in seconds, from `/proc/self/stat` (clock ticks of 10 ms).
@@ -516,7 +515,7 @@ async fn worker() {
     let cpu_before = process_cpu_seconds();
     let handle = tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(10)));
     let client = common::redis_client(&common::redis_url()).await;
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("stores");
     loop {
         use fred::prelude::StreamsInterface;
         let len: u64 = client.xlen(&stream).await.unwrap();
@@ -547,7 +546,7 @@ async fn latency() {
         let (url, prefix, started, shutdown) =
             (app.db.app_url.clone(), app.redis_prefix.clone(), started.clone(), shutdown.clone());
         on_own_runtime("worker", false, async move {
-            let pool = db::connect(&url, 4).await.unwrap();
+            let pool = conveyor_jobs::connect_postgres(&url, 4).await.unwrap();
             let worker = noop_worker_on(pool, &prefix, conc, Some(started)).await;
             worker.ensure_groups().await.unwrap();
             ready_tx.send(()).unwrap();
@@ -712,7 +711,7 @@ fn spawn_worker(
     let (url, prefix) = (app.db.app_url.clone(), app.redis_prefix.clone());
     let (ready_tx, ready) = std::sync::mpsc::channel();
     let thread = on_own_runtime("worker", false, async move {
-        let pool = db::connect(&url, 16).await.unwrap();
+        let pool = conveyor_jobs::connect_postgres(&url, 16).await.unwrap();
         let worker = noop_worker_with(pool, &prefix, concurrency, handler).await;
         worker.ensure_groups().await.unwrap();
         ready_tx.send(()).unwrap();
@@ -728,7 +727,7 @@ async fn last_xadd_ms(app: &common::TestApp, queue: &str) -> Option<f64> {
     use fred::prelude::StreamsInterface;
     let client = common::redis_client(&common::redis_url()).await;
     let info: HashMap<String, fred::prelude::Value> =
-        client.xinfo_stream(Keys::new(&app.redis_prefix).stream(queue), false, None).await.unwrap();
+        client.xinfo_stream(RedisKeys::new(&app.redis_prefix).stream(queue), false, None).await.unwrap();
     info.get("last-generated-id")?.as_string()?.split('-').next()?.parse().ok()
 }
 
@@ -770,7 +769,7 @@ async fn burst() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let redis = common::redis_client(&common::redis_url()).await;
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("stores");
     loop {
         use fred::prelude::StreamsInterface;
         let len: u64 = redis.xlen(&stream).await.unwrap();

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::postgres::BenchDatabase;
-use conveyor_jobs::stream::keys::Keys;
+use conveyor_jobs::RedisKeys;
 use conveyor_jobs::{EnqueueOptions, WorkspaceId};
 use conveyor_shop::jobs::VerifyCredentials;
 use fred::prelude::{StreamsInterface, Value as RedisValue};
@@ -255,13 +255,13 @@ fn spawn_role(db: &common::TestDb, prefix: &str, redis: &str, role: &str, extra:
 }
 
 /// Entries ever added to the queue's stream (`XINFO STREAM` `entries-added`, Redis 7): the relay's count.
-async fn entries_added(client: &conveyor_jobs::stream::RedisClient, keys: &Keys) -> u64 {
+async fn entries_added(client: &conveyor_jobs::RedisClient, keys: &RedisKeys) -> u64 {
     let info: Result<HashMap<String, RedisValue>, _> = client.xinfo_stream(keys.stream(QUEUE), false, None).await;
     info.ok().and_then(|i| i.get("entries-added")?.as_u64()).unwrap_or(0)
 }
 
 /// The id Redis gave the stream's last `XADD`, as ms since the epoch.
-async fn last_xadd_ms(client: &conveyor_jobs::stream::RedisClient, keys: &Keys) -> Option<f64> {
+async fn last_xadd_ms(client: &conveyor_jobs::RedisClient, keys: &RedisKeys) -> Option<f64> {
     let info: HashMap<String, RedisValue> = client.xinfo_stream(keys.stream(QUEUE), false, None).await.ok()?;
     info.get("last-generated-id")?.as_string()?.split('-').next()?.parse().ok()
 }
@@ -320,7 +320,7 @@ async fn run(with_snapshot: bool) -> Value {
     let db = database.db.clone();
     let redis = common::TestRedis::start(None).await;
     let prefix = format!("snapshot-{}", Uuid::new_v4().simple());
-    let keys = Keys::new(&prefix);
+    let keys = RedisKeys::new(&prefix);
     let redis_client = common::redis_client(&redis.url()).await;
     let (_sandbox, market) = common::sandbox(Default::default()).await;
     let mut owner = db.owner().await;
@@ -431,7 +431,7 @@ async fn run(with_snapshot: bool) -> Value {
     statements.reset().await;
     let drain_started = Instant::now();
     let mut drained = 0u64;
-    while let conveyor_jobs::dispatcher::DispatchOutcome::Worked(s) = relay.dispatch_once().await.unwrap() {
+    while let conveyor_jobs::DispatchOutcome::Worked(s) = relay.dispatch_once().await.unwrap() {
         drained += s.dispatched;
     }
     let drain_s = drain_started.elapsed().as_secs_f64();

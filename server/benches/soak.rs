@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::postgres::BenchDatabase;
-use conveyor_jobs::stream::keys::Keys;
+use conveyor_jobs::RedisKeys;
 use conveyor_jobs::{EnqueueOptions, UserId, WorkspaceId};
 use conveyor_server::auth::{Principal, TokenKeys};
 use conveyor_shop::jobs::VerifyCredentials;
@@ -154,7 +154,7 @@ async fn sizes(conn: &mut PgConnection) -> Value {
 }
 
 /// Redis `used_memory` and the number of keys.
-async fn redis_stats(client: &conveyor_jobs::stream::RedisClient) -> Value {
+async fn redis_stats(client: &conveyor_jobs::RedisClient) -> Value {
     let info: String = client.info(Some(fred::types::InfoKind::Memory)).await.unwrap();
     let field = |name: &str| -> Option<f64> {
         info.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
@@ -165,7 +165,7 @@ async fn redis_stats(client: &conveyor_jobs::stream::RedisClient) -> Value {
 
 /// Jobs acknowledged so far: the consumer group's `entries-read` minus its pending entries (the worker acknowledges
 /// an entry only once the job's end is recorded in PostgreSQL).
-async fn acknowledged(client: &conveyor_jobs::stream::RedisClient, keys: &Keys) -> Option<u64> {
+async fn acknowledged(client: &conveyor_jobs::RedisClient, keys: &RedisKeys) -> Option<u64> {
     let groups: Vec<HashMap<String, RedisValue>> = client.xinfo_groups(keys.stream(QUEUE)).await.ok()?;
     let group = groups.iter().find(|g| g.get("name").and_then(|n| n.as_string()) == Some(keys.group(QUEUE)))?;
     Some(group.get("entries-read")?.as_u64()?.saturating_sub(group.get("pending")?.as_u64()?))
@@ -290,7 +290,7 @@ async fn soak() -> Value {
     let db = database.db.clone();
     let redis = common::TestRedis::start(None).await;
     let prefix = format!("soak-{}", Uuid::new_v4().simple());
-    let keys = Keys::new(&prefix);
+    let keys = RedisKeys::new(&prefix);
     let redis_client = common::redis_client(&redis.url()).await;
     let mut owner = db.owner().await;
 
@@ -359,7 +359,7 @@ async fn soak() -> Value {
     progress.enqueued.store(tenants.iter().map(|t| t.stores.len() as u64).sum(), Ordering::Relaxed);
     let before = json!({ "postgres": sizes(&mut owner).await, "redis": redis_stats(&redis_client).await });
 
-    let pool = conveyor_jobs::db::connect(&db.app_url, 8).await.unwrap();
+    let pool = conveyor_jobs::connect_postgres(&db.app_url, 8).await.unwrap();
     let started = Instant::now();
     let library = tokio::spawn(enqueue(pool, tenants.clone(), target, progress.clone()));
     let api = tokio::spawn(api_trickle(http.clone(), base.clone(), tenants.clone(), progress.clone()));

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use conveyor_jobs::ids::WorkspaceId;
+use conveyor_jobs::WorkspaceId;
 use conveyor_shop::adapters::fetch::{AddressPolicy, Fetcher, PartSink, Progress, SinkError, SystemResolver};
 use conveyor_shop::domain::asset_transfers;
 use conveyor_shop::storage::ObjectStorage;
@@ -138,7 +138,7 @@ async fn main() {
     let db = common::TestDb::create().await;
     let who = common::principal();
     let policy = AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]).with_ports([port]);
-    let mut tx = conveyor_jobs::db::begin_workspace(&db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&db.pool, who.workspace_id).await.unwrap();
     let new = asset_transfers::NewTransfer::parse(&url, "bench.png", &policy).unwrap();
     let row = asset_transfers::create_tx(&mut tx, &who, new, None).await.unwrap().asset_transfer.id;
     tx.commit().await.unwrap();

@@ -13,14 +13,13 @@ use crate::auth::TokenKeys;
 use crate::config::Config;
 use crate::http::{self, AppState, Shared};
 use crate::idempotency::Fingerprinter;
-use conveyor_jobs::dispatcher::Dispatcher;
-use conveyor_jobs::maintenance::Maintenance;
-use conveyor_jobs::metrics::Metrics;
-use conveyor_jobs::stream::consumer::Consumer;
-use conveyor_jobs::stream::keys::Keys;
-use conveyor_jobs::stream::producer::Producer;
-use conveyor_jobs::worker::{Worker, WorkerSettings};
-use conveyor_jobs::{db, stream};
+use conveyor_jobs::Consumer;
+use conveyor_jobs::Dispatcher;
+use conveyor_jobs::Maintenance;
+use conveyor_jobs::Metrics;
+use conveyor_jobs::Producer;
+use conveyor_jobs::RedisKeys;
+use conveyor_jobs::{Worker, WorkerSettings};
 use conveyor_shop::adapters::marketplace::HttpMarketplace;
 use conveyor_shop::jobs::{VerifyCredentials, VerifyCredentialsHandler};
 use conveyor_shop::sealing::Sealer;
@@ -59,31 +58,27 @@ impl Role {
 
 /// Builds what the API shares, connecting to PostgreSQL and Redis.
 pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<Shared> {
-    let pool = db::connect(config.database_url.expose(), config.database_max_connections)
+    let pool = conveyor_jobs::connect_postgres(config.database_url.expose(), config.database_max_connections)
         .await
         .context("Failed to connect to PostgreSQL (CONVEYOR_DATABASE_URL)")?;
     metrics.watch_pool("app", pool.clone());
-    let redis = stream::connect_with(config.redis_url.expose(), config.redis_command_timeout, &config.redis_tls)
-        .await
-        .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
+    let redis =
+        conveyor_jobs::connect_redis_with(config.redis_url.expose(), config.redis_command_timeout, &config.redis_tls)
+            .await
+            .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
     // The operator role's pool opens lazily: a process serves its own role even while that role cannot connect; the
     // admin API then answers 503.
     let admin = match &config.operator_database_url {
         None => None,
         Some(url) => {
-            let options = db::connect_options(url.expose())
+            let options = conveyor_jobs::postgres_options(url.expose())
                 .context("CONVEYOR_OPERATOR_DATABASE_URL is not a valid PostgreSQL URL")?;
             let operator = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(4)
                 .acquire_timeout(Duration::from_secs(5))
                 .connect_lazy_with(options);
             metrics.watch_pool("operator", operator.clone());
-            Some(conveyor_jobs::admin::Admin::new(
-                operator,
-                pool.clone(),
-                redis.clone(),
-                Keys::new(&config.redis_prefix),
-            ))
+            Some(conveyor_jobs::Admin::new(operator, pool.clone(), redis.clone(), RedisKeys::new(&config.redis_prefix)))
         }
     };
     Ok(Shared {
@@ -223,14 +218,15 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
         spawn("api", Box::pin(serve_api(state.clone(), listener, shutdown.clone())));
     }
     if role.runs(Role::Dispatcher) {
-        let producer = Producer::new(state.redis.clone(), Keys::new(&config.redis_prefix), config.dispatcher.dedup_ttl)
-            .with_partitions(config.stream_partitions);
+        let producer =
+            Producer::new(state.redis.clone(), RedisKeys::new(&config.redis_prefix), config.dispatcher.dedup_ttl)
+                .with_partitions(config.stream_partitions);
         let dispatcher = Dispatcher::new(
             runtime.clone().context("the runtime pool")?,
             producer,
             config.dispatcher.clone(),
             state.metrics.clone(),
-            conveyor_jobs::ids::instance_name(),
+            conveyor_jobs::instance_name(),
         );
         spawn("dispatcher", Box::pin(dispatcher.run(shutdown.clone())));
     }
@@ -238,7 +234,7 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
         let maintenance = Maintenance::new(
             runtime.clone().context("the runtime pool")?,
             state.redis.clone(),
-            Keys::new(&config.redis_prefix),
+            RedisKeys::new(&config.redis_prefix),
             state.metrics.clone(),
             config.maintenance_interval,
             config.dispatcher.retention,
@@ -254,8 +250,8 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
                 async move {
                     let deleted = crate::idempotency::cleanup::purge_expired(
                         &pool,
-                        conveyor_jobs::maintenance::BATCH,
-                        conveyor_jobs::maintenance::MAX_BATCHES_PER_PASS,
+                        conveyor_jobs::PURGE_BATCH,
+                        conveyor_jobs::MAX_BATCHES_PER_PASS,
                     )
                     .await?;
                     purged.inc_by(deleted);
@@ -294,7 +290,7 @@ pub async fn connect_runtime(config: &Config, metrics: &Metrics, name: &'static 
         "CONVEYOR_RUNTIME_DATABASE_URL is required by the dispatcher, maintenance and worker roles (the runtime role's \
          URL: they work across workspaces, which the application role of CONVEYOR_DATABASE_URL may not)",
     )?;
-    let pool = db::connect(url.expose(), config.database_max_connections)
+    let pool = conveyor_jobs::connect_postgres(url.expose(), config.database_max_connections)
         .await
         .context("Failed to connect to PostgreSQL as the runtime role (CONVEYOR_RUNTIME_DATABASE_URL)")?;
     metrics.watch_pool(name, pool.clone());
@@ -310,14 +306,14 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         .as_deref()
         .context("CONVEYOR_MARKETPLACE_URL is required by the worker (the sandbox's URL in development)")?;
     let blocking_timeout = config.redis_command_timeout + Duration::from_secs(5);
-    let blocking = stream::connect_with(config.redis_url.expose(), blocking_timeout, &config.redis_tls)
+    let blocking = conveyor_jobs::connect_redis_with(config.redis_url.expose(), blocking_timeout, &config.redis_tls)
         .await
         .context("Failed to open the blocking Redis connection")?;
     let consumer = Consumer::new(
         state.redis.clone(),
         blocking,
-        Keys::new(&config.redis_prefix),
-        conveyor_jobs::ids::instance_name(),
+        RedisKeys::new(&config.redis_prefix),
+        conveyor_jobs::instance_name(),
     )
     .with_partitions(config.stream_partitions);
     let marketplace = Arc::new(HttpMarketplace::trusting(

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::config::Secret;
-use conveyor_jobs::ids::{UserId, WorkspaceId};
+use conveyor_jobs::{UserId, WorkspaceId};
 
 /// The claims Conveyor reads.
 #[derive(Debug, Serialize, Deserialize)]

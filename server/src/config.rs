@@ -66,7 +66,7 @@ pub struct Config {
     pub redis_prefix: String,
     /// The files of TLS to Redis (`CONVEYOR_REDIS_CA_FILE`, `CONVEYOR_REDIS_CLIENT_CERT_FILE`,
     /// `CONVEYOR_REDIS_CLIENT_KEY_FILE`), for a `rediss://` URL.
-    pub redis_tls: conveyor_jobs::stream::RedisTls,
+    pub redis_tls: conveyor_jobs::RedisTls,
     /// API listen address (`CONVEYOR_HTTP_ADDR`).
     pub http_addr: SocketAddr,
     /// Admin listen address for `/metrics`, `/healthz`, `/readyz` (`CONVEYOR_ADMIN_ADDR`).
@@ -559,7 +559,7 @@ fn idempotency_keys(src: &dyn Source) -> Result<Vec<FingerprintKey>, ConfigError
 
 fn stream_partitions(src: &dyn Source) -> Result<u16, ConfigError> {
     const NAME: &str = "CONVEYOR_STREAM_PARTITIONS";
-    let max = conveyor_jobs::stream::layout::MAX_PARTITIONS;
+    let max = conveyor_jobs::MAX_PARTITIONS;
     match number(src, NAME, 1u16)? {
         p if (1..=max).contains(&p) => Ok(p),
         _ => Err(invalid(NAME, format!("must be between 1 and {max}"))),
@@ -690,7 +690,7 @@ pub fn redis(src: &dyn Source) -> Result<(String, String), ConfigError> {
 /// Parses the TLS files of Redis (each optional, each a readable PEM file): `CONVEYOR_REDIS_CA_FILE`,
 /// `CONVEYOR_REDIS_CLIENT_CERT_FILE` and `CONVEYOR_REDIS_CLIENT_KEY_FILE` (the last two together), refused unless
 /// `redis_url` asks for TLS.
-pub fn redis_tls(src: &dyn Source, redis_url: &str) -> Result<conveyor_jobs::stream::RedisTls, ConfigError> {
+pub fn redis_tls(src: &dyn Source, redis_url: &str) -> Result<conveyor_jobs::RedisTls, ConfigError> {
     let file = |name: &'static str| -> Result<Option<std::path::PathBuf>, ConfigError> {
         let Some(path) = src.get(name) else { return Ok(None) };
         std::fs::metadata(&path)
@@ -698,12 +698,12 @@ pub fn redis_tls(src: &dyn Source, redis_url: &str) -> Result<conveyor_jobs::str
             .and_then(|m| if m.is_file() { Ok(()) } else { Err(invalid(name, format!("{path} is not a file"))) })?;
         Ok(Some(path.into()))
     };
-    let tls = conveyor_jobs::stream::RedisTls {
+    let tls = conveyor_jobs::RedisTls {
         ca_file: file("CONVEYOR_REDIS_CA_FILE")?,
         client_cert_file: file("CONVEYOR_REDIS_CLIENT_CERT_FILE")?,
         client_key_file: file("CONVEYOR_REDIS_CLIENT_KEY_FILE")?,
     };
-    if tls.is_set() && !conveyor_jobs::stream::url_uses_tls(redis_url) {
+    if tls.is_set() && !conveyor_jobs::redis_url_uses_tls(redis_url) {
         let name = if tls.ca_file.is_some() { "CONVEYOR_REDIS_CA_FILE" } else { "CONVEYOR_REDIS_CLIENT_CERT_FILE" };
         return Err(invalid(name, "is set but CONVEYOR_REDIS_URL does not ask for TLS (rediss://)"));
     }
@@ -757,7 +757,7 @@ fn queue_concurrency(src: &dyn Source) -> Result<std::collections::BTreeMap<Stri
 
 fn dead_letter_retention(src: &dyn Source) -> Result<Duration, ConfigError> {
     const NAME: &str = "CONVEYOR_DEAD_LETTER_RETENTION";
-    let retention = duration(src, NAME, conveyor_jobs::maintenance::DEFAULT_DEAD_LETTER_RETENTION)?;
+    let retention = duration(src, NAME, conveyor_jobs::DEFAULT_DEAD_LETTER_RETENTION)?;
     if retention < Duration::from_secs(24 * 3600) {
         return Err(invalid(NAME, "must be at least 1d"));
     }
@@ -825,7 +825,7 @@ pub fn dispatcher_settings(src: &dyn Source) -> Result<DispatcherSettings, Confi
     Ok(settings)
 }
 
-pub use conveyor_jobs::migrate::MigrateConfig;
+pub use conveyor_jobs::MigrateConfig;
 
 /// Reads and validates the migration configuration (`conveyor migrate`) from any [`Source`].
 pub fn migrate_config(src: &dyn Source) -> Result<MigrateConfig, ConfigError> {

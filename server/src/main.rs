@@ -253,9 +253,9 @@ impl DlqFilter {
     }
 
     /// The filter; `all`: a bulk action the operator asked for with `--all` (with or without other filters).
-    fn into_filter(self, before: Option<Uuid>, all: bool) -> conveyor_jobs::admin::DeadLetterFilter {
+    fn into_filter(self, before: Option<Uuid>, all: bool) -> conveyor_jobs::DeadLetterFilter {
         let Self { queue, kind, workspace, since, until, limit } = self;
-        conveyor_jobs::admin::DeadLetterFilter { queue, kind, workspace, since, until, before, limit, all }
+        conveyor_jobs::DeadLetterFilter { queue, kind, workspace, since, until, before, limit, all }
     }
 }
 
@@ -460,7 +460,7 @@ async fn start(cli: Cli) -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Migrate => conveyor_jobs::migrate::run(&config::migrate_config(&Env)?).await,
+        Command::Migrate => conveyor_jobs::migrate_with(&config::migrate_config(&Env)?).await,
         Command::Api => app::run(Config::from_env()?, Role::Api).await,
         Command::Dispatcher => app::run(Config::from_env()?, Role::Dispatcher).await,
         Command::Worker => app::run(Config::from_env()?, Role::Worker).await,
@@ -536,9 +536,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// `conveyor schedule ...`: as the application role, under row-level security in the given workspace.
 async fn schedule(command: ScheduleCommand) -> anyhow::Result<()> {
-    use conveyor_jobs::schedule::{ScheduleOptions, ScheduleSpec};
+    use conveyor_jobs::{ScheduleOptions, ScheduleSpec};
     let url = config::database_url(&Env)?;
-    let pool = conveyor_jobs::db::connect(url.expose(), 2).await?;
+    let pool = conveyor_jobs::connect_postgres(url.expose(), 2).await?;
     match command {
         ScheduleCommand::List { workspace } => {
             for schedule in conveyor_jobs::list_schedules(&pool, workspace.into()).await? {
@@ -554,7 +554,7 @@ async fn schedule(command: ScheduleCommand) -> anyhow::Result<()> {
             let payload: serde_json::Value =
                 serde_json::from_str(&payload).map_err(|e| anyhow::anyhow!("--payload is not JSON: {e}"))?;
             anyhow::ensure!(payload.is_object(), "--payload must be a JSON object");
-            let Some(queue) = conveyor_jobs::schedule::registered_queue(&pool, &kind).await? else {
+            let Some(queue) = conveyor_jobs::registered_queue(&pool, &kind).await? else {
                 anyhow::bail!(
                     "unknown job kind `{kind}`: a worker registers its kinds (and their queue) when it starts"
                 )
@@ -562,8 +562,7 @@ async fn schedule(command: ScheduleCommand) -> anyhow::Result<()> {
             let mut tx = conveyor_jobs::begin_workspace(&pool, workspace.into()).await?;
             let options = ScheduleOptions::new().paused(paused);
             let schedule =
-                conveyor_jobs::schedule::upsert_schedule_raw_tx(&mut tx, &name, &kind, &queue, payload, &spec, options)
-                    .await?;
+                conveyor_jobs::upsert_schedule_raw_tx(&mut tx, &name, &kind, &queue, payload, &spec, options).await?;
             tx.commit().await?;
             println!("{}", serde_json::to_string(&schedule)?);
         }
@@ -590,25 +589,25 @@ enum Needs {
 /// The operator's handle from the environment: the operator role for reads across workspaces, the application role
 /// for changes under row-level security, and Redis for stream lag when `needs` says so. The actor of the audit trail
 /// is `cli:<user>`.
-async fn operator(needs: Needs) -> anyhow::Result<(conveyor_jobs::admin::Admin, conveyor_jobs::admin::Actor)> {
+async fn operator(needs: Needs) -> anyhow::Result<(conveyor_jobs::Admin, conveyor_jobs::Actor)> {
     use anyhow::Context;
-    use conveyor_jobs::admin::{Actor, Admin};
+    use conveyor_jobs::{Actor, Admin};
     let operator_url = config::operator_database_url(&Env)?
         .context("CONVEYOR_OPERATOR_DATABASE_URL is required by the operator commands (the operator role's URL)")?;
     let app_url = config::database_url(&Env)?;
-    let operator = conveyor_jobs::db::connect(operator_url.expose(), 2)
+    let operator = conveyor_jobs::connect_postgres(operator_url.expose(), 2)
         .await
         .context("Failed to connect as the operator role (CONVEYOR_OPERATOR_DATABASE_URL)")?;
-    let app = conveyor_jobs::db::connect(app_url.expose(), 2)
+    let app = conveyor_jobs::connect_postgres(app_url.expose(), 2)
         .await
         .context("Failed to connect as the application role (CONVEYOR_DATABASE_URL)")?;
     let admin = if needs == Needs::Redis {
         let (redis_url, prefix) = config::redis(&Env)?;
         let tls = config::redis_tls(&Env, &redis_url)?;
-        let redis = conveyor_jobs::stream::connect_with(&redis_url, Duration::from_secs(5), &tls)
+        let redis = conveyor_jobs::connect_redis_with(&redis_url, Duration::from_secs(5), &tls)
             .await
             .context("Failed to connect to Redis (CONVEYOR_REDIS_URL)")?;
-        Admin::new(operator, app, redis, conveyor_jobs::stream::keys::Keys::new(&prefix))
+        Admin::new(operator, app, redis, conveyor_jobs::RedisKeys::new(&prefix))
     } else {
         Admin::without_redis(operator, app)
     };
@@ -651,7 +650,7 @@ async fn queues(json: bool) -> anyhow::Result<()> {
 
 /// `conveyor jobs list|show|cancel|retry`.
 async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
-    use conveyor_jobs::admin::{JobAction, JobFilter};
+    use conveyor_jobs::{JobAction, JobFilter};
     let (admin, actor) = operator(Needs::Postgres).await?;
     let acted = |id: Uuid, action: JobAction, verb: &str| -> anyhow::Result<()> {
         match action {
@@ -716,7 +715,7 @@ fn config_check(role: CheckedRole) -> anyhow::Result<()> {
 /// `conveyor dlq ...`: as the operator role across workspaces (changes as the application role in each dead letter's
 /// workspace), audited as `cli:<user>`. Needs CONVEYOR_OPERATOR_DATABASE_URL and CONVEYOR_DATABASE_URL, not Redis.
 async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
-    use conveyor_jobs::admin::Replay;
+    use conveyor_jobs::Replay;
     let (admin, actor) = operator(Needs::Postgres).await?;
     let single = |id: Option<Uuid>, filter: &DlqFilter| -> anyhow::Result<Option<conveyor_jobs::JobId>> {
         anyhow::ensure!(id.is_none() || filter.is_empty(), "the filters apply with --all, not to one id");

@@ -7,8 +7,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
+use conveyor_jobs::Actor;
 use conveyor_jobs::Secret;
-use conveyor_jobs::admin::Actor;
 
 /// Checks operator credentials.
 #[derive(Clone)]

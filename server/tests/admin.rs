@@ -79,7 +79,7 @@ async fn readiness_fails_at_once_when_a_migration_is_missing() {
     .await;
     assert_eq!(readyz(&app).await.expect("/readyz answers").0, 200);
     let mut owner = app.db.owner().await;
-    let history = conveyor_jobs::migrate::HISTORY_TABLE;
+    let history = conveyor_jobs::MIGRATION_HISTORY_TABLE;
     let forget = format!("UPDATE {history} SET success = false WHERE version = (SELECT max(version) FROM {history})");
     sqlx::query(sqlx::AssertSqlSafe(forget)).execute(&mut owner).await.unwrap();
 

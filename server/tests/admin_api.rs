@@ -56,7 +56,7 @@ impl Handler<Chore> for Chores {
             "write" => {
                 let workspace = cx.workspace_id();
                 let tx = cx.tx().await?;
-                conveyor_jobs::operations::create_tx(
+                conveyor_jobs::create_operation_tx(
                     tx,
                     workspace,
                     conveyor_jobs::UserId(Uuid::nil()),
@@ -359,10 +359,9 @@ async fn reads_across_workspaces_need_operator_authentication() {
     let mut ops = HashMap::new();
     for who in [a, b] {
         let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-        let operation =
-            conveyor_jobs::operations::create_tx(&mut tx, who.workspace_id, who.user_id, "admin.chore", None)
-                .await
-                .unwrap();
+        let operation = conveyor_jobs::create_operation_tx(&mut tx, who.workspace_id, who.user_id, "admin.chore", None)
+            .await
+            .unwrap();
         conveyor_jobs::enqueue_tx(&mut tx, &Chore { mode: "ok".into() }, EnqueueOptions::new().operation(operation.id))
             .await
             .unwrap();
@@ -468,8 +467,8 @@ async fn the_application_role_executes_no_admin_function_and_reads_no_audit_row(
     let dead = op(&app, Method::GET, "/dead-letters", None).await.expect(StatusCode::OK);
     assert_eq!(dead["items"].as_array().unwrap().len(), 2, "the operator sees both: {dead}");
     // A workspace's replay cannot reach another workspace's dead letter.
-    let replay = conveyor_jobs::worker::dlq::replay(&app.db.pool, a, dead_b.0).await.unwrap();
-    assert_eq!(replay, conveyor_jobs::worker::dlq::Replay::NotDeadLetter);
+    let replay = conveyor_jobs::replay_dead_letter(&app.db.pool, a, dead_b.0).await.unwrap();
+    assert_eq!(replay, conveyor_jobs::Replay::NotDeadLetter);
 }
 
 fn code(e: &sqlx::Error) -> String {
@@ -882,11 +881,11 @@ async fn migrate_refuses_an_operator_role_that_would_bypass_the_wall_or_is_the_a
         audit_retention: None,
         dead_letter_retention: None,
     };
-    let err = conveyor_jobs::migrate::run(&config(&db.owner_url)).await.unwrap_err();
+    let err = conveyor_jobs::migrate_with(&config(&db.owner_url)).await.unwrap_err();
     assert!(format!("{err:#}").contains("operator role `conveyor_owner` must not be"), "{err:#}");
-    let err = conveyor_jobs::migrate::run(&config(&db.app_url)).await.unwrap_err();
+    let err = conveyor_jobs::migrate_with(&config(&db.app_url)).await.unwrap_err();
     assert!(format!("{err:#}").contains("is the application role"), "{err:#}");
-    conveyor_jobs::migrate::run(&config(&db.operator_url)).await.unwrap();
+    conveyor_jobs::migrate_with(&config(&db.operator_url)).await.unwrap();
 }
 
 /// Runs `conveyor dlq <args>` against the app's database; its stdout, or its stderr on failure.
@@ -1016,7 +1015,7 @@ async fn a_discarded_dead_letters_stale_delivery_does_not_commit_its_handlers_wr
         .build()
         .unwrap();
     let client = common::redis_client(&redis).await;
-    let stream = conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix).stream(Chore::QUEUE);
+    let stream = conveyor_jobs::RedisKeys::new(&app.redis_prefix).stream(Chore::QUEUE);
 
     // A job that writes in its own transaction once healed; its first run fails for good.
     let job = enqueue(&app, ws, "write", EnqueueOptions::new().max_attempts(1)).await;
@@ -1051,10 +1050,7 @@ async fn a_discarded_dead_letters_stale_delivery_does_not_commit_its_handlers_wr
     assert_eq!((status.as_str(), payload), ("discarded", json!({})), "a tombstone, its payload dropped");
 
     // Retention purges tombstones like ended jobs.
-    let purged =
-        conveyor_jobs::outbox::transitions::relay::purge_finished(&app.db.runtime_pool, Duration::ZERO, 100, 10)
-            .await
-            .unwrap();
+    let purged = conveyor_jobs::purge_finished_jobs(&app.db.runtime_pool, Duration::ZERO, 100, 10).await.unwrap();
     assert_eq!(purged, 1);
     let (left,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut owner).await.unwrap();
     assert_eq!(left, 0);
@@ -1110,7 +1106,7 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
     // every write of the release still running while it scans the table), alone in a `-- no-transaction` file
     // (PostgreSQL refuses it in a transaction, and a file of several statements runs as one).
     let mut built = Vec::new();
-    for migration in conveyor_jobs::migrate::MIGRATOR.iter().filter(|m| m.version >= 25) {
+    for migration in conveyor_jobs::MIGRATOR.iter().filter(|m| m.version >= 25) {
         let sql = migration.sql.as_str();
         // Statements without their comments (0025's functions hold semicolons too: enough to count more than one).
         let statements: Vec<String> = sql
@@ -1237,11 +1233,11 @@ async fn dead_letters_past_their_retention_are_discarded_by_maintenance_never_yo
     };
     let redis = common::redis_client(&common::redis_url()).await;
     let maintenance = |retention: Duration| {
-        conveyor_jobs::maintenance::Maintenance::new(
+        conveyor_jobs::Maintenance::new(
             app.db.runtime_pool.clone(),
             redis.clone(),
-            conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix),
-            conveyor_jobs::metrics::Metrics::new(),
+            conveyor_jobs::RedisKeys::new(&app.redis_prefix),
+            conveyor_jobs::Metrics::new(),
             Duration::from_secs(1),
             Duration::from_secs(7 * 86400),
             Duration::from_secs(3600),

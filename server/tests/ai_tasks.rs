@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Process, TestApp, principal};
-use conveyor_jobs::metrics::Metrics;
-use conveyor_jobs::stream::keys::Keys;
+use conveyor_jobs::Metrics;
+use conveyor_jobs::RedisKeys;
 use conveyor_server::auth::Principal;
 use conveyor_server::config::Config;
 use conveyor_server::http::AppState;
@@ -442,7 +442,7 @@ async fn one_event_delivered_twice_is_charged_once() {
     let shutdown = CancellationToken::new();
     start_dispatcher(&app, &shutdown).await;
     let client = common::redis_client(&redis).await;
-    let stream = Keys::new(&app.redis_prefix).stream("ai");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("ai");
     common::eventually(Duration::from_secs(20), || async {
         (common::stream_event_ids(&client, &stream).await.len() == 1).then_some(())
     })
@@ -484,7 +484,7 @@ async fn a_rate_limited_call_is_retried_after_its_retry_after_and_succeeds() {
     let (task, operation) = accepted(&app, who, &text_task("rate limited")).await;
 
     let wait = common::eventually(Duration::from_secs(30), || async {
-        let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+        let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
         let row: Option<(Option<String>, f64)> = sqlx::query_as(
             "SELECT last_error, extract(epoch FROM next_attempt_at - now())::float8 FROM outbox_events
              WHERE last_error IS NOT NULL",
@@ -539,8 +539,8 @@ async fn a_replayed_dead_letter_reserves_its_credits_again_and_is_charged_once()
     let events = app.db.rows("outbox_events", who.workspace_id).await;
     let dead = events.iter().find(|e| e["status"] == "dead_letter").expect("a dead letter")["id"].as_str().unwrap();
     let replayed =
-        conveyor_jobs::worker::dlq::replay(&app.db.pool, who.workspace_id, dead.parse().unwrap()).await.unwrap();
-    assert_eq!(replayed, conveyor_jobs::worker::dlq::Replay::Replayed);
+        conveyor_jobs::replay_dead_letter(&app.db.pool, who.workspace_id, dead.parse().unwrap()).await.unwrap();
+    assert_eq!(replayed, conveyor_jobs::Replay::Replayed);
     succeeded(&app, who, &operation, String::new).await;
     assert_eq!(credits_reserved(&app, who).await, 2);
     let ledger = app.db.rows("ai_usage_ledger", who.workspace_id).await;
@@ -585,8 +585,8 @@ async fn a_task_dead_lettered_after_a_call_that_may_have_run_keeps_its_credit_an
     let events = app.db.rows("outbox_events", who.workspace_id).await;
     let dead = events.iter().find(|e| e["status"] == "dead_letter").expect("a dead letter")["id"].as_str().unwrap();
     let replayed =
-        conveyor_jobs::worker::dlq::replay(&app.db.pool, who.workspace_id, dead.parse().unwrap()).await.unwrap();
-    assert_eq!(replayed, conveyor_jobs::worker::dlq::Replay::Replayed);
+        conveyor_jobs::replay_dead_letter(&app.db.pool, who.workspace_id, dead.parse().unwrap()).await.unwrap();
+    assert_eq!(replayed, conveyor_jobs::Replay::Replayed);
     succeeded(&app, who, &operation, String::new).await;
     one_ledger_row(&app, who, &task, 1).await;
     assert_eq!(credits_reserved(&app, who).await, 1);

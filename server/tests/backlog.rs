@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 use common::TestDb;
-use conveyor_jobs::metrics::Metrics;
-use conveyor_jobs::stream::keys::Keys;
-use conveyor_jobs::stream::producer::Producer;
+use conveyor_jobs::Metrics;
+use conveyor_jobs::Producer;
+use conveyor_jobs::RedisKeys;
 use conveyor_jobs::{Dispatcher, DispatcherSettings, EnqueueOptions, JobKind, PauseScope, WorkspaceId};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -35,9 +35,9 @@ async fn dispatcher(db: &TestDb, metrics: &Metrics) -> Dispatcher {
     let prefix = format!("conveyor-test-{}", Uuid::new_v4().simple());
     let vars = common::config_vars(db, &prefix);
     let url = vars.get("CONVEYOR_RUNTIME_DATABASE_URL").or_else(|| vars.get("CONVEYOR_DATABASE_URL")).unwrap();
-    let pool = conveyor_jobs::db::connect(url, 4).await.unwrap();
-    let client = conveyor_jobs::stream::connect(&common::redis_url(), Duration::from_secs(2)).await.unwrap();
-    let producer = Producer::new(client, Keys::new(&prefix), Duration::from_secs(60));
+    let pool = conveyor_jobs::connect_postgres(url, 4).await.unwrap();
+    let client = conveyor_jobs::connect_redis(&common::redis_url(), Duration::from_secs(2)).await.unwrap();
+    let producer = Producer::new(client, RedisKeys::new(&prefix), Duration::from_secs(60));
     Dispatcher::new(pool, producer, DispatcherSettings::default(), metrics.clone(), "backlog-test".to_owned())
 }
 
@@ -88,7 +88,7 @@ async fn only_due_jobs_age_the_backlog_not_delayed_jobs_nor_retries_backing_off(
 
     // A pause holds the due job: it is counted as held and ages nothing.
     let scope = PauseScope::queue(Report::QUEUE);
-    let operator = conveyor_jobs::db::connect(&db.operator_url, 2).await.unwrap();
+    let operator = conveyor_jobs::connect_postgres(&db.operator_url, 2).await.unwrap();
     assert!(conveyor_jobs::pause(&operator, &scope, Some("maintenance window")).await.unwrap());
     dispatcher.observe_backlog().await.unwrap();
     assert_eq!(reported(&metrics), (0.0, [0, 2, 1, 0]));

@@ -92,7 +92,7 @@ async fn a_forged_cancellation_notice_stops_no_job_and_a_real_cancellation_still
     let app = TestApp::spawn().await;
     let (ws, later_ws) = (principal().workspace_id, principal().workspace_id);
     // A job of another workspace is held in the outbox (pauses are the operator's) until the forged notices are heard.
-    let operator = conveyor_jobs::db::connect(&app.db.operator_url, 2).await.unwrap();
+    let operator = conveyor_jobs::connect_postgres(&app.db.operator_url, 2).await.unwrap();
     assert!(conveyor_jobs::pause(&operator, &PauseScope::workspace(later_ws), None).await.unwrap());
     let (first, forged, last) = (enqueue(&app, ws).await, enqueue(&app, ws).await, enqueue(&app, ws).await);
     let later = enqueue(&app, later_ws).await;

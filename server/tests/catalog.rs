@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Process, TestApp, principal};
-use conveyor_jobs::metrics::Metrics;
+use conveyor_jobs::Metrics;
 use conveyor_server::auth::Principal;
 use conveyor_server::config::Config;
 use conveyor_server::http::AppState;
@@ -52,7 +52,7 @@ async fn active_store(app: &TestApp, who: Principal, api_key: &str) -> String {
     let resp = app.send(Method::POST, "/v1/stores", who, Some(&body)).await;
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
     let store = resp.json::<Value>().await.unwrap()["store"]["id"].as_str().unwrap().to_owned();
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query("UPDATE stores SET status = 'active' WHERE id = $1::uuid")
         .bind(&store)
         .execute(&mut *tx)
@@ -333,7 +333,7 @@ async fn a_replayed_dead_letter_is_its_stores_active_sync_again_unless_another_o
             sync_reaches(app, who, &sync, "failed").await;
             shutdown.cancel();
             // The worker also verified the store's credentials (refused): active again, for what follows.
-            let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+            let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
             sqlx::query("UPDATE stores SET status = 'active'").execute(&mut *tx).await.unwrap();
             tx.commit().await.unwrap();
         }
@@ -344,8 +344,8 @@ async fn a_replayed_dead_letter_is_its_stores_active_sync_again_unless_another_o
     let job: uuid::Uuid = job.expect("a dead letter")["id"].as_str().unwrap().parse().unwrap();
 
     // Replayed (nothing runs it yet): it is the store's active sync again, so a new request is refused in its name.
-    let replay = conveyor_jobs::worker::dlq::replay(&app.db.pool, who.workspace_id, job).await.unwrap();
-    assert!(matches!(replay, conveyor_jobs::worker::dlq::Replay::Replayed), "{replay:?}");
+    let replay = conveyor_jobs::replay_dead_letter(&app.db.pool, who.workspace_id, job).await.unwrap();
+    assert!(matches!(replay, conveyor_jobs::Replay::Replayed), "{replay:?}");
     assert_eq!(sync_state(&app, who, &sync).await["status"], "queued");
     let refused = start_sync(&app, who, &store).await;
     assert_eq!(refused.status(), StatusCode::CONFLICT);
@@ -356,7 +356,7 @@ async fn a_replayed_dead_letter_is_its_stores_active_sync_again_unless_another_o
     run_until_failed(sync.clone()).await;
     let (next, _) = accepted_sync(&app, who, &store).await;
     assert!(
-        conveyor_jobs::worker::dlq::replay(&app.db.pool, who.workspace_id, job).await.is_err(),
+        conveyor_jobs::replay_dead_letter(&app.db.pool, who.workspace_id, job).await.is_err(),
         "the unique index refuses the replay"
     );
     assert_eq!(sync_state(&app, who, &sync).await["status"], "failed");

@@ -17,7 +17,7 @@ use common::cluster::{Death, RedisCluster, RedisSentinel};
 use common::pki::Pki;
 use common::roles::Roles;
 use common::{Process, TestApp};
-use conveyor_jobs::stream::keys::Keys;
+use conveyor_jobs::RedisKeys;
 use conveyor_server::auth::Principal;
 use conveyor_shop::adapters::sandbox::{Sandbox, Settings};
 use serde_json::Value;
@@ -154,7 +154,7 @@ async fn two_hundred_store_verifications_run_once_each_on_a_three_master_cluster
     let repeated: Vec<_> = stats.calls_by_key.iter().filter(|(_, c)| **c > 1).collect();
     assert!(repeated.is_empty(), "with no failure every job runs once: {repeated:?}");
     // Every processed entry was acknowledged and deleted on the master serving the queue.
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("stores");
     let client = common::redis_client(&cluster.url()).await;
     let left = common::eventually(Duration::from_secs(20), || async {
         common::stream_event_ids(&client, &stream).await.is_empty().then_some(())
@@ -181,7 +181,7 @@ async fn verifications_survive_a_master_kill(
         pki.redis_vars(&mut vars);
     }
     let roles = Roles::spawn(&vars);
-    let keys = Keys::new(&app.redis_prefix);
+    let keys = RedisKeys::new(&app.redis_prefix);
     let client = common::redis_client_with(&url, &pki.map(Pki::redis_client).unwrap_or_default()).await;
     if partitions > 1 {
         partitions::layout_in_force(&client, &keys, partitions).await;
@@ -217,7 +217,7 @@ async fn verifications_survive_a_master_kill(
     assert!(midway.is_some(), "the run got going\n{}", roles.logs());
     let stream = match partitions {
         1 => keys.stream("stores"),
-        _ => keys.partition_stream("stores", conveyor_jobs::stream::keys::Partition::Part(1)),
+        _ => keys.partition_stream("stores", conveyor_jobs::Partition::Part(1)),
     };
     let killed_at = std::time::Instant::now();
     let killed = kill(&stream).await;
@@ -331,7 +331,7 @@ async fn each_master_killed_in_turn_first_seed_silently_every_job_done_within_30
     masters.sort();
     let first_seed = masters[0];
     assert_eq!(Some(&first_seed), cluster.live_ports().iter().min(), "the lowest address is a master's");
-    let of_stream = cluster.master_of(&Keys::new("any").stream("stores"));
+    let of_stream = cluster.master_of(&RedisKeys::new("any").stream("stores"));
     let mut order = vec![first_seed];
     if of_stream != first_seed {
         order.push(of_stream);
@@ -403,7 +403,7 @@ async fn the_master_dead_silently_and_the_first_listed_sentinel_killed_every_job
 async fn the_start_up_check_finds_an_unsafe_eviction_policy_on_any_cluster_primary() {
     let cluster = RedisCluster::start().await;
     let client = common::redis_client(&cluster.url()).await;
-    let check = conveyor_jobs::stream::admin::check_server(&client).await.unwrap();
+    let check = conveyor_jobs::check_redis(&client).await.unwrap();
     assert_eq!(check.maxmemory_policy.as_deref(), Some("noeviction"));
     // One primary of three evicts: the check says so, whichever node the client would have asked first.
     let last = cluster.masters().last().unwrap().port;
@@ -412,7 +412,7 @@ async fn the_start_up_check_finds_an_unsafe_eviction_policy_on_any_cluster_prima
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&set.stdout).contains("OK"));
-    let check = conveyor_jobs::stream::admin::check_server(&client).await.unwrap();
+    let check = conveyor_jobs::check_redis(&client).await.unwrap();
     assert_eq!(check.maxmemory_policy.as_deref(), Some("allkeys-lru"));
     assert!(check.version.starts_with('7'), "{check:?}");
 }
@@ -420,9 +420,9 @@ async fn the_start_up_check_finds_an_unsafe_eviction_policy_on_any_cluster_prima
 /// Partitioned streams (`CONVEYOR_STREAM_PARTITIONS`).
 mod partitions {
     use super::*;
-    use conveyor_jobs::stream::RedisClient;
-    use conveyor_jobs::stream::keys::Partition;
-    use conveyor_jobs::stream::producer::{JobOptions, Message, Producer};
+    use conveyor_jobs::Partition;
+    use conveyor_jobs::RedisClient;
+    use conveyor_jobs::{Producer, StreamJobOptions as JobOptions, StreamMessage as Message};
     use fred::prelude::{KeysInterface, StreamsInterface};
     use fred::types::Value;
 
@@ -445,7 +445,7 @@ mod partitions {
     }
 
     /// The whole stream and the first `n` partitions of `queue`.
-    pub(super) fn streams(keys: &Keys, queue: &str, n: u16) -> Vec<(Partition, String)> {
+    pub(super) fn streams(keys: &RedisKeys, queue: &str, n: u16) -> Vec<(Partition, String)> {
         std::iter::once(Partition::Whole)
             .chain((0..n).map(Partition::Part))
             .map(|p| (p, keys.partition_stream(queue, p)))
@@ -453,7 +453,7 @@ mod partitions {
     }
 
     /// Waits until the layout's latest epoch has `partitions` and is in force.
-    pub(super) async fn layout_in_force(client: &RedisClient, keys: &Keys, partitions: u16) {
+    pub(super) async fn layout_in_force(client: &RedisClient, keys: &RedisKeys, partitions: u16) {
         let in_force = common::eventually(Duration::from_secs(30), || async {
             let layout: Option<String> = client.get(keys.layout()).await.ok().flatten();
             let (p, since) = layout?.rsplit(',').next()?.split_once('@').map(|(p, s)| (p.to_owned(), s.to_owned()))?;
@@ -486,7 +486,7 @@ mod partitions {
     async fn a_job_handed_off_again_after_the_partitions_were_raised_lands_in_its_first_stream_only() {
         let cluster = RedisCluster::start().await;
         let client = common::redis_client(&cluster.url()).await;
-        let keys = Keys::new(&format!("conveyor-test-{}", Uuid::new_v4().simple()));
+        let keys = RedisKeys::new(&format!("conveyor-test-{}", Uuid::new_v4().simple()));
         let one = Producer::new(client.clone(), keys.clone(), Duration::from_secs(3600));
         let now = chrono::Utc::now().timestamp_millis();
         let workspaces: Vec<Uuid> = (0..16).map(|_| Uuid::new_v4()).collect();
@@ -531,7 +531,7 @@ mod partitions {
     }
 
     /// Per stream of `stores` (whole, then partitions 0-3): entries ever added, and the master serving it.
-    async fn spread(cluster: &RedisCluster, client: &RedisClient, keys: &Keys) -> Vec<(Partition, u64, u16)> {
+    async fn spread(cluster: &RedisCluster, client: &RedisClient, keys: &RedisKeys) -> Vec<(Partition, u64, u16)> {
         let mut spread = Vec::new();
         for (partition, stream) in streams(keys, "stores", 4) {
             spread.push((partition, entries_added(client, &stream).await, cluster.master_of(&stream)));
@@ -540,7 +540,7 @@ mod partitions {
     }
 
     /// Waits until every stream of `stores` is empty (each processed entry acknowledged and deleted).
-    async fn drained(client: &RedisClient, keys: &Keys, roles: &Roles) {
+    async fn drained(client: &RedisClient, keys: &RedisKeys, roles: &Roles) {
         let empty = common::eventually(Duration::from_secs(30), || async {
             for (_, stream) in streams(keys, "stores", 4) {
                 if client.xlen::<u64, _>(&stream).await.unwrap_or(1) > 0 {
@@ -562,7 +562,7 @@ mod partitions {
         vars.insert("CONVEYOR_STREAM_PARTITIONS".into(), "4".into());
         let roles = Roles::spawn(&vars);
         let client = common::redis_client(&cluster.url()).await;
-        let keys = Keys::new(&app.redis_prefix);
+        let keys = RedisKeys::new(&app.redis_prefix);
         layout_in_force(&client, &keys, 4).await;
         let workspaces: Vec<Principal> = (0..20).map(|_| common::principal()).collect();
 
@@ -591,7 +591,7 @@ mod partitions {
         // The worker keeps its setting of one partition: it follows the layout the relay raises.
         let mut roles = Roles::spawn(&vars);
         let client = common::redis_client(&cluster.url()).await;
-        let keys = Keys::new(&app.redis_prefix);
+        let keys = RedisKeys::new(&app.redis_prefix);
         let workspaces: Vec<Principal> = (0..20).map(|_| common::principal()).collect();
 
         let port = roles.api_port;

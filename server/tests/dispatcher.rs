@@ -7,22 +7,22 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use common::{Process, TestApp, TestRedis, principal, store_body};
-use conveyor_jobs::db;
-use conveyor_jobs::dispatcher::{DispatchOutcome, Dispatcher};
-use conveyor_jobs::ids::WorkspaceId;
-use conveyor_jobs::metrics::Metrics;
-use conveyor_jobs::outbox::{self, EnqueueOptions};
-use conveyor_jobs::stream::keys::Keys;
+
+use conveyor_jobs::EnqueueOptions;
+use conveyor_jobs::Metrics;
+use conveyor_jobs::RedisKeys;
+use conveyor_jobs::WorkspaceId;
+use conveyor_jobs::{DispatchOutcome, Dispatcher};
 use conveyor_shop::jobs::VerifyCredentials;
 use reqwest::Method;
 use uuid::Uuid;
 
 async fn enqueue(app: &TestApp, workspace: WorkspaceId, n: usize) -> Vec<Uuid> {
-    let mut tx = db::begin_workspace(&app.db.pool, workspace).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, workspace).await.unwrap();
     let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
         let payload = VerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
-        ids.push(outbox::enqueue_tx(&mut tx, &payload, EnqueueOptions::new()).await.unwrap().id.0);
+        ids.push(conveyor_jobs::enqueue_tx(&mut tx, &payload, EnqueueOptions::new()).await.unwrap().id.0);
     }
     tx.commit().await.unwrap();
     ids
@@ -64,7 +64,7 @@ async fn run_notified_only(
 }
 
 fn stream_key(app: &TestApp) -> String {
-    Keys::new(&app.redis_prefix).stream("stores")
+    RedisKeys::new(&app.redis_prefix).stream("stores")
 }
 
 /// The stream holds each of `expected` exactly once, and nothing else.
@@ -177,7 +177,7 @@ async fn a_dispatcher_killed_between_xadd_and_marking_is_finished_by_another_wit
     assert!(added.is_some(), "the first dispatcher XADDed; log:\n{}", first.log());
     first.kill();
     assert_eq!(count_status(&app, &[ws], "dispatching").await, ids.len(), "XADDed but never marked");
-    let keys = Keys::new(&app.redis_prefix);
+    let keys = RedisKeys::new(&app.redis_prefix);
     let life = |id: Uuid| {
         let (client, key) = (client.clone(), keys.dedup("stores", &id, 0));
         async move {
@@ -265,14 +265,14 @@ async fn while_redis_is_down_events_back_off_then_flow_or_dead_letter_with_a_red
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
     let settings = conveyor_server::config::dispatcher_settings(&vars).unwrap();
-    let client = conveyor_jobs::stream::connect(&redis.url(), Duration::from_millis(500)).await.unwrap();
-    let producer = conveyor_jobs::stream::producer::Producer::new(
+    let client = conveyor_jobs::connect_redis(&redis.url(), Duration::from_millis(500)).await.unwrap();
+    let producer = conveyor_jobs::Producer::new(
         client.clone(),
-        conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix),
+        conveyor_jobs::RedisKeys::new(&app.redis_prefix),
         settings.dedup_ttl,
     );
-    let pool = db::connect(&app.db.runtime_url, 8).await.unwrap();
-    let d = Dispatcher::new(pool, producer, settings, Metrics::new(), conveyor_jobs::ids::instance_name());
+    let pool = conveyor_jobs::connect_postgres(&app.db.runtime_url, 8).await.unwrap();
+    let d = Dispatcher::new(pool, producer, settings, Metrics::new(), conveyor_jobs::instance_name());
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = enqueue(&app, ws, 3).await;
     redis.stop();
@@ -376,7 +376,7 @@ async fn retention_deletes_only_jobs_that_ended_past_the_period() {
     d.dispatch_once().await.unwrap();
     let pending = enqueue(&app, ws, 2).await;
     // Of the six handed off eight days ago, four succeeded and one was canceled long ago; one is still live.
-    let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
     let live: Uuid = sqlx::query_scalar(
         "WITH old AS (UPDATE outbox_events SET dispatched_at = now() - interval '8 days' WHERE status = 'dispatched'
                       RETURNING id)
@@ -396,14 +396,8 @@ async fn retention_deletes_only_jobs_that_ended_past_the_period() {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    let purged = conveyor_jobs::outbox::transitions::relay::purge_finished(
-        &app.db.runtime_pool,
-        Duration::from_secs(7 * 86400),
-        4,
-        100,
-    )
-    .await
-    .unwrap();
+    let purged =
+        conveyor_jobs::purge_finished_jobs(&app.db.runtime_pool, Duration::from_secs(7 * 86400), 4, 100).await.unwrap();
     assert_eq!(purged, 5);
     let left: Vec<String> = events(&app, ws).await.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
     let mut expected: Vec<String> = pending.iter().chain([&live]).map(Uuid::to_string).collect();
@@ -518,69 +512,6 @@ async fn notified_batches_go_out_in_the_order_they_were_written_while_earlier_ma
     shutdown.cancel();
 }
 
-#[tokio::test]
-async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leaves_no_workspace_set() {
-    use conveyor_jobs::outbox::transitions::relay as claim;
-    let app = TestApp::spawn().await;
-    let (a, b, c) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
-    let (in_a, in_b, in_c) = (enqueue(&app, a, 3).await, enqueue(&app, b, 5).await, enqueue(&app, c, 2).await);
-
-    let claimed = claim::claim(&app.db.runtime_pool, &[a, b], &[], "me", Duration::from_secs(30), 4, 0).await.unwrap();
-    let of =
-        |ws: WorkspaceId| -> Vec<Uuid> { claimed.iter().filter(|e| e.workspace_id == ws.0).map(|e| e.id).collect() };
-    assert_eq!(of(a), in_a, "all of a's, in the order written");
-    assert_eq!(of(b), in_b[..4].to_vec(), "b's first four: the batch is per workspace");
-    assert!(of(c).is_empty(), "c was not named");
-    assert_eq!(count_status(&app, &[c], "pending").await, in_c.len());
-    assert_eq!(count_status(&app, &[b], "pending").await, 1);
-
-    // Inside a caller's transaction, the call leaves no workspace behind: the next statement sees nothing.
-    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&app.db.runtime_url).await.unwrap();
-    let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
-    let again: Vec<(String,)> = sqlx::query_as("SELECT tid::text FROM conveyor_claim_outbox($1, 'me', 30, 10)")
-        .bind(vec![c.0])
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
-    assert_eq!(again.len(), in_c.len());
-    let (visible,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut *tx).await.unwrap();
-    assert_eq!(visible, 0, "no workspace is set after the call");
-    tx.rollback().await.unwrap();
-
-    // The mark is fenced per event: a stale row version (or another holder) marks nothing.
-    let delivered: Vec<claim::Delivered> = claimed.iter().map(|e| claim::Delivered::new(e, "1-1".into())).collect();
-    let by_other = claim::settle(&app.db.runtime_pool, "someone-else", &delivered, &[], 10).await.unwrap();
-    assert_eq!((by_other.dispatched, by_other.lost_lease), (0, delivered.len() as u64));
-    let mine = claim::settle(&app.db.runtime_pool, "me", &delivered, &[], 10).await.unwrap();
-    assert_eq!((mine.dispatched, mine.lost_lease), (delivered.len() as u64, 0));
-    assert_eq!(count_status(&app, &[a, b], "dispatched").await, delivered.len());
-}
-
-#[tokio::test]
-async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_it() {
-    use conveyor_jobs::outbox::transitions::relay as claim;
-    let app = TestApp::spawn().await;
-    let ws = WorkspaceId(Uuid::new_v4());
-    let ids = enqueue(&app, ws, 2).await;
-    let pool = &app.db.runtime_pool;
-    let first = claim::claim(pool, &[ws], &[], "dead", Duration::from_millis(1), 10, 0).await.unwrap();
-    assert_eq!(first.len(), 2);
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    // A claim of the workspace by name (a notification's) leaves expired leases to the sweeps: it never scans for them.
-    let named = claim::claim(pool, &[ws], &[], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
-    assert!(named.is_empty(), "a named claim takes no expired lease: {named:?}");
-    assert_eq!(count_status(&app, &[ws], "dispatching").await, 2);
-    let second = claim::claim(pool, &[ws], &[ws], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
-    assert_eq!(second.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "the expired leases, taken over");
-    let delivered = |events: &[claim::ClaimedEvent]| -> Vec<claim::Delivered> {
-        events.iter().map(|e| claim::Delivered::new(e, "1-1".into())).collect()
-    };
-    let late = claim::settle(&app.db.runtime_pool, "dead", &delivered(&first), &[], 10).await.unwrap();
-    assert_eq!((late.dispatched, late.lost_lease), (0, 2), "the old holder's mark is fenced off");
-    let settled = claim::settle(&app.db.runtime_pool, "alive", &delivered(&second), &[], 10).await.unwrap();
-    assert_eq!(settled.dispatched, 2);
-}
-
 /// The relay's passes by kind, from a dispatcher process's `/metrics` (`conveyor_outbox_relay_passes_total`).
 async fn relay_passes(admin_addr: &str, pass: &str) -> Option<u64> {
     let text = reqwest::get(format!("http://{admin_addr}/metrics")).await.ok()?.text().await.ok()?;
@@ -598,8 +529,8 @@ async fn at_a_steady_trickle_the_named_passes_relay_and_the_dispatcher_sweeps_on
     let app = TestApp::spawn().await;
     let redis = common::redis_url();
     let (_sandbox, market) = common::sandbox(Default::default()).await;
-    let settings = conveyor_jobs::worker::WorkerSettings { concurrency: 8, ..Default::default() };
-    let worker = common::test_worker(&app, &redis, &market, settings, 3, conveyor_jobs::metrics::Metrics::new()).await;
+    let settings = conveyor_jobs::WorkerSettings { concurrency: 8, ..Default::default() };
+    let worker = common::test_worker(&app, &redis, &market, settings, 3, conveyor_jobs::Metrics::new()).await;
     worker.ensure_groups().await.unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let working = tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
@@ -660,10 +591,10 @@ async fn the_sweeps_look_ahead_names_only_jobs_that_fall_due_later_and_were_not_
         sqlx::query_scalar("SELECT conveyor_next_due_at()").fetch_one(&mut runtime).await.unwrap();
     assert!(old.is_some(), "0008's look ahead, which the previous release's dispatchers call, still names them");
 
-    let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
     let payload = VerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 };
     let options = EnqueueOptions::new().delay(Duration::from_secs(3600));
-    outbox::enqueue_tx(&mut tx, &payload, options).await.unwrap();
+    conveyor_jobs::enqueue_tx(&mut tx, &payload, options).await.unwrap();
     tx.commit().await.unwrap();
     let due = ahead(&mut runtime, after("1 hour")).await.expect("the delayed job is named");
     let in_an_hour = chrono::Utc::now() + chrono::Duration::hours(1);
@@ -672,7 +603,7 @@ async fn the_sweeps_look_ahead_names_only_jobs_that_fall_due_later_and_were_not_
 
     // A job due again later than its commit (a retry backing off, a failed hand-off) is named once it is due after
     // the sweep began, and not when it was due before.
-    let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
     sqlx::query(
         "UPDATE outbox_events SET next_attempt_at = created_at + interval '1 second'
          WHERE next_attempt_at < now() + interval '1 minute'",
@@ -687,98 +618,6 @@ async fn the_sweeps_look_ahead_names_only_jobs_that_fall_due_later_and_were_not_
         ahead(&mut runtime, format!("SELECT conveyor_next_due_after('{}')", retried.to_rfc3339())).await,
         Some(due)
     );
-}
-
-#[tokio::test]
-async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatchers_newer_claim() {
-    use conveyor_jobs::outbox::transitions::relay as claim;
-    let app = TestApp::spawn().await;
-    let ws = WorkspaceId(Uuid::new_v4());
-    let ids = enqueue(&app, ws, 1).await;
-    let claimed = claim::claim(&app.db.runtime_pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0).await.unwrap();
-    assert_eq!((claimed.len(), claimed[0].redrive_count), (1, 0));
-    // Meanwhile its job ran and asked for a retry (generation 1), and this dispatcher claimed that generation too.
-    let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
-    let moved = sqlx::query("UPDATE outbox_events SET redrive_count = 1 WHERE id = $1")
-        .bind(ids[0])
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    assert_eq!(moved.rows_affected(), 1);
-    tx.commit().await.unwrap();
-    let stale = claim::Failure {
-        workspace: ws,
-        id: ids[0],
-        attempt: 1,
-        delay: Duration::from_secs(1),
-        error: "XADD failed: timed out".into(),
-        redrive: 0,
-    };
-    let settled = claim::settle(&app.db.runtime_pool, "me", &[], &[stale], 10).await.unwrap();
-    assert_eq!((settled.retried, settled.lost_lease), (0, 1), "the generation-0 failure is fenced off");
-    let event = &events(&app, ws).await[0];
-    assert_eq!((event["status"].as_str(), &event["attempt_count"]), (Some("dispatching"), &serde_json::json!(0)));
-
-    // Nor does a late mark, even one that names the row's current version.
-    let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
-    let (tid,): (String,) = sqlx::query_as("SELECT ctid::text FROM outbox_events WHERE id = $1")
-        .bind(ids[0])
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let mark = |redrive| claim::Delivered {
-        workspace: ws,
-        tid: tid.clone(),
-        id: ids[0],
-        stream_id: "1-1".into(),
-        queue: "stores".into(),
-        redrive,
-    };
-    let late = claim::settle(&app.db.runtime_pool, "me", &[mark(0)], &[], 10).await.unwrap();
-    assert_eq!((late.dispatched, late.lost_lease), (0, 1), "the generation-0 mark is fenced off");
-    let current = claim::settle(&app.db.runtime_pool, "me", &[mark(1)], &[], 10).await.unwrap();
-    assert_eq!(current.dispatched, 1, "the generation-1 mark lands");
-}
-
-#[tokio::test]
-async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_was_empty() {
-    use conveyor_jobs::outbox::transitions::relay as claim;
-    let app = TestApp::spawn().await;
-    let ws = WorkspaceId(Uuid::new_v4());
-    // One connection, so that its cached plans are the ones under test: made on an empty table, then reused.
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&app.db.runtime_url).await.unwrap();
-    for _ in 0..8 {
-        let events = claim::claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0).await.unwrap();
-        assert!(events.is_empty());
-        claim::settle(&pool, "me", &[], &[], 10).await.unwrap();
-    }
-    let seq_scans = || async {
-        let mut owner = app.db.owner().await;
-        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut owner).await.unwrap();
-        let (n,): (i64,) = sqlx::query_as("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'outbox_events'")
-            .fetch_one(&mut owner)
-            .await
-            .unwrap();
-        n
-    };
-    for _ in 0..20 {
-        enqueue(&app, ws, 100).await;
-    }
-    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
-    let before = seq_scans().await;
-    let mut relayed = 0;
-    loop {
-        let events = claim::claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 100, 0).await.unwrap();
-        if events.is_empty() {
-            break;
-        }
-        let delivered: Vec<claim::Delivered> = events.iter().map(|e| claim::Delivered::new(e, "1-1".into())).collect();
-        relayed += claim::settle(&pool, "me", &delivered, &[], 10).await.unwrap().dispatched;
-    }
-    assert_eq!(relayed, 2000);
-    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
-    assert_eq!(seq_scans().await, before, "no claim or mark read the whole table");
 }
 
 #[tokio::test]
@@ -813,7 +652,7 @@ async fn a_commit_wakes_the_dispatcher_long_before_its_poll_and_a_silent_insert_
 /// Writes a pending event of `workspace` with no notification.
 async fn insert_without_notification(app: &TestApp, workspace: WorkspaceId) -> Uuid {
     let id = Uuid::now_v7();
-    let mut tx = db::begin_workspace(&app.db.pool, workspace).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, workspace).await.unwrap();
     sqlx::query(
         "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
          VALUES ($1, $2, 'stores', 'store.verify_credentials', '{}')",
@@ -854,7 +693,7 @@ async fn a_claim_reads_its_own_workspaces_due_jobs_and_no_more_than_it_takes() {
     for (ws, n) in [(quiet, 2_000), (busy, 3_000)] {
         let jobs: Vec<VerifyCredentials> =
             (0..n).map(|_| VerifyCredentials { store_id: Uuid::now_v7(), credentials_version: 1 }).collect();
-        let mut tx = db::begin_workspace(&app.db.pool, ws).await.unwrap();
+        let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
         conveyor_jobs::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new()))).await.unwrap();
         tx.commit().await.unwrap();
     }

@@ -66,7 +66,7 @@ impl Handler<Ping> for Pong {
 }
 
 async fn worker(app: &TestApp, starts: &Starts, cost: Duration, concurrency: usize) -> Worker {
-    worker_with(app, starts, cost, concurrency, conveyor_jobs::metrics::Metrics::new()).await
+    worker_with(app, starts, cost, concurrency, conveyor_jobs::Metrics::new()).await
 }
 
 async fn worker_with(
@@ -74,7 +74,7 @@ async fn worker_with(
     starts: &Starts,
     cost: Duration,
     concurrency: usize,
-    metrics: conveyor_jobs::metrics::Metrics,
+    metrics: conveyor_jobs::Metrics,
 ) -> Worker {
     Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
         .runtime_pool(app.db.runtime_pool.clone())
@@ -114,7 +114,7 @@ async fn each_workspace_has_a_window_of_jobs_in_the_workers_hands_times_its_weig
     let app = TestApp::spawn().await;
     let (light, heavy) = (principal().workspace_id, principal().workspace_id);
     // A weight is operator data: set through the operator role.
-    let operator = conveyor_jobs::db::connect(&app.db.operator_url, 2).await.unwrap();
+    let operator = conveyor_jobs::connect_postgres(&app.db.operator_url, 2).await.unwrap();
     conveyor_jobs::set_workspace_weight(&operator, heavy, 3).await.unwrap();
     enqueue(&app, light, "light", 200).await;
     enqueue(&app, heavy, "heavy", 200).await;
@@ -133,7 +133,7 @@ async fn each_workspace_has_a_window_of_jobs_in_the_workers_hands_times_its_weig
     let stream = common::redis_client(&common::redis_url()).await;
     let len: u64 = {
         use fred::prelude::StreamsInterface;
-        stream.xlen(conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix).stream("work")).await.unwrap()
+        stream.xlen(conveyor_jobs::RedisKeys::new(&app.redis_prefix).stream("work")).await.unwrap()
     };
     assert_eq!(len, 40);
     shutdown.cancel();
@@ -178,7 +178,7 @@ async fn paused_jobs_wait_durably_across_a_worker_restart_and_go_on_resume() {
     let app = TestApp::spawn().await;
     let (ws, other) = (principal().workspace_id, principal().workspace_id);
     // Pauses are operator data: set and lifted through the operator role.
-    let operator = conveyor_jobs::db::connect(&app.db.operator_url, 2).await.unwrap();
+    let operator = conveyor_jobs::connect_postgres(&app.db.operator_url, 2).await.unwrap();
     assert!(conveyor_jobs::pause(&operator, &PauseScope::kind::<Work>(), Some("maintenance")).await.unwrap());
     assert!(!conveyor_jobs::pause(&operator, &PauseScope::kind::<Work>(), None).await.unwrap(), "already paused");
     assert!(conveyor_jobs::pause(&operator, &PauseScope::workspace(other), None).await.unwrap());
@@ -238,7 +238,7 @@ async fn paused_jobs_wait_durably_across_a_worker_restart_and_go_on_resume() {
 async fn bad_flow_settings_are_refused_and_change_nothing() {
     let app = TestApp::spawn().await;
     let ws = principal().workspace_id;
-    let operator = conveyor_jobs::db::connect(&app.db.operator_url, 2).await.unwrap();
+    let operator = conveyor_jobs::connect_postgres(&app.db.operator_url, 2).await.unwrap();
     let empty = conveyor_jobs::pause(&operator, &PauseScope::default(), None).await;
     assert!(matches!(empty, Err(FlowError::EmptyScope)), "{empty:?}");
     for scope in [PauseScope::queue("no spaces"), PauseScope::kind_named("Bad Kind!")] {
@@ -313,7 +313,7 @@ async fn queue_wait_is_observed_by_workspace_class_light_or_backlogged() {
     enqueue(&app, flood, "flood", 500).await;
     let shutdown = CancellationToken::new();
     dispatcher(&app, WINDOW, &shutdown).await;
-    let metrics = conveyor_jobs::metrics::Metrics::new();
+    let metrics = conveyor_jobs::Metrics::new();
     let starts = Starts::default();
     let worker = worker_with(&app, &starts, Duration::from_millis(10), 2, metrics.clone()).await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
@@ -363,7 +363,7 @@ async fn queue_wait_counts_from_when_the_job_fell_due_not_from_its_commit() {
     tx.commit().await.unwrap();
     let shutdown = CancellationToken::new();
     dispatcher(&app, 0, &shutdown).await;
-    let metrics = conveyor_jobs::metrics::Metrics::new();
+    let metrics = conveyor_jobs::Metrics::new();
     let worker = worker_with(&app, &Starts::default(), Duration::ZERO, 1, metrics.clone()).await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
     let done = conveyor_jobs::wait_for_job(&app.db.pool, ws, ping.id, Duration::from_secs(60)).await.unwrap();

@@ -237,7 +237,7 @@ struct Recorded {
 async fn recorded(db: &TestDb, workspaces: &[Principal]) -> Recorded {
     let mut all = Recorded::default();
     for who in workspaces {
-        let mut tx = conveyor_jobs::db::begin_workspace(&db.pool, who.workspace_id).await.unwrap();
+        let mut tx = conveyor_jobs::begin_workspace(&db.pool, who.workspace_id).await.unwrap();
         let ops: Vec<(Uuid, String, Option<Value>)> =
             sqlx::query_as("SELECT id, status, result FROM operations").fetch_all(&mut *tx).await.unwrap();
         let versions: Vec<(Uuid, i32)> =

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{TestApp, principal, store_body};
-use conveyor_jobs::db;
+
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -289,7 +289,7 @@ async fn no_record_holds_the_request_body_or_a_credential() {
 }
 
 async fn age_records(app: &TestApp, who: conveyor_server::auth::Principal, created_hours_ago: f64, expired: bool) {
-    let mut tx = db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
         "UPDATE idempotency_requests
          SET created_at = now() - make_interval(secs => $1 * 3600),

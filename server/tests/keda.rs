@@ -14,10 +14,10 @@ mod common;
 
 use std::time::Duration;
 
-use conveyor_jobs::stream::RedisClient;
-use conveyor_jobs::stream::consumer::Consumer;
-use conveyor_jobs::stream::keys::{Keys, Partition};
-use conveyor_jobs::stream::producer::{JobOptions, Message, Producer};
+use conveyor_jobs::Consumer;
+use conveyor_jobs::RedisClient;
+use conveyor_jobs::{Partition, RedisKeys};
+use conveyor_jobs::{Producer, StreamJobOptions as JobOptions, StreamMessage as Message};
 use fred::prelude::{KeysInterface, StreamsInterface};
 use fred::types::Value;
 use uuid::Uuid;
@@ -48,7 +48,7 @@ fn pairs(group: Value) -> Vec<(String, Value)> {
     }
 }
 
-async fn group(client: &RedisClient, keys: &Keys) -> Group {
+async fn group(client: &RedisClient, keys: &RedisKeys) -> Group {
     let name = keys.group(QUEUE);
     let groups: Value = client.xinfo_groups(keys.stream(QUEUE)).await.expect("XINFO GROUPS");
     let Value::Array(groups) = groups else { panic!("XINFO GROUPS answered {groups:?}") };
@@ -67,7 +67,7 @@ async fn group(client: &RedisClient, keys: &Keys) -> Group {
 }
 
 /// `XLEN` of the queue's stream: what a `streamLength` trigger reads.
-async fn xlen(client: &RedisClient, keys: &Keys) -> i64 {
+async fn xlen(client: &RedisClient, keys: &RedisKeys) -> i64 {
     client.xlen(keys.stream(QUEUE)).await.expect("XLEN")
 }
 
@@ -98,7 +98,7 @@ async fn publish(producer: &Producer, n: usize) {
 
 #[tokio::test]
 async fn group_lag_grows_with_the_backlog_while_pending_entries_stay_capped_at_the_concurrency() {
-    let keys = Keys::new(&format!("conveyor-test-{}", Uuid::new_v4().simple()));
+    let keys = RedisKeys::new(&format!("conveyor-test-{}", Uuid::new_v4().simple()));
     let url = common::redis_url();
     let client = common::redis_client(&url).await;
     // De-dup keys outlive the test by a minute at most.
@@ -138,7 +138,7 @@ async fn group_lag_grows_with_the_backlog_while_pending_entries_stay_capped_at_t
 
 #[tokio::test]
 async fn once_the_workers_keep_up_the_lag_is_zero_while_the_stream_length_still_counts_the_jobs_running() {
-    let keys = Keys::new(&format!("conveyor-test-{}", Uuid::new_v4().simple()));
+    let keys = RedisKeys::new(&format!("conveyor-test-{}", Uuid::new_v4().simple()));
     let url = common::redis_url();
     let client = common::redis_client(&url).await;
     let producer = Producer::new(client.clone(), keys.clone(), Duration::from_secs(60));

@@ -340,7 +340,7 @@ async fn of_a_workspaces_due_jobs_the_higher_priority_is_handed_off_first() {
     })
     .await;
     let client = common::redis_client(&common::redis_url()).await;
-    let stream = conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix).stream("greetings");
+    let stream = conveyor_jobs::RedisKeys::new(&app.redis_prefix).stream("greetings");
     let mut handed = 0;
     let mut claims = Vec::new();
     while handed < expected.len() {
@@ -546,7 +546,7 @@ async fn jobs_holding_every_pooled_connection_do_not_starve_their_progress_and_k
     let who = principal();
     let ws = who.workspace_id;
     // The pool is exactly as large as the worker's concurrency, and every job holds a connection all along.
-    let pool = conveyor_jobs::db::connect(&app.db.app_url, 2).await.unwrap();
+    let pool = conveyor_jobs::connect_postgres(&app.db.app_url, 2).await.unwrap();
     let shutdown = CancellationToken::new();
     let redis = common::redis_url();
     common::run_dispatcher(common::test_dispatcher(&app, &redis, |_| {}).await, &shutdown);
@@ -558,7 +558,7 @@ async fn jobs_holding_every_pooled_connection_do_not_starve_their_progress_and_k
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
     let mut jobs = Vec::new();
     for _ in 0..2 {
-        let op = conveyor_jobs::operations::create_tx(&mut tx, ws, who.user_id, "test.greet", None).await.unwrap();
+        let op = conveyor_jobs::create_operation_tx(&mut tx, ws, who.user_id, "test.greet", None).await.unwrap();
         let options = EnqueueOptions::new().operation(op.id);
         jobs.push(conveyor_jobs::enqueue_tx(&mut tx, &greet("h", "hold"), options).await.unwrap().id);
     }
@@ -638,11 +638,11 @@ async fn jobs_without_an_operation_survive_a_redis_that_loses_everything() {
     let worker =
         worker_of::<Greet>(&app, &app.db.pool, &redis.url(), Greeter(log.clone()), WorkerSettings::default()).await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
-    let maintenance = conveyor_jobs::maintenance::Maintenance::new(
+    let maintenance = conveyor_jobs::Maintenance::new(
         app.db.runtime_pool.clone(),
         common::redis_client(&redis.url()).await,
-        conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix),
-        conveyor_jobs::metrics::Metrics::new(),
+        conveyor_jobs::RedisKeys::new(&app.redis_prefix),
+        conveyor_jobs::Metrics::new(),
         Duration::from_millis(300),
         Duration::from_secs(3600),
         Duration::from_secs(1),
@@ -699,71 +699,6 @@ async fn a_subscription_hears_each_end_of_its_workspaces_jobs_once() {
 }
 
 #[tokio::test]
-async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_deadlock() {
-    use conveyor_jobs::outbox::transitions::relay;
-    let app = TestApp::spawn().await;
-    let ws = principal().workspace_id;
-    // The relay's and the worker's bookkeeping: the runtime role's (it enqueues under RLS as well).
-    let pool = &app.db.runtime_pool;
-    // Three jobs, a < c < x by id (UUIDv7s written in that order), claimed by the relay "me".
-    let mut tx = conveyor_jobs::begin_workspace(pool, ws).await.unwrap();
-    let jobs = [greet("a", "ok"), greet("c", "ok"), greet("x", "ok")];
-    conveyor_jobs::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new()))).await.unwrap();
-    tx.commit().await.unwrap();
-    let claimed = relay::claim(pool, &[ws], &[], "me", Duration::from_secs(60), 10, 0).await.unwrap();
-    let [a, c, x] = [0, 1, 2].map(|i| &claimed[i]);
-    assert!(a.id < c.id && c.id < x.id);
-
-    // Someone holds c for a moment.
-    let mut holder = conveyor_jobs::begin_workspace(pool, ws).await.unwrap();
-    sqlx::query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE").bind(c.id).execute(&mut *holder).await.unwrap();
-    // The relay marks a, c, x (taking a, then waiting for c); the worker records the ends of x and a.
-    let marking = {
-        let (pool, ws) = (pool.clone(), ws.0);
-        let (tids, ids): (Vec<String>, Vec<Uuid>) = [a, c, x].iter().map(|e| (e.tid.clone(), e.id)).unzip();
-        tokio::spawn(async move {
-            sqlx::query_scalar::<_, i64>("SELECT conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5, $6)")
-                .bind("me")
-                .bind(vec![ws; 3])
-                .bind(tids)
-                .bind(ids)
-                .bind(vec![0i32; 3])
-                .bind(vec!["1-1", "1-2", "1-3"])
-                .fetch_one(&pool)
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let ending = {
-        let (pool, ids) = (pool.clone(), vec![x.id, a.id]);
-        tokio::spawn(async move {
-            sqlx::query_scalar::<_, i64>("SELECT conveyor_complete_jobs($1, $2, $3, $4)")
-                .bind(vec![ws.0; 2])
-                .bind(ids)
-                .bind(vec![None::<i32>; 2])
-                .bind(vec![json!(null); 2])
-                .fetch_one(&pool)
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    holder.commit().await.unwrap();
-    // Locked in one order (workspace, then id), the two wait for each other in turn; neither is broken as a deadlock.
-    let marked = marking.await.unwrap().expect("the mark is not broken as a deadlock");
-    let ended = ending.await.unwrap().expect("the record of ends is not broken as a deadlock");
-    assert_eq!((marked, ended), (3, 2));
-    let statuses: Vec<(Uuid, String)> = {
-        let mut tx = conveyor_jobs::begin_workspace(pool, ws).await.unwrap();
-        sqlx::query_as("SELECT id, status FROM outbox_events ORDER BY id").fetch_all(&mut *tx).await.unwrap()
-    };
-    assert_eq!(
-        statuses,
-        [(a.id, "completed".into()), (c.id, "dispatched".into()), (x.id, "completed".into())],
-        "the mark went first, then the ends"
-    );
-}
-
-#[tokio::test]
 async fn two_deliveries_of_a_job_at_once_commit_its_writes_once() {
     #[derive(Serialize, Deserialize)]
     struct Record;
@@ -793,7 +728,7 @@ async fn two_deliveries_of_a_job_at_once_commit_its_writes_once() {
     common::test_dispatcher(&app, &redis, |_| {}).await.dispatch_once().await.unwrap();
     // The same entry twice in the stream, as after a reclaim of a live consumer's entry.
     let client = common::redis_client(&redis).await;
-    let stream = conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix).stream("records");
+    let stream = conveyor_jobs::RedisKeys::new(&app.redis_prefix).stream("records");
     {
         use fred::prelude::StreamsInterface;
         let entries: Vec<(String, HashMap<String, String>)> = client.xrange(&stream, "-", "+", None).await.unwrap();
@@ -829,11 +764,11 @@ async fn an_operations_jobs_end_with_it_and_a_handler_that_stops_unasked_is_retr
     let ws = who.workspace_id;
     let pool = &app.db.pool;
     let mut tx = conveyor_jobs::begin_workspace(pool, ws).await.unwrap();
-    let op = conveyor_jobs::operations::create_tx(&mut tx, ws, who.user_id, "test.greet", None).await.unwrap();
+    let op = conveyor_jobs::create_operation_tx(&mut tx, ws, who.user_id, "test.greet", None).await.unwrap();
     let later = || EnqueueOptions::new().operation(op.id).delay(Duration::from_secs(3600));
     let first = conveyor_jobs::enqueue_tx(&mut tx, &greet("1", "ok"), later()).await.unwrap().id;
     let second = conveyor_jobs::enqueue_tx(&mut tx, &greet("2", "ok"), later()).await.unwrap().id;
-    let other_op = conveyor_jobs::operations::create_tx(&mut tx, ws, who.user_id, "test.greet", None).await.unwrap();
+    let other_op = conveyor_jobs::create_operation_tx(&mut tx, ws, who.user_id, "test.greet", None).await.unwrap();
     let orphan = conveyor_jobs::enqueue_tx(&mut tx, &greet("3", "ok"), EnqueueOptions::new().operation(other_op.id))
         .await
         .unwrap()
@@ -872,7 +807,7 @@ async fn an_enqueue_refuses_another_workspaces_or_an_ended_operation_and_a_repla
     let pool = &app.db.pool;
     let mut tx = conveyor_jobs::begin_workspace(pool, who.workspace_id).await.unwrap();
     let op =
-        conveyor_jobs::operations::create_tx(&mut tx, who.workspace_id, who.user_id, "test.greet", None).await.unwrap();
+        conveyor_jobs::create_operation_tx(&mut tx, who.workspace_id, who.user_id, "test.greet", None).await.unwrap();
     tx.commit().await.unwrap();
     let mut tx = conveyor_jobs::begin_workspace(pool, other.workspace_id).await.unwrap();
     let err = conveyor_jobs::enqueue_tx(&mut tx, &greet("x", "ok"), EnqueueOptions::new().operation(op.id))
@@ -913,12 +848,12 @@ async fn an_enqueue_refuses_another_workspaces_or_an_ended_operation_and_a_repla
         .unwrap();
     tx.commit().await.unwrap();
     assert!(live.created);
-    let replay = conveyor_jobs::worker::dlq::replay(pool, who.workspace_id, dead.0).await.unwrap();
-    assert_eq!(replay, conveyor_jobs::worker::dlq::Replay::KeyHeld(live.id.0));
+    let replay = conveyor_jobs::replay_dead_letter(pool, who.workspace_id, dead.0).await.unwrap();
+    assert_eq!(replay, conveyor_jobs::Replay::KeyHeld(live.id.0));
     conveyor_jobs::cancel_job(pool, who.workspace_id, live.id).await.unwrap();
     assert_eq!(
-        conveyor_jobs::worker::dlq::replay(pool, who.workspace_id, dead.0).await.unwrap(),
-        conveyor_jobs::worker::dlq::Replay::Replayed
+        conveyor_jobs::replay_dead_letter(pool, who.workspace_id, dead.0).await.unwrap(),
+        conveyor_jobs::Replay::Replayed
     );
     shutdown.cancel();
 }
@@ -983,7 +918,7 @@ async fn an_entry_whose_job_retention_deleted_is_acknowledged_without_running() 
     tx.commit().await.unwrap();
     // Handed to its stream, with no worker yet: a copy of the entry is kept, as a late duplicate would bring it back.
     let client = common::redis_client(&redis).await;
-    let stream = conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix).stream("greetings");
+    let stream = conveyor_jobs::RedisKeys::new(&app.redis_prefix).stream("greetings");
     let entry = common::eventually(Duration::from_secs(20), || async {
         let entries: Vec<(String, HashMap<String, String>)> = client.xrange(&stream, "-", "+", None).await.ok()?;
         entries.into_iter().next().map(|(_, fields)| fields)
@@ -991,7 +926,7 @@ async fn an_entry_whose_job_retention_deleted_is_acknowledged_without_running() 
     .await
     .expect("handed off");
 
-    let (log, metrics) = (Log::default(), conveyor_jobs::metrics::Metrics::new());
+    let (log, metrics) = (Log::default(), conveyor_jobs::Metrics::new());
     let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
         .runtime_pool(app.db.runtime_pool.clone())
         .handle::<Greet>(Greeter(log.clone()))
@@ -1003,11 +938,11 @@ async fn an_entry_whose_job_retention_deleted_is_acknowledged_without_running() 
     assert_eq!(done.status, JobStatus::Succeeded);
 
     // Retention deletes the ended job; then its entry turns up again.
-    let maintenance = conveyor_jobs::maintenance::Maintenance::new(
+    let maintenance = conveyor_jobs::Maintenance::new(
         app.db.runtime_pool.clone(),
         client.clone(),
-        conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix),
-        conveyor_jobs::metrics::Metrics::new(),
+        conveyor_jobs::RedisKeys::new(&app.redis_prefix),
+        conveyor_jobs::Metrics::new(),
         Duration::from_secs(1),
         Duration::ZERO,
         Duration::from_secs(3600),

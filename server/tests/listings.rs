@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Process, TestApp, principal};
-use conveyor_jobs::metrics::Metrics;
-use conveyor_jobs::stream::keys::Keys;
+use conveyor_jobs::Metrics;
+use conveyor_jobs::RedisKeys;
 use conveyor_server::auth::Principal;
 use conveyor_server::config::Config;
 use conveyor_server::http::AppState;
@@ -63,7 +63,7 @@ async fn active_store(app: &TestApp, who: Principal) -> String {
 }
 
 async fn set_store_status(app: &TestApp, who: Principal, store: &str, status: &str) {
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query("UPDATE stores SET status = $2 WHERE id = $1::uuid")
         .bind(store)
         .bind(status)
@@ -76,7 +76,7 @@ async fn set_store_status(app: &TestApp, who: Principal, store: &str, status: &s
 /// A media row of the workspace in `status`, as the media scenario leaves one (`ready` ones with a derivation).
 async fn insert_media(app: &TestApp, who: Principal, status: &str) -> Uuid {
     let id = Uuid::now_v7();
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
         "INSERT INTO media (id, workspace_id, filename, content_type, declared_size, object_key, operation_id,
                             created_by)
@@ -98,7 +98,7 @@ async fn insert_media(app: &TestApp, who: Principal, status: &str) -> Uuid {
 
 /// Moves media `id` to `processing` or `ready` (with a derivation of its own).
 async fn set_media_status(app: &TestApp, who: Principal, id: Uuid, status: &str) {
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     let derivation = Uuid::now_v7();
     if status == "ready" {
         sqlx::query(
@@ -505,7 +505,7 @@ async fn a_publish_waits_for_a_concurrent_store_or_media_change_and_sees_it() {
 
     // New credentials are being submitted (the store's row is updated, not yet committed) while the publish checks:
     // the publish's share lock waits for that commit and reads the store's new status, not the one before.
-    let mut blocker = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut blocker = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query("UPDATE stores SET status = 'pending_verification' WHERE id = $1::uuid")
         .bind(&store)
         .execute(&mut *blocker)
@@ -516,7 +516,7 @@ async fn a_publish_waits_for_a_concurrent_store_or_media_change_and_sees_it() {
     set_store_status(&app, who, &store, "active").await;
 
     // The same for a media going back to processing (a re-upload) while the publish checks.
-    let mut blocker = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut blocker = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query("UPDATE media SET status = 'processing', derivation_id = NULL WHERE id = $1")
         .bind(media)
         .execute(&mut *blocker)
@@ -615,7 +615,7 @@ async fn the_database_refuses_a_second_publication_or_product_for_a_listing() {
     let update = |statement: &'static str, value: String| {
         let (pool, workspace, listing) = (app.db.pool.clone(), who.workspace_id, listing.clone());
         async move {
-            let mut tx = conveyor_jobs::db::begin_workspace(&pool, workspace).await.unwrap();
+            let mut tx = conveyor_jobs::begin_workspace(&pool, workspace).await.unwrap();
             let result =
                 sqlx::query(sqlx::AssertSqlSafe(statement)).bind(&listing).bind(&value).execute(&mut *tx).await;
             if result.is_ok() {
@@ -624,9 +624,9 @@ async fn the_database_refuses_a_second_publication_or_product_for_a_listing() {
             result.is_ok()
         }
     };
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     let replacement =
-        conveyor_jobs::operations::create_tx(&mut tx, who.workspace_id, who.user_id, "listing.publish", None)
+        conveyor_jobs::create_operation_tx(&mut tx, who.workspace_id, who.user_id, "listing.publish", None)
             .await
             .unwrap();
     tx.commit().await.unwrap();
@@ -641,7 +641,7 @@ async fn the_database_refuses_a_second_publication_or_product_for_a_listing() {
                  WHERE id = $1::uuid AND $2 <> ''";
     assert!(!update(clear, "x".into()).await, "a publication is never cleared");
     assert!(update(replace, replacement.id.to_string()).await, "a canceled publication may be replaced");
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
         "UPDATE listings SET status = 'published', marketplace_product_id = 'prod_1', published_at = now()
          WHERE id = $1::uuid",
@@ -653,8 +653,8 @@ async fn the_database_refuses_a_second_publication_or_product_for_a_listing() {
     tx.commit().await.unwrap();
 
     // Whatever code runs: a new operation, a cleared one, or another product are refused by the database.
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-    let second = conveyor_jobs::operations::create_tx(&mut tx, who.workspace_id, who.user_id, "listing.publish", None)
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let second = conveyor_jobs::create_operation_tx(&mut tx, who.workspace_id, who.user_id, "listing.publish", None)
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -666,7 +666,7 @@ async fn the_database_refuses_a_second_publication_or_product_for_a_listing() {
         ),
         ("UPDATE listings SET marketplace_product_id = $2 WHERE id = $1::uuid", "prod_2".into()),
     ] {
-        let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+        let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
         let result = sqlx::query(sqlx::AssertSqlSafe(statement)).bind(&listing).bind(&value).execute(&mut *tx).await;
         assert!(result.is_err(), "{statement} was allowed");
     }
@@ -811,7 +811,7 @@ async fn a_429_holds_back_only_its_stores_publications_until_its_retry_after_and
     let operation = publish_accepted(&app, who, &listing).await;
 
     let wait = common::eventually(Duration::from_secs(30), || async {
-        let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+        let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
         let row: Option<(Option<String>, f64, i32)> = sqlx::query_as(
             "SELECT last_error, extract(epoch FROM next_attempt_at - now())::float8, job_attempts FROM outbox_events
              WHERE event_type = 'listing.publish' AND last_error IS NOT NULL",
@@ -920,7 +920,7 @@ async fn a_dispatcher_killed_after_its_xadd_and_before_marking_still_makes_one_p
     crashing.insert("FAILPOINTS".into(), "dispatcher::after_xadd=sleep(60000)".into());
     let mut first = Process::spawn(&["dispatcher"], &crashing);
     let client = common::redis_client(&redis).await;
-    let stream = Keys::new(&app.redis_prefix).stream("listings");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("listings");
     let added = common::eventually(Duration::from_secs(20), || async {
         (common::stream_event_ids(&client, &stream).await.len() == 1).then_some(())
     })

@@ -9,8 +9,8 @@ use std::io::Cursor;
 use std::time::Duration;
 
 use common::{TestApp, principal};
-use conveyor_jobs::metrics::Metrics;
-use conveyor_jobs::worker::{Worker, WorkerSettings};
+use conveyor_jobs::Metrics;
+use conveyor_jobs::{Worker, WorkerSettings};
 use conveyor_server::auth::Principal;
 use conveyor_shop::domain::media::{self, DecodeGate, ImageLimits, ProcessOutcome, ProcessSettings};
 use conveyor_shop::jobs::{ProcessMedia, ProcessMediaHandler};
@@ -215,12 +215,12 @@ fn process_settings(app: &TestApp) -> ProcessSettings {
 
 async fn media_worker(app: &TestApp, metrics: Metrics) -> Worker {
     let redis = common::redis_url();
-    let client = conveyor_jobs::stream::connect(&redis, Duration::from_secs(2)).await.unwrap();
-    let blocking = conveyor_jobs::stream::connect(&redis, Duration::from_secs(5)).await.unwrap();
-    let consumer = conveyor_jobs::stream::consumer::Consumer::new(
+    let client = conveyor_jobs::connect_redis(&redis, Duration::from_secs(2)).await.unwrap();
+    let blocking = conveyor_jobs::connect_redis(&redis, Duration::from_secs(5)).await.unwrap();
+    let consumer = conveyor_jobs::Consumer::new(
         client,
         blocking,
-        conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix),
+        conveyor_jobs::RedisKeys::new(&app.redis_prefix),
         format!("test-{}", Uuid::new_v4().simple()),
     );
     Worker::builder(app.db.pool.clone(), consumer)
@@ -342,7 +342,7 @@ async fn bad_bytes_end_rejected_with_their_codes_and_are_never_retried() {
     let mut big = png.clone();
     big.resize(3 * 1024 * 1024, 0);
     storage.put(&object, big.into()).await.unwrap();
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     let (adopted, operation) = media::adopt_object_tx(
         &mut tx,
         who.workspace_id,
@@ -535,7 +535,7 @@ async fn completing_twice_at_once_derives_once_and_the_same_bytes_are_never_deri
     // A run that derived and stored everything, then died before its commit: its retry derives nothing again.
     let settings = process_settings(&app);
     let media_id: Uuid = id.parse().unwrap();
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     let outcome = media::process_tx(&mut tx, &settings, who.workspace_id, media_id).await.unwrap();
     assert!(matches!(outcome, ProcessOutcome::Ready { derivation: media::Derivation::Derived, .. }), "{outcome:?}");
     tx.rollback().await.unwrap();
@@ -549,7 +549,7 @@ async fn completing_twice_at_once_derives_once_and_the_same_bytes_are_never_deri
     assert_eq!((derivations(&metrics, "derived"), derivations(&metrics, "reused")), (0, 1));
 
     // A second delivery of the job after it committed: nothing done.
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     let again = conveyor_jobs::enqueue_tx(&mut tx, &ProcessMedia { media_id }, conveyor_jobs::EnqueueOptions::new())
         .await
         .unwrap();
@@ -924,7 +924,7 @@ async fn two_media_with_the_same_bytes_processed_at_once_are_derived_once() {
     let run = |media_id: String| {
         let (pool, settings) = (app.db.pool.clone(), process_settings(&app));
         tokio::spawn(async move {
-            let mut tx = conveyor_jobs::db::begin_workspace(&pool, who.workspace_id).await.unwrap();
+            let mut tx = conveyor_jobs::begin_workspace(&pool, who.workspace_id).await.unwrap();
             let outcome = media::process_tx(&mut tx, &settings, who.workspace_id, media_id.parse().unwrap()).await;
             tx.commit().await.unwrap();
             outcome.map_err(|e| e.to_string())

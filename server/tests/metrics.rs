@@ -8,9 +8,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use common::{Process, TestApp};
-use conveyor_jobs::metrics::{
-    DISPATCH_ERROR_REASONS, IDEMPOTENCY_OUTCOMES, JOB_DEAD_LETTER_REASONS, MEDIA_RESULTS, RELAY_PASSES,
-};
+
+// The fixed label sets the dashboards and alerts rely on, written out here (not read from the code under test): a
+// label renamed or dropped fails the test.
+/// `conveyor_job_dead_letters_total{reason}`.
+const JOB_DEAD_LETTER_REASONS: [&str; 5] = ["no_handler", "undecodable", "permanent", "exhausted", "worker_stopped"];
+/// `conveyor_outbox_dispatch_errors_total{reason}`.
+const DISPATCH_ERROR_REASONS: [&str; 3] = ["database", "redis_unavailable", "redis_error"];
+/// `conveyor_outbox_relay_passes_total{pass}`.
+const RELAY_PASSES: [&str; 2] = ["sweep", "named"];
+/// `conveyor_idempotency_requests_total{outcome}`.
+const IDEMPOTENCY_OUTCOMES: [&str; 5] = ["executed", "replayed", "key_reused", "in_progress", "rejected"];
+/// `conveyor_media_derivations_total{result}`.
+const MEDIA_RESULTS: [&str; 3] = ["derived", "reused", "rejected"];
 
 /// One sample of the text format: its name, its labels, its value.
 struct Sample {
@@ -188,7 +198,7 @@ async fn a_fresh_dispatcher_counts_every_registered_queue_and_failure_from_zero(
         "http://127.0.0.1:9",
         Default::default(),
         3,
-        conveyor_jobs::metrics::Metrics::new(),
+        conveyor_jobs::Metrics::new(),
     )
     .await;
     worker.register_kinds().await.unwrap();
@@ -235,8 +245,8 @@ async fn a_fresh_api_counts_idempotent_requests_from_zero() {
 #[tokio::test]
 async fn pool_gauges_follow_the_connections_held() {
     let db = common::TestDb::create().await;
-    let pool = conveyor_jobs::db::connect(&db.app_url, 5).await.unwrap();
-    let metrics = conveyor_jobs::metrics::Metrics::new();
+    let pool = conveyor_jobs::connect_postgres(&db.app_url, 5).await.unwrap();
+    let metrics = conveyor_jobs::Metrics::new();
     metrics.watch_pool("app", pool.clone());
     let in_use = |text: &str| value(text, "conveyor_db_pool_connections", &[("pool", "app"), ("state", "in_use")]);
     let idle = |text: &str| value(text, "conveyor_db_pool_connections", &[("pool", "app"), ("state", "idle")]);

@@ -43,8 +43,8 @@ async fn a_services_own_sqlx_migrations_and_conveyors_share_a_database_without_c
     conveyor_jobs::migrate(&owner, &app, &runtime).await.unwrap();
     Migrator::new(dir.as_path()).await.unwrap().run(&mut conn).await.unwrap();
     assert_eq!(versions(&mut conn, "_sqlx_migrations").await, [1, 2]);
-    let ours: Vec<i64> = conveyor_jobs::migrate::MIGRATOR.iter().map(|m| m.version).collect();
-    assert_eq!(versions(&mut conn, conveyor_jobs::migrate::HISTORY_TABLE).await, ours);
+    let ours: Vec<i64> = conveyor_jobs::MIGRATOR.iter().map(|m| m.version).collect();
+    assert_eq!(versions(&mut conn, conveyor_jobs::MIGRATION_HISTORY_TABLE).await, ours);
     // Conveyor grants its application role its own tables only.
     let granted: bool = sqlx::query_scalar("SELECT has_table_privilege($1, 'orders', 'SELECT')")
         .bind(app.rsplit_once("://").unwrap().1.split(':').next().unwrap())
@@ -60,13 +60,13 @@ async fn a_database_migrated_by_an_earlier_release_has_its_history_adopted() {
     let (owner, app, runtime) = empty_database().await;
     // An earlier release recorded Conveyor's history in `_sqlx_migrations`, and had applied up to version 5.
     let mut conn = PgConnection::connect(&owner).await.unwrap();
-    conveyor_jobs::migrate::MIGRATOR.run_to(5, &mut conn).await.unwrap();
+    conveyor_jobs::MIGRATOR.run_to(5, &mut conn).await.unwrap();
     assert_eq!(versions(&mut conn, "_sqlx_migrations").await, [1, 2, 3, 4, 5]);
 
     conveyor_jobs::migrate(&owner, &app, &runtime).await.unwrap();
-    let ours: Vec<i64> = conveyor_jobs::migrate::MIGRATOR.iter().map(|m| m.version).collect();
+    let ours: Vec<i64> = conveyor_jobs::MIGRATOR.iter().map(|m| m.version).collect();
     assert_eq!(
-        versions(&mut conn, conveyor_jobs::migrate::HISTORY_TABLE).await,
+        versions(&mut conn, conveyor_jobs::MIGRATION_HISTORY_TABLE).await,
         ours,
         "adopted, then the rest applied"
     );
@@ -74,8 +74,8 @@ async fn a_database_migrated_by_an_earlier_release_has_its_history_adopted() {
         sqlx::query_scalar("SELECT to_regclass('job_kinds')::text").fetch_one(&mut conn).await.unwrap();
     assert_eq!(kinds.as_deref(), Some("job_kinds"));
     // The application role's readiness check reads the new history: nothing pending.
-    let pool = conveyor_jobs::db::connect(&app, 2).await.unwrap();
-    assert_eq!(conveyor_jobs::migrate::pending_versions(&pool).await.unwrap(), 0);
+    let pool = conveyor_jobs::connect_postgres(&app, 2).await.unwrap();
+    assert_eq!(conveyor_jobs::pending_migrations(&pool).await.unwrap(), 0);
 }
 
 #[tokio::test]
@@ -83,7 +83,7 @@ async fn jobs_that_ran_before_job_ends_were_recorded_are_ended_by_the_upgrade_an
     let (owner, app, runtime) = empty_database().await;
     // A database of the release before 0006: a job that ran ended `dispatched` for good.
     let mut conn = PgConnection::connect(&owner).await.unwrap();
-    conveyor_jobs::migrate::MIGRATOR.run_to(5, &mut conn).await.unwrap();
+    conveyor_jobs::MIGRATOR.run_to(5, &mut conn).await.unwrap();
     let ws = Uuid::new_v4();
     let (done_op, live_op, done_job, live_job) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
     let mut tx = conn.begin().await.unwrap();

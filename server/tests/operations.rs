@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use common::{TestApp, principal, store_body};
-use conveyor_jobs::metrics::Metrics;
-use conveyor_jobs::worker::WorkerSettings;
+use conveyor_jobs::Metrics;
+use conveyor_jobs::WorkerSettings;
 use conveyor_server::auth::Principal;
 use conveyor_shop::adapters::sandbox::Settings;
 use reqwest::{Method, StatusCode};
@@ -28,11 +28,10 @@ async fn create_store(app: &TestApp, who: Principal, marker: &str) -> (String, S
 
 /// Creates `n` operations of `kind` in one transaction: they share one `created_at`, so only their ids order them.
 async fn create_batch(app: &TestApp, who: Principal, kind: &str, n: usize) -> Vec<String> {
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     let mut ids = Vec::new();
     for _ in 0..n {
-        let op =
-            conveyor_jobs::operations::create_tx(&mut tx, who.workspace_id, who.user_id, kind, None).await.unwrap();
+        let op = conveyor_jobs::create_operation_tx(&mut tx, who.workspace_id, who.user_id, kind, None).await.unwrap();
         ids.push(op.id.to_string());
     }
     tx.commit().await.unwrap();

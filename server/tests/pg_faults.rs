@@ -114,7 +114,7 @@ async fn create_stores(port: u16, workspaces: Vec<Principal>, n: usize, rate: u6
 async fn operations(db: &TestDb, workspaces: &[Principal]) -> Option<HashMap<String, String>> {
     let mut all = HashMap::new();
     for who in workspaces {
-        let mut tx = conveyor_jobs::db::begin_workspace(&db.pool, who.workspace_id).await.ok()?;
+        let mut tx = conveyor_jobs::begin_workspace(&db.pool, who.workspace_id).await.ok()?;
         let rows: Vec<(Uuid, String)> =
             sqlx::query_as("SELECT id, status FROM operations").fetch_all(&mut *tx).await.ok()?;
         tx.commit().await.ok()?;

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{TestApp, principal, store_body};
-use conveyor_jobs::db;
+
 use conveyor_server::config::{MigrateConfig, Secret};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -78,7 +78,7 @@ async fn with_workspace_a_the_rows_of_b_are_invisible_and_cannot_be_written() {
     let app = TestApp::spawn().await;
     let (a, b) = two_populated_workspaces(&app).await;
     let b_store: uuid::Uuid = app.db.rows("stores", b.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
-    let mut tx = db::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
     for table in TENANT_TABLES {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT workspace_id FROM {table}")))
             .fetch_all(&mut *tx)
@@ -101,11 +101,11 @@ async fn with_workspace_a_the_rows_of_b_are_invisible_and_cannot_be_written() {
     assert_eq!(deleted.rows_affected(), 0);
     tx.commit().await.unwrap();
     // Moving A's row into B, or writing a row for B, fails the WITH CHECK.
-    let mut tx = db::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
     let moved = sqlx::query("UPDATE stores SET workspace_id = $1").bind(b.workspace_id.0).execute(&mut *tx).await;
     assert!(moved.is_err(), "a row cannot be moved into another workspace");
     tx.rollback().await.unwrap();
-    let mut tx = db::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
     let insert = sqlx::query(
         "INSERT INTO operations (id, workspace_id, kind, created_by) VALUES (gen_random_uuid(), $1, 'x', $1)",
     )
@@ -248,8 +248,7 @@ async fn every_function_and_table_the_application_role_can_use_is_proven_to_stay
     // list `conveyor migrate` grants.
     let proven: BTreeSet<String> = PROVEN.iter().map(|(name, _)| (*name).to_owned()).collect();
     assert_eq!(executable(&mut app).await, proven, "the application role executes exactly the proven functions");
-    let granted: BTreeSet<String> =
-        conveyor_jobs::migrate::APPLICATION_FUNCTIONS.iter().map(|n| (*n).to_owned()).collect();
+    let granted: BTreeSet<String> = conveyor_jobs::APPLICATION_FUNCTIONS.iter().map(|n| (*n).to_owned()).collect();
     assert_eq!(granted, proven, "src/migrate.rs's APPLICATION_FUNCTIONS and this test's PROVEN differ");
 
     // The check catches a grant someone adds later: a function of the runtime's, a writable table without RLS.
@@ -318,7 +317,7 @@ async fn the_runtime_role_alone_executes_the_functions_that_work_across_workspac
         ),
         "SELECT * FROM conveyor_claim_jobs_fair(ARRAY[]::uuid[], 'me', 30, 10, 0)".to_owned(),
     ] {
-        let mut tx = db::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
+        let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
         let err = sqlx::query(sqlx::AssertSqlSafe(call.clone())).execute(&mut *tx).await.unwrap_err();
         assert!(err.to_string().contains("permission denied for function"), "{call}: {err}");
         tx.rollback().await.unwrap();
@@ -351,7 +350,7 @@ async fn the_application_role_enqueues_only_in_its_workspace() {
     // From A, B's live operation cannot carry A's job, and the job lands in A.
     let b_operation: uuid::Uuid =
         app.db.rows("operations", b.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
-    let mut tx = db::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
     let err = sqlx::query("SELECT conveyor_enqueue('test.leak', '{}', operation_id => $1)")
         .bind(b_operation)
         .execute(&mut *tx)
@@ -359,7 +358,7 @@ async fn the_application_role_enqueues_only_in_its_workspace() {
         .unwrap_err();
     assert!(err.to_string().contains("not a live operation of this workspace"), "{err}");
     tx.rollback().await.unwrap();
-    let mut tx = db::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
     let (id,): (uuid::Uuid,) =
         sqlx::query_as("SELECT conveyor_enqueue('test.leak', '{}')").fetch_one(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
@@ -377,7 +376,7 @@ async fn a_workspaces_weight_and_pauses_are_its_rows_and_a_pause_of_every_worksp
     let app = TestApp::spawn().await;
     let (a, b) = (principal().workspace_id, principal().workspace_id);
     // Weights and pauses are the operator's (migration 0035): set through its audited functions.
-    let operator = db::connect(&app.db.operator_url, 2).await.unwrap();
+    let operator = conveyor_jobs::connect_postgres(&app.db.operator_url, 2).await.unwrap();
     conveyor_jobs::set_workspace_weight(&operator, b, 5).await.unwrap();
     let b_pause = conveyor_jobs::PauseScope::kind_named("test.work").in_workspace(b);
     assert!(conveyor_jobs::pause(&operator, &b_pause, Some("b's")).await.unwrap());
@@ -400,7 +399,7 @@ async fn a_workspaces_weight_and_pauses_are_its_rows_and_a_pause_of_every_worksp
         assert_eq!(code(&err), "42501", "{change} without a workspace: {err}");
     }
     // From A: B's weight and pause are invisible, and cannot be changed nor written for B.
-    let mut tx = db::begin_workspace(&app.db.pool, a).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a).await.unwrap();
     let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
     assert_eq!(seen, 1, "A sees the pause of every workspace only");
     tx.commit().await.unwrap();
@@ -410,12 +409,12 @@ async fn a_workspaces_weight_and_pauses_are_its_rows_and_a_pause_of_every_worksp
         "INSERT INTO workspace_weights (workspace_id, weight) VALUES ($1, 9)",
         "INSERT INTO dispatch_pauses (queue, workspace_id) VALUES ('work', $1)",
     ] {
-        let mut tx = db::begin_workspace(&app.db.pool, a).await.unwrap();
+        let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a).await.unwrap();
         let err = sqlx::query(write).bind(b.0).execute(&mut *tx).await.unwrap_err();
         assert_eq!(code(&err), "42501", "{write} for B from A: {err}");
     }
     // B's rows are intact, in B's context; the runtime role (the relay's claim) reads every pause.
-    let mut tx = db::begin_workspace(&app.db.pool, b).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, b).await.unwrap();
     let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM workspace_weights").fetch_one(&mut *tx).await.unwrap();
     assert_eq!(weight, 5);
     let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
@@ -434,7 +433,7 @@ fn code(e: &sqlx::Error) -> String {
 async fn the_application_role_may_not_pause_every_workspace_nor_weigh_its_own() {
     let app = TestApp::spawn().await;
     let ws = principal().workspace_id;
-    let operator = db::connect(&app.db.operator_url, 2).await.unwrap();
+    let operator = conveyor_jobs::connect_postgres(&app.db.operator_url, 2).await.unwrap();
     assert!(
         conveyor_jobs::pause(&operator, &conveyor_jobs::PauseScope::queue("work"), Some("the operator's"))
             .await
@@ -462,7 +461,7 @@ async fn the_application_role_may_not_pause_every_workspace_nor_weigh_its_own() 
     for context in [Some(ws), None] {
         for sql in forbidden {
             let mut tx = match context {
-                Some(ws) => db::begin_workspace(&app.db.pool, ws).await.unwrap(),
+                Some(ws) => conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap(),
                 None => app.db.pool.begin().await.unwrap(),
             };
             let err = sqlx::query(sql).execute(&mut *tx).await.expect_err(sql);
@@ -526,11 +525,11 @@ async fn maintenance_purges_the_audit_trail_past_its_retention_and_says_so_in_it
         .unwrap_err();
     assert!(err.to_string().contains("at least a day"), "{err}");
 
-    let maintenance = conveyor_jobs::maintenance::Maintenance::new(
+    let maintenance = conveyor_jobs::Maintenance::new(
         app.db.runtime_pool.clone(),
         common::redis_client(&common::redis_url()).await,
-        conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix),
-        conveyor_jobs::metrics::Metrics::new(),
+        conveyor_jobs::RedisKeys::new(&app.redis_prefix),
+        conveyor_jobs::Metrics::new(),
         std::time::Duration::from_secs(60),
         std::time::Duration::from_secs(7 * 86400),
         std::time::Duration::from_secs(300),
@@ -594,7 +593,7 @@ async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
         audit_retention: Some(std::time::Duration::from_secs(2 * 86400)),
         dead_letter_retention: None,
     };
-    conveyor_jobs::migrate::run(&migrate).await.unwrap();
+    conveyor_jobs::migrate_with(&migrate).await.unwrap();
     let (purged,): (i64,) = sqlx::query_as("SELECT conveyor_audit_purge(interval '1 day', 100)")
         .fetch_one(&app.db.runtime_pool)
         .await
@@ -603,7 +602,7 @@ async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
     assert_eq!(actors(&mut owner).await, ["maintenance", "maintenance"]);
     // A retention under a day is refused by migrate itself; and `migrate()` records the default again.
     let under = MigrateConfig { audit_retention: Some(std::time::Duration::from_secs(3600)), ..migrate };
-    let err = conveyor_jobs::migrate::run(&under).await.unwrap_err();
+    let err = conveyor_jobs::migrate_with(&under).await.unwrap_err();
     assert!(format!("{err:#}").contains("CONVEYOR_AUDIT_RETENTION"), "{err:#}");
     conveyor_jobs::migrate(&app.db.owner_url, &app.db.app_url, &app.db.runtime_url).await.unwrap();
     let (floor,): (String,) = sqlx::query_as("SELECT value FROM conveyor_settings WHERE name = 'audit_retention'")
@@ -632,18 +631,18 @@ async fn migrate_refuses_an_application_role_that_would_bypass_the_wall() {
         dead_letter_retention: None,
     };
     // The owner as "application role": it owns the tables, so it could turn RLS off; as runtime role likewise.
-    let err = conveyor_jobs::migrate::run(&config(&db.owner_url, &db.runtime_url, None)).await.unwrap_err();
+    let err = conveyor_jobs::migrate_with(&config(&db.owner_url, &db.runtime_url, None)).await.unwrap_err();
     assert!(format!("{err:#}").contains("application role `conveyor_owner` must not be"), "{err:#}");
-    let err = conveyor_jobs::migrate::run(&config(&db.app_url, &db.owner_url, None)).await.unwrap_err();
+    let err = conveyor_jobs::migrate_with(&config(&db.app_url, &db.owner_url, None)).await.unwrap_err();
     assert!(format!("{err:#}").contains("runtime role `conveyor_owner` must not be"), "{err:#}");
     // The runtime's functions never go to the application role, nor the operator's to the runtime role.
-    let err = conveyor_jobs::migrate::run(&config(&db.app_url, &db.app_url, None)).await.unwrap_err();
+    let err = conveyor_jobs::migrate_with(&config(&db.app_url, &db.app_url, None)).await.unwrap_err();
     assert!(format!("{err:#}").contains("is the application role"), "{err:#}");
     let err =
-        conveyor_jobs::migrate::run(&config(&db.app_url, &db.runtime_url, Some(&db.runtime_url))).await.unwrap_err();
+        conveyor_jobs::migrate_with(&config(&db.app_url, &db.runtime_url, Some(&db.runtime_url))).await.unwrap_err();
     assert!(format!("{err:#}").contains("is the runtime role"), "{err:#}");
     // Running it again with the right roles is fine (idempotent), and the wall still holds.
-    conveyor_jobs::migrate::run(&config(&db.app_url, &db.runtime_url, Some(&db.operator_url))).await.unwrap();
+    conveyor_jobs::migrate_with(&config(&db.app_url, &db.runtime_url, Some(&db.operator_url))).await.unwrap();
     assert!(wall_breaches(&mut db.app_connection().await).await.is_empty());
 }
 

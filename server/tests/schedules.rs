@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::{TestApp, config_vars, conveyor_bin, eventually, principal, redis_url, run_dispatcher, test_dispatcher};
-use conveyor_jobs::schedule::fire_due;
+use conveyor_jobs::fire_due_schedules;
 use conveyor_jobs::{JobKind, ScheduleError, ScheduleOptions, ScheduleSpec, WorkspaceId};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -113,7 +113,7 @@ async fn many_concurrent_passes_over_one_due_tick_fire_it_once() {
         let passes: Vec<_> = (0..8)
             .map(|_| {
                 let pool = app.db.runtime_pool.clone();
-                tokio::spawn(async move { fire_due(&pool).await.unwrap().fired })
+                tokio::spawn(async move { fire_due_schedules(&pool).await.unwrap().fired })
             })
             .collect();
         let mut fired = 0;
@@ -143,8 +143,12 @@ async fn after_downtime_a_schedule_fires_once_for_the_latest_missed_tick_then_go
         let rows = conveyor_jobs::list_schedules(&app.db.pool, ws).await.unwrap();
         rows[0].next_run_at
     };
-    assert_eq!(fire_due(&app.db.runtime_pool).await.unwrap().fired, 1, "one job for all the missed ticks");
-    assert_eq!(fire_due(&app.db.runtime_pool).await.unwrap().fired, 0, "and nothing more until the next tick");
+    assert_eq!(fire_due_schedules(&app.db.runtime_pool).await.unwrap().fired, 1, "one job for all the missed ticks");
+    assert_eq!(
+        fire_due_schedules(&app.db.runtime_pool).await.unwrap().fired,
+        0,
+        "and nothing more until the next tick"
+    );
     let (runs, jobs) = runs_and_jobs(&app, ws).await;
     assert_eq!((runs.len(), jobs.len()), (1, 1));
     let latest_missed = stored + chrono::Duration::seconds(300);
@@ -222,7 +226,11 @@ async fn schedules_and_their_runs_are_walled_off_by_row_level_security() {
     let (a, b) = (principal().workspace_id, principal().workspace_id);
     set(&app, a, "often", ScheduleSpec::every(Duration::from_secs(60)).unwrap(), ScheduleOptions::new()).await;
     exec(&app, a, "UPDATE job_schedules SET next_run_at = now() - interval '1 second' WHERE name = $1", "often").await;
-    assert_eq!(fire_due(&app.db.runtime_pool).await.unwrap().fired, 1, "fired under RLS in its own workspace");
+    assert_eq!(
+        fire_due_schedules(&app.db.runtime_pool).await.unwrap().fired,
+        1,
+        "fired under RLS in its own workspace"
+    );
     for table in ["job_schedules", "job_schedule_runs"] {
         let mut owner = app.db.owner().await;
         let (enabled, forced): (bool, bool) =
@@ -261,18 +269,22 @@ async fn a_paused_schedule_does_not_fire_and_resumes_from_the_next_tick() {
     set(&app, ws, "later", every, ScheduleOptions::new()).await;
     assert!(conveyor_jobs::pause_schedule(&app.db.pool, ws, "later").await.unwrap());
     exec(&app, ws, "UPDATE job_schedules SET next_run_at = now() - interval '10 minutes' WHERE name <> $1", "").await;
-    assert_eq!(fire_due(&app.db.runtime_pool).await.unwrap().fired, 0, "paused schedules fire nothing, however late");
+    assert_eq!(
+        fire_due_schedules(&app.db.runtime_pool).await.unwrap().fired,
+        0,
+        "paused schedules fire nothing, however late"
+    );
 
     assert!(conveyor_jobs::resume_schedule(&app.db.pool, ws, "later").await.unwrap());
     let later = conveyor_jobs::list_schedules(&app.db.pool, ws).await.unwrap().into_iter().find(|s| s.name == "later");
     let later = later.unwrap();
     assert!(!later.paused);
     assert!(later.next_run_at > chrono::Utc::now(), "resumed from the next tick, the paused ones not caught up");
-    assert_eq!(fire_due(&app.db.runtime_pool).await.unwrap().fired, 0);
+    assert_eq!(fire_due_schedules(&app.db.runtime_pool).await.unwrap().fired, 0);
 
     // Once its tick comes, it fires; the other one, still paused, does not.
     exec(&app, ws, "UPDATE job_schedules SET next_run_at = now() - interval '1 second' WHERE name = $1", "later").await;
-    assert_eq!(fire_due(&app.db.runtime_pool).await.unwrap().fired, 1);
+    assert_eq!(fire_due_schedules(&app.db.runtime_pool).await.unwrap().fired, 1);
     let (runs, jobs) = runs_and_jobs(&app, ws).await;
     assert_eq!((runs.len(), jobs.len()), (1, 1));
 }

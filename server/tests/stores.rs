@@ -42,7 +42,7 @@ async fn creating_a_store_writes_one_store_one_operation_and_one_event() {
     assert_eq!(event["event_type"], "store.verify_credentials");
     assert_eq!(event["operation_id"], op_id);
     assert_eq!(event["event_payload"], json!({ "store_id": body["store"]["id"], "credentials_version": 1 }));
-    assert!(event["traceparent"].as_str().is_some_and(conveyor_jobs::telemetry::is_valid_traceparent));
+    assert!(event["traceparent"].as_str().is_some_and(conveyor_jobs::is_valid_traceparent));
 
     let op: Value = app.send(Method::GET, &location, who, None).await.json().await.unwrap();
     assert_eq!(op["id"], op_id);

@@ -127,7 +127,7 @@ async fn a_transfer_downloads_over_https_from_a_server_the_configured_ca_vouches
     let shutdown = CancellationToken::new();
     common::run_dispatcher(common::test_dispatcher(&trusting, &common::redis_url(), |_| {}).await, &shutdown);
     let state = conveyor_server::http::AppState(std::sync::Arc::new(
-        conveyor_server::app::connect_state(&trusting.config, conveyor_jobs::metrics::Metrics::new()).await.unwrap(),
+        conveyor_server::app::connect_state(&trusting.config, conveyor_jobs::Metrics::new()).await.unwrap(),
     ));
     let worker = conveyor_server::app::build_worker(&trusting.config, &state).await.unwrap();
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{Process, TestApp, principal};
-use conveyor_jobs::metrics::Metrics;
+use conveyor_jobs::Metrics;
 use conveyor_server::auth::Principal;
 use conveyor_server::http::AppState;
 use conveyor_shop::adapters::fetch::{

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::{Process, TestApp, TestRedis, principal};
-use conveyor_jobs::metrics::Metrics;
-use conveyor_jobs::stream::keys::Keys;
-use conveyor_jobs::worker::WorkerSettings;
+use conveyor_jobs::Metrics;
+use conveyor_jobs::RedisKeys;
+use conveyor_jobs::WorkerSettings;
 use conveyor_server::auth::Principal;
 use conveyor_shop::adapters::sandbox::Settings;
 use reqwest::Method;
@@ -81,7 +81,7 @@ async fn one_event_delivered_twice_makes_one_marketplace_effect_and_one_success(
     crashing.insert("FAILPOINTS".into(), "dispatcher::after_xadd=sleep(60000)".into());
     let mut first = Process::spawn(&["dispatcher"], &crashing);
     let client = common::redis_client(&redis).await;
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("stores");
     common::eventually(Duration::from_secs(20), || async {
         (common::stream_event_ids(&client, &stream).await.len() == 1).then_some(())
     })
@@ -244,7 +244,7 @@ async fn an_undecodable_payload_is_dead_lettered_at_once_and_the_worker_keeps_se
     let (_sandbox, market) = common::sandbox(Settings::default()).await;
     let who = principal();
     // A malformed event, as a buggy producer might write it, committed beside a good one.
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
         "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
          VALUES ($1, $2, 'stores', 'store.verify_credentials', '{\"store_id\": 42}')",
@@ -265,7 +265,7 @@ async fn an_undecodable_payload_is_dead_lettered_at_once_and_the_worker_keeps_se
     {
         use fred::prelude::StreamsInterface;
         let _: String = client
-            .xadd(Keys::new(&app.redis_prefix).stream("stores"), false, None, "*", vec![("junk", "1")])
+            .xadd(RedisKeys::new(&app.redis_prefix).stream("stores"), false, None, "*", vec![("junk", "1")])
             .await
             .unwrap();
     }
@@ -366,7 +366,7 @@ async fn sigterm_lets_jobs_in_flight_finish_and_acknowledge_then_exits_zero() {
         assert_eq!(common::operation(&app, who, op).await["status"], "succeeded", "finished within the grace period");
     }
     let client = common::redis_client(&redis).await;
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("stores");
     assert!(common::stream_event_ids(&client, &stream).await.is_empty(), "acknowledged (and removed)");
     shutdown.cancel();
 }
@@ -383,7 +383,7 @@ async fn the_stream_stays_bounded_however_many_jobs_run() {
             .await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
     let client = common::redis_client(&redis).await;
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("stores");
     let who = principal();
     let mut longest = 0;
     for round in 0..4 {
@@ -427,7 +427,7 @@ async fn a_worker_killed_after_its_commit_and_before_its_ack_causes_no_second_ef
             .run(shutdown.clone(), Duration::from_secs(5)),
     );
     let client = common::redis_client(&redis).await;
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("stores");
     common::eventually(Duration::from_secs(30), || async {
         common::stream_event_ids(&client, &stream).await.is_empty().then_some(())
     })
@@ -481,7 +481,7 @@ async fn a_stale_delivery_does_not_dead_letter_the_newer_generation_of_its_event
     // generation 0 whose payload cannot be decoded: what the worker decides about the old entry must not touch
     // the new generation.
     let id = Uuid::now_v7();
-    let mut tx = conveyor_jobs::db::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
         "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, redrive_count, next_attempt_at)
          VALUES ($1, $2, 'stores', 'store.verify_credentials', '{\"store_id\": 42}', 1, now() + interval '1 hour')",
@@ -496,7 +496,7 @@ async fn a_stale_delivery_does_not_dead_letter_the_newer_generation_of_its_event
     let worker = common::test_worker(&app, &redis, &market, fast(), 5, metrics.clone()).await;
     worker.ensure_groups().await.unwrap();
     let client = common::redis_client(&redis).await;
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("stores");
     add_undecodable_entry(&client, &stream, id, who.workspace_id, None).await;
     let shutdown = CancellationToken::new();
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
@@ -517,10 +517,10 @@ async fn a_stale_delivery_does_not_dead_letter_the_newer_generation_of_its_event
 
 /// Adds to `stream` a generation-0 job entry for `event` whose payload cannot be decoded.
 async fn add_undecodable_entry(
-    client: &conveyor_jobs::stream::RedisClient,
+    client: &conveyor_jobs::RedisClient,
     stream: &str,
     event: Uuid,
-    workspace: conveyor_jobs::ids::WorkspaceId,
+    workspace: conveyor_jobs::WorkspaceId,
     operation: Option<&str>,
 ) {
     use fred::prelude::StreamsInterface;
@@ -555,7 +555,7 @@ async fn after_sigterm_a_worker_starts_no_job_it_read_beyond_its_free_slots() {
     vars.insert("CONVEYOR_SHUTDOWN_GRACE".into(), "8s".into());
     vars.insert("FAILPOINTS".into(), "worker::read_beyond_free_slots=return(3)".into());
     let client = common::redis_client(&redis).await;
-    let stream = Keys::new(&app.redis_prefix).stream("stores");
+    let stream = RedisKeys::new(&app.redis_prefix).stream("stores");
     common::eventually(Duration::from_secs(20), || async {
         (common::stream_event_ids(&client, &stream).await.len() == 4).then_some(())
     })

@@ -16,7 +16,7 @@ pub mod jobs;
 pub mod sealing;
 pub mod storage;
 
-use conveyor_jobs::ids::{UserId, WorkspaceId};
+use conveyor_jobs::{UserId, WorkspaceId};
 
 /// Who is calling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,10 +2,10 @@
 //! `outbox_events` row (a job) beside its business rows; the dispatcher relays committed rows into Redis Streams.
 //! Every change of a job's status after that lives in [`transitions`].
 
-pub mod control;
+pub(crate) mod control;
 mod enqueue;
-pub mod reconcile;
-pub mod transitions;
+pub(crate) mod reconcile;
+pub(crate) mod transitions;
 
 use crate::db::WorkspaceTx;
 use crate::ids::WorkspaceId;
@@ -13,7 +13,7 @@ pub use enqueue::{EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enque
 
 /// The channel the dispatcher `LISTEN`s on; a commit that wrote events notifies it. The payload is the workspace,
 /// followed by `@<ms since the epoch>` when the earliest job written is due later.
-pub const NOTIFY_CHANNEL: &str = "conveyor_outbox";
+pub(crate) const NOTIFY_CHANNEL: &str = "conveyor_outbox";
 
 /// The channel a job's end (completed, failed, canceled) is announced on; the payload is its workspace.
 pub(crate) const DONE_CHANNEL: &str = "conveyor_jobs_done";
@@ -23,7 +23,7 @@ pub(crate) const CANCEL_CHANNEL: &str = "conveyor_jobs_canceled";
 
 /// Tells the dispatchers, at commit, that `workspace` has due events (the payload is its id, so they need not
 /// look it up). Several notifications of one transaction with the same payload arrive as one.
-pub async fn notify_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId) -> Result<(), sqlx::Error> {
+pub(crate) async fn notify_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(NOTIFY_CHANNEL)
         .bind(workspace.0.to_string())

@@ -19,7 +19,7 @@ use crate::stream::RedisClient;
 use crate::stream::keys::{Keys, parse_stream_ref};
 
 /// Re-drives the events of operations stalled for `stalled_for`, at most `limit` per workspace. Returns how many.
-pub async fn redrive_stalled(pool: &PgPool, stalled_for: Duration, limit: i64) -> Result<u64, sqlx::Error> {
+pub(crate) async fn redrive_stalled(pool: &PgPool, stalled_for: Duration, limit: i64) -> Result<u64, sqlx::Error> {
     let secs = stalled_for.as_secs_f64();
     let workspaces: Vec<(Uuid,)> = sqlx::query_as(
         "SELECT workspace_id FROM conveyor_stalled_operation_workspaces(make_interval(secs => $1), 1000)",
@@ -42,7 +42,7 @@ pub async fn redrive_stalled(pool: &PgPool, stalled_for: Duration, limit: i64) -
 
 /// Re-drives the jobs without an operation that were dispatched more than `older_than` ago and whose stream entry
 /// Redis no longer has, at most `limit` per workspace. Returns how many.
-pub async fn redrive_lost(
+pub(crate) async fn redrive_lost(
     pool: &PgPool,
     redis: &RedisClient,
     keys: &Keys,

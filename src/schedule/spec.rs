@@ -10,10 +10,10 @@ use croner::parser::{CronParser, Seconds, Year};
 use super::ScheduleError;
 
 /// The shortest period of [`ScheduleSpec::every`].
-pub const MIN_EVERY: Duration = Duration::from_secs(1);
+pub(super) const MIN_EVERY: Duration = Duration::from_secs(1);
 
 /// The longest period of [`ScheduleSpec::every`] (366 days).
-pub const MAX_EVERY: Duration = Duration::from_secs(366 * 86_400);
+pub(super) const MAX_EVERY: Duration = Duration::from_secs(366 * 86_400);
 
 /// When a schedule ticks. Built checked: a spec that exists is valid.
 ///

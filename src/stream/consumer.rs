@@ -34,11 +34,11 @@ pub struct Entry {
 }
 
 /// Text read from Redis: an immutable UTF-8 slice of the reply's buffer, shared rather than copied.
-pub type Text = fred::bytes_utils::Str;
+pub(crate) type Text = fred::bytes_utils::Str;
 
 /// The field-value pairs of an entry (or of a reply shaped like one), in order. There are few (a job has under a
 /// dozen), so a lookup scans them: cheaper than hashing every name of every entry read. Names and values are slices
-/// of the reply ([`Text`]): reading an entry copies none of them.
+/// of the reply (shared bytes): reading an entry copies none of them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Fields(Vec<(Text, Text)>);
 
@@ -173,7 +173,7 @@ impl Consumer {
     }
 
     /// Reads the partitions of `partitions` (`CONVEYOR_STREAM_PARTITIONS`) from the start, as well as every stream
-    /// the layout names (see [`super::layout`]).
+    /// the layout names (CONTRACT §3).
     pub fn with_partitions(mut self, partitions: u16) -> Self {
         self.partitions = partitions.clamp(1, super::layout::MAX_PARTITIONS);
         self

@@ -69,7 +69,7 @@ impl Keys {
 
 /// How a job row records where its entry is (`outbox_events.stream_id`): the entry id alone in a whole stream (as
 /// before partitions), `<p>/<entry id>` in partition `p` (entry ids of different streams may be equal).
-pub fn stream_ref(partition: Partition, entry_id: &str) -> String {
+pub(crate) fn stream_ref(partition: Partition, entry_id: &str) -> String {
     match partition {
         Partition::Whole => entry_id.to_owned(),
         Partition::Part(p) => format!("{p}/{entry_id}"),
@@ -77,7 +77,7 @@ pub fn stream_ref(partition: Partition, entry_id: &str) -> String {
 }
 
 /// The stream and entry id a [`stream_ref`] names.
-pub fn parse_stream_ref(reference: &str) -> (Partition, &str) {
+pub(crate) fn parse_stream_ref(reference: &str) -> (Partition, &str) {
     match reference.split_once('/') {
         Some((p, id)) => match p.parse() {
             Ok(p) => (Partition::Part(p), id),

@@ -28,10 +28,10 @@ use super::{RedisClient, Watched};
 pub const MAX_PARTITIONS: u16 = 1024;
 
 /// How far ahead of Redis' clock a new epoch starts.
-pub const MARGIN: Duration = Duration::from_secs(10);
+pub(crate) const MARGIN: Duration = Duration::from_secs(10);
 
 /// How old a relay's copy of the layout may be when it routes a batch.
-pub const FRESH: Duration = Duration::from_secs(2);
+pub(crate) const FRESH: Duration = Duration::from_secs(2);
 
 // KEYS[1] = the layout; ARGV[1] = the partitions wanted, ARGV[2] = the margin (ms). Appends `P@since` when P is above
 // the latest epoch's; returns the layout.
@@ -99,7 +99,11 @@ impl Layout {
 
 /// Every stream key of `queue` that may hold entries, as the layout in Redis names them (the whole stream first):
 /// what an operator's view sums its `XLEN` and `XINFO GROUPS` over.
-pub async fn stream_keys(client: &RedisClient, keys: &Keys, queue: &str) -> Result<Vec<String>, fred::error::Error> {
+pub(crate) async fn stream_keys(
+    client: &RedisClient,
+    keys: &Keys,
+    queue: &str,
+) -> Result<Vec<String>, fred::error::Error> {
     use fred::prelude::KeysInterface;
     let text: Option<String> = client.get(keys.layout()).await.watched(client)?;
     let layout = Layout::parse(text.as_deref().unwrap_or_default());
@@ -108,7 +112,7 @@ pub async fn stream_keys(client: &RedisClient, keys: &Keys, queue: &str) -> Resu
 
 /// The partition of `workspace` among `partitions`: FNV-1a of its 16 bytes, modulo. Stable across versions and
 /// processes (the relay's routing depends on it).
-pub fn workspace_partition(workspace: &Uuid, partitions: u16) -> Partition {
+pub(crate) fn workspace_partition(workspace: &Uuid, partitions: u16) -> Partition {
     if partitions <= 1 {
         return Partition::Whole;
     }

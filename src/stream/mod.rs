@@ -19,11 +19,11 @@
 //! every command of the client up to [`NODE_TIMEOUT`]: so the map is re-read only when it changed, and scripts are
 //! routed by their keys' slot, which needs no re-read at all ([`script`]).
 
-pub mod admin;
-pub mod consumer;
-pub mod keys;
-pub mod layout;
-pub mod producer;
+pub(crate) mod admin;
+pub(crate) mod consumer;
+pub(crate) mod keys;
+pub(crate) mod layout;
+pub(crate) mod producer;
 mod script;
 pub(crate) mod tls;
 mod url;
@@ -56,7 +56,7 @@ const RECOVER_EVERY: Duration = Duration::from_secs(1);
 /// or as fred's `?node=h2:6379` parameters. A cluster client follows `MOVED` and `ASK` redirections and re-reads the
 /// slot map after a failover, from any node it knows: the seeds and every primary of the last slot map it read (fred's
 /// default reads it from the seeds alone, so a client whose seeds had died could never find the cluster again). A node
-/// that does not answer costs at most [`NODE_TIMEOUT`] per attempt.
+/// that does not answer costs at most 1 s per attempt.
 pub async fn connect(url: &str, command_timeout: Duration) -> Result<RedisClient, fred::error::Error> {
     connect_with(url, command_timeout, &RedisTls::default()).await
 }

@@ -23,7 +23,7 @@ use super::{RedisClient, Watched};
 type Stream<'a> = (&'a str, Partition);
 
 /// Events per script call: large enough to amortize the call, small enough to keep Redis responsive.
-pub const CHUNK: usize = 100;
+pub(crate) const CHUNK: usize = 100;
 
 // KEYS[1] = the stream, KEYS[2..] = one de-dup key per event. ARGV[1] = de-dup TTL (ms); then, per event, the
 // number of field/value arguments followed by them.
@@ -120,7 +120,7 @@ impl Producer {
     }
 
     /// Splits every queue into `partitions` streams (`CONVEYOR_STREAM_PARTITIONS`): raises the layout to it (never
-    /// lowers it) for jobs created from [`super::layout::MARGIN`] on; see [`super::layout`].
+    /// lowers it) for jobs created 10 s after the change on, so that every reader knows the new streams before they fill.
     pub fn with_partitions(mut self, partitions: u16) -> Self {
         self.layout = Arc::new(LayoutCache::new(self.client.clone(), &self.keys, partitions));
         self
@@ -217,11 +217,11 @@ impl Producer {
         pipeline.try_all::<Value>().await.into_iter().try_for_each(|r| r.map(drop)).watched(&self.client)
     }
 
-    /// Publishes `messages` in one pipeline. Each result is the stream reference ([`stream_ref`]: the entry id, new
+    /// Publishes `messages` in one pipeline. Each result is the stream reference (the entry id, new
     /// or the one an earlier delivery of the same event got, and its partition) or the error of its chunk. Safe to
     /// repeat: the de-dup keys make it so.
     ///
-    /// Each job goes to the stream the layout gives its workspace and creation time ([`super::layout`]). The chunks
+    /// Each job goes to the stream the layout gives its workspace and creation time . The chunks
     /// go out by SHA; the chunks a node answered `NOSCRIPT` (first use on it, a restart, a replica promoted by a
     /// failover) go again with the script's text, and the script is loaded on every primary.
     pub async fn publish(&self, messages: &[Message]) -> Vec<Result<String, fred::error::Error>> {

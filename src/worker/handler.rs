@@ -18,7 +18,7 @@ use crate::kind::JobKind;
 use crate::outbox::transitions;
 
 /// A boxed future borrowing for `'a`.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Why a handler failed.
 #[derive(Debug, thiserror::Error)]

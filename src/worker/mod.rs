@@ -11,11 +11,11 @@
 //! start jobs), `execute` (one job to its outcome), `acker` (acknowledge, heartbeat, hear cancellations).
 
 mod acker;
-pub mod dlq;
+pub(crate) mod dlq;
 mod execute;
-pub mod handler;
+pub(crate) mod handler;
 mod reader;
-pub mod runtime;
+pub(crate) mod runtime;
 mod slots;
 
 pub use handler::{Handler, JobContext, JobError};

@@ -13,7 +13,6 @@ use serde_json::json;
 
 use super::AppState;
 use super::readiness::RedisVerdict;
-use conveyor_jobs::{migrate, stream};
 
 /// The admin router.
 pub fn router(state: AppState) -> Router {
@@ -30,13 +29,13 @@ pub fn router(state: AppState) -> Router {
 /// lasted longer than `CONVEYOR_READY_REDIS_GRACE` (see [`super::readiness`]). The body says which part is wrong.
 async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     let timeout = Duration::from_secs(2);
-    let postgres = match tokio::time::timeout(timeout, migrate::pending_versions(&state.pool)).await {
+    let postgres = match tokio::time::timeout(timeout, conveyor_jobs::pending_migrations(&state.pool)).await {
         Ok(Ok(0)) => "ok".to_owned(),
         Ok(Ok(n)) => format!("{n} migration(s) not applied"),
         Ok(Err(_)) => "unreachable".to_owned(),
         Err(_) => "timed out".to_owned(),
     };
-    let redis_error = match tokio::time::timeout(timeout, stream::ping(&state.redis)).await {
+    let redis_error = match tokio::time::timeout(timeout, conveyor_jobs::ping_redis(&state.redis)).await {
         Ok(Ok(())) => None,
         Ok(Err(_)) => Some("unreachable"),
         Err(_) => Some("timed out"),

@@ -1,4 +1,4 @@
-//! The operator's JSON API on the admin listener, under `/admin/v1`: the HTTP face of [`conveyor_jobs::admin::Admin`].
+//! The operator's JSON API on the admin listener, under `/admin/v1`: the HTTP face of [`conveyor_jobs::Admin`].
 //!
 //! ```text
 //! GET    /queues, /queues/{name}                       counts by state, lag, throughput, oldest age, paused
@@ -43,8 +43,8 @@ use self::params::Params;
 pub use self::problem::AdminApiError;
 use super::AppState;
 use conveyor_jobs::PauseScope;
-use conveyor_jobs::admin::{DeadLetterFilter, JobAction, JobFilter, OperationFilter, Replay};
-use conveyor_jobs::ids::{JobId, WorkspaceId};
+use conveyor_jobs::{DeadLetterFilter, JobAction, JobFilter, OperationFilter, Replay};
+use conveyor_jobs::{JobId, WorkspaceId};
 
 /// The admin API's routes, to nest under `/admin/v1` in the admin router (which supplies the state).
 pub fn router() -> Router<AppState> {

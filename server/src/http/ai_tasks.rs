@@ -12,7 +12,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::idempotent::{Idempotent, Reply};
 use crate::auth::Principal;
-use conveyor_jobs::db;
+
 use conveyor_shop::domain::ai_tasks::{self, CreateError, NewAiTask};
 
 pub fn routes() -> Router<AppState> {
@@ -66,7 +66,7 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound("AI task"))?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     let task = ai_tasks::get_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("AI task"))?;
     tx.commit().await?;
     Ok(Json(task).into_response())

@@ -12,7 +12,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::idempotent::{Idempotent, Reply};
 use crate::auth::Principal;
-use conveyor_jobs::db;
+
 use conveyor_shop::adapters::fetch::AddressPolicy;
 use conveyor_shop::domain::asset_transfers::{self, NewTransfer, NewTransferError};
 
@@ -51,7 +51,7 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound("asset transfer"))?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     let transfer = asset_transfers::get_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("asset transfer"))?;
     tx.commit().await?;
     Ok(Json(transfer).into_response())

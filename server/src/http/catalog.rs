@@ -14,7 +14,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::idempotent::{Idempotent, Reply};
 use crate::auth::Principal;
-use conveyor_jobs::db;
+
 use conveyor_shop::domain::catalog::{self, MAX_PRODUCTS_PAGE, StartError, StoreProduct};
 
 /// Products per page when the client names no `limit`.
@@ -74,7 +74,7 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::NotFound("catalog sync"))?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     let sync = catalog::get_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("catalog sync"))?;
     tx.commit().await?;
     Ok(Json(sync).into_response())
@@ -126,7 +126,7 @@ async fn products(
     let store_id = Uuid::parse_str(&store_id).map_err(|_| ApiError::NotFound("store"))?;
     let Query(pairs) = query.map_err(|_| ApiError::Validation("the query string is not URL-encoded".into()))?;
     let (limit, after) = products_query(pairs)?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     if !catalog::store_exists_tx(&mut tx, store_id).await? {
         return Err(ApiError::NotFound("store"));
     }

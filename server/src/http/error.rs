@@ -194,7 +194,7 @@ impl From<ValidationError> for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        if conveyor_jobs::db::is_unavailable(&e) {
+        if conveyor_jobs::is_postgres_unavailable(&e) {
             Self::Unavailable(anyhow::Error::new(e).context("PostgreSQL unavailable"))
         } else {
             Self::Internal(anyhow::Error::new(e))

@@ -18,8 +18,7 @@ use super::json::{parse_json, read_json_body};
 use crate::auth::Principal;
 use crate::idempotency::fingerprint::{RequestParts, canonical_request, normalize_path};
 use crate::idempotency::{Claim, IdempotencyKey, Scope, StoredResponse, store};
-use conveyor_jobs::db::{self, WorkspaceTx};
-use conveyor_jobs::telemetry;
+use conveyor_jobs::WorkspaceTx;
 
 /// The header that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -131,7 +130,7 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for Idempotent<T> {
         });
         let body: T = serde_json::from_value(json)
             .map_err(|e| parse_json::<T>(&raw).err().unwrap_or(ApiError::Validation(e.to_string())))?;
-        let traceparent = telemetry::request_traceparent(headers.get("traceparent").and_then(|v| v.to_str().ok()));
+        let traceparent = conveyor_jobs::request_traceparent(headers.get("traceparent").and_then(|v| v.to_str().ok()));
         let scope = Scope {
             workspace_id: principal.workspace_id,
             user_id: principal.user_id,
@@ -151,7 +150,7 @@ impl<T> Idempotent<T> {
         W: for<'t> FnOnce(&'t mut WorkspaceTx) -> Work<'t>,
     {
         let outcome = |label: &str| state.metrics.idempotency_requests.with_label_values(&[label]).inc();
-        let mut tx = db::begin_workspace(&state.pool, self.scope.workspace_id).await?;
+        let mut tx = conveyor_jobs::begin_workspace(&state.pool, self.scope.workspace_id).await?;
         match store::claim_tx(&mut tx, &self.scope, &state.fingerprinter, &self.canonical, state.idempotency_ttl)
             .await?
         {

@@ -17,7 +17,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::idempotent::{Idempotent, Reply};
 use crate::auth::Principal;
-use conveyor_jobs::db;
+
 use conveyor_shop::domain::listings::{self, CreateError, NewListing, Price, PublishError};
 
 pub fn routes() -> Router<AppState> {
@@ -108,7 +108,7 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     let listing = listings::get_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("listing"))?;
     tx.commit().await?;
     Ok(Json(listing).into_response())

@@ -27,7 +27,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::idempotent::{Idempotent, Reply};
 use crate::auth::Principal;
-use conveyor_jobs::db;
+
 use conveyor_shop::domain::media::{
     self, CompleteError, MediaState, NewMedia, NewMediaError, UploadError, UploadRecorded,
 };
@@ -111,7 +111,7 @@ async fn upload(
     let _receiving = Receiving::enter(&state)?;
     let max_bytes = state.scenarios.media_max_bytes;
     // Refuse before reading a byte when the media cannot take an upload or the body announces too many bytes.
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     match media::state_tx(&mut tx, id).await? {
         MediaState::Missing => return Err(ApiError::NotFound("media")),
         MediaState::Completed { operation_id } => return Err(already_completed(operation_id)),
@@ -136,7 +136,7 @@ async fn upload(
         return Err(ApiError::Validation("the upload is empty: send the media's bytes as the request body".into()));
     }
 
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     let recorded = media::record_upload_tx(&mut tx, id, &object, size).await?;
     let refused = match recorded {
         UploadRecorded::Recorded { replaced } => {
@@ -220,7 +220,7 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     let shown = media::get_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("media"))?;
     tx.commit().await?;
     Ok(Json(shown).into_response())
@@ -232,7 +232,7 @@ async fn derivative(
     Path((id, name)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     let stored = media::derivative_tx(&mut tx, id, &name).await?.ok_or(ApiError::NotFound("derivative"))?;
     tx.commit().await?;
     let object = conveyor_shop::storage::ObjectKey::parse(&stored.object_key).map_err(storage_error)?;

@@ -31,8 +31,8 @@ use tower_http::trace::TraceLayer;
 
 use crate::auth::TokenKeys;
 use crate::idempotency::Fingerprinter;
-use conveyor_jobs::metrics::Metrics;
-use conveyor_jobs::stream::RedisClient;
+use conveyor_jobs::Metrics;
+use conveyor_jobs::RedisClient;
 use conveyor_shop::sealing::Sealer;
 
 pub use admin::router as admin_router;
@@ -62,7 +62,7 @@ pub struct Shared {
     /// The uploads received at once (`CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS`): one permit each, taken without waiting.
     pub uploads: Arc<tokio::sync::Semaphore>,
     /// Operating across workspaces (admin API, web UI); `None` without `CONVEYOR_OPERATOR_DATABASE_URL`.
-    pub admin: Option<conveyor_jobs::admin::Admin>,
+    pub admin: Option<conveyor_jobs::Admin>,
     /// Checks operator credentials (`CONVEYOR_ADMIN_TOKEN`, operator JWTs).
     pub operator_auth: crate::operator_auth::OperatorAuth,
     /// Signs the operator UI's sessions and CSRF tokens (derived from the JWT secret and the operator token).

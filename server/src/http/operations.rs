@@ -11,9 +11,9 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::ApiError;
 use crate::auth::Principal;
-use conveyor_jobs::db;
-use conveyor_jobs::operations::{self, Cursor, ListQuery, MAX_PAGE, Operation, STATUSES};
-use conveyor_jobs::outbox::transitions::{Cancel, cancel_operation_tx};
+
+use conveyor_jobs::{MAX_OPERATIONS_PAGE, OPERATION_STATUSES, Operation, OperationCursor, OperationQuery};
+use conveyor_jobs::{OperationCancel, cancel_operation_tx};
 
 /// Page size when the client names none.
 const DEFAULT_PAGE: u32 = 50;
@@ -35,8 +35,8 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Json<Operation>, ApiError> {
     let id = parse_id(&id)?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
-    let operation = operations::get_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("operation"))?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let operation = conveyor_jobs::get_operation_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("operation"))?;
     tx.commit().await?;
     Ok(Json(operation))
 }
@@ -50,8 +50,8 @@ struct List {
 
 /// Reads `status`, `kind`, `limit` and `cursor`. An empty value counts as absent; an unknown or repeated parameter,
 /// an unknown status, a limit outside 1..=200 and a cursor this API did not issue are `422 VALIDATION_FAILED`.
-fn list_query(pairs: Vec<(String, String)>) -> Result<ListQuery, ApiError> {
-    let mut query = ListQuery { status: None, kind: None, after: None, limit: DEFAULT_PAGE };
+fn list_query(pairs: Vec<(String, String)>) -> Result<OperationQuery, ApiError> {
+    let mut query = OperationQuery { status: None, kind: None, after: None, limit: DEFAULT_PAGE };
     let mut seen = Vec::new();
     for (name, value) in pairs {
         if seen.contains(&name) {
@@ -61,20 +61,23 @@ fn list_query(pairs: Vec<(String, String)>) -> Result<ListQuery, ApiError> {
         match name.as_str() {
             "status" | "kind" | "limit" | "cursor" if value.is_empty() => {}
             "status" => {
-                if !STATUSES.contains(&value.as_str()) {
-                    return Err(ApiError::Validation(format!("`status` must be one of {}", STATUSES.join(", "))));
+                if !OPERATION_STATUSES.contains(&value.as_str()) {
+                    return Err(ApiError::Validation(format!(
+                        "`status` must be one of {}",
+                        OPERATION_STATUSES.join(", ")
+                    )));
                 }
                 query.status = Some(value);
             }
             "kind" => query.kind = Some(value),
             "limit" => {
                 query.limit =
-                    value.parse::<u32>().ok().filter(|l| (1..=MAX_PAGE).contains(l)).ok_or_else(|| {
-                        ApiError::Validation(format!("`limit` must be an integer from 1 to {MAX_PAGE}"))
+                    value.parse::<u32>().ok().filter(|l| (1..=MAX_OPERATIONS_PAGE).contains(l)).ok_or_else(|| {
+                        ApiError::Validation(format!("`limit` must be an integer from 1 to {MAX_OPERATIONS_PAGE}"))
                     })?;
             }
             "cursor" => {
-                query.after = Some(Cursor::decode(&value).ok_or_else(|| {
+                query.after = Some(OperationCursor::decode(&value).ok_or_else(|| {
                     ApiError::Validation("`cursor` is not a cursor from a previous page of this listing".into())
                 })?);
             }
@@ -96,8 +99,8 @@ async fn list(
 ) -> Result<Json<List>, ApiError> {
     let Query(pairs) = query.map_err(|_| ApiError::Validation("the query string is not URL-encoded".into()))?;
     let query = list_query(pairs)?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
-    let page = operations::list_tx(&mut tx, principal.workspace_id, &query).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let page = conveyor_jobs::list_operations_tx(&mut tx, principal.workspace_id, &query).await?;
     tx.commit().await?;
     Ok(Json(List { operations: page.operations, next_cursor: page.next_cursor.map(|c| c.encode()) }))
 }
@@ -111,15 +114,15 @@ async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Json<Operation>, ApiError> {
     let id = parse_id(&id)?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     match cancel_operation_tx(&mut tx, principal.workspace_id, id).await? {
-        Cancel::Canceled => {}
-        Cancel::Finished(_) => return Err(ApiError::OperationFinished(id)),
-        Cancel::NotFound => return Err(ApiError::NotFound("operation")),
+        OperationCancel::Canceled => {}
+        OperationCancel::Finished(_) => return Err(ApiError::OperationFinished(id)),
+        OperationCancel::NotFound => return Err(ApiError::NotFound("operation")),
     }
     tx.commit().await?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
-    let operation = operations::get_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("operation"))?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let operation = conveyor_jobs::get_operation_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("operation"))?;
     tx.commit().await?;
     Ok(Json(operation))
 }

@@ -12,7 +12,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::json::StrictJson;
 use crate::auth::Principal;
-use conveyor_jobs::db;
+
 use conveyor_shop::domain::product_drafts::{self, DraftContent, ProductDraft, Replace};
 
 pub fn routes() -> Router<AppState> {
@@ -66,7 +66,7 @@ async fn create(
     StrictJson(content): StrictJson<DraftContent>,
 ) -> Result<Response, ApiError> {
     content.validate()?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     let draft = product_drafts::create_tx(&mut tx, &principal, &content).await?;
     tx.commit().await?;
     Ok(with_etag(StatusCode::CREATED, draft))
@@ -78,7 +78,7 @@ async fn show(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     let draft = product_drafts::get_tx(&mut tx, id).await?.ok_or(ApiError::NotFound("product draft"))?;
     tx.commit().await?;
     Ok(with_etag(StatusCode::OK, draft))
@@ -94,7 +94,7 @@ async fn replace(
     let id = parse_id(&id)?;
     let expected = if_match(&headers)?;
     content.validate()?;
-    let mut tx = db::begin_workspace(&state.pool, principal.workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(&state.pool, principal.workspace_id).await?;
     let replaced = product_drafts::replace_tx(&mut tx, &principal, id, &expected, &content).await?;
     tx.commit().await?;
     match replaced {

@@ -9,8 +9,6 @@ use axum::http::{Request, Response};
 use tracing::Span;
 use tracing::field::Empty;
 
-use conveyor_jobs::telemetry;
-
 /// The request's span; the parent is the incoming `traceparent` when traces are exported.
 pub(super) fn request_span<B>(request: &Request<B>) -> Span {
     let route = request.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str);
@@ -28,14 +26,14 @@ pub(super) fn request_span<B>(request: &Request<B>) -> Span {
             )
         };
     }
-    if !telemetry::exporting() {
+    if !conveyor_jobs::trace_exporting() {
         return span!(debug_span);
     }
     let span = span!(info_span);
     if !span.is_disabled() {
         span.record("otel.name", format!("{} {route}", request.method()));
         if let Some(incoming) = request.headers().get("traceparent").and_then(|v| v.to_str().ok()) {
-            telemetry::set_parent(&span, incoming);
+            conveyor_jobs::set_span_parent(&span, incoming);
         }
     }
     span

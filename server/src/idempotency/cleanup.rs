@@ -4,8 +4,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use conveyor_jobs::db;
-use conveyor_jobs::ids::WorkspaceId;
+use conveyor_jobs::WorkspaceId;
 
 /// Deletes expired records, at most `batch` per statement, until none is left or `max_batches` ran. Returns how
 /// many rows it deleted.
@@ -25,7 +24,7 @@ pub async fn purge_expired(pool: &PgPool, batch: i64, max_batches: usize) -> Res
                 if batches >= max_batches {
                     return Ok(deleted);
                 }
-                let mut tx = db::begin_workspace(pool, WorkspaceId(workspace)).await?;
+                let mut tx = conveyor_jobs::begin_workspace(pool, WorkspaceId(workspace)).await?;
                 let done = sqlx::query(
                     "DELETE FROM idempotency_requests WHERE ctid IN (
                          SELECT ctid FROM idempotency_requests

@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use super::fingerprint::{Fingerprint, Fingerprinter};
 use super::key::IdempotencyKey;
-use conveyor_jobs::db::WorkspaceTx;
-use conveyor_jobs::ids::{UserId, WorkspaceId};
+use conveyor_jobs::WorkspaceTx;
+use conveyor_jobs::{UserId, WorkspaceId};
 
 /// What a key is scoped to: the same key from another user, workspace, method or path is another request.
 #[derive(Clone, Debug)]

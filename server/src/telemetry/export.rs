@@ -9,6 +9,7 @@
 //! - `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn traces off; `OTEL_EXPORTER_OTLP_PROTOCOL` may only
 //!   be `http/protobuf` (no gRPC in this build).
 
+use conveyor_jobs::redact;
 use std::io::Read;
 use std::time::Duration;
 
@@ -20,7 +21,6 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 
 use crate::config::Source;
-use conveyor_jobs::redact::redact;
 
 /// The collector's base URL; traces go to `{it}/v1/traces`.
 pub const ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
@@ -96,7 +96,7 @@ pub fn provider(settings: &OtlpSettings) -> anyhow::Result<SdkTracerProvider> {
     let resource = Resource::builder()
         .with_service_name(settings.service_name.clone())
         .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
-        .with_attribute(KeyValue::new("service.instance.id", conveyor_jobs::ids::instance_name()))
+        .with_attribute(KeyValue::new("service.instance.id", conveyor_jobs::instance_name()))
         .build();
     Ok(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
 }

@@ -14,9 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use conveyor_jobs::db;
-use conveyor_jobs::ids::{UserId, WorkspaceId};
-use conveyor_jobs::metrics::Metrics;
+use conveyor_jobs::Metrics;
+use conveyor_jobs::{UserId, WorkspaceId};
 use conveyor_server::auth::{Principal, TokenKeys};
 use conveyor_server::config::{Config, MigrateConfig, Secret};
 use conveyor_server::http::AppState;
@@ -111,9 +110,9 @@ impl TestDb {
             audit_retention: None,
             dead_letter_retention: None,
         };
-        conveyor_jobs::migrate::run(&migrate).await.expect("migrations apply");
-        let pool = db::connect(&app_url, 16).await.expect("connect as the application role");
-        let runtime_pool = db::connect(&runtime_url, 8).await.expect("connect as the runtime role");
+        conveyor_jobs::migrate_with(&migrate).await.expect("migrations apply");
+        let pool = conveyor_jobs::connect_postgres(&app_url, 16).await.expect("connect as the application role");
+        let runtime_pool = conveyor_jobs::connect_postgres(&runtime_url, 8).await.expect("connect as the runtime role");
         Self { name, owner_url, app_url, operator_url, runtime_url, pool, runtime_pool }
     }
 
@@ -130,7 +129,7 @@ impl TestDb {
 
     /// How many rows of `table` the workspace holds (read as the application role under RLS).
     pub async fn count(&self, table: &str, workspace: WorkspaceId) -> i64 {
-        let mut tx = db::begin_workspace(&self.pool, workspace).await.unwrap();
+        let mut tx = conveyor_jobs::begin_workspace(&self.pool, workspace).await.unwrap();
         let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
             .fetch_one(&mut *tx)
             .await
@@ -141,7 +140,7 @@ impl TestDb {
 
     /// Every row of `table` in the workspace, as JSON.
     pub async fn rows(&self, table: &str, workspace: WorkspaceId) -> Vec<serde_json::Value> {
-        let mut tx = db::begin_workspace(&self.pool, workspace).await.unwrap();
+        let mut tx = conveyor_jobs::begin_workspace(&self.pool, workspace).await.unwrap();
         let rows: Vec<(serde_json::Value,)> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT to_jsonb(t) FROM {table} t")))
                 .fetch_all(&mut *tx)
@@ -544,17 +543,17 @@ impl Drop for TestRedis {
 }
 
 /// A Redis client for assertions.
-pub async fn redis_client(url: &str) -> conveyor_jobs::stream::RedisClient {
+pub async fn redis_client(url: &str) -> conveyor_jobs::RedisClient {
     redis_client_with(url, &Default::default()).await
 }
 
 /// [`redis_client`] with TLS files (a `rediss…://` URL).
-pub async fn redis_client_with(url: &str, tls: &conveyor_jobs::stream::RedisTls) -> conveyor_jobs::stream::RedisClient {
-    conveyor_jobs::stream::connect_with(url, Duration::from_secs(5), tls).await.expect("connect to redis")
+pub async fn redis_client_with(url: &str, tls: &conveyor_jobs::RedisTls) -> conveyor_jobs::RedisClient {
+    conveyor_jobs::connect_redis_with(url, Duration::from_secs(5), tls).await.expect("connect to redis")
 }
 
 /// The `event_id` field of every entry of `stream`, in stream order.
-pub async fn stream_event_ids(client: &conveyor_jobs::stream::RedisClient, stream: &str) -> Vec<String> {
+pub async fn stream_event_ids(client: &conveyor_jobs::RedisClient, stream: &str) -> Vec<String> {
     use fred::prelude::StreamsInterface;
     let entries: Vec<(String, HashMap<String, String>)> = client.xrange(stream, "-", "+", None).await.expect("XRANGE");
     entries.into_iter().map(|(_, fields)| fields.get("event_id").cloned().unwrap_or_default()).collect()
@@ -576,7 +575,7 @@ pub async fn test_dispatcher(
     app: &TestApp,
     redis_url: &str,
     tweak: impl FnOnce(&mut HashMap<String, String>),
-) -> conveyor_jobs::dispatcher::Dispatcher {
+) -> conveyor_jobs::Dispatcher {
     test_dispatcher_on(&app.db.runtime_url, &app.redis_prefix, redis_url, tweak).await
 }
 
@@ -587,7 +586,7 @@ pub async fn test_dispatcher_on(
     redis_prefix: &str,
     redis_url: &str,
     tweak: impl FnOnce(&mut HashMap<String, String>),
-) -> conveyor_jobs::dispatcher::Dispatcher {
+) -> conveyor_jobs::Dispatcher {
     test_dispatcher_metered(runtime_url, redis_prefix, redis_url, tweak, Metrics::new()).await
 }
 
@@ -598,20 +597,17 @@ pub async fn test_dispatcher_metered(
     redis_url: &str,
     tweak: impl FnOnce(&mut HashMap<String, String>),
     metrics: Metrics,
-) -> conveyor_jobs::dispatcher::Dispatcher {
-    use conveyor_jobs::dispatcher::Dispatcher;
+) -> conveyor_jobs::Dispatcher {
+    use conveyor_jobs::Dispatcher;
     let mut vars = HashMap::new();
     tweak(&mut vars);
     let settings = conveyor_server::config::dispatcher_settings(&vars).unwrap();
-    let client = conveyor_jobs::stream::connect(redis_url, Duration::from_millis(500)).await.unwrap();
-    let producer = conveyor_jobs::stream::producer::Producer::new(
-        client,
-        conveyor_jobs::stream::keys::Keys::new(redis_prefix),
-        settings.dedup_ttl,
-    );
+    let client = conveyor_jobs::connect_redis(redis_url, Duration::from_millis(500)).await.unwrap();
+    let producer =
+        conveyor_jobs::Producer::new(client, conveyor_jobs::RedisKeys::new(redis_prefix), settings.dedup_ttl);
     // A pool of its own, as a dispatcher process would have.
-    let pool = db::connect(runtime_url, 8).await.unwrap();
-    Dispatcher::new(pool, producer, settings, metrics, conveyor_jobs::ids::instance_name())
+    let pool = conveyor_jobs::connect_postgres(runtime_url, 8).await.unwrap();
+    Dispatcher::new(pool, producer, settings, metrics, conveyor_jobs::instance_name())
 }
 
 /// A worker with the shipped handlers over the test's database and prefix, on `redis_url`, calling the
@@ -620,22 +616,22 @@ pub async fn test_worker(
     app: &TestApp,
     redis_url: &str,
     marketplace_url: &str,
-    settings: conveyor_jobs::worker::WorkerSettings,
+    settings: conveyor_jobs::WorkerSettings,
     max_attempts: u32,
     metrics: Metrics,
-) -> conveyor_jobs::worker::Worker {
-    let client = conveyor_jobs::stream::connect(redis_url, Duration::from_secs(2)).await.unwrap();
-    let blocking = conveyor_jobs::stream::connect(redis_url, Duration::from_secs(5)).await.unwrap();
-    let consumer = conveyor_jobs::stream::consumer::Consumer::new(
+) -> conveyor_jobs::Worker {
+    let client = conveyor_jobs::connect_redis(redis_url, Duration::from_secs(2)).await.unwrap();
+    let blocking = conveyor_jobs::connect_redis(redis_url, Duration::from_secs(5)).await.unwrap();
+    let consumer = conveyor_jobs::Consumer::new(
         client,
         blocking,
-        conveyor_jobs::stream::keys::Keys::new(&app.redis_prefix),
+        conveyor_jobs::RedisKeys::new(&app.redis_prefix),
         format!("test-{}", Uuid::new_v4().simple()),
     );
     let sealer = conveyor_shop::sealing::Sealer::new(&app.config.encryption_key, "k1");
     let marketplace =
         Arc::new(conveyor_shop::adapters::marketplace::HttpMarketplace::new(marketplace_url, Duration::from_secs(10)));
-    conveyor_jobs::worker::Worker::builder(app.db.pool.clone(), consumer)
+    conveyor_jobs::Worker::builder(app.db.pool.clone(), consumer)
         .runtime_pool(app.db.runtime_pool.clone())
         .handle::<conveyor_shop::jobs::VerifyCredentials>(conveyor_shop::jobs::VerifyCredentialsHandler {
             sealer,
@@ -650,7 +646,7 @@ pub async fn test_worker(
 }
 
 /// Runs `dispatcher` in the background until `shutdown`.
-pub fn run_dispatcher(dispatcher: conveyor_jobs::dispatcher::Dispatcher, shutdown: &CancellationToken) {
+pub fn run_dispatcher(dispatcher: conveyor_jobs::Dispatcher, shutdown: &CancellationToken) {
     tokio::spawn(dispatcher.run(shutdown.clone()));
 }
 

@@ -76,8 +76,8 @@ impl Pki {
     }
 
     /// A Redis client's TLS files: this CA and the client certificate.
-    pub fn redis_client(&self) -> conveyor_jobs::stream::RedisTls {
-        conveyor_jobs::stream::RedisTls {
+    pub fn redis_client(&self) -> conveyor_jobs::RedisTls {
+        conveyor_jobs::RedisTls {
             ca_file: Some(self.ca_file.clone()),
             client_cert_file: Some(self.client_cert_file.clone()),
             client_key_file: Some(self.client_key_file.clone()),

@@ -150,7 +150,7 @@ impl TestPostgres {
             audit_retention: None,
             dead_letter_retention: None,
         };
-        conveyor_jobs::migrate::run(&migrate).await.expect("migrations apply to the test's own PostgreSQL");
+        conveyor_jobs::migrate_with(&migrate).await.expect("migrations apply to the test's own PostgreSQL");
         pg
     }
 
@@ -296,8 +296,8 @@ impl TestPostgres {
     /// Conveyor's database on this server as a [`TestDb`] (already migrated), for `config_vars` and the assertions.
     pub async fn test_db(&self) -> Arc<TestDb> {
         let (app_url, runtime_url) = (self.url("conveyor_app"), self.url("conveyor_runtime"));
-        let pool = conveyor_jobs::db::connect(&app_url, 8).await.expect("connect as the application role");
-        let runtime_pool = conveyor_jobs::db::connect(&runtime_url, 4).await.expect("connect as the runtime role");
+        let pool = conveyor_jobs::connect_postgres(&app_url, 8).await.expect("connect as the application role");
+        let runtime_pool = conveyor_jobs::connect_postgres(&runtime_url, 4).await.expect("connect as the runtime role");
         Arc::new(TestDb {
             name: DATABASE.to_owned(),
             owner_url: self.url("conveyor_owner"),

@@ -142,7 +142,7 @@ async fn read_answer(sent: reqwest::Result<reqwest::Response>) -> Result<reqwest
 
 /// The span of one marketplace call (a client span, a child of the running job's); none while traces are off.
 fn call_span(operation: &'static str, path: &'static str) -> Span {
-    if !conveyor_jobs::telemetry::exporting() {
+    if !conveyor_jobs::trace_exporting() {
         return Span::none();
     }
     tracing::info_span!(
@@ -159,7 +159,7 @@ fn call_span(operation: &'static str, path: &'static str) -> Span {
 /// Sends `request` in `span`, with a `traceparent` header naming the span when traces are exported, and records the
 /// answer's status on it.
 async fn send_traced(request: reqwest::RequestBuilder, span: Span) -> reqwest::Result<reqwest::Response> {
-    let request = match conveyor_jobs::telemetry::traceparent_of(&span) {
+    let request = match conveyor_jobs::traceparent_of(&span) {
         Some(traceparent) => request.header("traceparent", traceparent),
         None => request,
     };

@@ -35,10 +35,10 @@ use super::ValidationError;
 use crate::Principal;
 use crate::adapters::ai::{AiKind, AiResult};
 use crate::jobs::GenerateAi;
-use conveyor_jobs::db::WorkspaceTx;
-use conveyor_jobs::ids::WorkspaceId;
-use conveyor_jobs::operations::{self, Operation};
-use conveyor_jobs::outbox::{self, EnqueueError, EnqueueOptions};
+use conveyor_jobs::Operation;
+use conveyor_jobs::WorkspaceId;
+use conveyor_jobs::WorkspaceTx;
+use conveyor_jobs::{EnqueueError, EnqueueOptions};
 
 /// The operation kind (and job kind) of a task.
 pub const GENERATE_KIND: &str = <GenerateAi as conveyor_jobs::JobKind>::KIND;
@@ -356,7 +356,8 @@ pub async fn create_tx(
     let month = reserve_tx(tx, principal.workspace_id, credits, credits_limit).await?;
     let id = Uuid::now_v7();
     let operation =
-        operations::create_tx(tx, principal.workspace_id, principal.user_id, GENERATE_KIND, Some(id)).await?;
+        conveyor_jobs::create_operation_tx(tx, principal.workspace_id, principal.user_id, GENERATE_KIND, Some(id))
+            .await?;
     sqlx::query(
         "INSERT INTO ai_tasks (id, workspace_id, kind, input, listing_id, operation_id, credits, month, created_by)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
@@ -376,7 +377,7 @@ pub async fn create_tx(
     if let Some(traceparent) = traceparent {
         options = options.traceparent(traceparent);
     }
-    outbox::enqueue_tx(tx, &GenerateAi { task_id: id }, options).await.map_err(|e| match e {
+    conveyor_jobs::enqueue_tx(tx, &GenerateAi { task_id: id }, options).await.map_err(|e| match e {
         EnqueueError::Database(e) => e,
         // A fixed kind with valid options and a payload of ids: none of these can happen.
         other => sqlx::Error::Protocol(other.to_string()),
@@ -437,7 +438,7 @@ pub async fn reserve_again(
     task_id: Uuid,
     credits_limit: u32,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = conveyor_jobs::db::begin_workspace(pool, workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(pool, workspace_id).await?;
     // The month's row first, as every reservation takes it.
     sqlx::query(
         "SELECT 1 FROM ai_usage_months m JOIN ai_tasks t ON t.workspace_id = m.workspace_id AND t.month = m.month
@@ -474,7 +475,7 @@ pub async fn reserve_again(
 /// its reservation is never given back unless the call turns out not to have run. `false` when the task holds no
 /// reservation (given back because its operation ended, or charged meanwhile): the provider must not be called.
 pub async fn start_provider_call(pool: &PgPool, workspace_id: WorkspaceId, id: Uuid) -> Result<bool, sqlx::Error> {
-    let mut tx = conveyor_jobs::db::begin_workspace(pool, workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(pool, workspace_id).await?;
     let started = sqlx::query(
         "UPDATE ai_tasks SET provider_calls_started = provider_calls_started + 1, updated_at = now()
          WHERE id = $1 AND reservation = 'held'",
@@ -491,7 +492,7 @@ pub async fn start_provider_call(pool: &PgPool, workspace_id: WorkspaceId, id: U
 /// Counts a started provider call of task `id` that surely did not run (refused, rate-limited, never connected), in a
 /// transaction of its own: once every started call is so counted, the task's reservation may be given back again.
 pub async fn provider_call_not_run(pool: &PgPool, workspace_id: WorkspaceId, id: Uuid) -> Result<(), sqlx::Error> {
-    let mut tx = conveyor_jobs::db::begin_workspace(pool, workspace_id).await?;
+    let mut tx = conveyor_jobs::begin_workspace(pool, workspace_id).await?;
     sqlx::query(
         "UPDATE ai_tasks SET provider_calls_not_run = provider_calls_not_run + 1, updated_at = now()
          WHERE id = $1 AND provider_calls_not_run < provider_calls_started",

@@ -17,10 +17,10 @@ use crate::Principal;
 use crate::adapters::fetch::{self, AddressPolicy, FetchError, Progress};
 use crate::jobs::TransferAsset;
 use crate::storage::{ObjectKey, ObjectStorage, StorageError};
-use conveyor_jobs::db::{self, WorkspaceTx};
-use conveyor_jobs::ids::{UserId, WorkspaceId};
-use conveyor_jobs::operations::{self, Operation};
-use conveyor_jobs::outbox::{self, EnqueueError, EnqueueOptions};
+use conveyor_jobs::Operation;
+use conveyor_jobs::WorkspaceTx;
+use conveyor_jobs::{EnqueueError, EnqueueOptions};
+use conveyor_jobs::{UserId, WorkspaceId};
 
 /// The operation kind (and job kind) of a transfer.
 pub const TRANSFER_KIND: &str = <TransferAsset as conveyor_jobs::JobKind>::KIND;
@@ -211,12 +211,13 @@ pub async fn create_tx(
     .await?
     .into();
     let operation =
-        operations::create_tx(tx, principal.workspace_id, principal.user_id, TRANSFER_KIND, Some(id)).await?;
+        conveyor_jobs::create_operation_tx(tx, principal.workspace_id, principal.user_id, TRANSFER_KIND, Some(id))
+            .await?;
     let mut options = EnqueueOptions::new().operation(operation.id);
     if let Some(traceparent) = traceparent {
         options = options.traceparent(traceparent);
     }
-    outbox::enqueue_tx(tx, &TransferAsset { asset_transfer_id: id }, options).await.map_err(|e| match e {
+    conveyor_jobs::enqueue_tx(tx, &TransferAsset { asset_transfer_id: id }, options).await.map_err(|e| match e {
         EnqueueError::Database(e) => e,
         // A fixed kind with valid options and a payload of ids: none of these can happen.
         other => sqlx::Error::Protocol(other.to_string()),
@@ -294,7 +295,7 @@ pub async fn job_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Job>, sqlx:
 /// Records, in a transaction of its own, that the transfer is `transferring` from `progress` (a response was
 /// accepted, or the source started over). False when the transfer has ended meanwhile.
 pub async fn begin(pool: &PgPool, workspace: WorkspaceId, id: Uuid, progress: &Progress) -> Result<bool, sqlx::Error> {
-    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let mut tx = conveyor_jobs::begin_workspace(pool, workspace).await?;
     let updated = sqlx::query(
         "UPDATE asset_transfers
          SET status = 'transferring', bytes_done = $2, parts = $3, bytes_total = $4, content_type = $5,
@@ -322,7 +323,7 @@ pub async fn record_part(
     id: Uuid,
     progress: &Progress,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let mut tx = conveyor_jobs::begin_workspace(pool, workspace).await?;
     let updated = sqlx::query(
         "UPDATE asset_transfers SET bytes_done = $2, parts = $3, bytes_total = coalesce($4, bytes_total),
                 updated_at = now()
@@ -349,7 +350,7 @@ pub async fn fail(
     code: &str,
     detail: &str,
 ) -> Result<(), sqlx::Error> {
-    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let mut tx = conveyor_jobs::begin_workspace(pool, workspace).await?;
     sqlx::query(
         "UPDATE asset_transfers SET status = 'failed', error_code = $2, error_detail = $3, source_url = NULL,
                 updated_at = now()

@@ -13,9 +13,9 @@ use uuid::Uuid;
 use crate::Principal;
 use crate::adapters::catalog::ProductPage;
 use crate::jobs::SyncCatalog;
-use conveyor_jobs::db::WorkspaceTx;
-use conveyor_jobs::operations::{self, Operation};
-use conveyor_jobs::outbox::{self, EnqueueError, EnqueueOptions};
+use conveyor_jobs::Operation;
+use conveyor_jobs::WorkspaceTx;
+use conveyor_jobs::{EnqueueError, EnqueueOptions};
 
 /// The operation kind (and job kind) of a sync.
 pub const SYNC_KIND: &str = <SyncCatalog as conveyor_jobs::JobKind>::KIND;
@@ -103,7 +103,8 @@ pub async fn start_tx(
         Some(_) => {}
     }
     let operation =
-        operations::create_tx(tx, principal.workspace_id, principal.user_id, SYNC_KIND, Some(store_id)).await?;
+        conveyor_jobs::create_operation_tx(tx, principal.workspace_id, principal.user_id, SYNC_KIND, Some(store_id))
+            .await?;
     let sync_id = Uuid::now_v7();
     // The unique index decides: of concurrent inserts one wins; the others wait for it to commit and insert nothing,
     // then read the winner (committed, so this statement's snapshot sees it). If the winner has ended in between,
@@ -137,7 +138,7 @@ pub async fn start_tx(
     if let Some(traceparent) = traceparent {
         options = options.traceparent(traceparent);
     }
-    outbox::enqueue_tx(tx, &SyncCatalog { sync_id }, options).await.map_err(|e| match e {
+    conveyor_jobs::enqueue_tx(tx, &SyncCatalog { sync_id }, options).await.map_err(|e| match e {
         EnqueueError::Database(e) => StartError::Database(e),
         other => StartError::Database(sqlx::Error::Protocol(other.to_string())),
     })?;

@@ -26,9 +26,9 @@ use crate::Principal;
 use crate::adapters::marketplace::{Marketplace, MarketplaceError, NewProduct};
 use crate::jobs::PublishListing;
 use crate::sealing::Sealer;
-use conveyor_jobs::db::WorkspaceTx;
-use conveyor_jobs::operations::{self, Operation};
-use conveyor_jobs::outbox::{self, EnqueueError, EnqueueOptions};
+use conveyor_jobs::Operation;
+use conveyor_jobs::WorkspaceTx;
+use conveyor_jobs::{EnqueueError, EnqueueOptions};
 
 /// The operation kind (and job kind) of a publication.
 pub const PUBLISH_KIND: &str = <PublishListing as conveyor_jobs::JobKind>::KIND;
@@ -452,14 +452,15 @@ pub async fn publish_tx(
         return Err(PublishError::MediaNotReady { media_id: *media_id });
     }
     let operation =
-        operations::create_tx(tx, principal.workspace_id, principal.user_id, PUBLISH_KIND, Some(id)).await?;
+        conveyor_jobs::create_operation_tx(tx, principal.workspace_id, principal.user_id, PUBLISH_KIND, Some(id))
+            .await?;
     // The store is the marketplace's unit of quota: its publications share a limit key, so an operator's limit on it
     // (`set_key_limit`) and a rate limit the marketplace answers for it hold back this store's jobs only.
     let mut options = EnqueueOptions::new().operation(operation.id).limit_key(store_limit_key(store_id));
     if let Some(traceparent) = traceparent {
         options = options.traceparent(traceparent);
     }
-    outbox::enqueue_tx(tx, &PublishListing { listing_id: id }, options).await.map_err(|e| match e {
+    conveyor_jobs::enqueue_tx(tx, &PublishListing { listing_id: id }, options).await.map_err(|e| match e {
         EnqueueError::Database(e) => e,
         // A fixed kind with valid options and a payload of ids: none of these can happen.
         other => sqlx::Error::Protocol(other.to_string()),

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::ValidationError;
 use crate::Principal;
-use conveyor_jobs::db::WorkspaceTx;
+use conveyor_jobs::WorkspaceTx;
 
 /// Longest title, in characters.
 pub const MAX_TITLE_CHARS: usize = 200;

@@ -14,9 +14,9 @@ use super::ValidationError;
 use crate::Principal;
 use crate::jobs::VerifyCredentials;
 use crate::sealing::Sealer;
-use conveyor_jobs::db::WorkspaceTx;
-use conveyor_jobs::operations::{self, Operation};
-use conveyor_jobs::outbox::{self, EnqueueError, EnqueueOptions};
+use conveyor_jobs::Operation;
+use conveyor_jobs::WorkspaceTx;
+use conveyor_jobs::{EnqueueError, EnqueueOptions};
 
 /// Marketplaces Conveyor can verify credentials against.
 pub const PLATFORMS: &[&str] = &["sandbox"];
@@ -152,12 +152,13 @@ async fn queue_verification_tx(
     traceparent: Option<String>,
 ) -> Result<Operation, sqlx::Error> {
     let operation =
-        operations::create_tx(tx, principal.workspace_id, principal.user_id, VERIFY_KIND, Some(store_id)).await?;
+        conveyor_jobs::create_operation_tx(tx, principal.workspace_id, principal.user_id, VERIFY_KIND, Some(store_id))
+            .await?;
     let mut options = EnqueueOptions::new().operation(operation.id);
     if let Some(traceparent) = traceparent {
         options = options.traceparent(traceparent);
     }
-    outbox::enqueue_tx(tx, &VerifyCredentials { store_id, credentials_version }, options).await.map_err(
+    conveyor_jobs::enqueue_tx(tx, &VerifyCredentials { store_id, credentials_version }, options).await.map_err(
         |e| match e {
             EnqueueError::Database(e) => e,
             // A fixed kind with valid options and a payload of ids: none of these can happen.

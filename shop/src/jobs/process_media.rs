@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::domain::media::{self, ProcessError, ProcessOutcome, ProcessSettings};
-use conveyor_jobs::metrics::Metrics;
+use conveyor_jobs::Metrics;
 use conveyor_jobs::{Handler, JobContext, JobError, JobKind};
 
 /// Process a media. Ids only: the bytes stay in object storage.

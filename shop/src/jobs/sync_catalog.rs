@@ -16,7 +16,7 @@ use crate::adapters::catalog::{Catalog, MarketplaceError};
 use crate::domain::catalog::{self, PageCommit};
 use crate::domain::stores::{self, CredentialsError};
 use crate::sealing::Sealer;
-use conveyor_jobs::db;
+
 use conveyor_jobs::{Handler, JobContext, JobError, JobKind};
 
 /// Sync the catalog of the store of sync `sync_id`.
@@ -60,7 +60,7 @@ impl Handler<SyncCatalog> for SyncCatalogHandler {
         let workspace = cx.workspace_id();
         let canceled = cx.cancellation().clone();
         let credentials = {
-            let mut tx = db::begin_workspace(&self.pool, workspace).await?;
+            let mut tx = conveyor_jobs::begin_workspace(&self.pool, workspace).await?;
             let Some(progress) = catalog::progress_tx(&mut tx, job.sync_id).await? else {
                 return Err(JobError::Permanent("the catalog sync no longer exists".into()));
             };
@@ -74,7 +74,7 @@ impl Handler<SyncCatalog> for SyncCatalogHandler {
             credentials
         };
         loop {
-            let mut tx = db::begin_workspace(&self.pool, workspace).await?;
+            let mut tx = conveyor_jobs::begin_workspace(&self.pool, workspace).await?;
             let progress = catalog::progress_tx(&mut tx, job.sync_id)
                 .await?
                 .ok_or_else(|| JobError::Permanent("the catalog sync no longer exists".to_owned()))?;
@@ -98,7 +98,7 @@ impl Handler<SyncCatalog> for SyncCatalogHandler {
                 // A marketplace that answers the page it was asked for as the next one would be read forever.
                 return Err(JobError::Permanent("the marketplace's catalog cursor does not advance".into()));
             }
-            let mut tx = db::begin_workspace(&self.pool, workspace).await?;
+            let mut tx = conveyor_jobs::begin_workspace(&self.pool, workspace).await?;
             let committed =
                 catalog::commit_page_tx(&mut tx, workspace.0, job.sync_id, progress.cursor.as_deref(), &page).await?;
             tx.commit().await?;
@@ -109,7 +109,7 @@ impl Handler<SyncCatalog> for SyncCatalogHandler {
             }
         }
         let removed = catalog::finish_tx(cx.tx().await?, job.sync_id).await?;
-        let mut tx = db::begin_workspace(&self.pool, workspace).await?;
+        let mut tx = conveyor_jobs::begin_workspace(&self.pool, workspace).await?;
         let done = catalog::progress_tx(&mut tx, job.sync_id).await?;
         tx.commit().await?;
         let mut result = done.map(|p| p.to_json()).unwrap_or_default();

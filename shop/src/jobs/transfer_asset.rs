@@ -23,7 +23,7 @@ use uuid::Uuid;
 use crate::adapters::fetch::{self, FetchError, Fetcher, PartSink, Progress, SinkError};
 use crate::domain::asset_transfers::{self, object_key, part_key};
 use crate::storage::{ObjectStorage, StorageError};
-use conveyor_jobs::ids::WorkspaceId;
+use conveyor_jobs::WorkspaceId;
 use conveyor_jobs::{Handler, JobContext, JobError, JobKind};
 
 /// Transfer one asset. Ids only: the worker reads the source URL inside the job's workspace transaction.
@@ -228,10 +228,10 @@ impl TransferAssetHandler {
     /// Whether the job's operation was canceled.
     async fn operation_canceled(&self, cx: &JobContext) -> bool {
         let Some(operation) = cx.operation_id() else { return false };
-        let Ok(mut tx) = conveyor_jobs::db::begin_workspace(&self.progress_pool, cx.workspace_id()).await else {
+        let Ok(mut tx) = conveyor_jobs::begin_workspace(&self.progress_pool, cx.workspace_id()).await else {
             return false;
         };
-        let status = conveyor_jobs::operations::get_tx(&mut tx, operation).await.ok().flatten().map(|op| op.status);
+        let status = conveyor_jobs::get_operation_tx(&mut tx, operation).await.ok().flatten().map(|op| op.status);
         let _ = tx.rollback().await;
         status.as_deref() == Some("canceled")
     }

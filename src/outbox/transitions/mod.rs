@@ -11,7 +11,7 @@
 //! - a discarded dead letter keeps its row as a tombstone (`discarded`) until retention purges it, so that a delivery
 //!   of it still in a stream finds the job ended rather than missing (a missing job reads as purged, and would run).
 
-pub mod relay;
+pub(crate) mod relay;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

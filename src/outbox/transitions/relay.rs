@@ -13,7 +13,7 @@ use crate::ids::WorkspaceId;
 
 /// A claimed event, leased to this dispatcher.
 #[derive(Debug, sqlx::FromRow)]
-pub struct ClaimedEvent {
+pub(crate) struct ClaimedEvent {
     /// The claimed row version's physical address (`ctid`), which the mark goes by.
     pub tid: String,
     /// Event id (job id).
@@ -106,7 +106,7 @@ const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 /// `window ×` its weight (`workspace_weights`), and none that a pause holds (`dispatch_pauses`): migration 0021. Key
 /// limits, blocks and rates, and kind limits hold back their jobs too (migrations 0023 and 0024). The statement is
 /// migration 0030's.
-pub async fn claim(
+pub(crate) async fn claim(
     pool: &PgPool,
     workspaces: &[WorkspaceId],
     expired: &[WorkspaceId],
@@ -136,7 +136,7 @@ pub async fn claim(
 }
 
 /// An event in the stream: its workspace, id and stream entry id.
-pub struct Delivered {
+pub(crate) struct Delivered {
     /// Tenant.
     pub workspace: WorkspaceId,
     /// The claimed row version ([`ClaimedEvent::tid`]).
@@ -153,7 +153,7 @@ pub struct Delivered {
 
 impl Delivered {
     /// `event`, now in the stream under `stream_id`.
-    pub fn new(event: &ClaimedEvent, stream_id: String) -> Self {
+    pub(crate) fn new(event: &ClaimedEvent, stream_id: String) -> Self {
         Self {
             workspace: WorkspaceId(event.workspace_id),
             tid: event.tid.clone(),
@@ -166,7 +166,7 @@ impl Delivered {
 }
 
 /// A hand-off that failed.
-pub struct Failure {
+pub(crate) struct Failure {
     /// Tenant.
     pub workspace: WorkspaceId,
     /// The event.
@@ -181,7 +181,7 @@ pub struct Failure {
     pub redrive: i32,
 }
 
-/// What [`settle`] changed.
+/// What a mark of delivered events and failed hand-offs changed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Settled {
     /// Events marked dispatched.
@@ -200,7 +200,7 @@ pub struct Settled {
 /// Marks `dispatched` the events whose lease `me` still holds (fenced: `locked_by = me` and `locked_until > now()`),
 /// all in one statement; then, in one transaction per workspace, returns `failures` to `pending` with their back-off,
 /// or to `dead_letter` once they reach `max_attempts` (failing their operation with a redacted reason).
-pub async fn settle(
+pub(crate) async fn settle(
     pool: &PgPool,
     me: &str,
     delivered: &[Delivered],
@@ -348,3 +348,6 @@ pub async fn purge_finished(
     }
     Ok(deleted)
 }
+
+#[cfg(test)]
+mod tests;

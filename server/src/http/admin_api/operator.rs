@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, header};
 use super::problem::AdminApiError;
 use crate::http::AppState;
 use crate::http::ui::session;
-use conveyor_jobs::admin::{Actor, Admin};
+use conveyor_jobs::{Actor, Admin};
 
 /// The header a state-changing call authenticated by the UI's session cookie carries its CSRF token in.
 pub const CSRF_HEADER: &str = "x-csrf-token";

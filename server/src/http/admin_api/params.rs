@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::problem::AdminApiError;
-use conveyor_jobs::outbox::control::JobStatus;
+use conveyor_jobs::JobStatus;
 
 /// The query parameters of one request.
 pub(super) struct Params(Vec<(String, String)>);

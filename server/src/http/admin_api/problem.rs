@@ -8,7 +8,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use conveyor_jobs::admin::AdminError;
+use conveyor_jobs::AdminError;
 
 /// Everything an admin API call can answer besides success.
 #[derive(Debug, thiserror::Error)]

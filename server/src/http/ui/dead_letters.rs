@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::jobs::job_id;
 use super::layout::{self, Notice, Section, field, maybe, maybe_time, segment, short_id, url_with};
 use super::{Console, UiError};
-use conveyor_jobs::admin::{DeadLetterFilter, Replay};
+use conveyor_jobs::{DeadLetterFilter, Replay};
 
 /// Most dead letters one bulk action takes (the operator module's largest batch).
 const BULK_LIMIT: u32 = 500;

@@ -9,9 +9,9 @@ use uuid::Uuid;
 
 use super::layout::{self, Notice, Section, field, maybe, maybe_time, segment, short_id, url_with};
 use super::{Console, UiError};
-use conveyor_jobs::admin::{JobAction, JobDetail, JobFilter, JobSummary};
-use conveyor_jobs::ids::JobId;
-use conveyor_jobs::outbox::control::JobStatus;
+use conveyor_jobs::JobId;
+use conveyor_jobs::JobStatus;
+use conveyor_jobs::{JobAction, JobDetail, JobFilter, JobSummary};
 
 /// The search's filters, as the form sends them.
 #[derive(Deserialize)]

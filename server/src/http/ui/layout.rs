@@ -7,8 +7,8 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::guard::CSRF_FIELD;
-use conveyor_jobs::admin::Actor;
-use conveyor_jobs::outbox::control::JobStatus;
+use conveyor_jobs::Actor;
+use conveyor_jobs::JobStatus;
 
 /// What the frame of a signed-in page shows: who, and the token of the logout form.
 pub(super) struct Chrome<'a> {
@@ -194,7 +194,7 @@ pub(super) fn json_block(value: &serde_json::Value) -> Markup {
 /// An error text as stored (already redacted), redacted once more for display.
 pub(super) fn error_text(text: Option<&str>) -> Markup {
     match text {
-        Some(t) => html! { (conveyor_jobs::redact::redact(t)) },
+        Some(t) => html! { (conveyor_jobs::redact(t)) },
         None => html! { span.muted { "—" } },
     }
 }
@@ -251,7 +251,7 @@ pub(super) struct Notice {
 
 impl Notice {
     /// The redirect target `path` with the notice `code` (and bulk counts) in its query.
-    pub(super) fn url(path: &str, code: &str, counts: Option<&conveyor_jobs::admin::BulkOutcome>) -> String {
+    pub(super) fn url(path: &str, code: &str, counts: Option<&conveyor_jobs::BulkOutcome>) -> String {
         let (m, d, s) = counts.map_or((None, None, None), |c| {
             (Some(c.matched.to_string()), Some(c.done.to_string()), Some(c.skipped.to_string()))
         });

@@ -1,5 +1,5 @@
 //! The operator web UI at `/ui/` on the admin listener: server-rendered HTML (maud, escaped by construction), plain
-//! links and forms, no JavaScript. It calls [`conveyor_jobs::admin::Admin`] exactly as the admin API does.
+//! links and forms, no JavaScript. It calls [`conveyor_jobs::Admin`] exactly as the admin API does.
 //!
 //! ```text
 //! GET  /ui/login, POST /ui/login          the operator token or an operator JWT → a signed session cookie
@@ -36,7 +36,7 @@ use axum::routing::{get, post};
 
 use self::session::Session;
 use super::AppState;
-use conveyor_jobs::admin::{Actor, Admin, AdminError};
+use conveyor_jobs::{Actor, Admin, AdminError};
 
 /// The stylesheet, embedded in the binary.
 const CSS: &str = include_str!("ui.css");

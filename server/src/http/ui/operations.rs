@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::layout::{self, Section, field, maybe_time, short_id};
 use super::{Console, UiError};
-use conveyor_jobs::admin::OperationFilter;
+use conveyor_jobs::OperationFilter;
 
 /// The statuses an operation has.
 const STATUSES: [&str; 5] = ["queued", "running", "succeeded", "failed", "canceled"];

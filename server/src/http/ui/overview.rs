@@ -9,8 +9,8 @@ use serde::Deserialize;
 
 use super::layout::{self, Notice, Section, age, field, maybe, segment, url_with};
 use super::{Console, UiError};
-use conveyor_jobs::admin::QueueSummary;
-use conveyor_jobs::ids::WorkspaceId;
+use conveyor_jobs::QueueSummary;
+use conveyor_jobs::WorkspaceId;
 use conveyor_jobs::{Pause, PauseScope};
 
 /// The overview's options.

@@ -10,7 +10,7 @@ use super::jobs::job_table;
 use super::layout::{self, Notice, Section, age, field, maybe, segment, url_with};
 use super::{Console, UiError};
 use conveyor_jobs::PauseScope;
-use conveyor_jobs::admin::{JobFilter, QueueSummary};
+use conveyor_jobs::{JobFilter, QueueSummary};
 
 /// The queue page's filters.
 #[derive(Deserialize)]

@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::layout::{self, Notice, Section, field, maybe, maybe_time, short_id, url_with};
 use super::{Console, UiError};
-use conveyor_jobs::ids::WorkspaceId;
+use conveyor_jobs::WorkspaceId;
 
 /// The list's filter.
 #[derive(Deserialize)]

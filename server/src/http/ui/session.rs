@@ -25,7 +25,7 @@ use sha2::Sha256;
 
 use crate::config::Secret;
 use crate::http::AppState;
-use conveyor_jobs::admin::Actor;
+use conveyor_jobs::Actor;
 
 /// The session cookie's name.
 pub const COOKIE_NAME: &str = "conveyor_ui";

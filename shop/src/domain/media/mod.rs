@@ -27,10 +27,10 @@ use uuid::Uuid;
 use super::ValidationError;
 use crate::jobs::ProcessMedia;
 use crate::storage::ObjectKey;
-use conveyor_jobs::db::WorkspaceTx;
-use conveyor_jobs::ids::{UserId, WorkspaceId};
-use conveyor_jobs::operations::{self, Operation};
-use conveyor_jobs::outbox::{self, EnqueueError, EnqueueOptions};
+use conveyor_jobs::Operation;
+use conveyor_jobs::WorkspaceTx;
+use conveyor_jobs::{EnqueueError, EnqueueOptions};
+use conveyor_jobs::{UserId, WorkspaceId};
 
 pub use images::{
     Checked, Derived, DerivedImage, Format, ImageLimits, Refusal, RejectionCode, Sniffed, derive, inspect, sniff,
@@ -404,12 +404,13 @@ async fn queue_processing_tx(
     media_id: Uuid,
     traceparent: Option<String>,
 ) -> Result<Operation, sqlx::Error> {
-    let operation = operations::create_tx(tx, workspace_id, created_by, PROCESS_KIND, Some(media_id)).await?;
+    let operation =
+        conveyor_jobs::create_operation_tx(tx, workspace_id, created_by, PROCESS_KIND, Some(media_id)).await?;
     let mut options = EnqueueOptions::new().operation(operation.id);
     if let Some(traceparent) = traceparent {
         options = options.traceparent(traceparent);
     }
-    outbox::enqueue_tx(tx, &ProcessMedia { media_id }, options).await.map_err(|e| match e {
+    conveyor_jobs::enqueue_tx(tx, &ProcessMedia { media_id }, options).await.map_err(|e| match e {
         EnqueueError::Database(e) => e,
         // A fixed kind with valid options and a payload of ids: none of these can happen.
         other => sqlx::Error::Protocol(other.to_string()),

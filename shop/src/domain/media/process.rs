@@ -18,8 +18,8 @@ use uuid::Uuid;
 use super::images::{self, Checked, ImageLimits, Refusal};
 use super::{DERIVATIONS_COLLECTION, StoredDerivative};
 use crate::storage::{ObjectKey, ObjectStorage, StorageError};
-use conveyor_jobs::db::WorkspaceTx;
-use conveyor_jobs::ids::WorkspaceId;
+use conveyor_jobs::WorkspaceId;
+use conveyor_jobs::WorkspaceTx;
 
 /// Bounds the runs that hold image bytes at once in this process (from reading the original to storing the
 /// derivatives): at most `permits` runs, whose memory together stays within the decode memory

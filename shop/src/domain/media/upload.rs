@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::COLLECTION;
 use crate::storage::{ObjectKey, ObjectStorage, PartUpload, StorageError};
-use conveyor_jobs::ids::WorkspaceId;
+use conveyor_jobs::WorkspaceId;
 
 /// Largest part held in memory by one upload: 5 MiB, the smallest part S3 takes (every part but the last).
 pub const PART_BYTES: usize = 5 * 1024 * 1024;

@@ -1,0 +1,225 @@
+//! The relay's claims and marks against a real PostgreSQL: confined to the named workspaces, fenced by the lease and
+//! the generation, never reading the whole outbox, and never deadlocking with a worker's record of ends.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::*;
+use crate::JobKind;
+use crate::test_db::{Ping, TestDb};
+
+#[tokio::test]
+async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leaves_no_workspace_set() {
+    let db = TestDb::create().await;
+    let (a, b, c) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    let (in_a, in_b, in_c) = (db.enqueue(a, 3).await, db.enqueue(b, 5).await, db.enqueue(c, 2).await);
+
+    let claimed = claim(&db.runtime_pool, &[a, b], &[], "me", Duration::from_secs(30), 4, 0).await.unwrap();
+    let of =
+        |ws: WorkspaceId| -> Vec<Uuid> { claimed.iter().filter(|e| e.workspace_id == ws.0).map(|e| e.id).collect() };
+    assert_eq!(of(a), in_a, "all of a's, in the order written");
+    assert_eq!(of(b), in_b[..4].to_vec(), "b's first four: the batch is per workspace");
+    assert!(of(c).is_empty(), "c was not named");
+    assert_eq!(db.count_status(&[c], "pending").await, in_c.len());
+    assert_eq!(db.count_status(&[b], "pending").await, 1);
+
+    // Inside a caller's transaction, the call leaves no workspace behind: the next statement sees nothing.
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.runtime_url).await.unwrap();
+    let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+    let again: Vec<(String,)> = sqlx::query_as("SELECT tid::text FROM conveyor_claim_outbox($1, 'me', 30, 10)")
+        .bind(vec![c.0])
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), in_c.len());
+    let (visible,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut *tx).await.unwrap();
+    assert_eq!(visible, 0, "no workspace is set after the call");
+    tx.rollback().await.unwrap();
+
+    // The mark is fenced per event: a stale row version (or another holder) marks nothing.
+    let delivered: Vec<Delivered> = claimed.iter().map(|e| Delivered::new(e, "1-1".into())).collect();
+    let by_other = settle(&db.runtime_pool, "someone-else", &delivered, &[], 10).await.unwrap();
+    assert_eq!((by_other.dispatched, by_other.lost_lease), (0, delivered.len() as u64));
+    let mine = settle(&db.runtime_pool, "me", &delivered, &[], 10).await.unwrap();
+    assert_eq!((mine.dispatched, mine.lost_lease), (delivered.len() as u64, 0));
+    assert_eq!(db.count_status(&[a, b], "dispatched").await, delivered.len());
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_it() {
+    let db = TestDb::create().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let ids = db.enqueue(ws, 2).await;
+    let pool = &db.runtime_pool;
+    let first = claim(pool, &[ws], &[], "dead", Duration::from_millis(1), 10, 0).await.unwrap();
+    assert_eq!(first.len(), 2);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // A claim of the workspace by name (a notification's) leaves expired leases to the sweeps: it never scans for them.
+    let named = claim(pool, &[ws], &[], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
+    assert!(named.is_empty(), "a named claim takes no expired lease: {named:?}");
+    assert_eq!(db.count_status(&[ws], "dispatching").await, 2);
+    let second = claim(pool, &[ws], &[ws], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
+    assert_eq!(second.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "the expired leases, taken over");
+    let delivered = |events: &[ClaimedEvent]| -> Vec<Delivered> {
+        events.iter().map(|e| Delivered::new(e, "1-1".into())).collect()
+    };
+    let late = settle(&db.runtime_pool, "dead", &delivered(&first), &[], 10).await.unwrap();
+    assert_eq!((late.dispatched, late.lost_lease), (0, 2), "the old holder's mark is fenced off");
+    let settled = settle(&db.runtime_pool, "alive", &delivered(&second), &[], 10).await.unwrap();
+    assert_eq!(settled.dispatched, 2);
+}
+
+#[tokio::test]
+async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatchers_newer_claim() {
+    let db = TestDb::create().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let ids = db.enqueue(ws, 1).await;
+    let claimed = claim(&db.runtime_pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0).await.unwrap();
+    assert_eq!((claimed.len(), claimed[0].redrive_count), (1, 0));
+    // Meanwhile its job ran and asked for a retry (generation 1), and this dispatcher claimed that generation too.
+    let mut tx = db::begin_workspace(&db.pool, ws).await.unwrap();
+    let moved = sqlx::query("UPDATE outbox_events SET redrive_count = 1 WHERE id = $1")
+        .bind(ids[0])
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(moved.rows_affected(), 1);
+    tx.commit().await.unwrap();
+    let stale = Failure {
+        workspace: ws,
+        id: ids[0],
+        attempt: 1,
+        delay: Duration::from_secs(1),
+        error: "XADD failed: timed out".into(),
+        redrive: 0,
+    };
+    let settled = settle(&db.runtime_pool, "me", &[], &[stale], 10).await.unwrap();
+    assert_eq!((settled.retried, settled.lost_lease), (0, 1), "the generation-0 failure is fenced off");
+    let event = &db.events(ws).await[0];
+    assert_eq!((event["status"].as_str(), &event["attempt_count"]), (Some("dispatching"), &serde_json::json!(0)));
+
+    // Nor does a late mark, even one that names the row's current version.
+    let mut tx = db::begin_workspace(&db.pool, ws).await.unwrap();
+    let (tid,): (String,) = sqlx::query_as("SELECT ctid::text FROM outbox_events WHERE id = $1")
+        .bind(ids[0])
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mark = |redrive| Delivered {
+        workspace: ws,
+        tid: tid.clone(),
+        id: ids[0],
+        stream_id: "1-1".into(),
+        queue: Ping::QUEUE.into(),
+        redrive,
+    };
+    let late = settle(&db.runtime_pool, "me", &[mark(0)], &[], 10).await.unwrap();
+    assert_eq!((late.dispatched, late.lost_lease), (0, 1), "the generation-0 mark is fenced off");
+    let current = settle(&db.runtime_pool, "me", &[mark(1)], &[], 10).await.unwrap();
+    assert_eq!(current.dispatched, 1, "the generation-1 mark lands");
+}
+
+#[tokio::test]
+async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_was_empty() {
+    let db = TestDb::create().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    // One connection, so that its cached plans are the ones under test: made on an empty table, then reused.
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.runtime_url).await.unwrap();
+    for _ in 0..8 {
+        let events = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0).await.unwrap();
+        assert!(events.is_empty());
+        settle(&pool, "me", &[], &[], 10).await.unwrap();
+    }
+    let seq_scans = || async {
+        let mut owner = db.owner().await;
+        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut owner).await.unwrap();
+        let (n,): (i64,) = sqlx::query_as("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'outbox_events'")
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
+        n
+    };
+    for _ in 0..20 {
+        db.enqueue(ws, 100).await;
+    }
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
+    let before = seq_scans().await;
+    let mut relayed = 0;
+    loop {
+        let events = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 100, 0).await.unwrap();
+        if events.is_empty() {
+            break;
+        }
+        let delivered: Vec<Delivered> = events.iter().map(|e| Delivered::new(e, "1-1".into())).collect();
+        relayed += settle(&pool, "me", &delivered, &[], 10).await.unwrap().dispatched;
+    }
+    assert_eq!(relayed, 2000);
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
+    assert_eq!(seq_scans().await, before, "no claim or mark read the whole table");
+}
+
+#[tokio::test]
+async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_deadlock() {
+    let db = TestDb::create().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    // The relay's and the worker's bookkeeping: the runtime role's (it enqueues under RLS as well).
+    let pool = &db.runtime_pool;
+    // Three jobs, a < c < x by id (UUIDv7s written in that order), claimed by the relay "me".
+    let mut tx = crate::begin_workspace(pool, ws).await.unwrap();
+    let jobs = [Ping { n: 0 }, Ping { n: 1 }, Ping { n: 2 }];
+    crate::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, crate::EnqueueOptions::new()))).await.unwrap();
+    tx.commit().await.unwrap();
+    let claimed = claim(pool, &[ws], &[], "me", Duration::from_secs(60), 10, 0).await.unwrap();
+    let [a, c, x] = [0, 1, 2].map(|i| &claimed[i]);
+    assert!(a.id < c.id && c.id < x.id);
+
+    // Someone holds c for a moment.
+    let mut holder = crate::begin_workspace(pool, ws).await.unwrap();
+    sqlx::query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE").bind(c.id).execute(&mut *holder).await.unwrap();
+    // The relay marks a, c, x (taking a, then waiting for c); the worker records the ends of x and a.
+    let marking = {
+        let (pool, ws) = (pool.clone(), ws.0);
+        let (tids, ids): (Vec<String>, Vec<Uuid>) = [a, c, x].iter().map(|e| (e.tid.clone(), e.id)).unzip();
+        tokio::spawn(async move {
+            sqlx::query_scalar::<_, i64>("SELECT conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5, $6)")
+                .bind("me")
+                .bind(vec![ws; 3])
+                .bind(tids)
+                .bind(ids)
+                .bind(vec![0i32; 3])
+                .bind(vec!["1-1", "1-2", "1-3"])
+                .fetch_one(&pool)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ending = {
+        let (pool, ids) = (pool.clone(), vec![x.id, a.id]);
+        tokio::spawn(async move {
+            sqlx::query_scalar::<_, i64>("SELECT conveyor_complete_jobs($1, $2, $3, $4)")
+                .bind(vec![ws.0; 2])
+                .bind(ids)
+                .bind(vec![None::<i32>; 2])
+                .bind(vec![serde_json::json!(null); 2])
+                .fetch_one(&pool)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.commit().await.unwrap();
+    // Locked in one order (workspace, then id), the two wait for each other in turn; neither is broken as a deadlock.
+    let marked = marking.await.unwrap().expect("the mark is not broken as a deadlock");
+    let ended = ending.await.unwrap().expect("the record of ends is not broken as a deadlock");
+    assert_eq!((marked, ended), (3, 2));
+    let statuses: Vec<(Uuid, String)> = {
+        let mut tx = crate::begin_workspace(pool, ws).await.unwrap();
+        sqlx::query_as("SELECT id, status FROM outbox_events ORDER BY id").fetch_all(&mut *tx).await.unwrap()
+    };
+    assert_eq!(
+        statuses,
+        [(a.id, "completed".into()), (c.id, "dispatched".into()), (x.id, "completed".into())],
+        "the mark went first, then the ends"
+    );
+}
