@@ -3,6 +3,7 @@
 //! between passes. Its pool is the runtime role's: it finds the workspaces to clean through functions that read
 //! across workspaces, then cleans each in its own context.
 
+use crate::error::Public;
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -147,7 +148,11 @@ impl Maintenance {
     }
 
     /// One bounded pass.
-    pub async fn run_once(&self) -> anyhow::Result<PassReport> {
+    pub async fn run_once(&self) -> Result<PassReport, crate::Error> {
+        self.run_once_inner().await.public()
+    }
+
+    async fn run_once_inner(&self) -> anyhow::Result<PassReport> {
         let outbox_purged =
             claim::purge_finished(&self.pool, self.outbox_retention, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.outbox_events_purged.inc_by(outbox_purged);
@@ -166,7 +171,7 @@ impl Maintenance {
     }
 
     /// Passes every interval until `shutdown`. A failed pass is logged and retried at the next interval.
-    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), crate::Error> {
         loop {
             match self.run_once().await {
                 Ok(report) if report.removed_any() => tracing::info!(?report, "Maintenance pass done"),

@@ -23,6 +23,7 @@
 //! own sqlx migrations to the same database (into sqlx's default `_sqlx_migrations`) never clashes with Conveyor's.
 //! A database migrated by an earlier release, whose history is in `_sqlx_migrations`, has it adopted on the next run.
 
+use crate::error::Public;
 use anyhow::{Context, bail};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgConnectOptions;
@@ -208,7 +209,7 @@ fn quote_ident(name: &str) -> String {
 /// one of the [`Dispatcher`](crate::Dispatcher)'s pool and of the worker's bookkeeping
 /// ([`WorkerBuilder::runtime_pool`](crate::WorkerBuilder::runtime_pool)): it alone may call the functions that work
 /// on several workspaces at once.
-pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> anyhow::Result<()> {
+pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> Result<(), crate::Error> {
     let config = MigrateConfig {
         migration_database_url: Secret::new(owner_url.to_owned()),
         database_url: Secret::new(app_url.to_owned()),
@@ -221,7 +222,11 @@ pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> anyho
 }
 
 /// Applies every migration and grants the application, runtime and operator roles. Safe to run again.
-pub async fn run(config: &MigrateConfig) -> anyhow::Result<()> {
+pub async fn run(config: &MigrateConfig) -> Result<(), crate::Error> {
+    run_inner(config).await.public()
+}
+
+async fn run_inner(config: &MigrateConfig) -> anyhow::Result<()> {
     let audit_retention = config.audit_retention.unwrap_or(DEFAULT_AUDIT_RETENTION);
     if audit_retention < std::time::Duration::from_secs(24 * 3600) {
         bail!("CONVEYOR_AUDIT_RETENTION must be at least 1d: the audit trail is kept at least a day");

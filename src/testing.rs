@@ -15,7 +15,7 @@ use crate::worker::{Outcome, Worker};
 /// Relays every job that is due and runs each with `worker` ([`Worker::process_one`]) until nothing is due and its
 /// queues are empty, retries that fall due meanwhile included; returns every run's outcome. Jobs due later (a delay,
 /// a back-off still running) are left; so are jobs of queues `worker` does not consume.
-pub async fn drain(dispatcher: &Dispatcher, worker: &Worker) -> anyhow::Result<Vec<Outcome>> {
+pub async fn drain(dispatcher: &Dispatcher, worker: &Worker) -> Result<Vec<Outcome>, crate::Error> {
     let mut outcomes = Vec::new();
     loop {
         let relayed = dispatcher.dispatch_once().await?;

@@ -228,7 +228,10 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
             state.metrics.clone(),
             conveyor_jobs::instance_name(),
         );
-        spawn("dispatcher", Box::pin(dispatcher.run(shutdown.clone())));
+        {
+            let shutdown = shutdown.clone();
+            spawn("dispatcher", Box::pin(async move { Ok(dispatcher.run(shutdown).await?) }));
+        }
     }
     if role.runs(Role::Maintenance) {
         let maintenance = Maintenance::new(
@@ -259,11 +262,17 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
                 }
             }
         });
-        spawn("maintenance", Box::pin(maintenance.run(shutdown.clone())));
+        {
+            let shutdown = shutdown.clone();
+            spawn("maintenance", Box::pin(async move { Ok(maintenance.run(shutdown).await?) }));
+        }
     }
     if role.runs(Role::Worker) {
         let worker = build_worker(&config, &state).await?;
-        spawn("worker", Box::pin(worker.run(shutdown.clone(), config.shutdown_grace)));
+        {
+            let (shutdown, grace) = (shutdown.clone(), config.shutdown_grace);
+            spawn("worker", Box::pin(async move { Ok(worker.run(shutdown, grace).await?) }));
+        }
     }
     tracker.close();
     tracing::info!(http = %config.http_addr, admin = %config.admin_addr, ?role, "Conveyor started");
@@ -402,6 +411,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         .settings(settings)
         .metrics(state.metrics.clone())
         .build()
+        .map_err(Into::into)
 }
 
 type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;

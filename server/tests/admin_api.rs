@@ -74,8 +74,8 @@ impl Handler<Chore> for Chores {
 /// A dispatcher and a worker of [`Chore`] running until [`Platform::stop`].
 struct Platform {
     shutdown: CancellationToken,
-    dispatcher: JoinHandle<anyhow::Result<()>>,
-    worker: JoinHandle<anyhow::Result<()>>,
+    dispatcher: JoinHandle<Result<(), conveyor_jobs::Error>>,
+    worker: JoinHandle<Result<(), conveyor_jobs::Error>>,
 }
 
 impl Platform {

@@ -16,6 +16,7 @@
 //! failures (a failed event is retried after newer ones) there is no ordering guarantee, and consumers must not
 //! assume one.
 
+use crate::error::Public;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -87,7 +88,11 @@ impl Dispatcher {
     /// A dispatcher with the default settings over `pool` (the runtime role's: `CONVEYOR_RUNTIME_DATABASE_URL`, which
     /// `conveyor migrate` grants the functions that find and claim work across workspaces) and the Redis at
     /// `redis_url`, whose keys start with `prefix`, named after this process.
-    pub async fn connect(pool: PgPool, redis_url: &str, prefix: &str) -> anyhow::Result<Self> {
+    pub async fn connect(pool: PgPool, redis_url: &str, prefix: &str) -> Result<Self, crate::Error> {
+        Self::connect_inner(pool, redis_url, prefix).await.public()
+    }
+
+    async fn connect_inner(pool: PgPool, redis_url: &str, prefix: &str) -> anyhow::Result<Self> {
         let settings = DispatcherSettings::default();
         let redis =
             crate::stream::connect(redis_url, Duration::from_secs(5)).await.context("Failed to connect to Redis")?;
@@ -104,7 +109,11 @@ impl Dispatcher {
 
     /// One pass over every workspace with due events (a sweep): the workspaces come from the `SECURITY DEFINER`
     /// function, then each gets one batch relayed, as in `Dispatcher::relay`.
-    pub async fn dispatch_once(&self) -> anyhow::Result<DispatchOutcome> {
+    pub async fn dispatch_once(&self) -> Result<DispatchOutcome, crate::Error> {
+        self.dispatch_once_inner().await.public()
+    }
+
+    async fn dispatch_once_inner(&self) -> anyhow::Result<DispatchOutcome> {
         // A slow sweep, as under a long-held snapshot, in tests.
         crate::fail_point!("dispatcher::sweep");
         let due = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
@@ -331,7 +340,11 @@ impl Dispatcher {
     /// path is claim and `XADD` only); every batch handed off is recorded, and so its leases settled, before `run`
     /// returns. Between passes it sleeps until the next poll, or until the earliest delayed job is due if sooner.
     /// The `LISTEN` holds one connection of the dispatcher's pool for as long as it runs.
-    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), crate::Error> {
+        self.run_inner(shutdown).await.public()
+    }
+
+    async fn run_inner(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         crate::db::ensure_runtime_role(&self.pool, "dispatcher").await?;
         match crate::stream::admin::check_server(self.producer.client()).await {
             Ok(check) => tracing::info!(version = %check.version, policy = ?check.maxmemory_policy, "Redis checked"),
@@ -380,7 +393,7 @@ impl Dispatcher {
                 self.metrics.outbox_relay_passes.with_label_values(&["sweep"]).inc();
                 // Due schedules enqueue their tick's job first, so that this sweep relays it; sleep for the next tick.
                 let next_tick = crate::schedule::fire_for_sweep(&self.pool).await;
-                let pass = self.dispatch_once().await;
+                let pass = self.dispatch_once_inner().await;
                 // Only jobs that fall due after the sweep started: one due before was the sweep's to take, and one it
                 // did not take waits for a reason that a moment does not change (its workspace's window is full, a
                 // pause holds it, another dispatcher has it), the next notification or sweep, not a spin. Nor jobs

@@ -1,6 +1,7 @@
 //! The reading side of a worker: new entries (`XREADGROUP`), entries of dead consumers (`XAUTOCLAIM`), and starting
 //! a job for each as job slots free up, after one look at PostgreSQL for jobs that must not run (canceled, ended).
 
+use crate::error::Public;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,7 +151,11 @@ impl Worker {
     /// One step, for tests and one-shot tools: takes one entry that waits in its queues now (without blocking), runs
     /// its job to its end and settles it (records the end, acknowledges). `None` when every queue is empty. Fails
     /// while [`Worker::run`] runs (the two would share the acknowledgements).
-    pub async fn process_one(&self) -> anyhow::Result<Option<Outcome>> {
+    pub async fn process_one(&self) -> Result<Option<Outcome>, crate::Error> {
+        self.process_one_inner().await.public()
+    }
+
+    async fn process_one_inner(&self) -> anyhow::Result<Option<Outcome>> {
         let mut acks = self
             .0
             .ack_queue

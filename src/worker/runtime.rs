@@ -2,6 +2,7 @@
 //! running worker are split by file: `reader` reads entries and starts jobs, `execute` runs one job
 //! to its outcome, `acker` acknowledges finished entries, keeps running ones alive and hears cancellations.
 
+use crate::error::Public;
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
@@ -308,7 +309,11 @@ impl WorkerBuilder {
 
     /// The worker. Fails without handlers or a runtime pool, on a kind registered twice or with an invalid name, and
     /// on settings it cannot run with.
-    pub fn build(self) -> anyhow::Result<Worker> {
+    pub fn build(self) -> Result<Worker, crate::Error> {
+        self.build_inner().map_err(crate::Error::invalid)
+    }
+
+    fn build_inner(self) -> anyhow::Result<Worker> {
         anyhow::ensure!(!self.handlers.is_empty(), "a worker needs at least one handler");
         let Some(runtime) = self.runtime else {
             anyhow::bail!(
@@ -484,7 +489,11 @@ impl Worker {
 
     /// Runs until `shutdown`; then reads no more and starts no more jobs, lets in-flight jobs finish (and
     /// acknowledge) within `grace`, and abandons whatever is still running, unacknowledged, to another worker.
-    pub async fn run(self, shutdown: CancellationToken, grace: Duration) -> anyhow::Result<()> {
+    pub async fn run(self, shutdown: CancellationToken, grace: Duration) -> Result<(), crate::Error> {
+        self.run_inner(shutdown, grace).await.public()
+    }
+
+    async fn run_inner(self, shutdown: CancellationToken, grace: Duration) -> anyhow::Result<()> {
         crate::db::ensure_runtime_role(&self.0.runtime, "worker").await?;
         loop {
             let ready = match self.ensure_groups().await {
