@@ -40,6 +40,10 @@ impl Error {
                 (kind, unavailable) = (ErrorKind::Redis, crate::stream::is_unavailable(e));
                 break;
             }
+            if let Some(e) = cause.downcast_ref::<crate::RedisError>() {
+                (kind, unavailable) = (ErrorKind::Redis, e.is_unavailable());
+                break;
+            }
             if cause.downcast_ref::<crate::SettingsError>().is_some() {
                 kind = ErrorKind::Invalid;
                 break;
@@ -115,6 +119,9 @@ mod tests {
 
         let io = fred::error::Error::new(fred::error::ErrorKind::IO, "connection reset");
         let e = Err::<(), _>(anyhow::Error::new(io)).context("XADD").public().unwrap_err();
+        assert_eq!((e.kind(), e.is_unavailable()), (ErrorKind::Redis, true));
+        let reset = crate::RedisError::from(fred::error::Error::new(fred::error::ErrorKind::IO, "reset"));
+        let e = Err::<(), _>(anyhow::Error::new(reset)).context("XREADGROUP").public().unwrap_err();
         assert_eq!((e.kind(), e.is_unavailable()), (ErrorKind::Redis, true));
         let wrong = fred::error::Error::new(fred::error::ErrorKind::Unknown, "WRONGTYPE");
         let e = Err::<(), _>(anyhow::Error::new(wrong)).public().unwrap_err();

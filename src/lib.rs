@@ -116,8 +116,8 @@ pub use stream::keys::{Keys as RedisKeys, Partition};
 pub use stream::layout::{Layout as StreamLayout, MAX_PARTITIONS};
 pub use stream::producer::{JobOptions as StreamJobOptions, Message as StreamMessage, Producer};
 pub use stream::{
-    RedisClient, RedisTls, TlsFileError as RedisTlsError, connect as connect_redis, connect_with as connect_redis_with,
-    ping as ping_redis, url_uses_tls as redis_url_uses_tls,
+    RedisClient, RedisError, RedisTls, TlsFileError as RedisTlsError, connect as connect_redis,
+    connect_with as connect_redis_with, ping as ping_redis, url_uses_tls as redis_url_uses_tls,
 };
 
 // Schema, maintenance, metrics, traces.

@@ -286,7 +286,7 @@ impl Dispatcher {
                     batch.delivered.push(Delivered::new(event, stream_id));
                 }
                 Err(e) => {
-                    let reason = if crate::stream::is_unavailable(&e) { "redis_unavailable" } else { "redis_error" };
+                    let reason = if e.is_unavailable() { "redis_unavailable" } else { "redis_error" };
                     self.metrics.outbox_dispatch_errors.with_label_values(&[reason]).inc();
                     let attempt = event.attempt_count + 1;
                     if attempt >= self.settings.max_attempts {

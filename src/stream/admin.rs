@@ -1,5 +1,6 @@
 //! Operator-facing Redis checks: server version and eviction policy; whether stream entries still exist.
 
+use super::RedisError;
 use fred::cmd;
 use fred::prelude::ClientLike;
 use fred::types::Value;
@@ -18,10 +19,10 @@ pub struct ServerCheck {
 /// Reads the server version and eviction policy, and logs loudly what is unsafe: an eviction policy other than
 /// `noeviction` lets Redis drop stream entries or de-dup keys under memory pressure. In a cluster every primary is
 /// checked (each holds some queues' streams); the answer is the oldest version and the first unsafe policy found.
-pub async fn check_server(client: &RedisClient) -> Result<ServerCheck, fred::error::Error> {
+pub async fn check_server(client: &RedisClient) -> Result<ServerCheck, RedisError> {
     let primaries = if client.is_clustered() { client.active_connections() } else { Vec::new() };
     if primaries.is_empty() {
-        return check_one(client, None).await;
+        return Ok(check_one(client, None).await?);
     }
     let mut worst: Option<ServerCheck> = None;
     for server in primaries {

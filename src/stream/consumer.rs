@@ -5,6 +5,7 @@
 //! Processed entries are acknowledged and deleted in one script, so a stream holds only work not yet done: its length
 //! is bounded by the backlog, never by how many jobs ran, and nothing unacknowledged is ever trimmed away.
 
+use super::RedisError;
 use std::sync::Arc;
 
 use fred::prelude::{ClientLike, StreamsInterface};
@@ -181,7 +182,7 @@ impl Consumer {
 
     /// Connects to Redis at `url` with two clients (one for blocking reads) and names the consumer after this process
     /// ([`crate::ids::instance_name`]); keys start with `prefix`.
-    pub async fn connect(url: &str, prefix: &str) -> Result<Self, fred::error::Error> {
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, RedisError> {
         let client = super::connect(url, std::time::Duration::from_secs(5)).await?;
         let blocking = super::connect(url, std::time::Duration::from_secs(10)).await?;
         Ok(Self::new(client, blocking, Keys::new(prefix), crate::ids::instance_name()))
@@ -199,12 +200,12 @@ impl Consumer {
 
     /// The streams every queue may hold entries in now: the whole stream, and each partition the layout or this
     /// consumer's setting names. The layout is read again when the copy is a few seconds old.
-    pub async fn streams(&self) -> Result<Vec<Partition>, fred::error::Error> {
+    pub async fn streams(&self) -> Result<Vec<Partition>, RedisError> {
         Ok(self.layout.get().await?.streams(self.partitions))
     }
 
     /// Creates the queue's group (and stream) in each of its streams where missing, reading from the beginning.
-    pub async fn ensure_group(&self, queue: &str) -> Result<(), fred::error::Error> {
+    pub async fn ensure_group(&self, queue: &str) -> Result<(), RedisError> {
         for partition in self.streams().await? {
             self.ensure_group_in(queue, partition).await?;
         }
@@ -212,20 +213,20 @@ impl Consumer {
     }
 
     /// Creates the queue's group (and stream) in one of its streams if missing, reading from the beginning.
-    pub async fn ensure_group_in(&self, queue: &str, partition: Partition) -> Result<(), fred::error::Error> {
+    pub async fn ensure_group_in(&self, queue: &str, partition: Partition) -> Result<(), RedisError> {
         let stream = self.keys.partition_stream(queue, partition);
         let created: Result<Value, _> =
             self.client.xgroup_create(stream, self.keys.group(queue), "0", true).await.watched(&self.client);
         match created {
             Ok(_) => Ok(()),
             Err(e) if e.details().contains("BUSYGROUP") || e.to_string().contains("BUSYGROUP") => Ok(()),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// Reads up to `count` new entries of `queue`'s whole stream, waiting up to `block_ms` for some (see
     /// [`Consumer::read_in`]).
-    pub async fn read(&self, queue: &str, count: u64, block_ms: u64) -> Result<Vec<Entry>, fred::error::Error> {
+    pub async fn read(&self, queue: &str, count: u64, block_ms: u64) -> Result<Vec<Entry>, RedisError> {
         self.read_in(queue, Partition::Whole, count, block_ms).await
     }
 
@@ -238,8 +239,8 @@ impl Consumer {
         partition: Partition,
         count: u64,
         block_ms: u64,
-    ) -> Result<Vec<Entry>, fred::error::Error> {
-        self.read_or_create(queue, partition, count, Some(block_ms)).await
+    ) -> Result<Vec<Entry>, RedisError> {
+        Ok(self.read_or_create(queue, partition, count, Some(block_ms)).await?)
     }
 
     /// Reads up to `count` new entries of one stream of `queue` that are there now, without waiting.
@@ -278,7 +279,7 @@ impl Consumer {
         };
         match read {
             Err(e) if is_nogroup(&e) => {
-                self.ensure_group_in(queue, partition).await?;
+                self.ensure_group_in(queue, partition).await.map_err(|e| e.0)?;
                 Ok(Vec::new())
             }
             Err(e) => Err(e),
@@ -287,29 +288,24 @@ impl Consumer {
     }
 
     /// Acknowledges and deletes processed entries of `queue`'s whole stream (see [`Consumer::ack_in`]).
-    pub async fn ack(&self, queue: &str, ids: &[String]) -> Result<u64, fred::error::Error> {
+    pub async fn ack(&self, queue: &str, ids: &[String]) -> Result<u64, RedisError> {
         self.ack_in(queue, Partition::Whole, ids).await
     }
 
     /// Acknowledges and deletes processed entries of one stream of `queue`. Returns how many were still pending.
-    pub async fn ack_in(&self, queue: &str, partition: Partition, ids: &[String]) -> Result<u64, fred::error::Error> {
+    pub async fn ack_in(&self, queue: &str, partition: Partition, ids: &[String]) -> Result<u64, RedisError> {
         if ids.is_empty() {
             return Ok(0);
         }
         let mut args = Vec::with_capacity(ids.len() + 1);
         args.push(self.keys.group(queue));
         args.extend(ids.iter().cloned());
-        self.ack_script.run(&self.client, vec![self.keys.partition_stream(queue, partition)], args).await
+        Ok(self.ack_script.run(&self.client, vec![self.keys.partition_stream(queue, partition)], args).await?)
     }
 
     /// Resets the idle time of entries of one stream of `queue` this consumer is working on, so no one reclaims them
     /// while it lives.
-    pub async fn heartbeat_in(
-        &self,
-        queue: &str,
-        partition: Partition,
-        ids: &[String],
-    ) -> Result<(), fred::error::Error> {
+    pub async fn heartbeat_in(&self, queue: &str, partition: Partition, ids: &[String]) -> Result<(), RedisError> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -332,7 +328,7 @@ impl Consumer {
         match claimed {
             // The group is gone with the entries (see `read`): nothing to keep alive, make the group again.
             Err(e) if is_nogroup(&e) => self.ensure_group_in(queue, partition).await,
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
             Ok(_) => Ok(()),
         }
     }
@@ -345,7 +341,7 @@ impl Consumer {
         partition: Partition,
         min_idle_ms: u64,
         count: u64,
-    ) -> Result<Reclaimed, fred::error::Error> {
+    ) -> Result<Reclaimed, RedisError> {
         let stream = self.keys.partition_stream(queue, partition);
         // Read as a raw reply: Redis 7 adds a third element, the ids it found deleted.
         let reply: Value = match self
@@ -374,7 +370,7 @@ impl Consumer {
     }
 
     /// Length, pending entries and lag of `queue`: its streams' and their groups', summed.
-    pub async fn stats(&self, queue: &str) -> Result<QueueStats, fred::error::Error> {
+    pub async fn stats(&self, queue: &str) -> Result<QueueStats, RedisError> {
         let mut total = QueueStats { lag: Some(0), ..QueueStats::default() };
         for partition in self.streams().await? {
             let stats = stream_stats(&self.client, &self.keys, queue, partition).await?;

@@ -57,33 +57,32 @@ const RECOVER_EVERY: Duration = Duration::from_secs(1);
 /// slot map after a failover, from any node it knows: the seeds and every primary of the last slot map it read (fred's
 /// default reads it from the seeds alone, so a client whose seeds had died could never find the cluster again). A node
 /// that does not answer costs at most 1 s per attempt.
-pub async fn connect(url: &str, command_timeout: Duration) -> Result<RedisClient, fred::error::Error> {
+pub async fn connect(url: &str, command_timeout: Duration) -> Result<RedisClient, RedisError> {
     connect_with(url, command_timeout, &RedisTls::default()).await
 }
 
 /// [`connect`] with the TLS files of `tls` (`CONVEYOR_REDIS_CA_FILE` and the client certificate's): refused unless
 /// `url` asks for TLS. The first connection's failure says what to check: a plain URL to a server that speaks TLS
 /// only, or a certificate that the CA does not vouch for.
-pub async fn connect_with(
-    url: &str,
-    command_timeout: Duration,
-    tls: &RedisTls,
-) -> Result<RedisClient, fred::error::Error> {
+pub async fn connect_with(url: &str, command_timeout: Duration, tls: &RedisTls) -> Result<RedisClient, RedisError> {
     use fred::error::{Error, ErrorKind};
     let uses_tls = tls::url_uses_tls(url);
     let mut config = RedisConfig::from_url(&self::url::fred_url(url))?;
     if tls.is_set() {
         if !uses_tls {
-            return Err(Error::new(
+            return Err(RedisError(Error::new(
                 ErrorKind::Config,
                 "CONVEYOR_REDIS_CA_FILE or a client certificate is set but CONVEYOR_REDIS_URL does not ask for TLS: \
                  use rediss://, rediss-cluster:// or rediss-sentinel://",
-            ));
+            )));
         }
         config.tls = tls.fred_config().map_err(|e| Error::new(ErrorKind::Tls, e.to_string()))?;
     }
     if uses_tls != config.tls.is_some() {
-        return Err(Error::new(ErrorKind::Tls, "CONVEYOR_REDIS_URL asks for TLS but no TLS configuration was made"));
+        return Err(RedisError(Error::new(
+            ErrorKind::Tls,
+            "CONVEYOR_REDIS_URL asks for TLS but no TLS configuration was made",
+        )));
     }
     if config.server.is_clustered() {
         config.server.set_cluster_discovery_policy(ClusterDiscoveryPolicy::UseCache)?;
@@ -107,7 +106,7 @@ pub async fn connect_with(
             Some(config) => why_no_sentinel(config, node_timeout, e).await,
             None => e,
         };
-        return Err(explain_first_failure(uses_tls, e));
+        return Err(RedisError(explain_first_failure(uses_tls, e)));
     }
     Ok(client)
 }
@@ -170,6 +169,39 @@ fn explain_first_failure(uses_tls: bool, e: fred::error::Error) -> fred::error::
     }
 }
 
+/// A Redis call that failed: Redis could not be reached ([`RedisError::is_unavailable`]) or refused the command. Its
+/// message says which, and what to check where the cause is known (a plain URL to a TLS-only server, a certificate
+/// its CA does not vouch for).
+pub struct RedisError(fred::error::Error);
+
+impl RedisError {
+    /// Whether Redis could not be reached (a lost connection, a time-out, a command canceled on a reconnect), as
+    /// opposed to refusing the command: worth retrying.
+    pub fn is_unavailable(&self) -> bool {
+        is_unavailable(&self.0)
+    }
+}
+
+impl From<fred::error::Error> for RedisError {
+    fn from(e: fred::error::Error) -> Self {
+        Self(e)
+    }
+}
+
+impl std::fmt::Display for RedisError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::fmt::Debug for RedisError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for RedisError {}
+
 /// Whether `e` says Redis could not be reached (connection lost, time-out, command canceled on a reconnect), as
 /// opposed to Redis refusing the command: callers outside this module classify errors with it, not by fred's kinds.
 pub(crate) fn is_unavailable(e: &fred::error::Error) -> bool {
@@ -177,8 +209,8 @@ pub(crate) fn is_unavailable(e: &fred::error::Error) -> bool {
 }
 
 /// `PING` with the client's command time-out: whether Redis answers.
-pub async fn ping(client: &RedisClient) -> Result<(), fred::error::Error> {
-    client.ping::<()>(None).await.watched(client)
+pub async fn ping(client: &RedisClient) -> Result<(), RedisError> {
+    Ok(client.ping::<()>(None).await.watched(client)?)
 }
 
 /// After a command of `client` timed out (Redis did not answer; a reset connection fred handles itself): makes the

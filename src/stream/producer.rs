@@ -7,6 +7,7 @@
 //! partition of it) and carry its hash tag, so a call stays in one Redis Cluster slot. A chunk that fails half-way is safe to run again: the events it had
 //! added are found by their de-dup keys.
 
+use super::RedisError;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -188,7 +189,7 @@ impl Producer {
         &self,
         handed_off: &[(&str, &str, Uuid, i32)],
         ttl: std::time::Duration,
-    ) -> Result<(), fred::error::Error> {
+    ) -> Result<(), RedisError> {
         let mut by_queue: HashMap<Stream<'_>, Vec<String>> = HashMap::new();
         for (queue, reference, id, redrive) in handed_off {
             let (partition, _) = parse_stream_ref(reference);
@@ -214,7 +215,7 @@ impl Producer {
                 pipeline.custom::<Value, _>(eval.clone(), args).await?;
             }
         }
-        pipeline.try_all::<Value>().await.into_iter().try_for_each(|r| r.map(drop)).watched(&self.client)
+        Ok(pipeline.try_all::<Value>().await.into_iter().try_for_each(|r| r.map(drop)).watched(&self.client)?)
     }
 
     /// Publishes `messages` in one pipeline. Each result is the stream reference (the entry id, new
@@ -224,10 +225,10 @@ impl Producer {
     /// Each job goes to the stream the layout gives its workspace and creation time . The chunks
     /// go out by SHA; the chunks a node answered `NOSCRIPT` (first use on it, a restart, a replica promoted by a
     /// failover) go again with the script's text, and the script is loaded on every primary.
-    pub async fn publish(&self, messages: &[Message]) -> Vec<Result<String, fred::error::Error>> {
+    pub async fn publish(&self, messages: &[Message]) -> Vec<Result<String, RedisError>> {
         let layout = match self.layout.get().await {
             Ok(layout) => layout,
-            Err(e) => return messages.iter().map(|_| Err(e.clone())).collect(),
+            Err(e) => return messages.iter().map(|_| Err(e.clone().into())).collect(),
         };
         // Chunks per stream, remembering where each message's answer goes.
         let mut by_stream: HashMap<Stream<'_>, Vec<usize>> = HashMap::new();
@@ -249,7 +250,7 @@ impl Producer {
             let again: Vec<(Stream<'_>, Vec<usize>)> = unknown.into_iter().map(|c| chunks[c].clone()).collect();
             self.publish_chunks(messages, &again, Call::Text, &mut results).await;
         }
-        results
+        results.into_iter().map(|r| r.map_err(RedisError::from)).collect()
     }
 
     /// Sends `chunks` of `messages` in one pipeline and writes each message's answer into `results`. Returns the
@@ -330,8 +331,8 @@ impl Producer {
 
     /// The partition layout jobs are routed by, read (and raised to this producer's partitions) if the copy is a
     /// few seconds old.
-    pub async fn layout(&self) -> Result<super::layout::Layout, fred::error::Error> {
-        self.layout.get().await
+    pub async fn layout(&self) -> Result<super::layout::Layout, RedisError> {
+        Ok(self.layout.get().await?)
     }
 
     /// The client, for status checks.

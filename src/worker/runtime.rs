@@ -23,6 +23,7 @@ use crate::kind::{self, JobKind};
 use crate::metrics::Metrics;
 use crate::outbox::transitions::Finished;
 use crate::redact::redact;
+use crate::stream::RedisError;
 use crate::stream::consumer::Consumer;
 use crate::stream::keys::Partition;
 
@@ -430,7 +431,7 @@ impl Worker {
 
     /// Creates the consumer groups (and streams) if missing, in every stream of its queues (the whole stream, and
     /// each partition the layout or the consumer's setting names), and reads all of them from then on.
-    pub async fn ensure_groups(&self) -> Result<(), fred::error::Error> {
+    pub async fn ensure_groups(&self) -> Result<(), RedisError> {
         let streams = self.0.consumer.streams().await?;
         for &partition in &streams {
             for queue in &self.0.queues {
@@ -445,7 +446,7 @@ impl Worker {
 
     /// Starts reading the streams the partition layout names since the last look (after raising
     /// `CONVEYOR_STREAM_PARTITIONS`): their groups are created and they join the lanes.
-    pub(super) async fn follow_layout(&self) -> Result<(), fred::error::Error> {
+    pub(super) async fn follow_layout(&self) -> Result<(), RedisError> {
         let streams = self.0.consumer.streams().await?;
         let known = self.lanes().len() / self.0.queues.len().max(1);
         if streams.len() > known {
