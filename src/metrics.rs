@@ -25,10 +25,6 @@ pub(crate) const DISPATCH_ERROR_REASONS: [&str; 3] = ["database", "redis_unavail
 /// The passes of `conveyor_outbox_relay_passes_total`: a sweep looks up every workspace with due jobs, a named pass
 /// relays the workspaces that notifications named.
 pub(crate) const RELAY_PASSES: [&str; 2] = ["sweep", "named"];
-/// The outcomes of `conveyor_idempotency_requests_total`.
-pub(crate) const IDEMPOTENCY_OUTCOMES: [&str; 5] = ["executed", "replayed", "key_reused", "in_progress", "rejected"];
-/// The results of `conveyor_media_derivations_total`.
-pub(crate) const MEDIA_RESULTS: [&str; 3] = ["derived", "reused", "rejected"];
 
 /// The source revision this binary was built from (`CONVEYOR_GIT_REVISION` at build time), or `unknown`.
 pub(crate) const REVISION: &str = match option_env!("CONVEYOR_GIT_REVISION") {
@@ -41,12 +37,6 @@ pub(crate) const REVISION: &str = match option_env!("CONVEYOR_GIT_REVISION") {
 pub struct Metrics {
     /// The registry `/metrics` renders.
     pub registry: Registry,
-    /// `conveyor_http_request_duration_seconds{route, method, status_class}`.
-    pub http_request_duration: HistogramVec,
-    /// `conveyor_idempotency_requests_total{outcome}`.
-    pub idempotency_requests: IntCounterVec,
-    /// `conveyor_idempotency_records_purged_total`.
-    pub idempotency_records_purged: IntCounter,
     /// `conveyor_outbox_dispatched_total{queue}`.
     pub outbox_dispatched: IntCounterVec,
     /// `conveyor_outbox_dispatch_errors_total{reason}`.
@@ -100,13 +90,6 @@ pub struct Metrics {
     pub stream_pending_entries: IntGaugeVec,
     /// `conveyor_stream_group_lag{queue}`: not yet delivered.
     pub stream_group_lag: IntGaugeVec,
-    /// `conveyor_media_derivations_total{result}`: `media.process` runs by result (`derived`, `reused`, `rejected`).
-    pub media_derivations: IntCounterVec,
-    /// `conveyor_media_uploads_in_progress`: media uploads this API process is receiving (at most
-    /// `CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS`).
-    pub media_uploads_in_progress: IntGauge,
-    /// `conveyor_media_uploads_refused_total`: uploads answered `503 UPLOADS_BUSY` because that many were in progress.
-    pub media_uploads_refused: IntCounter,
     /// `conveyor_build_info{version, revision, role}` = 1, once [`Metrics::set_role`] names the role.
     pub build_info: IntGaugeVec,
     /// The pools `conveyor_db_pool_*` reads at scrape ([`Metrics::watch_pool`]).
@@ -238,24 +221,6 @@ impl Metrics {
                 &["version", "revision", "role"],
             ),
             pools,
-            http_request_duration: histogram_vec(
-                r,
-                "conveyor_http_request_duration_seconds",
-                "HTTP request duration by route template",
-                latency_buckets(),
-                &["route", "method", "status_class"],
-            ),
-            idempotency_requests: counter_vec(
-                r,
-                "conveyor_idempotency_requests_total",
-                "Idempotent requests by outcome",
-                &["outcome"],
-            ),
-            idempotency_records_purged: counter(
-                r,
-                "conveyor_idempotency_records_purged_total",
-                "Expired idempotency records deleted by maintenance",
-            ),
             outbox_dispatched: counter_vec(
                 r,
                 "conveyor_outbox_dispatched_total",
@@ -351,22 +316,6 @@ impl Metrics {
                 &["queue"],
             ),
             stream_group_lag: gauge_vec(r, "conveyor_stream_group_lag", "Entries not yet delivered", &["queue"]),
-            media_derivations: counter_vec(
-                r,
-                "conveyor_media_derivations_total",
-                "media.process runs by result: derived, reused (same bytes derived before) or rejected",
-                &["result"],
-            ),
-            media_uploads_in_progress: gauge(
-                r,
-                "conveyor_media_uploads_in_progress",
-                "Media uploads being received (at most CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS)",
-            ),
-            media_uploads_refused: counter(
-                r,
-                "conveyor_media_uploads_refused_total",
-                "Media uploads answered 503 UPLOADS_BUSY: CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS were in progress",
-            ),
             registry,
         }
     }
@@ -415,20 +364,6 @@ impl Metrics {
         for queue in queues {
             self.outbox_dispatched.with_label_values(&[queue]);
             self.outbox_dead_letters.with_label_values(&[queue]);
-        }
-    }
-
-    /// Creates at 0 the API's idempotent requests by outcome.
-    pub fn init_api(&self) {
-        for outcome in IDEMPOTENCY_OUTCOMES {
-            self.idempotency_requests.with_label_values(&[outcome]);
-        }
-    }
-
-    /// Creates at 0 the media derivations by result.
-    pub fn init_media(&self) {
-        for result in MEDIA_RESULTS {
-            self.media_derivations.with_label_values(&[result]);
         }
     }
 

@@ -101,6 +101,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
             None => TokenKeys::refusing_all(),
         },
         sealer: Sealer::new(&config.encryption_key, "k1"),
+        server_metrics: crate::metrics::ServerMetrics::register(&metrics.registry),
         metrics,
         max_body_bytes: config.max_body_bytes,
         fingerprinter: Fingerprinter::new(config.idempotency_keys.clone()),
@@ -188,7 +189,7 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
     let state = AppState(Arc::new(connect_state(&config, Metrics::new()).await?));
     state.metrics.set_role(role.name());
     if role.runs(Role::Api) {
-        state.metrics.init_api();
+        state.server_metrics.init_api();
     }
     // The dispatcher, maintenance and the worker's bookkeeping (its own pool, see `build_worker`) work across
     // workspaces: as the runtime role, which the API and the job handlers' transactions never use.
@@ -247,7 +248,7 @@ pub async fn run(mut config: Config, role: Role) -> anyhow::Result<()> {
         .with_dead_letter_retention(config.dead_letter_retention)
         .with_purge("idempotency_records", {
             // The API's idempotency records are the server's: expired ones go in the platform's pass.
-            let purged = state.metrics.idempotency_records_purged.clone();
+            let purged = state.server_metrics.idempotency_records_purged.clone();
             move |pool| {
                 let purged = purged.clone();
                 async move {
@@ -338,7 +339,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with((*state.pool.connect_options()).clone());
     state.metrics.watch_pool("worker_handlers", handler_pool.clone());
-    state.metrics.init_media();
+    state.server_metrics.media.init();
     let settings = WorkerSettings {
         concurrency: config.worker_concurrency,
         visibility: config.worker_visibility,
@@ -373,7 +374,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
                     config.scenarios.media_decode_memory,
                 ),
             },
-            metrics: state.metrics.clone(),
+            metrics: state.server_metrics.media.clone(),
             max_attempts: config.job_max_attempts,
             timeout: config.job_timeout,
         })

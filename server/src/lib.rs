@@ -7,5 +7,6 @@ pub mod auth;
 pub mod config;
 pub mod http;
 pub mod idempotency;
+pub mod metrics;
 pub mod operator_auth;
 pub mod telemetry;

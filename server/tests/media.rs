@@ -4,6 +4,7 @@
 
 mod common;
 
+use conveyor_shop::metrics::MediaMetrics;
 use std::collections::HashMap;
 use std::io::Cursor;
 use std::time::Duration;
@@ -213,7 +214,8 @@ fn process_settings(app: &TestApp) -> ProcessSettings {
     }
 }
 
-async fn media_worker(app: &TestApp, metrics: Metrics) -> Worker {
+/// A media worker counting into `metrics` (the platform's) and `media` (the shop's, in the same registry).
+async fn media_worker(app: &TestApp, metrics: Metrics, media: MediaMetrics) -> Worker {
     let redis = common::redis_url();
     let client = conveyor_jobs::connect_redis(&redis, Duration::from_secs(2)).await.unwrap();
     let blocking = conveyor_jobs::connect_redis(&redis, Duration::from_secs(5)).await.unwrap();
@@ -227,7 +229,7 @@ async fn media_worker(app: &TestApp, metrics: Metrics) -> Worker {
         .runtime_pool(app.db.runtime_pool.clone())
         .handle::<ProcessMedia>(ProcessMediaHandler {
             settings: process_settings(app),
-            metrics: metrics.clone(),
+            metrics: media,
             max_attempts: 3,
             timeout: Duration::from_secs(120),
         })
@@ -242,13 +244,21 @@ async fn run_platform(app: &TestApp) -> (Metrics, CancellationToken) {
     let shutdown = CancellationToken::new();
     common::run_dispatcher(common::test_dispatcher(app, &common::redis_url(), |_| {}).await, &shutdown);
     let metrics = Metrics::new();
-    let worker = media_worker(app, metrics.clone()).await;
+    let media = MediaMetrics::register(&metrics.registry);
+    let worker = media_worker(app, metrics.clone(), media).await;
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(10)));
     (metrics, shutdown)
 }
 
+/// `conveyor_media_derivations_total{result}` as the process's registry (its `/metrics`) shows it.
 fn derivations(metrics: &Metrics, result: &str) -> u64 {
-    metrics.media_derivations.with_label_values(&[result]).get()
+    let families = metrics.registry.gather();
+    let Some(family) = families.iter().find(|f| f.name() == "conveyor_media_derivations_total") else { return 0 };
+    family
+        .get_metric()
+        .iter()
+        .find(|m| m.get_label().iter().any(|l| l.name() == "result" && l.value() == result))
+        .map_or(0, |m| m.get_counter().get_value() as u64)
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 pub mod adapters;
 pub mod domain;
 pub mod jobs;
+pub mod metrics;
 pub mod sealing;
 pub mod storage;
 

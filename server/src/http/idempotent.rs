@@ -110,7 +110,7 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for Idempotent<T> {
         let (mut parts, body) = req.into_parts();
         let principal = Principal::from_request_parts(&mut parts, state).await?;
         let key = parse_key(&parts.headers).inspect_err(|_| {
-            state.metrics.idempotency_requests.with_label_values(&["rejected"]).inc();
+            state.server_metrics.idempotency_requests.with_label_values(&["rejected"]).inc();
         })?;
         let method = parts.method.as_str().to_ascii_uppercase();
         let path = parts.uri.path().to_owned();
@@ -149,7 +149,7 @@ impl<T> Idempotent<T> {
     where
         W: for<'t> FnOnce(&'t mut WorkspaceTx) -> Work<'t>,
     {
-        let outcome = |label: &str| state.metrics.idempotency_requests.with_label_values(&[label]).inc();
+        let outcome = |label: &str| state.server_metrics.idempotency_requests.with_label_values(&[label]).inc();
         let mut tx = conveyor_jobs::begin_workspace(&state.pool, self.scope.workspace_id).await?;
         match store::claim_tx(&mut tx, &self.scope, &state.fingerprinter, &self.canonical, state.idempotency_ttl)
             .await?

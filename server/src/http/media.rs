@@ -165,10 +165,10 @@ struct Receiving {
 impl Receiving {
     fn enter(state: &AppState) -> Result<Self, ApiError> {
         let Ok(permit) = state.uploads.clone().try_acquire_owned() else {
-            state.metrics.media_uploads_refused.inc();
+            state.server_metrics.media_uploads_refused.inc();
             return Err(ApiError::UploadsBusy(state.scenarios.media_max_concurrent_uploads));
         };
-        let gauge = state.metrics.media_uploads_in_progress.clone();
+        let gauge = state.server_metrics.media_uploads_in_progress.clone();
         gauge.inc();
         Ok(Self { _permit: permit, gauge })
     }

@@ -47,8 +47,10 @@ pub struct Shared {
     pub tokens: TokenKeys,
     /// Seals credentials at rest.
     pub sealer: Sealer,
-    /// This process's metrics.
+    /// This process's metrics: the platform's, and in the same registry the server's and the shop's.
     pub metrics: Metrics,
+    /// The server's and the shop's metrics (HTTP, idempotency, uploads, media).
+    pub server_metrics: crate::metrics::ServerMetrics,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
     /// Fingerprints idempotent requests.
@@ -134,7 +136,7 @@ async fn track_metrics(State(state): State<AppState>, req: Request, next: Next) 
         _ => "other".to_owned(),
     };
     state
-        .metrics
+        .server_metrics
         .http_request_duration
         .with_label_values(&[route.as_str(), method.as_str(), class])
         .observe(started.elapsed().as_secs_f64());

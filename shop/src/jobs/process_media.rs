@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::domain::media::{self, ProcessError, ProcessOutcome, ProcessSettings};
-use conveyor_jobs::Metrics;
 use conveyor_jobs::{Handler, JobContext, JobError, JobKind};
 
 /// Process a media. Ids only: the bytes stay in object storage.
@@ -29,7 +28,7 @@ pub struct ProcessMediaHandler {
     /// Storage, limits and the process's bound on concurrent decodes.
     pub settings: ProcessSettings,
     /// Counts `conveyor_media_derivations_total{result}`.
-    pub metrics: Metrics,
+    pub metrics: crate::metrics::MediaMetrics,
     /// Runs before dead-lettering (`CONVEYOR_JOB_MAX_ATTEMPTS`).
     pub max_attempts: u32,
     /// Longest run (`CONVEYOR_JOB_TIMEOUT`).
@@ -57,7 +56,7 @@ impl Handler<ProcessMedia> for ProcessMediaHandler {
         };
         if let Some(label) = label {
             // Counted before the commit: a run whose commit then fails counts once more on its retry.
-            self.metrics.media_derivations.with_label_values(&[label]).inc();
+            self.metrics.derivations.with_label_values(&[label]).inc();
         }
         Ok(serde_json::to_value(outcome).expect("outcomes serialize"))
     }
