@@ -15,7 +15,7 @@ use super::handler::{JobContext, JobError};
 use super::runtime::{Cancellation, Outcome, Queue, Worker};
 use crate::backoff::Backoff;
 use crate::ids::{JobId, WorkspaceId};
-use crate::outbox::transitions::{self as record, Completion, Finished};
+use crate::outbox::transitions::{self, Completion, End, Finished, Run};
 use crate::redact::redact;
 use crate::stream::consumer::{Entry, Text};
 
@@ -150,7 +150,7 @@ impl Worker {
         if d.taken_over {
             // The delivery before this one started and never ended: its worker stopped. Counted before this run, so
             // that a run that stops this worker too is counted by the next one.
-            match Box::pin(record::count_stop(pool, d.workspace_id, d.event_id, d.redrive)).await? {
+            match Box::pin(transitions::count_stop(pool, d.workspace_id, d.event_id, d.redrive)).await? {
                 None => return Ok((Outcome::Skipped, None)),
                 Some(stops) if stops >= self.0.settings.max_deliveries => {
                     // Its runs keep stopping their worker (killed, out of memory): it would stop the next one too.
@@ -182,7 +182,7 @@ impl Worker {
             ended_canceled: false,
         };
         if let Some(operation) = d.operation_id {
-            if !Box::pin(record::start(pool, d.workspace_id, operation, d.attempt)).await? {
+            if !Box::pin(transitions::start(pool, d.workspace_id, operation, d.attempt)).await? {
                 // The operation has ended: this job can no longer advance it.
                 Box::pin(self.end_orphan(d)).await?;
                 return Ok((Outcome::Skipped, None));
@@ -199,7 +199,7 @@ impl Worker {
             }
             if cx.operation_ended {
                 if let Some(mut tx) = cx.tx.take() {
-                    record::end_orphan_tx(&mut tx, d.workspace_id, d.event_id).await?;
+                    transitions::end_run(pool, run(d), End::Orphaned { tx: &mut tx }).await?;
                     tx.commit().await?;
                 }
                 return Ok((Outcome::Skipped, None));
@@ -275,10 +275,8 @@ impl Worker {
                     // Not a failure of this job: no attempt spent, whatever attempt this was.
                     let reason = redact(reason);
                     tracing::info!(event_id = %d.event_id, %until, reason = %reason, "Job rate limited; its key waits until then");
-                    let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
-                    if !Box::pin(record::throttle(pool, workspace, event, d.redrive, operation, *until, &reason))
-                        .await?
-                    {
+                    let throttled = End::Throttled { until: *until, reason: &reason };
+                    if Box::pin(transitions::end_run(pool, run(d), throttled)).await? != Completion::Recorded {
                         tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not throttling it");
                         return Ok((Outcome::Skipped, None));
                     }
@@ -304,8 +302,8 @@ impl Worker {
                         _ => backoff.delay(d.attempt),
                     };
                     tracing::warn!(event_id = %d.event_id, attempt = d.attempt, ?delay, error = %error, "Job failed; retrying after back-off");
-                    let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
-                    if !Box::pin(record::retry(pool, workspace, event, d.redrive, operation, delay, &error)).await? {
+                    let retry = End::Retry { delay, error: &error };
+                    if Box::pin(transitions::end_run(pool, run(d), retry)).await? != Completion::Recorded {
                         tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not scheduling a retry");
                         return Ok((Outcome::Skipped, None));
                     }
@@ -324,28 +322,25 @@ impl Worker {
         mut cx: JobContext,
         value: serde_json::Value,
     ) -> anyhow::Result<(Outcome, Option<Finished>)> {
-        if let Some(operation) = d.operation_id {
+        if d.operation_id.is_some() {
             match cx.tx().await.map(|_| ()) {
                 Ok(()) => {}
                 Err(_) if cx.ended => return Ok((cx.ended_outcome(), None)),
                 Err(e) => return Err(e.into()),
             }
-            let tx = cx.tx.as_mut().expect("opened just above");
-            let succeeded = record::succeed_tx(tx, operation, &value).await?;
-            if !succeeded {
-                // The operation is no longer live (canceled after the run began): roll back, and end the job.
-                if let Some(tx) = cx.tx.take() {
-                    tx.rollback().await?;
-                }
-                self.end_orphan(d).await?;
-                return Ok((Outcome::Canceled, None));
-            }
         }
         let Some(mut tx) = cx.tx.take() else {
+            // No transaction (and so no operation): recorded in the acker's batch, the funnel's batched form.
             let finished = Finished { workspace: d.workspace_id, job: d.event_id, redrive: None, result: value };
             return Ok((Outcome::Succeeded, Some(finished)));
         };
-        match record::complete_tx(&mut tx, d.workspace_id, d.event_id, Some(&value)).await? {
+        match transitions::end_run(&self.0.pool, run(d), End::Succeeded { tx: &mut tx, result: &value }).await? {
+            Completion::OperationEnded => {
+                // The operation is no longer live (canceled after the run began): roll back, and end the job.
+                tx.rollback().await?;
+                self.end_orphan(d).await?;
+                Ok((Outcome::Canceled, None))
+            }
             Completion::Canceled => {
                 tx.rollback().await?;
                 Ok((Outcome::Canceled, None))
@@ -362,10 +357,10 @@ impl Worker {
         }
     }
 
-    /// Ends a live job whose operation has already ended (see [`record::end_orphan_tx`]).
+    /// Ends a live job whose operation has already ended ([`End::Orphaned`]).
     async fn end_orphan(&self, d: &Delivery) -> anyhow::Result<()> {
         let mut tx = crate::db::begin_workspace(&self.0.pool, d.workspace_id).await?;
-        record::end_orphan_tx(&mut tx, d.workspace_id, d.event_id).await?;
+        transitions::end_run(&self.0.pool, run(d), End::Orphaned { tx: &mut tx }).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -373,7 +368,7 @@ impl Worker {
     /// Whether the delivered job is still live.
     async fn is_live(&self, d: &Delivery) -> anyhow::Result<bool> {
         let mut tx = crate::db::begin_workspace(&self.0.pool, d.workspace_id).await?;
-        let state = record::job_state_tx(&mut tx, d.event_id, None).await?;
+        let state = transitions::job_state_tx(&mut tx, d.event_id, None).await?;
         tx.commit().await?;
         Ok(state.live)
     }
@@ -381,14 +376,20 @@ impl Worker {
     /// Dead-letters the delivered job with `reason` (redacted), counted under `why`; skipped when the delivery's
     /// generation is no longer the event's (a newer delivery exists, and it decides).
     async fn dead_letter(&self, d: &Delivery, reason: &str, why: &str) -> anyhow::Result<Outcome> {
-        let (workspace, event, operation) = (d.workspace_id, d.event_id, d.operation_id);
-        if !record::dead_letter(&self.0.pool, workspace, event, d.redrive, operation, reason).await? {
+        if transitions::end_run(&self.0.pool, run(d), End::DeadLettered { error: reason }).await?
+            != Completion::Recorded
+        {
             tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not dead-lettering it");
             return Ok(Outcome::Skipped);
         }
         self.0.metrics.job_dead_letters.with_label_values(&[why]).inc();
         Ok(Outcome::DeadLettered)
     }
+}
+
+/// The run `d` delivers, as the completion funnel fences it.
+fn run(d: &Delivery) -> Run {
+    Run { workspace: d.workspace_id, job: d.event_id, redrive: d.redrive, operation: d.operation_id }
 }
 
 /// Crash tests (`worker::abort_on_job=return(<job id>)`): the worker process aborts 0.3 s into that job, as one the
@@ -415,7 +416,7 @@ async fn keep_alive(
 ) -> std::convert::Infallible {
     loop {
         tokio::time::sleep(every).await;
-        if let Err(e) = record::keep_alive(&pool, workspace, operation).await {
+        if let Err(e) = transitions::keep_alive(&pool, workspace, operation).await {
             tracing::warn!(operation = %operation, error = %redact(&e.to_string()), "Could not refresh a running operation");
         }
     }

@@ -14,7 +14,7 @@ use super::runtime::{Lane, Outcome, Queue, Worker};
 use super::slots::Slot;
 use crate::db;
 use crate::ids::WorkspaceId;
-use crate::outbox::transitions as record;
+use crate::outbox::transitions;
 use crate::redact::redact;
 use crate::stream::consumer::Entry;
 use crate::stream::keys::stream_ref;
@@ -100,13 +100,13 @@ impl Worker {
         self.track(&queue.name, partition, entries.iter().map(|e| e.id.clone()));
         let ids: Vec<(WorkspaceId, Uuid, Option<i32>)> = entries.iter().filter_map(job_of).collect();
         let checked = if taken_over {
-            record::taken_over(&self.0.runtime, &ids).await.map(|counted| {
+            transitions::taken_over(&self.0.runtime, &ids).await.map(|counted| {
                 let skip = counted.iter().filter(|(_, stops)| stops.is_none()).map(|(id, _)| *id).collect();
                 let stops = counted.into_iter().filter_map(|(id, stops)| Some((id, stops?))).collect();
                 (skip, stops)
             })
         } else {
-            record::not_to_run(&self.0.runtime, &ids).await.map(|skip| (skip, HashMap::new()))
+            transitions::not_to_run(&self.0.runtime, &ids).await.map(|skip| (skip, HashMap::new()))
         };
         let (skip, stopped): (HashSet<Uuid>, HashMap<Uuid, u32>) = match checked {
             Ok(checked) => checked,
@@ -179,7 +179,7 @@ impl Worker {
             let Some(entry) = self.0.consumer.read_now_in(&queue.name, *partition, 1).await?.pop() else { continue };
             self.track(&queue.name, *partition, [entry.id.clone()]);
             let skip = match job_of(&entry) {
-                Some(job) => record::not_to_run(&self.0.runtime, &[job]).await?.contains(&job.1),
+                Some(job) => transitions::not_to_run(&self.0.runtime, &[job]).await?.contains(&job.1),
                 None => false,
             };
             if skip {
@@ -328,9 +328,11 @@ impl Worker {
         // Pending entries whose data Redis no longer has: the job is re-driven from PostgreSQL.
         for entry_id in reclaimed.deleted {
             let reference = stream_ref(partition, &entry_id);
-            if let Some((event_id, workspace)) = record::event_by_stream_id(&self.0.runtime, name, &reference).await? {
+            if let Some((event_id, workspace)) =
+                transitions::event_by_stream_id(&self.0.runtime, name, &reference).await?
+            {
                 let mut tx = db::begin_workspace(&self.0.pool, workspace).await?;
-                if record::redrive_tx(&mut tx, workspace, event_id, &reference).await? {
+                if transitions::redrive_tx(&mut tx, workspace, event_id, &reference).await? {
                     tracing::warn!(queue = name, event_id = %event_id, "Stream entry lost by Redis; re-driven from PostgreSQL");
                 }
                 tx.commit().await?;

@@ -78,11 +78,7 @@ pub(crate) async fn lock_job_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<
 
 /// Marks the operation `succeeded` with `result`, in the job's transaction. False when it is no longer live
 /// (canceled meanwhile): the caller rolls back.
-pub(crate) async fn succeed_tx(
-    tx: &mut WorkspaceTx,
-    operation: Uuid,
-    result: &serde_json::Value,
-) -> Result<bool, sqlx::Error> {
+async fn succeed_tx(tx: &mut WorkspaceTx, operation: Uuid, result: &serde_json::Value) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
         "UPDATE operations SET status = 'succeeded', result = $2, error = NULL, progress = NULL,
                 finished_at = now(), updated_at = now()
@@ -96,24 +92,77 @@ pub(crate) async fn succeed_tx(
     Ok(done == 1)
 }
 
-/// How recording a job's completion went.
+/// The run a delivery is ending: its job, the generation it was delivered as (`None`: whichever is current; a
+/// newer one decides, and this run's end is not recorded) and the operation it advances.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Run {
+    pub(crate) workspace: WorkspaceId,
+    pub(crate) job: Uuid,
+    pub(crate) redrive: Option<i32>,
+    pub(crate) operation: Option<Uuid>,
+}
+
+/// How a run ended, as the worker hands it to [`end_run`].
+pub(crate) enum End<'a> {
+    /// The handler succeeded: recorded in the job's transaction, with the handler's writes and the operation's
+    /// result (the caller commits on [`Completion::Recorded`] or [`Completion::Gone`], else rolls back).
+    Succeeded { tx: &'a mut WorkspaceTx, result: &'a serde_json::Value },
+    /// Its operation had already ended: the job ends `canceled`, in `tx` (the caller commits).
+    Orphaned { tx: &'a mut WorkspaceTx },
+    /// It failed and runs again after `delay`: an attempt spent.
+    Retry { delay: Duration, error: &'a str },
+    /// Its key is rate limited until `until`: it waits, no attempt spent.
+    Throttled { until: chrono::DateTime<chrono::Utc>, reason: &'a str },
+    /// It failed for good: dead-lettered, its operation failed.
+    DeadLettered { error: &'a str },
+}
+
+/// What [`end_run`] recorded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Completion {
-    /// Recorded: the job is `completed`.
+    /// Recorded.
     Recorded,
     /// The job was canceled meanwhile: the caller rolls back.
     Canceled,
-    /// It already ended otherwise (another delivery completed it, or it was dead-lettered, or discarded): the caller
-    /// rolls back.
+    /// It already ended otherwise (another delivery completed it, or it was dead-lettered, or discarded), or a newer
+    /// generation was delivered since: this run's end is not recorded, the caller rolls back.
     Stale,
     /// The job is no longer in the outbox (purged by retention): nothing to record.
     Gone,
+    /// Its operation is no longer live (canceled after the run began): the caller rolls back and ends the job as
+    /// [`End::Orphaned`].
+    OperationEnded,
+}
+
+/// The completion funnel: every end of a run the worker records goes through here (the batched successes of jobs
+/// without a transaction of their own through [`complete_many`], its batched form). Each end is fenced by the job's
+/// live states and the run's generation, so a run that lost its job (canceled, ended by another delivery, re-driven)
+/// records nothing.
+pub(crate) async fn end_run(pool: &PgPool, run: Run, end: End<'_>) -> Result<Completion, sqlx::Error> {
+    let recorded = |done: bool| if done { Completion::Recorded } else { Completion::Stale };
+    let Run { workspace, job, redrive, operation } = run;
+    Ok(match end {
+        End::Succeeded { tx, result } => {
+            if let Some(operation) = operation
+                && !succeed_tx(tx, operation, result).await?
+            {
+                return Ok(Completion::OperationEnded);
+            }
+            complete_tx(tx, workspace, job, Some(result)).await?
+        }
+        End::Orphaned { tx } => recorded(end_orphan_tx(tx, workspace, job).await?),
+        End::Retry { delay, error } => recorded(retry(pool, workspace, job, redrive, operation, delay, error).await?),
+        End::Throttled { until, reason } => {
+            recorded(throttle(pool, workspace, job, redrive, operation, until, reason).await?)
+        }
+        End::DeadLettered { error } => recorded(dead_letter(pool, workspace, job, redrive, operation, error).await?),
+    })
 }
 
 /// Records the job `completed` with `result` in its own transaction (with the handler's writes), fenced by the live
 /// states (a successful run of any generation ends a live job; a newer generation's delivery is then skipped), and
 /// announces it to waiters at commit.
-pub(crate) async fn complete_tx(
+async fn complete_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     job: Uuid,
@@ -333,11 +382,7 @@ pub(crate) async fn cancel_job_tx(
 
 /// Ends, as `canceled`, a live job whose operation has already ended: it can no longer advance it (its operation was
 /// canceled, or finished by another delivery). Announced to waiters at commit. False when the job was not live.
-pub(crate) async fn end_orphan_tx(
-    tx: &mut WorkspaceTx,
-    workspace: WorkspaceId,
-    job: Uuid,
-) -> Result<bool, sqlx::Error> {
+async fn end_orphan_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uuid) -> Result<bool, sqlx::Error> {
     let ended = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE outbox_events
          SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL,
@@ -453,7 +498,7 @@ pub(crate) async fn notify_done_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId)
 /// and nothing changes, when the generation has moved on (another delivery is already under way). `redrive` is
 /// `None` for an entry that carries no generation: it is taken for the current one. The failed run is recorded in
 /// `job_failures` (attempt, redacted error) in the same transaction.
-pub(crate) async fn retry(
+async fn retry(
     pool: &PgPool,
     workspace: WorkspaceId,
     event_id: Uuid,
@@ -512,7 +557,7 @@ pub(crate) async fn retry(
 /// blocks its key (if it has one) until the later of its block and `until`, so that the claim hands out none of the
 /// key's jobs before then; and puts the operation back to `queued`. Fenced by the delivery's generation exactly like
 /// [`retry`]: false, and nothing changes, when the generation has moved on.
-pub(crate) async fn throttle(
+async fn throttle(
     pool: &PgPool,
     workspace: WorkspaceId,
     event_id: Uuid,
@@ -579,7 +624,7 @@ pub(crate) async fn throttle(
 /// delivery's generation, like [`retry`]: false, and nothing changes, when a newer delivery exists or the event is
 /// already dead-lettered. An event no longer in the outbox (purged) has no generation to protect: its operation
 /// fails. The failed run is recorded in `job_failures` in the same transaction.
-pub(crate) async fn dead_letter(
+async fn dead_letter(
     pool: &PgPool,
     workspace: WorkspaceId,
     event_id: Uuid,
