@@ -88,6 +88,7 @@ pub struct Pause {
 
 /// Why a flow-control call was refused.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FlowError {
     /// A pause must name a queue, a kind or a workspace: pausing everything is stopping the dispatchers.
     #[error("a pause names a queue, a kind or a workspace")]

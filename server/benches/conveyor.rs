@@ -236,11 +236,8 @@ async fn dispatch() {
     .await;
     let started = Instant::now();
     let mut dispatched = 0;
-    loop {
-        match dispatcher.dispatch_once().await.unwrap() {
-            conveyor_jobs::DispatchOutcome::Idle => break,
-            conveyor_jobs::DispatchOutcome::Worked(s) => dispatched += s.dispatched,
-        }
+    while let conveyor_jobs::DispatchOutcome::Worked(s) = dispatcher.dispatch_once().await.unwrap() {
+        dispatched += s.dispatched;
     }
     let elapsed = started.elapsed().as_secs_f64();
     assert_eq!(dispatched as usize, n / 100 * 100);

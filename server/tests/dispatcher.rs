@@ -235,8 +235,8 @@ async fn three_dispatchers_drain_a_backlog_together_with_nothing_lost_or_doubled
             let mut dispatched = 0;
             loop {
                 match d.dispatch_once().await.unwrap() {
-                    DispatchOutcome::Idle => return dispatched,
                     DispatchOutcome::Worked(s) => dispatched += s.dispatched,
+                    _ => return dispatched,
                 }
             }
         }));

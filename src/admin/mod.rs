@@ -34,6 +34,7 @@ pub struct Actor(pub String);
 
 /// Why an operator call failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AdminError {
     /// A filter or argument that cannot be (bad status, cursor, limit out of 1..=500, ...).
     #[error("{0}")]

@@ -68,6 +68,7 @@ const WORKSPACES_PER_CLAIM: usize = 32;
 
 /// What one pass did.
 #[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DispatchOutcome {
     /// Some events were claimed; how they ended.
     Worked(Settled),

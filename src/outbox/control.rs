@@ -156,6 +156,7 @@ pub async fn get_job(pool: &PgPool, workspace: WorkspaceId, id: JobId) -> Result
 
 /// Why a job could not be canceled.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CancelError {
     /// No such job in the workspace.
     #[error("no such job")]
@@ -188,6 +189,7 @@ pub async fn cancel_job(pool: &PgPool, workspace: WorkspaceId, id: JobId) -> Res
 
 /// Why waiting for a job ended without its end.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WaitError {
     /// No such job in the workspace.
     #[error("no such job")]

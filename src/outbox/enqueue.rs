@@ -170,6 +170,7 @@ pub struct Enqueued {
 
 /// Why an enqueue wrote nothing.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EnqueueError {
     /// An option is out of range, or the kind's name or queue is not valid.
     #[error("invalid enqueue options: {0}")]

@@ -31,6 +31,7 @@ pub use store::{
 
 /// Why a schedule was not set or changed. Bad input never writes anything.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScheduleError {
     /// The cron expression does not parse, or never matches.
     #[error("bad cron expression `{expression}`: {detail}")]

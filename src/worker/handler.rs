@@ -22,6 +22,7 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Why a handler failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum JobError {
     /// Worth retrying with back-off (an unavailable dependency, a time-out).
     #[error("{0}")]

@@ -71,6 +71,7 @@ impl Default for WorkerSettings {
 
 /// How one delivery ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The handler succeeded and its transaction committed.
     Succeeded,
