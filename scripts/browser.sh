@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes sure a headless Chromium and its WebDriver (Debian `chromium`, `chromium-driver`) are installed, for the
-# operator UI's browser test (tests/ui.rs). Installs them from Debian's packages as root when missing; never
+# operator UI's browser test (server/tests/api/ui.rs). Installs them from Debian's packages as root when missing; never
 # downloads a browser from anywhere else. Safe to run again. Never fails the run: without them the browser test says
 # it skipped (and fails under CI, where this script runs as root and the install must work).
 set -uo pipefail

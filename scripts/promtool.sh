@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes sure promtool (Debian `prometheus`) is installed, for the metrics test's `promtool check metrics`
-# (tests/metrics.rs). Installs it from Debian's packages as root when missing. Safe to run again. Never fails the
+# (server/tests/api/metrics.rs). Installs it from Debian's packages as root when missing. Safe to run again. Never fails the
 # run: without it the test says it skipped, and fails under CI (`CI` set), where this runs as root and must work.
 set -uo pipefail
 

@@ -38,7 +38,7 @@ fn unavailable_sqlstate(code: &str) -> bool {
 /// `verify-full`, as libpq reads them, or `PGSSLMODE`), and then never falls back to plain text. A URL that names no
 /// `sslmode` speaks plain text, where libpq would try TLS first without verifying anything (`prefer`, which an
 /// attacker on the path can downgrade anyway): running jobs canceled over such a connection were seen not to end
-/// (tests/operations.rs), so TLS is a choice made in the URL, with verification.
+/// (server/tests/api/operations.rs), so TLS is a choice made in the URL, with verification.
 pub fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     let options: PgConnectOptions = url.parse()?;
     let named =

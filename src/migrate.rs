@@ -88,7 +88,7 @@ const ADMIN_FUNCTIONS: &str = "conveyor\\_admin\\_%";
 
 /// The functions the application role may execute (every overload of each name): each reads and writes only the
 /// workspace of the caller's context (`app.workspace_id`, under row-level security), or no table at all. Every other
-/// `conveyor_` function but the operator's is the runtime role's. `tests/rls.rs` proves each one and fails when the
+/// `conveyor_` function but the operator's is the runtime role's. `server/tests/api/rls.rs` proves each one and fails when the
 /// application role can execute anything else.
 pub const APPLICATION_FUNCTIONS: &[&str] = &[
     // The workspace of the caller's context: what every row-level security policy compares with.

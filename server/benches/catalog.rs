@@ -3,7 +3,7 @@
 //! table of the same shape on the same database. Prints one JSON line: products/s of both, their ratio, and the
 //! worker's peak RSS. `N`, `PAGE` (products per page, default 1000).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/api/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;

@@ -21,7 +21,7 @@
 //! Environment: N (default 100000), CONC (100), RATE (1000), SECONDS (10), JOBS (300), WORKSPACES (`burst`, 1), and
 //! the test harness's database and Redis variables.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/api/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;

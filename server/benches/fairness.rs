@@ -6,7 +6,7 @@
 //! window against the same run without it (>= 90%). Then a light workspace's commit -> start p99 while another
 //! floods 100,000 jobs (`FLOOD`; target <= 250 ms). One JSON line per scenario.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/api/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;

@@ -24,7 +24,7 @@
 //! Then the snapshot closes and `VACUUM` runs; the table is read after each. One JSON line per mode, then one with
 //! the ratios (target: throughput within 10%, size bounded).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/api/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;

@@ -22,7 +22,7 @@
 //!
 //! One JSON line.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/api/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;

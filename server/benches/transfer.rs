@@ -4,12 +4,12 @@
 //! fetcher (SSRF policy, resolver, redirects, size and type checks) downloads it into object storage in parts of
 //! 256 KiB, as the `asset.transfer` job does, then `asset_transfers::assemble` concatenates the parts into one object
 //! and hashes them (sha256, streaming), as the job's completion does. A second variant also commits each part's
-//! progress on a transfer row in PostgreSQL (a test database, as `tests/common` makes them): the job's real per-part
+//! progress on a transfer row in PostgreSQL (a test database, as `server/tests/api/common` makes them): the job's real per-part
 //! cost. `curl -o /dev/null` and `curl -o <file>` download the same URL. ROUNDS rounds (default 3), alternating;
 //! medians compared. Prints one JSON line: throughputs in MiB/s, ratios to curl's, and this process's peak resident
 //! memory (the fetcher and storage: the sandbox runs in its own process).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/api/common/mod.rs"]
 mod common;
 
 use std::process::{Command, Stdio};

@@ -1,0 +1,176 @@
+//! The operator's command line, run as the real binary: `config check`, each role's `--help`, completions,
+//! `queues` and `jobs`.
+
+use crate::common;
+
+use std::collections::HashMap;
+use std::process::{Command, Output};
+
+use common::{TestApp, principal, store_body};
+use serde_json::Value;
+
+fn conveyor(args: &[&str], vars: &HashMap<String, String>) -> Output {
+    Command::new(common::conveyor_bin())
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(vars)
+        .output()
+        .expect("run conveyor")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn config_check_reports_every_bad_variable_at_once_and_never_prints_a_secret() {
+    let vars: HashMap<String, String> = [
+        ("CONVEYOR_DATABASE_URL", "postgres://conveyor_app:hunter2-db-password@127.0.0.1/conveyor"),
+        ("CONVEYOR_RUNTIME_DATABASE_URL", "postgres://conveyor_runtime:hunter2-runtime-password@127.0.0.1/conveyor"),
+        ("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379"),
+        ("CONVEYOR_JWT_SECRET", "a-jwt-secret-that-is-long-enough-0123456789"),
+        ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:a-fingerprint-key-long-enough-0123456789"),
+        ("CONVEYOR_ENCRYPTION_KEY", "ZGV2LW9ubHktZW5jcnlwdGlvbi1rZXktMzItYnl0ZXM="),
+        ("CONVEYOR_WORKER_CONCURRENCY", "lots"),
+        ("CONVEYOR_JOB_TIMEOUT", "-3"),
+        ("CONVEYOR_MARKETPLACE_URL", "ftp://market"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let out = conveyor(&["config", "check", "--role", "worker"], &vars);
+    assert!(!out.status.success(), "a bad configuration exits non-zero");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    for name in ["CONVEYOR_WORKER_CONCURRENCY", "CONVEYOR_JOB_TIMEOUT", "CONVEYOR_MARKETPLACE_URL"] {
+        assert!(stderr.contains(name), "{name} not reported:\n{stderr}");
+    }
+    assert!(stdout.contains("CONVEYOR_DATABASE_URL=[redacted]"), "{stdout}");
+    assert!(stdout.contains("CONVEYOR_RUNTIME_DATABASE_URL=[redacted]"), "{stdout}");
+    assert!(stdout.contains("CONVEYOR_OPERATION_KEEPALIVE=1m  # default"), "{stdout}");
+    assert!(!stdout.contains("hunter2") && !stderr.contains("hunter2"), "a password was printed");
+    assert!(!stdout.contains("a-jwt-secret"), "a secret was printed");
+
+    let mut good = vars.clone();
+    good.remove("CONVEYOR_JOB_TIMEOUT");
+    good.insert("CONVEYOR_WORKER_CONCURRENCY".into(), "8".into());
+    good.insert("CONVEYOR_MARKETPLACE_URL".into(), "http://127.0.0.1:8090".into());
+    let out = conveyor(&["config", "check", "--role", "worker"], &good);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("CONVEYOR_WORKER_CONCURRENCY=8  # set"));
+
+    // A worker without the runtime role's URL is refused: its bookkeeping works across workspaces.
+    let mut without_runtime = good.clone();
+    without_runtime.remove("CONVEYOR_RUNTIME_DATABASE_URL");
+    let out = conveyor(&["config", "check", "--role", "worker"], &without_runtime);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("CONVEYOR_RUNTIME_DATABASE_URL is required"), "{}", text(&out.stderr));
+
+    // The migration role needs its own URL, and nothing about Redis.
+    let out = conveyor(&["config", "check", "--role", "migrate"], &HashMap::new());
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("CONVEYOR_MIGRATION_DATABASE_URL is required"), "{stderr}");
+    assert!(!stderr.contains("CONVEYOR_REDIS_URL"), "{stderr}");
+}
+
+#[test]
+fn each_role_lists_the_variables_it_reads_and_completions_are_generated() {
+    let worker = text(&conveyor(&["worker", "--help"], &HashMap::new()).stdout);
+    assert!(worker.contains("CONVEYOR_WORKER_CONCURRENCY [default: 16]"), "{worker}");
+    assert!(!worker.contains("CONVEYOR_HTTP_ADDR"), "{worker}");
+    let api = text(&conveyor(&["api", "--help"], &HashMap::new()).stdout);
+    assert!(api.contains("CONVEYOR_HTTP_ADDR [default: 127.0.0.1:8080]"), "{api}");
+    assert!(!api.contains("CONVEYOR_WORKER_CONCURRENCY"), "{api}");
+    let bash = conveyor(&["completions", "bash"], &HashMap::new());
+    assert!(bash.status.success());
+    let script = text(&bash.stdout);
+    assert!(script.contains("_conveyor") && script.contains("queues") && script.contains("dlq"), "{script}");
+    let bad = conveyor(&["completions", "cmd.exe"], &HashMap::new());
+    assert!(!bad.status.success(), "an unknown shell is refused");
+}
+
+#[tokio::test]
+async fn queues_and_jobs_show_cancel_and_retry_across_workspaces() {
+    let app = TestApp::spawn().await;
+    let (alice, bob) = (principal(), principal());
+    for who in [alice, bob] {
+        let resp = app.send(reqwest::Method::POST, "/v1/stores", who, Some(&store_body("cli"))).await;
+        assert_eq!(resp.status(), 202, "{:?}", resp.text().await);
+    }
+    let vars = common::config_vars(&app.db, &app.redis_prefix);
+
+    // No dispatcher runs: both verifications wait, queued, in the `stores` queue.
+    let out = conveyor(&["queues", "--json"], &vars);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let queues: Vec<Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let stores = queues.iter().find(|q| q["name"] == "stores").expect("the stores queue is listed");
+    assert_eq!(stores["counts"]["queued"], 2, "{stores}");
+    let table = text(&conveyor(&["queues"], &vars).stdout);
+    assert!(table.lines().any(|l| l.starts_with("stores ")), "{table}");
+
+    let out = conveyor(&["jobs", "list", "--queue", "stores", "--status", "queued"], &vars);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let jobs: Vec<Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(jobs.len(), 2, "both workspaces' jobs: {jobs:?}");
+    let workspaces: std::collections::HashSet<_> = jobs.iter().map(|j| j["workspace_id"].clone()).collect();
+    assert_eq!(workspaces.len(), 2);
+
+    let id = jobs[0]["id"].as_str().unwrap();
+    let shown = conveyor(&["jobs", "show", id], &vars);
+    assert!(shown.status.success(), "{}", text(&shown.stderr));
+    let job: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!((job["status"].as_str(), job["queue"].as_str()), (Some("queued"), Some("stores")));
+
+    let canceled = conveyor(&["jobs", "cancel", id], &vars);
+    assert!(canceled.status.success(), "{}", text(&canceled.stderr));
+    let job: Value = serde_json::from_slice(&conveyor(&["jobs", "show", id], &vars).stdout).unwrap();
+    assert_eq!(job["status"], "canceled");
+    let again = conveyor(&["jobs", "cancel", id], &vars);
+    assert!(!again.status.success(), "a finished job cannot be canceled");
+    assert!(text(&again.stderr).contains("cannot be canceled"), "{}", text(&again.stderr));
+
+    let missing = uuid::Uuid::now_v7().to_string();
+    let out = conveyor(&["jobs", "show", &missing], &vars);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("no job"), "{}", text(&out.stderr));
+    let out = conveyor(&["jobs", "list", "--status", "sleeping"], &vars);
+    assert!(!out.status.success(), "an unknown state is refused");
+
+    // Without the operator role's URL the commands say what is missing.
+    let mut without = vars.clone();
+    without.remove("CONVEYOR_OPERATOR_DATABASE_URL");
+    let out = conveyor(&["queues"], &without);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("CONVEYOR_OPERATOR_DATABASE_URL"), "{}", text(&out.stderr));
+    app.shutdown.cancel();
+}
+
+/// Only the api role reads the workspace tokens' key: `config check` and `--help` of the other roles never name it,
+/// and the api refuses to start without it, saying which variable.
+#[test]
+fn the_tenant_jwt_secret_is_the_api_roles_alone() {
+    for role in ["dispatcher", "worker", "maintenance"] {
+        let help = text(&conveyor(&[role, "--help"], &HashMap::new()).stdout);
+        assert!(!help.contains("CONVEYOR_JWT_SECRET"), "{role} --help lists the JWT secret:\n{help}");
+        assert!(!help.contains("CONVEYOR_OPERATOR_JWT_SECRET"), "{role} --help lists the operator key");
+    }
+    let help = text(&conveyor(&["api", "--help"], &HashMap::new()).stdout);
+    assert!(help.contains("CONVEYOR_JWT_SECRET") && help.contains("CONVEYOR_OPERATOR_JWT_SECRET"), "{help}");
+
+    let vars: HashMap<String, String> = [
+        ("CONVEYOR_DATABASE_URL", "postgres://conveyor_app:conveyor_app@127.0.0.1:1/conveyor"),
+        ("CONVEYOR_REDIS_URL", "redis://127.0.0.1:1"),
+        ("CONVEYOR_IDEMPOTENCY_KEYS", "k1:a-fingerprint-key-long-enough-0123456789"),
+        ("CONVEYOR_ENCRYPTION_KEY", "ZGV2LW9ubHktZW5jcnlwdGlvbi1rZXktMzItYnl0ZXM="),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let out = conveyor(&["api"], &vars);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("CONVEYOR_JWT_SECRET is required by the api role"), "{}", text(&out.stderr));
+    let out = conveyor(&["config", "check", "--role", "worker"], &vars);
+    let printed = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!printed.contains("CONVEYOR_JWT_SECRET"), "{printed}");
+}
