@@ -33,11 +33,17 @@ impl Error {
         let mut unavailable = false;
         for cause in inner.chain() {
             if let Some(e) = cause.downcast_ref::<sqlx::Error>() {
-                (kind, unavailable) = (ErrorKind::Postgres, crate::db::is_unavailable(e));
+                (kind, unavailable) = match e {
+                    sqlx::Error::Configuration(_) => (ErrorKind::Invalid, false),
+                    e => (ErrorKind::Postgres, crate::db::is_unavailable(e)),
+                };
                 break;
             }
             if let Some(e) = cause.downcast_ref::<fred::error::Error>() {
-                (kind, unavailable) = (ErrorKind::Redis, crate::stream::is_unavailable(e));
+                (kind, unavailable) = match e.kind() {
+                    fred::error::ErrorKind::Config | fred::error::ErrorKind::Url => (ErrorKind::Invalid, false),
+                    _ => (ErrorKind::Redis, crate::stream::is_unavailable(e)),
+                };
                 break;
             }
             if let Some(e) = cause.downcast_ref::<crate::RedisError>() {
@@ -70,7 +76,8 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.inner)
+        // `{:#}` prints the whole chain, as anyhow's does; `{}` the outermost context.
+        if f.alternate() { write!(f, "{:#}", self.inner) } else { write!(f, "{}", self.inner) }
     }
 }
 
@@ -110,6 +117,7 @@ mod tests {
         let e = lost.public().unwrap_err();
         assert_eq!((e.kind(), e.is_unavailable()), (ErrorKind::Postgres, true));
         assert_eq!(e.to_string(), "Failed to claim", "the message is the outermost context");
+        assert_eq!(format!("{e:#}"), "Failed to claim: pool timed out while waiting for an open connection");
         let source = std::error::Error::source(&e).expect("the cause is the source");
         assert!(source.to_string().contains("pool timed out"), "{source}");
 
@@ -127,6 +135,10 @@ mod tests {
         let e = Err::<(), _>(anyhow::Error::new(wrong)).public().unwrap_err();
         assert_eq!((e.kind(), e.is_unavailable()), (ErrorKind::Redis, false));
 
+        let bad_url: anyhow::Result<()> = Err(sqlx::Error::Configuration("no host".into())).context("DATABASE_URL");
+        assert_eq!(bad_url.public().unwrap_err().kind(), ErrorKind::Invalid);
+        let bad_redis = fred::error::Error::new(fred::error::ErrorKind::Config, "rediss:// without TLS");
+        assert_eq!(Err::<(), _>(anyhow::Error::new(bad_redis)).public().unwrap_err().kind(), ErrorKind::Invalid);
         let setting = Err::<(), _>(anyhow::Error::new(crate::SettingsError::new("concurrency", "must be at least 1")));
         assert_eq!(setting.public().unwrap_err().kind(), ErrorKind::Invalid);
         assert_eq!(Err::<(), _>(anyhow::anyhow!("a task ended")).public().unwrap_err().kind(), ErrorKind::Other);

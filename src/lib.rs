@@ -25,7 +25,7 @@
 //! operations ([`create_operation_tx`], [`get_operation_tx`], [`list_operations_tx`]), the operator surface
 //! ([`Admin`]), the connections ([`connect_postgres`], [`connect_redis`]) and the Redis key layout ([`RedisKeys`]),
 //! the migrations ([`MIGRATOR`], [`migrate_with`]), maintenance ([`Maintenance`]), metrics ([`Metrics`]) and trace
-//! context ([`traceparent_of`]). Every module is private: this page is the whole API.
+//! context ([`traceparent_of`]). Every module is private but `testing` (feature `testing`): this page is the whole API.
 
 #![warn(unreachable_pub, unnameable_types, missing_docs)]
 

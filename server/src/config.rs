@@ -707,7 +707,7 @@ pub fn redis_tls(src: &dyn Source, redis_url: &str) -> Result<conveyor_jobs::Red
         let name = if tls.ca_file.is_some() { "CONVEYOR_REDIS_CA_FILE" } else { "CONVEYOR_REDIS_CLIENT_CERT_FILE" };
         return Err(invalid(name, "is set but CONVEYOR_REDIS_URL does not ask for TLS (rediss://)"));
     }
-    tls.fred_config().map_err(|e| invalid(e.variable, e.reason))?;
+    tls.check().map_err(|e| invalid(e.variable, e.reason))?;
     Ok(tls)
 }
 

@@ -50,7 +50,7 @@ impl Fields {
     }
 
     /// Takes the value of `name` out (it is gone afterwards).
-    pub fn take(&mut self, name: &str) -> Option<Text> {
+    pub(crate) fn take(&mut self, name: &str) -> Option<Text> {
         let at = self.0.iter().position(|(k, _)| &**k == name)?;
         Some(self.0.swap_remove(at).1)
     }

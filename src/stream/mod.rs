@@ -103,20 +103,25 @@ pub async fn connect_with(url: &str, command_timeout: Duration, tls: &RedisTls) 
     if let Err(e) = client.init().await {
         let _ = client.quit().await;
         let e = match sentinels {
-            Some(config) => why_no_sentinel(config, node_timeout, e).await,
-            None => e,
+            // fred's "Failed to connect to all sentinel nodes": no sentinel answered, and it says no more.
+            Some(config) if *e.kind() == fred::error::ErrorKind::Sentinel => {
+                why_no_sentinel(config, node_timeout, e).await
+            }
+            _ => e,
         };
         return Err(RedisError(explain_first_failure(uses_tls, e)));
     }
     Ok(client)
 }
 
-/// A sentinel client's first connection failed: fred says only "Failed to connect to all sentinel nodes". Connects
-/// to the first sentinel alone, as a plain client with the same TLS and credentials, and adds what it answered (a
-/// certificate not verified, a connection reset, a refused password), so that the error says what to fix.
+/// No sentinel of a sentinel client answered its first connection: fred says only "Failed to connect to all sentinel
+/// nodes". Connects to the first sentinel alone, as a plain client with the same TLS and credentials (and no database:
+/// a sentinel has no `SELECT`), and adds what it answered (a certificate not verified, a connection reset, a refused
+/// password), so that the error says what to fix. The error keeps its kind.
 async fn why_no_sentinel(mut config: RedisConfig, node_timeout: Duration, e: fred::error::Error) -> fred::error::Error {
     let Some(first) = config.server.hosts().into_iter().next() else { return e };
     config.server = ServerConfig::Centralized { server: first.clone() };
+    config.database = None;
     let Ok(probe) = Builder::from_config(config)
         .with_connection_config(|c| {
             c.connection_timeout = node_timeout;
@@ -132,7 +137,7 @@ async fn why_no_sentinel(mut config: RedisConfig, node_timeout: Duration, e: fre
     match answered {
         Ok(_) => e,
         Err(why) => fred::error::Error::new(
-            why.kind().clone(),
+            e.kind().clone(),
             format!("{}; the first sentinel, {}:{}, answered: {}", e.details(), first.host, first.port, why.details()),
         ),
     }
@@ -144,6 +149,7 @@ fn explain_first_failure(uses_tls: bool, e: fred::error::Error) -> fred::error::
     let message = e.details().to_lowercase();
     let hint = if !uses_tls
         && (message.contains("reset")
+            || message.contains("timed out")
             || message.contains("closed")
             || message.contains("eof")
             || message.contains("broken pipe")

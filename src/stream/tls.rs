@@ -51,9 +51,15 @@ impl RedisTls {
         self.ca_file.is_some() || self.client_cert_file.is_some() || self.client_key_file.is_some()
     }
 
+    /// Reads the files and checks that they make a TLS configuration (what [`crate::connect_redis_with`] would
+    /// build), without connecting: the error names the variable of the file at fault.
+    pub fn check(&self) -> Result<(), TlsFileError> {
+        self.fred_config().map(drop)
+    }
+
     /// Reads the files and builds fred's TLS configuration: `None` when no file is named (fred then verifies against
     /// the system's roots).
-    pub fn fred_config(&self) -> Result<Option<TlsConfig>, TlsFileError> {
+    pub(crate) fn fred_config(&self) -> Result<Option<TlsConfig>, TlsFileError> {
         if !self.is_set() {
             return Ok(None);
         }

@@ -715,3 +715,20 @@ mod over_tls {
         }
     }
 }
+
+/// A sentinel that answers and a master that refuses the client (it requires a password the URL does not give): the
+/// start-up error is the master's refusal, with nothing said of the sentinels (they answered), and the process stops.
+#[tokio::test]
+async fn a_master_refusing_the_client_behind_a_healthy_sentinel_is_reported_as_the_masters_refusal() {
+    let sentinel = RedisSentinel::start_with_password("not-given").await;
+    let db = common::TestDb::create().await;
+    let mut vars = common::config_vars(&db, "conveyor-sentinel-auth");
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    vars.insert("CONVEYOR_REDIS_URL".into(), sentinel.url());
+    vars.insert("CONVEYOR_REDIS_COMMAND_TIMEOUT".into(), "2s".into());
+    let log = Process::spawn(&["dispatcher"], &vars).fails_at_start().await;
+    assert!(log.contains("CONVEYOR_REDIS_URL"), "{log}");
+    assert!(log.to_uppercase().contains("NOAUTH"), "the master's refusal: {log}");
+    let lower = log.to_lowercase();
+    assert!(!lower.contains("first sentinel") && !lower.contains("unknown command"), "the sentinels answered: {log}");
+}

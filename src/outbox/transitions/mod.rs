@@ -92,8 +92,9 @@ async fn succeed_tx(tx: &mut WorkspaceTx, operation: Uuid, result: &serde_json::
     Ok(done == 1)
 }
 
-/// The run a delivery is ending: its job, the generation it was delivered as (`None`: whichever is current; a
-/// newer one decides, and this run's end is not recorded) and the operation it advances.
+/// The run a delivery is ending: its job, the generation it was delivered as (`None`: whichever is current; where a
+/// newer one was delivered since, a retry, throttle or dead letter of this run is not recorded) and the operation it
+/// advances.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Run {
     pub(crate) workspace: WorkspaceId,
@@ -136,8 +137,9 @@ pub(crate) enum Completion {
 
 /// The completion funnel: every end of a run the worker records goes through here (the batched successes of jobs
 /// without a transaction of their own through [`complete_many`], its batched form). Each end is fenced by the job's
-/// live states and the run's generation, so a run that lost its job (canceled, ended by another delivery, re-driven)
-/// records nothing.
+/// live states, so a run that lost its job (canceled, ended by another delivery) records nothing; a retry, throttle or
+/// dead letter is fenced by the run's generation too (a newer delivery decides), while a success of any generation
+/// ends a live job (its writes are the job's effect) and an orphan's end needs only the job live.
 pub(crate) async fn end_run(pool: &PgPool, run: Run, end: End<'_>) -> Result<Completion, sqlx::Error> {
     let recorded = |done: bool| if done { Completion::Recorded } else { Completion::Stale };
     let Run { workspace, job, redrive, operation } = run;

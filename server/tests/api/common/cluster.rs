@@ -349,6 +349,8 @@ pub struct RedisSentinel {
     sentinels: Vec<Node>,
     /// Set when every server and sentinel speaks TLS only (to clients, and to each other).
     tls: Option<RedisServerTls>,
+    /// The master's and the replica's password, if they require one.
+    password: Option<String>,
 }
 
 fn spawn_server(args: &[String]) -> Child {
@@ -369,16 +371,23 @@ impl RedisSentinel {
     /// Starts the master, its replica and `sentinels` sentinels (quorum: a majority of them), and waits until every
     /// sentinel knows the master, its replica and the other sentinels, and the replica is in sync.
     pub async fn start_with(sentinels: usize) -> Self {
-        Self::start_setup(sentinels, None).await
+        Self::start_setup(sentinels, None, None).await
     }
 
-    /// A master, its replica and one sentinel, each speaking TLS only with `tls`'s files: to clients (who must
-    /// present a certificate), and to each other (replication, and the sentinels' own connections).
+    /// A master, its replica and three sentinels (quorum 2), each speaking TLS only with `tls`'s files: to clients
+    /// (who must present a certificate), and to each other (replication, the sentinels' connections to the servers
+    /// and to one another, which a failover's vote needs).
     pub async fn start_tls(tls: RedisServerTls) -> Self {
-        Self::start_setup(1, Some(tls)).await
+        Self::start_setup(3, Some(tls), None).await
     }
 
-    async fn start_setup(sentinels: usize, tls: Option<RedisServerTls>) -> Self {
+    /// A master and its replica that require `password` (the sentinel is given it, as `sentinel auth-pass`), and one
+    /// sentinel that requires none.
+    pub async fn start_with_password(password: &str) -> Self {
+        Self::start_setup(1, None, Some(password)).await
+    }
+
+    async fn start_setup(sentinels: usize, tls: Option<RedisServerTls>, password: Option<&str>) -> Self {
         let dir = std::env::temp_dir().join(format!("conveyor-sentinel-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let (m, r) = (free_port(), free_port());
@@ -403,7 +412,11 @@ impl RedisSentinel {
                 "--dbfilename".to_owned(),
                 format!("dump-{port}.rdb"),
             ];
-            [listen, rest].concat()
+            let auth = match password {
+                Some(p) => vec!["--requirepass".to_owned(), p.to_owned(), "--masterauth".to_owned(), p.to_owned()],
+                None => Vec::new(),
+            };
+            [listen, rest, auth].concat()
         };
         let master = spawn_server(&base(m));
         let mut replica_args = base(r);
@@ -422,8 +435,9 @@ impl RedisSentinel {
                     &conf,
                     format!(
                         "{listen}bind 127.0.0.1\ndir {}\nsentinel monitor main 127.0.0.1 {m} {quorum}\n\
-                         sentinel down-after-milliseconds main 1000\nsentinel failover-timeout main 5000\n",
-                        dir.display()
+                         sentinel down-after-milliseconds main 1000\nsentinel failover-timeout main 5000\n{}",
+                        dir.display(),
+                        password.map(|p| format!("sentinel auth-pass main {p}\n")).unwrap_or_default(),
                     ),
                 )
                 .unwrap();
@@ -437,10 +451,11 @@ impl RedisSentinel {
             replica: Node { port: r, child: Some(replica), stopped: false },
             sentinels,
             tls,
+            password: password.map(str::to_owned),
         };
         let others = setup.sentinels.len() - 1;
         eventually(Duration::from_secs(30), || async {
-            let synced = setup.cli(r, &["INFO", "replication"]).contains("master_link_status:up");
+            let synced = setup.server_cli(r, &["INFO", "replication"]).contains("master_link_status:up");
             let known = setup.sentinels.iter().all(|s| {
                 setup.cli(s.port, &["SENTINEL", "replicas", "main"]).contains(&r.to_string())
                     && setup.cli(s.port, &["SENTINEL", "sentinels", "main"]).lines().filter(|l| *l == "ip").count()
@@ -476,6 +491,14 @@ impl RedisSentinel {
         cli(self.tls.as_ref(), port, args)
     }
 
+    /// [`Self::cli`] to the master or the replica, with their password if they require one.
+    fn server_cli(&self, port: u16, args: &[&str]) -> String {
+        match &self.password {
+            Some(p) => self.cli(port, &[&["-a", p, "--no-auth-warning"], args].concat()),
+            None => self.cli(port, args),
+        }
+    }
+
     /// The master's port as a live sentinel names it.
     pub fn master_port_by_sentinel(&self) -> Option<u16> {
         let sentinel = self.sentinels.iter().find(|s| s.live())?;
@@ -502,7 +525,7 @@ impl RedisSentinel {
         let replica = self.replica.port;
         eventually(Duration::from_secs(60), || async {
             let promoted = self.master_port_by_sentinel() == Some(replica)
-                && self.cli(replica, &["INFO", "replication"]).contains("role:master");
+                && self.server_cli(replica, &["INFO", "replication"]).contains("role:master");
             promoted.then_some(())
         })
         .await
