@@ -223,10 +223,12 @@ pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> Resul
 
 /// Applies every migration and grants the application, runtime and operator roles. Safe to run again.
 pub async fn run(config: &MigrateConfig) -> Result<(), crate::Error> {
-    run_inner(config).await.public()
+    let (audit_retention, dead_letter_retention) = retentions(config).map_err(crate::Error::invalid)?;
+    run_inner(config, audit_retention, dead_letter_retention).await.public()
 }
 
-async fn run_inner(config: &MigrateConfig) -> anyhow::Result<()> {
+/// The retentions `config` asks for, each at least a day.
+fn retentions(config: &MigrateConfig) -> anyhow::Result<(std::time::Duration, std::time::Duration)> {
     let audit_retention = config.audit_retention.unwrap_or(DEFAULT_AUDIT_RETENTION);
     if audit_retention < std::time::Duration::from_secs(24 * 3600) {
         bail!("CONVEYOR_AUDIT_RETENTION must be at least 1d: the audit trail is kept at least a day");
@@ -235,6 +237,14 @@ async fn run_inner(config: &MigrateConfig) -> anyhow::Result<()> {
     if dead_letter_retention < std::time::Duration::from_secs(24 * 3600) {
         bail!("CONVEYOR_DEAD_LETTER_RETENTION must be at least 1d: dead letters are kept at least a day");
     }
+    Ok((audit_retention, dead_letter_retention))
+}
+
+async fn run_inner(
+    config: &MigrateConfig,
+    audit_retention: std::time::Duration,
+    dead_letter_retention: std::time::Duration,
+) -> anyhow::Result<()> {
     let owner_options: PgConnectOptions = crate::db::connect_options(config.migration_database_url.expose())
         .context("CONVEYOR_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
     let app_options: PgConnectOptions =
@@ -456,4 +466,32 @@ pub async fn pending_versions(pool: &PgPool) -> Result<usize, sqlx::Error> {
             .fetch_all(pool)
             .await?;
     Ok(MIGRATOR.iter().filter(|m| !applied.iter().any(|(v,)| *v == m.version)).count())
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_retention_under_a_day_is_refused_as_invalid_before_any_connection() {
+        // Nothing listens on port 1: a call that connected would fail as a PostgreSQL error instead.
+        let nowhere = || Secret::new("postgres://nobody@127.0.0.1:1/none".to_owned());
+        let config = |audit: u64, dead: u64| MigrateConfig {
+            migration_database_url: nowhere(),
+            database_url: nowhere(),
+            runtime_database_url: nowhere(),
+            operator_database_url: None,
+            audit_retention: Some(std::time::Duration::from_secs(audit)),
+            dead_letter_retention: Some(std::time::Duration::from_secs(dead)),
+        };
+        let day = 24 * 3600;
+        let e = run(&config(3600, day)).await.unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Invalid, "{e:#}");
+        assert!(e.to_string().contains("CONVEYOR_AUDIT_RETENTION"), "{e}");
+        let e = run(&config(day, 60)).await.unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Invalid, "{e:#}");
+        assert!(e.to_string().contains("CONVEYOR_DEAD_LETTER_RETENTION"), "{e}");
+        let e = run(&config(day, day)).await.unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Postgres, "with valid retentions it tries to connect: {e:#}");
+    }
 }

@@ -387,7 +387,19 @@ impl RedisSentinel {
         Self::start_setup(1, None, Some(password)).await
     }
 
+    /// Starts the setup; a port taken by another test between `free_port` and a process's bind makes that process
+    /// exit at once: the whole setup is started again on other ports (at most five times).
     async fn start_setup(sentinels: usize, tls: Option<RedisServerTls>, password: Option<&str>) -> Self {
+        for _ in 0..5 {
+            if let Some(setup) = Self::try_start(sentinels, tls.clone(), password).await {
+                return setup;
+            }
+        }
+        panic!("no sentinel setup started after five starts on free ports");
+    }
+
+    /// One start: `None` when one of its processes exited at once (its port was taken).
+    async fn try_start(sentinels: usize, tls: Option<RedisServerTls>, password: Option<&str>) -> Option<Self> {
         let dir = std::env::temp_dir().join(format!("conveyor-sentinel-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let (m, r) = (free_port(), free_port());
@@ -445,7 +457,7 @@ impl RedisSentinel {
                 Node { port: s, child: Some(child), stopped: false }
             })
             .collect();
-        let setup = Self {
+        let mut setup = Self {
             dir,
             master: Node { port: m, child: Some(master), stopped: false },
             replica: Node { port: r, child: Some(replica), stopped: false },
@@ -453,6 +465,12 @@ impl RedisSentinel {
             tls,
             password: password.map(str::to_owned),
         };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let nodes = [&mut setup.master, &mut setup.replica].into_iter().chain(setup.sentinels.iter_mut());
+        let exited = nodes.filter_map(|n| n.child.as_mut()).any(|c| c.try_wait().ok().flatten().is_some());
+        if exited {
+            return None; // dropped: the others are killed and the directory removed
+        }
         let others = setup.sentinels.len() - 1;
         eventually(Duration::from_secs(30), || async {
             let synced = setup.server_cli(r, &["INFO", "replication"]).contains("master_link_status:up");
@@ -465,7 +483,7 @@ impl RedisSentinel {
         })
         .await
         .expect("the sentinels watch a master whose replica is in sync, and know each other");
-        setup
+        Some(setup)
     }
 
     /// `redis-sentinel://127.0.0.1:<s1>,127.0.0.1:<s2>,.../0?sentinelServiceName=main`: every sentinel, in start
