@@ -125,7 +125,7 @@ pub use maintenance::{
     BATCH as PURGE_BATCH, DEFAULT_AUDIT_RETENTION, DEFAULT_DEAD_LETTER_RETENTION, MAX_BATCHES_PER_PASS, Maintenance,
     PassReport,
 };
-pub use metrics::Metrics;
+pub use metrics::{LATENCY_BUCKETS, Metrics};
 pub use migrate::{
     APPLICATION_FUNCTIONS, HISTORY_TABLE as MIGRATION_HISTORY_TABLE, MIGRATOR, MigrateConfig,
     pending_versions as pending_migrations, run as migrate_with,

@@ -121,14 +121,14 @@ impl Maintenance {
     /// Discards dead letters older than their retention, [`BATCH`] at a time, as an operator's discard does (their
     /// operations stay failed); how many. Never younger ones than the retention `conveyor migrate` recorded
     /// (migration 0036), whatever this process was given; each purge that discarded any is on the audit trail.
-    pub async fn purge_dead_letters(&self) -> Result<u64, sqlx::Error> {
+    pub(crate) async fn purge_dead_letters(&self) -> Result<u64, sqlx::Error> {
         self.purge("SELECT conveyor_dead_letter_purge(make_interval(secs => $1), $2)", self.dead_letter_retention).await
     }
 
     /// Deletes the audit trail's entries older than its retention, [`BATCH`] at a time; how many. Never younger ones
     /// than the retention `conveyor migrate` recorded (the purge function's floor, migration 0035), whatever this
     /// process was given.
-    pub async fn purge_audit(&self) -> Result<u64, sqlx::Error> {
+    pub(crate) async fn purge_audit(&self) -> Result<u64, sqlx::Error> {
         self.purge("SELECT conveyor_audit_purge(make_interval(secs => $1), $2)", self.audit_retention).await
     }
 

@@ -179,9 +179,13 @@ fn histogram_vec(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>,
     metric
 }
 
-/// Latency buckets from 1 ms to 60 s.
+/// The buckets of the platform's latency histograms, 1 ms to 60 s: a host's own latency histograms use them too, so
+/// that the dashboards' quantiles read alike.
+pub const LATENCY_BUCKETS: [f64; 15] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
 fn latency_buckets() -> Vec<f64> {
-    vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+    LATENCY_BUCKETS.to_vec()
 }
 
 impl Metrics {
@@ -336,7 +340,7 @@ impl Metrics {
     /// Creates at 0 the counters of a worker consuming `queues` with handlers for `kinds`: dead letters by reason,
     /// retries and throttles by kind, reclaims by queue. (`conveyor_jobs_total` is created per queue and kind by the
     /// worker's queues.)
-    pub fn init_worker(&self, queues: &[&str], kinds: &[&str]) {
+    pub(crate) fn init_worker(&self, queues: &[&str], kinds: &[&str]) {
         for reason in JOB_DEAD_LETTER_REASONS {
             self.job_dead_letters.with_label_values(&[reason]);
         }
@@ -350,7 +354,7 @@ impl Metrics {
     }
 
     /// Creates at 0 the relay's failures by reason.
-    pub fn init_dispatcher(&self) {
+    pub(crate) fn init_dispatcher(&self) {
         for reason in DISPATCH_ERROR_REASONS {
             self.outbox_dispatch_errors.with_label_values(&[reason]);
         }
@@ -360,7 +364,7 @@ impl Metrics {
     }
 
     /// Creates at 0 the relay's counters of each of `queues` (dispatched, dead-lettered).
-    pub fn init_queues<'q>(&self, queues: impl IntoIterator<Item = &'q str>) {
+    pub(crate) fn init_queues<'q>(&self, queues: impl IntoIterator<Item = &'q str>) {
         for queue in queues {
             self.outbox_dispatched.with_label_values(&[queue]);
             self.outbox_dead_letters.with_label_values(&[queue]);

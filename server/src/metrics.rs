@@ -33,7 +33,6 @@ fn registered<M: prometheus::core::Collector + Clone + 'static>(registry: &Regis
 impl ServerMetrics {
     /// Registers every metric into `registry` (once per registry: a second registration panics).
     pub fn register(registry: &Registry) -> Self {
-        let latency = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
         Self {
             http_request_duration: registered(
                 registry,
@@ -42,7 +41,7 @@ impl ServerMetrics {
                         "conveyor_http_request_duration_seconds",
                         "HTTP request duration by route template",
                     )
-                    .buckets(latency),
+                    .buckets(conveyor_jobs::LATENCY_BUCKETS.to_vec()),
                     &["route", "method", "status_class"],
                 )
                 .expect("valid metric"),

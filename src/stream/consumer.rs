@@ -213,7 +213,7 @@ impl Consumer {
     }
 
     /// Creates the queue's group (and stream) in one of its streams if missing, reading from the beginning.
-    pub async fn ensure_group_in(&self, queue: &str, partition: Partition) -> Result<(), RedisError> {
+    pub(crate) async fn ensure_group_in(&self, queue: &str, partition: Partition) -> Result<(), RedisError> {
         let stream = self.keys.partition_stream(queue, partition);
         let created: Result<Value, _> =
             self.client.xgroup_create(stream, self.keys.group(queue), "0", true).await.watched(&self.client);
@@ -224,8 +224,9 @@ impl Consumer {
         }
     }
 
-    /// Reads up to `count` new entries of `queue`'s whole stream, waiting up to `block_ms` for some (see
-    /// [`Consumer::read_in`]).
+    /// Reads up to `count` new entries of `queue`'s whole stream, waiting up to `block_ms` for some. A group that
+    /// Redis lost (it restarted empty, a failover promoted a replica that had not received it) is created again, and
+    /// the read answers nothing.
     pub async fn read(&self, queue: &str, count: u64, block_ms: u64) -> Result<Vec<Entry>, RedisError> {
         self.read_in(queue, Partition::Whole, count, block_ms).await
     }
@@ -233,7 +234,7 @@ impl Consumer {
     /// Reads up to `count` new entries of one stream of `queue`, waiting up to `block_ms` for some. A group that
     /// Redis lost (it restarted empty, a failover promoted a replica that had not received it, someone deleted the
     /// stream) is created again, and the read answers nothing.
-    pub async fn read_in(
+    pub(crate) async fn read_in(
         &self,
         queue: &str,
         partition: Partition,
@@ -287,13 +288,13 @@ impl Consumer {
         }
     }
 
-    /// Acknowledges and deletes processed entries of `queue`'s whole stream (see [`Consumer::ack_in`]).
+    /// Acknowledges and deletes processed entries of `queue`'s whole stream. Returns how many were still pending.
     pub async fn ack(&self, queue: &str, ids: &[String]) -> Result<u64, RedisError> {
         self.ack_in(queue, Partition::Whole, ids).await
     }
 
     /// Acknowledges and deletes processed entries of one stream of `queue`. Returns how many were still pending.
-    pub async fn ack_in(&self, queue: &str, partition: Partition, ids: &[String]) -> Result<u64, RedisError> {
+    pub(crate) async fn ack_in(&self, queue: &str, partition: Partition, ids: &[String]) -> Result<u64, RedisError> {
         if ids.is_empty() {
             return Ok(0);
         }
@@ -305,7 +306,12 @@ impl Consumer {
 
     /// Resets the idle time of entries of one stream of `queue` this consumer is working on, so no one reclaims them
     /// while it lives.
-    pub async fn heartbeat_in(&self, queue: &str, partition: Partition, ids: &[String]) -> Result<(), RedisError> {
+    pub(crate) async fn heartbeat_in(
+        &self,
+        queue: &str,
+        partition: Partition,
+        ids: &[String],
+    ) -> Result<(), RedisError> {
         if ids.is_empty() {
             return Ok(());
         }

@@ -52,7 +52,7 @@ impl Keys {
     }
 
     /// The de-dup key of one delivery of an event into one stream of `queue`, in that stream's slot.
-    pub fn partition_dedup(&self, queue: &str, partition: Partition, event_id: &Uuid, redrive: i32) -> String {
+    pub(crate) fn partition_dedup(&self, queue: &str, partition: Partition, event_id: &Uuid, redrive: i32) -> String {
         format!("{}:{}:dedup:{event_id}:{redrive}", self.prefix, Self::tag(queue, partition))
     }
 

@@ -77,7 +77,7 @@ impl Layout {
     }
 
     /// The partition count for a job created at `created_ms`.
-    pub fn partitions_at(&self, created_ms: i64) -> u16 {
+    pub(crate) fn partitions_at(&self, created_ms: i64) -> u16 {
         self.epochs.iter().rev().find(|&&(_, since)| since <= created_ms).map_or(1, |&(p, _)| p)
     }
 

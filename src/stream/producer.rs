@@ -185,7 +185,7 @@ impl Producer {
     /// Shortens the de-dup keys of `handed_off` (queue, stream reference as [`Producer::publish`] returned it, event
     /// id, re-drive generation) to expire after `ttl`, if they would live longer: one script call per stream and
     /// chunk, in one pipeline (one command per key would cost the client more than the keys cost Redis).
-    pub async fn expire_dedup(
+    pub(crate) async fn expire_dedup(
         &self,
         handed_off: &[(&str, &str, Uuid, i32)],
         ttl: std::time::Duration,

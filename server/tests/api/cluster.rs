@@ -6,7 +6,8 @@
 //! Sentinel (`redis-sentinel://`), a SIGKILLed master, and a master dead silently with the first-listed of three
 //! sentinels. Partitioned streams: one queue in four streams spread over the masters, a master killed under it, and
 //! the partitions raised from one to four mid-run with nothing lost or doubled. Over TLS only (`rediss-cluster://`,
-//! `rediss-sentinel://`, client certificates required): a master SIGKILLed under each, and the start-up refusals.
+//! `rediss-sentinel://`, client certificates required): a master SIGKILLed under each, each master of the cluster killed
+//! in turn (the first seed silently), and the start-up refusals.
 
 use crate::common;
 
@@ -326,7 +327,11 @@ async fn burst_with_a_kill(app: &TestApp, roles: &Roles, what: &str, kill: impl 
 /// API and the worker in fred's `?node=` form: both forms live through every kill.
 #[tokio::test]
 async fn each_master_killed_in_turn_first_seed_silently_every_job_done_within_30_s_of_each_promotion() {
-    let mut cluster = RedisCluster::start().await;
+    each_master_killed_in_turn(RedisCluster::start().await, None).await;
+}
+
+/// The body of the test above, on `cluster` (over TLS with `pki`'s CA and client certificate when given).
+async fn each_master_killed_in_turn(mut cluster: RedisCluster, pki: Option<&Pki>) {
     let mut masters: Vec<u16> = cluster.masters().iter().map(|m| m.port).collect();
     masters.sort();
     let first_seed = masters[0];
@@ -340,9 +345,13 @@ async fn each_master_killed_in_turn_first_seed_silently_every_job_done_within_30
     let deaths = [Death::Silent, Death::Sigkill, Death::Silent];
     let commas = cluster.url_led_by(first_seed, true);
     let nodes = cluster.url_led_by(first_seed, false);
-    let app = app_on(&nodes).await;
+    let app = app_on_with(&nodes, pki).await;
     let (sandbox, market) = common::sandbox(Settings::default()).await;
-    let roles = Roles::spawn_each(&process_vars(&app, &commas, &market), |role, vars| {
+    let mut vars = process_vars(&app, &commas, &market);
+    if let Some(pki) = pki {
+        pki.redis_vars(&mut vars);
+    }
+    let roles = Roles::spawn_each(&vars, |role, vars| {
         if matches!(role, "api" | "worker") {
             vars.insert("CONVEYOR_REDIS_URL".into(), nodes.clone());
         }
@@ -657,6 +666,14 @@ mod over_tls {
         assert!(url.starts_with("rediss-cluster://"), "{url}");
         verifications_survive_a_master_kill(url, Some(&pki), 4, async |stream| cluster.kill_master_of(stream).await)
             .await;
+    }
+
+    #[tokio::test]
+    async fn each_master_of_a_tls_only_cluster_killed_in_turn_first_seed_silently_every_job_done_within_30_s() {
+        let pki = Pki::new();
+        let cluster = RedisCluster::start_tls(pki.redis_server()).await;
+        assert!(cluster.url().starts_with("rediss-cluster://"));
+        each_master_killed_in_turn(cluster, Some(&pki)).await;
     }
 
     #[tokio::test]

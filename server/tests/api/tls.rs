@@ -4,9 +4,9 @@
 
 use crate::common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
+use common::pki::Pki;
 use common::{Process, TestApp, principal};
 use conveyor_shop::adapters::marketplace::{HttpMarketplace, Marketplace, MarketplaceError, Verification};
 use conveyor_shop::adapters::sandbox::{Sandbox, SandboxTls, Settings};
@@ -15,30 +15,9 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// A CA of the test's own and a `localhost` / `127.0.0.1` server certificate it signed.
-struct TestPki {
-    ca_file: PathBuf,
-    server: SandboxTls,
-}
-
-fn test_pki() -> TestPki {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-
-    let server_key = KeyPair::generate().unwrap();
-    let mut server_params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-    server_params.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
-    let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
-
-    let ca_file = std::env::temp_dir().join(format!("conveyor-test-ca-{}.pem", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&ca_file, ca_cert.pem()).unwrap();
-    let chain = format!("{}{}", server_cert.pem(), ca_cert.pem());
-    let server = SandboxTls::from_pem(chain.into_bytes(), server_key.serialize_pem().into_bytes()).unwrap();
-    TestPki { ca_file, server }
+/// The sandbox's TLS: the server certificate (for `localhost` and `127.0.0.1`) of the test's CA.
+fn sandbox_tls(pki: &Pki) -> SandboxTls {
+    SandboxTls::from_pem(pki.server_chain_pem.clone().into_bytes(), pki.server_key_pem.clone().into_bytes()).unwrap()
 }
 
 async fn https_sandbox(tls: SandboxTls) -> (Sandbox, String) {
@@ -55,8 +34,8 @@ fn credentials(api_key: &str) -> std::collections::BTreeMap<String, String> {
 
 #[tokio::test]
 async fn the_marketplace_client_verifies_the_server_against_the_configured_ca() {
-    let pki = test_pki();
-    let (sandbox, url) = https_sandbox(pki.server).await;
+    let pki = Pki::new();
+    let (sandbox, url) = https_sandbox(sandbox_tls(&pki)).await;
 
     let trusting = HttpMarketplace::trusting(&url, Duration::from_secs(5), Some(&pki.ca_file)).unwrap();
     let answer = trusting.verify_credentials("token-1", &credentials("good")).await.unwrap();
@@ -84,8 +63,8 @@ async fn a_ca_file_that_is_not_pem_is_a_clear_error() {
 #[tokio::test]
 async fn a_worker_process_verifies_a_store_over_https() {
     let app = TestApp::spawn().await;
-    let pki = test_pki();
-    let (sandbox, url) = https_sandbox(pki.server).await;
+    let pki = Pki::new();
+    let (sandbox, url) = https_sandbox(sandbox_tls(&pki)).await;
     let shutdown = CancellationToken::new();
     common::run_dispatcher(common::test_dispatcher(&app, &common::redis_url(), |_| {}).await, &shutdown);
     let mut vars = common::config_vars(&app.db, &app.redis_prefix);
@@ -109,9 +88,9 @@ async fn a_worker_process_verifies_a_store_over_https() {
 #[tokio::test]
 async fn a_transfer_downloads_over_https_from_a_server_the_configured_ca_vouches_for() {
     use sha2::Digest;
-    let pki = test_pki();
+    let pki = Pki::new();
     let ca_file = pki.ca_file.display().to_string();
-    let (sandbox, url) = https_sandbox(pki.server).await;
+    let (sandbox, url) = https_sandbox(sandbox_tls(&pki)).await;
     let trusting = {
         let (url, ca_file) = (url.clone(), ca_file.clone());
         TestApp::spawn_with(move |vars| {
