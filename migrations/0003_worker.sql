@@ -1,5 +1,6 @@
 -- Worker support: job attempts and dead letters on the outbox row, and the narrow functions the reconciler and the
 -- dead-letter CLI use to find work across workspaces (ids and operator metadata only, never payloads).
+SET LOCAL search_path = conveyor;
 
 ALTER TABLE outbox_events
     ADD COLUMN job_attempts     integer     NOT NULL DEFAULT 0,   -- handler runs that failed (retryable)
@@ -18,10 +19,10 @@ $$;
 CREATE FUNCTION conveyor_stalled_operation_workspaces(older_than interval, max_workspaces integer)
     RETURNS TABLE (workspace_id uuid)
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public
+    SET search_path = pg_catalog, conveyor
     AS $$
         SELECT DISTINCT o.workspace_id
-        FROM public.operations o
+        FROM conveyor.operations o
         WHERE o.status IN ('queued', 'running') AND o.updated_at <= now() - older_than
         LIMIT greatest(1, least(max_workspaces, 10000))
     $$;
@@ -32,12 +33,12 @@ CREATE FUNCTION conveyor_dead_letters(max_rows integer, only_id uuid DEFAULT NUL
     RETURNS TABLE (id uuid, workspace_id uuid, queue text, event_type text, failure_stage text, attempts integer,
                    last_error text, operation_id uuid, created_at timestamptz, dead_lettered_at timestamptz)
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public
+    SET search_path = pg_catalog, conveyor
     AS $$
         SELECT e.id, e.workspace_id, e.queue, e.event_type, e.failure_stage,
                CASE WHEN e.failure_stage = 'job' THEN e.job_attempts ELSE e.attempt_count END,
                e.last_error, e.operation_id, e.created_at, e.dead_lettered_at
-        FROM public.outbox_events e
+        FROM conveyor.outbox_events e
         WHERE e.status = 'dead_letter' AND (only_id IS NULL OR e.id = only_id)
         ORDER BY e.dead_lettered_at DESC NULLS LAST, e.id DESC
         LIMIT greatest(1, least(max_rows, 10000))
@@ -48,9 +49,9 @@ REVOKE ALL ON FUNCTION conveyor_dead_letters(integer, uuid) FROM PUBLIC;
 CREATE FUNCTION conveyor_event_by_stream_id(queue_name text, entry_id text)
     RETURNS TABLE (id uuid, workspace_id uuid)
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public
+    SET search_path = pg_catalog, conveyor
     AS $$
-        SELECT e.id, e.workspace_id FROM public.outbox_events e
+        SELECT e.id, e.workspace_id FROM conveyor.outbox_events e
         WHERE e.queue = queue_name AND e.stream_id = entry_id AND e.status = 'dispatched'
     $$;
 REVOKE ALL ON FUNCTION conveyor_event_by_stream_id(text, text) FROM PUBLIC;

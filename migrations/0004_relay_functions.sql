@@ -24,6 +24,7 @@
 --
 -- Relaxed commit (synchronous_commit off) is safe for the relay's own writes only: a claim or a mark lost in a
 -- PostgreSQL crash sends the event through the relay again, where its de-dup key finds it already in the stream.
+SET LOCAL search_path = conveyor;
 
 -- For each of `workspaces`: leases up to `per_workspace` of its due events to `holder` for `lease_secs`, in due order
 -- (next_attempt_at, then id: for fresh events, the order they were written), skipping rows other dispatchers hold
@@ -48,17 +49,17 @@ CREATE FUNCTION conveyor_claim_outbox(workspaces uuid[], holder text, lease_secs
             -- expired leases (normally none: the index range is empty). The update then visits the locked rows by
             -- their physical address (a TID scan), not through an index again.
             RETURN QUERY
-                UPDATE public.outbox_events e
+                UPDATE conveyor.outbox_events e
                 SET status = 'dispatching', locked_by = holder,
                     locked_until = now() + make_interval(secs => lease_secs)
                 WHERE e.ctid = ANY(ARRAY(
-                          SELECT d.ctid FROM public.outbox_events d
+                          SELECT d.ctid FROM conveyor.outbox_events d
                           WHERE d.status = 'dispatching' AND d.locked_until <= now()
                           ORDER BY d.locked_until
                           LIMIT per_workspace
                           FOR UPDATE SKIP LOCKED))
                    OR e.ctid = ANY(ARRAY(
-                          SELECT d.ctid FROM public.outbox_events d
+                          SELECT d.ctid FROM conveyor.outbox_events d
                           WHERE d.status = 'pending' AND d.next_attempt_at <= now()
                           ORDER BY d.next_attempt_at, d.id
                           LIMIT per_workspace
@@ -89,7 +90,7 @@ CREATE FUNCTION conveyor_mark_outbox_dispatched(holder text, workspaces uuid[], 
         PERFORM set_config('synchronous_commit', 'off', true);
         FOR ws IN SELECT DISTINCT w FROM unnest(workspaces) AS w LOOP
             PERFORM set_config('app.workspace_id', ws::text, true);
-            UPDATE public.outbox_events e
+            UPDATE conveyor.outbox_events e
             SET status = 'dispatched', stream_id = v.stream_id, dispatched_at = now(),
                 locked_by = NULL, locked_until = NULL, last_error = NULL
             FROM unnest(workspaces, tids, ids, stream_ids) AS v(workspace_id, tid, id, stream_id)

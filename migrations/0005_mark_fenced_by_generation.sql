@@ -5,6 +5,8 @@
 -- the old mark must not land on the new claim. The row version (ctid) already makes that all but impossible, since the
 -- retry and the claim each wrote a new version, but a freed line pointer can be reused; the generation makes it
 -- certain. The five-argument function of 0004 stays for dispatchers of the previous release during a rolling upgrade.
+SET LOCAL search_path = conveyor;
+
 CREATE FUNCTION conveyor_mark_outbox_dispatched(holder text, workspaces uuid[], tids tid[], ids uuid[],
                                                 redrives integer[], stream_ids text[])
     RETURNS bigint
@@ -20,7 +22,7 @@ CREATE FUNCTION conveyor_mark_outbox_dispatched(holder text, workspaces uuid[], 
         PERFORM set_config('synchronous_commit', 'off', true);
         FOR ws IN SELECT DISTINCT w FROM unnest(workspaces) AS w LOOP
             PERFORM set_config('app.workspace_id', ws::text, true);
-            UPDATE public.outbox_events e
+            UPDATE conveyor.outbox_events e
             SET status = 'dispatched', stream_id = v.stream_id, dispatched_at = now(),
                 locked_by = NULL, locked_until = NULL, last_error = NULL
             FROM unnest(workspaces, tids, ids, redrives, stream_ids) AS v(workspace_id, tid, id, redrive, stream_id)

@@ -5,6 +5,7 @@
 -- dispatcher) → dispatched (in a stream, or running) → completed | canceled | dead_letter. Before this migration a job
 -- that ran ended `dispatched` for good and only its operation told how it went; now the worker records the end on the
 -- event too, so a job without an operation can be looked up, waited for and canceled.
+SET LOCAL search_path = conveyor;
 
 ALTER TABLE outbox_events DROP CONSTRAINT outbox_events_status_check;
 ALTER TABLE outbox_events ADD CONSTRAINT outbox_events_status_check
@@ -87,7 +88,7 @@ CREATE FUNCTION conveyor_enqueue(kind text, payload jsonb, run_at timestamptz DE
             RAISE EXCEPTION 'conveyor_enqueue: no workspace is set (set_config(''app.workspace_id'', …, true))'
                 USING ERRCODE = '42501';
         END IF;
-        SELECT k.queue INTO q FROM public.job_kinds k WHERE k.kind = conveyor_enqueue.kind;
+        SELECT k.queue INTO q FROM conveyor.job_kinds k WHERE k.kind = conveyor_enqueue.kind;
         IF q IS NULL THEN
             RAISE EXCEPTION 'conveyor_enqueue: unknown job kind %', kind
                 USING ERRCODE = '22023', HINT = 'A worker registers its kinds when it starts.';
@@ -102,7 +103,7 @@ CREATE FUNCTION conveyor_enqueue(kind text, payload jsonb, run_at timestamptz DE
         IF conveyor_enqueue.max_attempts < 1 THEN
             RAISE EXCEPTION 'conveyor_enqueue: max_attempts must be at least 1' USING ERRCODE = '22023';
         END IF;
-        INSERT INTO public.outbox_events AS e (id, workspace_id, queue, event_type, event_payload, operation_id,
+        INSERT INTO conveyor.outbox_events AS e (id, workspace_id, queue, event_type, event_payload, operation_id,
                                                next_attempt_at, dedup_key, priority, max_attempts)
         VALUES (new_id, ws, q, conveyor_enqueue.kind, conveyor_enqueue.payload, conveyor_enqueue.operation_id,
                 coalesce(conveyor_enqueue.run_at, now()), conveyor_enqueue.dedup_key, p, conveyor_enqueue.max_attempts)
@@ -111,7 +112,7 @@ CREATE FUNCTION conveyor_enqueue(kind text, payload jsonb, run_at timestamptz DE
             DO NOTHING
         RETURNING e.id INTO got;
         IF got IS NULL THEN
-            SELECT e.id INTO got FROM public.outbox_events e
+            SELECT e.id INTO got FROM conveyor.outbox_events e
             WHERE e.workspace_id = ws AND e.event_type = conveyor_enqueue.kind
               AND e.dedup_key = conveyor_enqueue.dedup_key
               AND e.status IN ('pending', 'dispatching', 'dispatched');
@@ -125,8 +126,8 @@ CREATE FUNCTION conveyor_enqueue(kind text, payload jsonb, run_at timestamptz DE
 -- When the earliest pending job becomes due (NULL when none is pending): a time, nothing about any workspace.
 CREATE FUNCTION conveyor_next_due_at() RETURNS timestamptz
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public
-    AS $$ SELECT min(e.next_attempt_at) FROM public.outbox_events e WHERE e.status = 'pending' $$;
+    SET search_path = pg_catalog, conveyor
+    AS $$ SELECT min(e.next_attempt_at) FROM conveyor.outbox_events e WHERE e.status = 'pending' $$;
 REVOKE ALL ON FUNCTION conveyor_next_due_at() FROM PUBLIC;
 
 -- The relay's claim (see 0004), now by priority: for each workspace, its expired leases and up to `per_workspace` due
@@ -150,11 +151,11 @@ CREATE FUNCTION conveyor_claim_jobs(workspaces uuid[], holder text, lease_secs d
         FOREACH ws IN ARRAY workspaces LOOP
             PERFORM set_config('app.workspace_id', ws::text, true);
             RETURN QUERY
-                UPDATE public.outbox_events e
+                UPDATE conveyor.outbox_events e
                 SET status = 'dispatching', locked_by = holder,
                     locked_until = now() + make_interval(secs => lease_secs)
                 WHERE e.ctid = ANY(ARRAY(
-                          SELECT d.ctid FROM public.outbox_events d
+                          SELECT d.ctid FROM conveyor.outbox_events d
                           WHERE d.status = 'dispatching' AND d.locked_until <= now()
                           ORDER BY d.locked_until
                           LIMIT per_workspace
@@ -163,7 +164,7 @@ CREATE FUNCTION conveyor_claim_jobs(workspaces uuid[], holder text, lease_secs d
                           SELECT due.ctid
                           FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
                           CROSS JOIN LATERAL (
-                              SELECT d.ctid FROM public.outbox_events d
+                              SELECT d.ctid FROM conveyor.outbox_events d
                               WHERE d.status = 'pending' AND d.priority = level.p AND d.next_attempt_at <= now()
                               ORDER BY d.next_attempt_at, d.id
                               LIMIT per_workspace
@@ -190,7 +191,7 @@ CREATE FUNCTION conveyor_jobs_not_to_run(workspaces uuid[], ids uuid[])
         FOR ws IN SELECT DISTINCT w FROM unnest(workspaces) AS w LOOP
             PERFORM set_config('app.workspace_id', ws::text, true);
             RETURN QUERY
-                SELECT e.id FROM public.outbox_events e
+                SELECT e.id FROM conveyor.outbox_events e
                 JOIN unnest(workspaces, ids) AS v(workspace_id, id) ON v.id = e.id AND v.workspace_id = ws
                 WHERE e.status IN ('completed', 'canceled', 'dead_letter');
         END LOOP;
@@ -212,7 +213,7 @@ CREATE FUNCTION conveyor_complete_jobs(workspaces uuid[], ids uuid[], redrives i
     BEGIN
         FOR ws IN SELECT DISTINCT w FROM unnest(workspaces) AS w LOOP
             PERFORM set_config('app.workspace_id', ws::text, true);
-            UPDATE public.outbox_events e
+            UPDATE conveyor.outbox_events e
             SET status = 'completed', finished_at = now(), result = v.result, locked_by = NULL, locked_until = NULL
             FROM unnest(workspaces, ids, redrives, results) AS v(workspace_id, id, redrive, result)
             WHERE v.workspace_id = ws AND e.id = v.id AND (v.redrive IS NULL OR e.redrive_count = v.redrive)
@@ -233,13 +234,13 @@ CREATE FUNCTION conveyor_complete_jobs(workspaces uuid[], ids uuid[], redrives i
 CREATE FUNCTION conveyor_outbox_retention_workspaces_v2(older_than interval, max_workspaces integer)
     RETURNS TABLE (workspace_id uuid)
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public
+    SET search_path = pg_catalog, conveyor
     AS $$
         SELECT w.workspace_id FROM (
-            SELECT e.workspace_id FROM public.outbox_events e
+            SELECT e.workspace_id FROM conveyor.outbox_events e
             WHERE e.status = 'dispatched' AND e.dispatched_at <= now() - older_than
             UNION
-            SELECT e.workspace_id FROM public.outbox_events e
+            SELECT e.workspace_id FROM conveyor.outbox_events e
             WHERE e.status IN ('completed', 'canceled') AND e.finished_at <= now() - older_than
         ) w
         LIMIT greatest(1, least(max_workspaces, 10000))

@@ -7,6 +7,7 @@
 -- caller's workspace setting at the end instead of clearing it. The record of ends no longer checks the generation: a
 -- successful run of any generation ends a live job (a newer generation's delivery is then skipped); and it commits
 -- without waiting for its WAL flush (see below).
+SET LOCAL search_path = conveyor;
 
 CREATE OR REPLACE FUNCTION conveyor_mark_outbox_dispatched(holder text, workspaces uuid[], tids tid[], ids uuid[],
                                                            redrives integer[], stream_ids text[])
@@ -24,12 +25,12 @@ CREATE OR REPLACE FUNCTION conveyor_mark_outbox_dispatched(holder text, workspac
         PERFORM set_config('synchronous_commit', 'off', true);
         FOR ws IN SELECT DISTINCT w FROM unnest(workspaces) AS w ORDER BY w LOOP
             PERFORM set_config('app.workspace_id', ws::text, true);
-            PERFORM 1 FROM public.outbox_events e
+            PERFORM 1 FROM conveyor.outbox_events e
             WHERE e.ctid = ANY(ARRAY(SELECT v.tid FROM unnest(workspaces, tids) AS v(workspace_id, tid)
                                      WHERE v.workspace_id = ws))
             ORDER BY e.id
             FOR UPDATE;
-            UPDATE public.outbox_events e
+            UPDATE conveyor.outbox_events e
             SET status = 'dispatched', stream_id = v.stream_id, dispatched_at = now(),
                 locked_by = NULL, locked_until = NULL, last_error = NULL
             FROM unnest(workspaces, tids, ids, redrives, stream_ids) AS v(workspace_id, tid, id, redrive, stream_id)
@@ -61,13 +62,13 @@ CREATE OR REPLACE FUNCTION conveyor_complete_jobs(workspaces uuid[], ids uuid[],
         PERFORM set_config('synchronous_commit', 'off', true);
         FOR ws IN SELECT DISTINCT w FROM unnest(workspaces) AS w ORDER BY w LOOP
             PERFORM set_config('app.workspace_id', ws::text, true);
-            PERFORM 1 FROM public.outbox_events e
+            PERFORM 1 FROM conveyor.outbox_events e
             WHERE e.id = ANY(ARRAY(SELECT v.id FROM unnest(workspaces, ids) AS v(workspace_id, id)
                                    WHERE v.workspace_id = ws))
               AND e.status IN ('pending', 'dispatching', 'dispatched')
             ORDER BY e.id
             FOR UPDATE;
-            UPDATE public.outbox_events e
+            UPDATE conveyor.outbox_events e
             SET status = 'completed', finished_at = clock_timestamp(), result = v.result, locked_by = NULL,
                 locked_until = NULL
             FROM unnest(workspaces, ids, redrives, results) AS v(workspace_id, id, redrive, result)
@@ -100,9 +101,9 @@ ALTER TABLE outbox_events FORCE ROW LEVEL SECURITY;
 -- out: one that stays unclaimed (locked for long by someone) would otherwise hide every later one; sweeps take them.
 CREATE OR REPLACE FUNCTION conveyor_next_due_at() RETURNS timestamptz
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public
+    SET search_path = pg_catalog, conveyor
     AS $$
-        SELECT min(e.next_attempt_at) FROM public.outbox_events e
+        SELECT min(e.next_attempt_at) FROM conveyor.outbox_events e
         WHERE e.status = 'pending' AND e.next_attempt_at > now() - interval '1 second'
     $$;
 
@@ -121,7 +122,7 @@ CREATE FUNCTION conveyor_jobs_not_to_run(workspaces uuid[], ids uuid[], redrives
         FOR ws IN SELECT DISTINCT w FROM unnest(workspaces) AS w LOOP
             PERFORM set_config('app.workspace_id', ws::text, true);
             RETURN QUERY
-                SELECT e.id FROM public.outbox_events e
+                SELECT e.id FROM conveyor.outbox_events e
                 JOIN unnest(workspaces, ids, redrives) AS v(workspace_id, id, redrive)
                   ON v.id = e.id AND v.workspace_id = ws
                 WHERE e.workspace_id = ws
@@ -154,7 +155,7 @@ CREATE OR REPLACE FUNCTION conveyor_enqueue(kind text, payload jsonb, run_at tim
             RAISE EXCEPTION 'conveyor_enqueue: no workspace is set (set_config(''app.workspace_id'', …, true))'
                 USING ERRCODE = '42501';
         END IF;
-        SELECT k.queue INTO q FROM public.job_kinds k WHERE k.kind = conveyor_enqueue.kind;
+        SELECT k.queue INTO q FROM conveyor.job_kinds k WHERE k.kind = conveyor_enqueue.kind;
         IF q IS NULL THEN
             RAISE EXCEPTION 'conveyor_enqueue: unknown job kind %', kind
                 USING ERRCODE = '22023', HINT = 'A worker registers its kinds when it starts.';
@@ -170,13 +171,13 @@ CREATE OR REPLACE FUNCTION conveyor_enqueue(kind text, payload jsonb, run_at tim
             RAISE EXCEPTION 'conveyor_enqueue: max_attempts must be at least 1' USING ERRCODE = '22023';
         END IF;
         IF conveyor_enqueue.operation_id IS NOT NULL AND NOT EXISTS (
-            SELECT 1 FROM public.operations o
+            SELECT 1 FROM conveyor.operations o
             WHERE o.id = conveyor_enqueue.operation_id AND o.status IN ('queued', 'running')) THEN
             RAISE EXCEPTION 'conveyor_enqueue: operation % is not a live operation of this workspace',
                 conveyor_enqueue.operation_id USING ERRCODE = '22023';
         END IF;
         FOR attempt IN 1..3 LOOP
-            INSERT INTO public.outbox_events AS e (id, workspace_id, queue, event_type, event_payload, operation_id,
+            INSERT INTO conveyor.outbox_events AS e (id, workspace_id, queue, event_type, event_payload, operation_id,
                                                    next_attempt_at, dedup_key, priority, max_attempts)
             VALUES (new_id, ws, q, conveyor_enqueue.kind, conveyor_enqueue.payload, conveyor_enqueue.operation_id,
                     due, conveyor_enqueue.dedup_key, p, conveyor_enqueue.max_attempts)
@@ -189,7 +190,7 @@ CREATE OR REPLACE FUNCTION conveyor_enqueue(kind text, payload jsonb, run_at tim
                     || CASE WHEN due > now() THEN '@' || floor(extract(epoch FROM due) * 1000)::bigint ELSE '' END);
                 RETURN got;
             END IF;
-            SELECT e.id INTO got FROM public.outbox_events e
+            SELECT e.id INTO got FROM conveyor.outbox_events e
             WHERE e.workspace_id = ws AND e.event_type = conveyor_enqueue.kind
               AND e.dedup_key = conveyor_enqueue.dedup_key
               AND e.status IN ('pending', 'dispatching', 'dispatched');

@@ -2,6 +2,7 @@
 -- security like every tenant table. A tick fires at most once: the dispatcher that fires it inserts the
 -- job_schedule_runs row (primary key: schedule and tick) in the same transaction as the job's outbox row and the
 -- advance of the schedule's next_run_at, with the schedule row locked FOR UPDATE SKIP LOCKED.
+SET LOCAL search_path = conveyor;
 
 CREATE TABLE job_schedules (
     id            uuid        PRIMARY KEY,
@@ -63,10 +64,10 @@ $$;
 CREATE FUNCTION conveyor_due_schedules(max_schedules integer)
     RETURNS TABLE (workspace_id uuid, schedule_id uuid)
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public
+    SET search_path = pg_catalog, conveyor
     AS $$
         SELECT s.workspace_id, s.id
-        FROM public.job_schedules s
+        FROM conveyor.job_schedules s
         WHERE NOT s.paused AND s.next_run_at <= now()
         ORDER BY s.next_run_at
         LIMIT greatest(1, least(max_schedules, 10000))
@@ -77,8 +78,8 @@ REVOKE ALL ON FUNCTION conveyor_due_schedules(integer) FROM PUBLIC;
 CREATE FUNCTION conveyor_next_schedule_at()
     RETURNS timestamptz
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public
+    SET search_path = pg_catalog, conveyor
     AS $$
-        SELECT min(s.next_run_at) FROM public.job_schedules s WHERE NOT s.paused
+        SELECT min(s.next_run_at) FROM conveyor.job_schedules s WHERE NOT s.paused
     $$;
 REVOKE ALL ON FUNCTION conveyor_next_schedule_at() FROM PUBLIC;

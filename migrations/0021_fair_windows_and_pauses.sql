@@ -7,6 +7,7 @@
 --
 -- A pause holds jobs in the outbox, durably: a queue, a kind, a workspace, or any combination (a NULL column matches
 -- everything). Jobs already handed to workers finish; nothing is lost, and a resume lets the held jobs go in order.
+SET LOCAL search_path = conveyor;
 
 CREATE INDEX outbox_events_in_flight ON outbox_events (workspace_id)
     WHERE status IN ('dispatching', 'dispatched');
@@ -53,17 +54,17 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
         held_kinds text[];
     BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
-        SELECT EXISTS (SELECT 1 FROM public.dispatch_pauses) INTO any_pause;
+        SELECT EXISTS (SELECT 1 FROM conveyor.dispatch_pauses) INTO any_pause;
         FOREACH ws IN ARRAY workspaces LOOP
             IF any_pause THEN
-                IF EXISTS (SELECT 1 FROM public.dispatch_pauses p
+                IF EXISTS (SELECT 1 FROM conveyor.dispatch_pauses p
                            WHERE p.workspace_id = ws AND p.queue IS NULL AND p.kind IS NULL) THEN
                     CONTINUE;
                 END IF;
                 SELECT coalesce(array_agg(p.queue) FILTER (WHERE p.queue IS NOT NULL AND p.kind IS NULL), '{}'),
                        coalesce(array_agg(p.kind) FILTER (WHERE p.kind IS NOT NULL), '{}')
                 INTO held_queues, held_kinds
-                FROM public.dispatch_pauses p
+                FROM conveyor.dispatch_pauses p
                 WHERE p.workspace_id IS NULL OR p.workspace_id = ws;
             ELSE
                 held_queues := '{}';
@@ -73,19 +74,19 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
             room := per_workspace;
             IF fair_window > 0 THEN
                 SELECT least(per_workspace,
-                             fair_window * coalesce((SELECT w.weight FROM public.workspace_weights w
+                             fair_window * coalesce((SELECT w.weight FROM conveyor.workspace_weights w
                                                      WHERE w.workspace_id = ws), 1)
-                             - (SELECT count(*) FROM public.outbox_events f
+                             - (SELECT count(*) FROM conveyor.outbox_events f
                                 WHERE f.status IN ('dispatching', 'dispatched')
                                   AND NOT (f.status = 'dispatching' AND f.locked_until <= now())))::integer
                 INTO room;
             END IF;
             RETURN QUERY
-                UPDATE public.outbox_events e
+                UPDATE conveyor.outbox_events e
                 SET status = 'dispatching', locked_by = holder,
                     locked_until = now() + make_interval(secs => lease_secs)
                 WHERE e.ctid = ANY(ARRAY(
-                          SELECT d.ctid FROM public.outbox_events d
+                          SELECT d.ctid FROM conveyor.outbox_events d
                           WHERE d.status = 'dispatching' AND d.locked_until <= now()
                           ORDER BY d.locked_until
                           LIMIT per_workspace
@@ -94,7 +95,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                           SELECT due.ctid
                           FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
                           CROSS JOIN LATERAL (
-                              SELECT d.ctid FROM public.outbox_events d
+                              SELECT d.ctid FROM conveyor.outbox_events d
                               WHERE d.status = 'pending' AND d.priority = level.p AND d.next_attempt_at <= now()
                                 AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
                               ORDER BY d.next_attempt_at, d.id

@@ -1,6 +1,7 @@
 -- Limits per key (issue 14): a job may carry a limit key (`EnqueueOptions::limit_key`, e.g. `store:<id>`), and a
 -- workspace's key may have a concurrency limit (at most `max_in_flight` of its jobs handed to workers and not ended)
 -- and be blocked until a time (a handler answered `JobError::RateLimited`). Jobs without a key are not affected.
+SET LOCAL search_path = conveyor;
 
 ALTER TABLE outbox_events ADD COLUMN limit_key text
     CHECK (limit_key IS NULL OR char_length(limit_key) BETWEEN 1 AND 200);
@@ -60,17 +61,17 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
         key_room integer[];
     BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
-        SELECT EXISTS (SELECT 1 FROM public.dispatch_pauses) INTO any_pause;
+        SELECT EXISTS (SELECT 1 FROM conveyor.dispatch_pauses) INTO any_pause;
         FOREACH ws IN ARRAY workspaces LOOP
             IF any_pause THEN
-                IF EXISTS (SELECT 1 FROM public.dispatch_pauses p
+                IF EXISTS (SELECT 1 FROM conveyor.dispatch_pauses p
                            WHERE p.workspace_id = ws AND p.queue IS NULL AND p.kind IS NULL) THEN
                     CONTINUE;
                 END IF;
                 SELECT coalesce(array_agg(p.queue) FILTER (WHERE p.queue IS NOT NULL AND p.kind IS NULL), '{}'),
                        coalesce(array_agg(p.kind) FILTER (WHERE p.kind IS NOT NULL), '{}')
                 INTO held_queues, held_kinds
-                FROM public.dispatch_pauses p
+                FROM conveyor.dispatch_pauses p
                 WHERE p.workspace_id IS NULL OR p.workspace_id = ws;
             ELSE
                 held_queues := '{}';
@@ -80,21 +81,21 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
             room := per_workspace;
             IF fair_window > 0 THEN
                 SELECT least(per_workspace,
-                             fair_window * coalesce((SELECT w.weight FROM public.workspace_weights w
+                             fair_window * coalesce((SELECT w.weight FROM conveyor.workspace_weights w
                                                      WHERE w.workspace_id = ws), 1)
-                             - (SELECT count(*) FROM public.outbox_events f
+                             - (SELECT count(*) FROM conveyor.outbox_events f
                                 WHERE f.status IN ('dispatching', 'dispatched')
                                   AND NOT (f.status = 'dispatching' AND f.locked_until <= now())))::integer
                 INTO room;
             END IF;
-            IF NOT EXISTS (SELECT 1 FROM public.job_key_limits l WHERE l.workspace_id = ws) THEN
+            IF NOT EXISTS (SELECT 1 FROM conveyor.job_key_limits l WHERE l.workspace_id = ws) THEN
                 -- No key limits in this workspace: 0021's statement, unchanged.
                 RETURN QUERY
-                    UPDATE public.outbox_events e
+                    UPDATE conveyor.outbox_events e
                     SET status = 'dispatching', locked_by = holder,
                         locked_until = now() + make_interval(secs => lease_secs)
                     WHERE e.ctid = ANY(ARRAY(
-                              SELECT d.ctid FROM public.outbox_events d
+                              SELECT d.ctid FROM conveyor.outbox_events d
                               WHERE d.status = 'dispatching' AND d.locked_until <= now()
                               ORDER BY d.locked_until
                               LIMIT per_workspace
@@ -103,7 +104,7 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                               SELECT due.ctid
                               FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
                               CROSS JOIN LATERAL (
-                                  SELECT d.ctid FROM public.outbox_events d
+                                  SELECT d.ctid FROM conveyor.outbox_events d
                                   WHERE d.status = 'pending' AND d.priority = level.p AND d.next_attempt_at <= now()
                                     AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
                                   ORDER BY d.next_attempt_at, d.id
@@ -118,12 +119,12 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
             END IF;
             -- Keys the first part leaves alone: blocked ones, and limited ones (taken by the second part).
             SELECT coalesce(array_agg(l.key), '{}') INTO restricted
-            FROM public.job_key_limits l
+            FROM conveyor.job_key_limits l
             WHERE l.workspace_id = ws AND (l.max_in_flight IS NOT NULL OR l.blocked_until > now());
             -- Limited keys not blocked, locked so that two relays never count a key's room at once (a key another
             -- relay is claiming is skipped this round); then, in a statement of its own (whose snapshot sees what
             -- that relay claimed), the room each has left.
-            limited := ARRAY(SELECT l.key FROM public.job_key_limits l
+            limited := ARRAY(SELECT l.key FROM conveyor.job_key_limits l
                              WHERE l.workspace_id = ws AND l.max_in_flight IS NOT NULL
                                AND (l.blocked_until IS NULL OR l.blocked_until <= now())
                              ORDER BY l.key
@@ -131,18 +132,18 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
             SELECT coalesce(array_agg(k.key), '{}'), coalesce(array_agg(k.left_over), '{}')
             INTO limited, key_room
             FROM (SELECT l.key,
-                         (l.max_in_flight - (SELECT count(*) FROM public.outbox_events f
+                         (l.max_in_flight - (SELECT count(*) FROM conveyor.outbox_events f
                                              WHERE f.workspace_id = ws AND f.limit_key = l.key
                                                AND f.status IN ('dispatching', 'dispatched')))::integer AS left_over
-                  FROM public.job_key_limits l
+                  FROM conveyor.job_key_limits l
                   WHERE l.workspace_id = ws AND l.key = ANY (limited)) AS k
             WHERE k.left_over > 0;
             RETURN QUERY
-                UPDATE public.outbox_events e
+                UPDATE conveyor.outbox_events e
                 SET status = 'dispatching', locked_by = holder,
                     locked_until = now() + make_interval(secs => lease_secs)
                 WHERE e.ctid = ANY(ARRAY(
-                          SELECT d.ctid FROM public.outbox_events d
+                          SELECT d.ctid FROM conveyor.outbox_events d
                           WHERE d.status = 'dispatching' AND d.locked_until <= now()
                           ORDER BY d.locked_until
                           LIMIT per_workspace
@@ -152,7 +153,7 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                           FROM (SELECT due.ctid, level.p AS priority, due.next_attempt_at, due.id
                                 FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
                                 CROSS JOIN LATERAL (
-                                    SELECT d.ctid, d.next_attempt_at, d.id FROM public.outbox_events d
+                                    SELECT d.ctid, d.next_attempt_at, d.id FROM conveyor.outbox_events d
                                     WHERE d.status = 'pending' AND d.priority = level.p
                                       AND d.next_attempt_at <= now()
                                       AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
@@ -164,7 +165,7 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                                 SELECT kd.ctid, kd.priority, kd.next_attempt_at, kd.id
                                 FROM unnest(limited, key_room) AS k(key, left_over)
                                 CROSS JOIN LATERAL (
-                                    SELECT d.ctid, d.priority, d.next_attempt_at, d.id FROM public.outbox_events d
+                                    SELECT d.ctid, d.priority, d.next_attempt_at, d.id FROM conveyor.outbox_events d
                                     WHERE d.workspace_id = ws AND d.limit_key = k.key AND d.status = 'pending'
                                       AND d.next_attempt_at <= now()
                                       AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)

@@ -5,6 +5,8 @@
 -- and gives the key at most `max_per_interval` minus those within the last interval). Times are the claim's (its
 -- transaction's `now()`); a job's `dispatched_at` is written a little later, when the relay marks it.
 -- Jobs whose expired lease the claim takes again count too (conservative).
+SET LOCAL search_path = conveyor;
+
 ALTER TABLE job_key_limits
     ADD COLUMN max_per_interval integer CHECK (max_per_interval BETWEEN 1 AND 10000),
     ADD COLUMN interval_ms      bigint  CHECK (interval_ms BETWEEN 1 AND 86400000),
@@ -68,17 +70,17 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
         ws_class text;
     BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
-        SELECT EXISTS (SELECT 1 FROM public.dispatch_pauses) INTO any_pause;
+        SELECT EXISTS (SELECT 1 FROM conveyor.dispatch_pauses) INTO any_pause;
         FOREACH ws IN ARRAY workspaces LOOP
             IF any_pause THEN
-                IF EXISTS (SELECT 1 FROM public.dispatch_pauses p
+                IF EXISTS (SELECT 1 FROM conveyor.dispatch_pauses p
                            WHERE p.workspace_id = ws AND p.queue IS NULL AND p.kind IS NULL) THEN
                     CONTINUE;
                 END IF;
                 SELECT coalesce(array_agg(p.queue) FILTER (WHERE p.queue IS NOT NULL AND p.kind IS NULL), '{}'),
                        coalesce(array_agg(p.kind) FILTER (WHERE p.kind IS NOT NULL), '{}')
                 INTO held_queues, held_kinds
-                FROM public.dispatch_pauses p
+                FROM conveyor.dispatch_pauses p
                 WHERE p.workspace_id IS NULL OR p.workspace_id = ws;
             ELSE
                 held_queues := '{}';
@@ -88,9 +90,9 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
             room := per_workspace;
             IF fair_window > 0 THEN
                 SELECT least(per_workspace,
-                             fair_window * coalesce((SELECT w.weight FROM public.workspace_weights w
+                             fair_window * coalesce((SELECT w.weight FROM conveyor.workspace_weights w
                                                      WHERE w.workspace_id = ws), 1)
-                             - (SELECT count(*) FROM public.outbox_events f
+                             - (SELECT count(*) FROM conveyor.outbox_events f
                                 WHERE f.status IN ('dispatching', 'dispatched')
                                   AND NOT (f.status = 'dispatching' AND f.locked_until <= now())))::integer
                 INTO room;
@@ -100,21 +102,21 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                 ws_class := 'backlogged';
             ELSE
                 SELECT count(*)::integer INTO due_count
-                FROM (SELECT 1 FROM public.outbox_events d
+                FROM (SELECT 1 FROM conveyor.outbox_events d
                       WHERE d.workspace_id = ws AND d.status = 'pending' AND d.next_attempt_at <= now()
                         AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
                       LIMIT room::bigint + 1) AS due;
                 ws_class := CASE WHEN due_count > room THEN 'backlogged' ELSE 'light' END;
             END IF;
-            IF NOT EXISTS (SELECT 1 FROM public.job_key_limits l WHERE l.workspace_id = ws)
-               AND NOT EXISTS (SELECT 1 FROM public.job_kind_limits k WHERE k.workspace_id = ws) THEN
+            IF NOT EXISTS (SELECT 1 FROM conveyor.job_key_limits l WHERE l.workspace_id = ws)
+               AND NOT EXISTS (SELECT 1 FROM conveyor.job_kind_limits k WHERE k.workspace_id = ws) THEN
                 -- Neither key nor kind limits in this workspace: 0021's statement, unchanged.
                 RETURN QUERY
-                    UPDATE public.outbox_events e
+                    UPDATE conveyor.outbox_events e
                     SET status = 'dispatching', locked_by = holder,
                         locked_until = now() + make_interval(secs => lease_secs)
                     WHERE e.ctid = ANY(ARRAY(
-                              SELECT d.ctid FROM public.outbox_events d
+                              SELECT d.ctid FROM conveyor.outbox_events d
                               WHERE d.status = 'dispatching' AND d.locked_until <= now()
                               ORDER BY d.locked_until
                               LIMIT per_workspace
@@ -123,7 +125,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                               SELECT due.ctid
                               FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
                               CROSS JOIN LATERAL (
-                                  SELECT d.ctid FROM public.outbox_events d
+                                  SELECT d.ctid FROM conveyor.outbox_events d
                                   WHERE d.status = 'pending' AND d.priority = level.p AND d.next_attempt_at <= now()
                                     AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
                                   ORDER BY d.next_attempt_at, d.id
@@ -138,12 +140,12 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
             END IF;
             -- Keys the other parts leave alone: blocked ones, and limited ones (concurrency or rate).
             SELECT coalesce(array_agg(l.key), '{}') INTO restricted
-            FROM public.job_key_limits l
+            FROM conveyor.job_key_limits l
             WHERE l.workspace_id = ws
               AND (l.max_in_flight IS NOT NULL OR l.max_per_interval IS NOT NULL OR l.blocked_until > now());
             -- Limited keys not blocked, locked (a key another relay is claiming is skipped this round); then, in a
             -- statement of its own (whose snapshot sees what that relay claimed), the room each has left.
-            limited := ARRAY(SELECT l.key FROM public.job_key_limits l
+            limited := ARRAY(SELECT l.key FROM conveyor.job_key_limits l
                              WHERE l.workspace_id = ws
                                AND (l.max_in_flight IS NOT NULL OR l.max_per_interval IS NOT NULL)
                                AND (l.blocked_until IS NULL OR l.blocked_until <= now())
@@ -154,37 +156,37 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
             INTO limited, key_room, rated
             FROM (SELECT l.key, l.max_per_interval IS NOT NULL AS rated,
                          least(coalesce(l.max_in_flight
-                                        - (SELECT count(*) FROM public.outbox_events f
+                                        - (SELECT count(*) FROM conveyor.outbox_events f
                                            WHERE f.workspace_id = ws AND f.limit_key = l.key
                                              AND f.status IN ('dispatching', 'dispatched')), 2147483647),
                                coalesce(l.max_per_interval
                                         - (SELECT count(*) FROM unnest(l.handed_out) AS h(at)
                                            WHERE h.at > now() - l.interval_ms * interval '1 millisecond'),
                                         2147483647))::integer AS left_over
-                  FROM public.job_key_limits l
+                  FROM conveyor.job_key_limits l
                   WHERE l.workspace_id = ws AND l.key = ANY (limited)) AS k
             WHERE k.left_over > 0;
             -- Limited kinds: all of them restricted; those not locked by another relay, with their room.
             SELECT coalesce(array_agg(k.kind), '{}') INTO restricted_kinds
-            FROM public.job_kind_limits k WHERE k.workspace_id = ws;
-            limited_kinds := ARRAY(SELECT k.kind FROM public.job_kind_limits k
+            FROM conveyor.job_kind_limits k WHERE k.workspace_id = ws;
+            limited_kinds := ARRAY(SELECT k.kind FROM conveyor.job_kind_limits k
                                    WHERE k.workspace_id = ws ORDER BY k.kind FOR UPDATE SKIP LOCKED);
             SELECT coalesce(array_agg(k.kind), '{}'), coalesce(array_agg(k.left_over), '{}')
             INTO limited_kinds, kind_room
             FROM (SELECT k.kind,
-                         (k.max_in_flight - (SELECT count(*) FROM public.outbox_events f
+                         (k.max_in_flight - (SELECT count(*) FROM conveyor.outbox_events f
                                              WHERE f.workspace_id = ws AND f.event_type = k.kind
                                                AND f.status IN ('dispatching', 'dispatched')))::integer AS left_over
-                  FROM public.job_kind_limits k
+                  FROM conveyor.job_kind_limits k
                   WHERE k.workspace_id = ws AND k.kind = ANY (limited_kinds)) AS k
             WHERE k.left_over > 0;
             RETURN QUERY
                 WITH claimed AS (
-                    UPDATE public.outbox_events e
+                    UPDATE conveyor.outbox_events e
                     SET status = 'dispatching', locked_by = holder,
                         locked_until = now() + make_interval(secs => lease_secs)
                     WHERE e.ctid = ANY(ARRAY(
-                              SELECT d.ctid FROM public.outbox_events d
+                              SELECT d.ctid FROM conveyor.outbox_events d
                               WHERE d.status = 'dispatching' AND d.locked_until <= now()
                               ORDER BY d.locked_until
                               LIMIT per_workspace
@@ -199,7 +201,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                                           FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
                                           CROSS JOIN LATERAL (
                                               SELECT d.ctid, d.next_attempt_at, d.id, d.event_type
-                                              FROM public.outbox_events d
+                                              FROM conveyor.outbox_events d
                                               WHERE d.status = 'pending' AND d.priority = level.p
                                                 AND d.next_attempt_at <= now()
                                                 AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
@@ -213,7 +215,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                                           FROM unnest(limited, key_room) AS k(key, left_over)
                                           CROSS JOIN LATERAL (
                                               SELECT d.ctid, d.priority, d.next_attempt_at, d.id, d.event_type
-                                              FROM public.outbox_events d
+                                              FROM conveyor.outbox_events d
                                               WHERE d.workspace_id = ws AND d.limit_key = k.key
                                                 AND d.status = 'pending' AND d.next_attempt_at <= now()
                                                 AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
@@ -227,7 +229,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                                           FROM unnest(limited_kinds, kind_room) AS t(kind, left_over)
                                           CROSS JOIN LATERAL (
                                               SELECT d.ctid, d.priority, d.next_attempt_at, d.id, d.event_type
-                                              FROM public.outbox_events d
+                                              FROM conveyor.outbox_events d
                                               WHERE d.workspace_id = ws AND d.event_type = t.kind
                                                 AND d.status = 'pending' AND d.next_attempt_at <= now()
                                                 AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
@@ -246,7 +248,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                               e.backoff_max_ms, e.limit_key),
                 rates AS (
                     -- Each rated key's hand-outs, in its sliding log (those older than its interval forgotten).
-                    UPDATE public.job_key_limits l
+                    UPDATE conveyor.job_key_limits l
                     SET handed_out = ARRAY(SELECT h.at FROM unnest(l.handed_out) AS h(at)
                                            WHERE h.at > now() - l.interval_ms * interval '1 millisecond'
                                            UNION ALL

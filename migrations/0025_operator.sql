@@ -9,6 +9,7 @@
 -- (`session_user`). Changes (replay, discard, cancel, retry) run as the application role in the job's workspace,
 -- under row-level security, and are recorded with `conveyor_admin_audit_write`: an intent row before the change (which
 -- is refused if that row cannot be written), then an outcome row naming it.
+SET LOCAL search_path = conveyor;
 
 -- ---------------------------------------------------------------------------------------------------------------
 -- The audit trail: append-only, the owner's alone.
@@ -95,7 +96,7 @@ CREATE OR REPLACE FUNCTION conveyor_jobs_not_to_run(workspaces uuid[], ids uuid[
         FOR ws IN SELECT DISTINCT w FROM unnest(workspaces) AS w LOOP
             PERFORM set_config('app.workspace_id', ws::text, true);
             RETURN QUERY
-                SELECT e.id FROM public.outbox_events e
+                SELECT e.id FROM conveyor.outbox_events e
                 JOIN unnest(workspaces, ids, redrives) AS v(workspace_id, id, redrive)
                   ON v.id = e.id AND v.workspace_id = ws
                 WHERE e.workspace_id = ws
@@ -110,13 +111,13 @@ CREATE OR REPLACE FUNCTION conveyor_jobs_not_to_run(workspaces uuid[], ids uuid[
 CREATE OR REPLACE FUNCTION conveyor_outbox_retention_workspaces_v2(older_than interval, max_workspaces integer)
     RETURNS TABLE (workspace_id uuid)
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public
+    SET search_path = pg_catalog, conveyor
     AS $$
         SELECT w.workspace_id FROM (
-            SELECT e.workspace_id FROM public.outbox_events e
+            SELECT e.workspace_id FROM conveyor.outbox_events e
             WHERE e.status IN ('completed', 'canceled') AND e.finished_at <= now() - older_than
             UNION
-            SELECT e.workspace_id FROM public.outbox_events e
+            SELECT e.workspace_id FROM conveyor.outbox_events e
             WHERE e.status = 'discarded' AND e.finished_at <= now() - older_than
         ) w
         LIMIT greatest(1, least(max_workspaces, 10000))
@@ -143,7 +144,7 @@ CREATE FUNCTION conveyor_job_state(status text, next_attempt_at timestamptz, fai
 -- The row-level condition of one state (the inverse of conveyor_job_state), over `e`, for the searches below.
 CREATE FUNCTION conveyor_admin_state_condition(state text) RETURNS text
     LANGUAGE plpgsql IMMUTABLE
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     BEGIN
         RETURN CASE state
@@ -168,7 +169,7 @@ REVOKE ALL ON FUNCTION conveyor_admin_state_condition(text) FROM PUBLIC;
 CREATE FUNCTION conveyor_admin_audit_write(actor text, action text, arguments jsonb DEFAULT '{}')
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     DECLARE
         written bigint;
@@ -179,7 +180,7 @@ CREATE FUNCTION conveyor_admin_audit_write(actor text, action text, arguments js
         IF action IS NULL OR action !~ '^[a-z][a-z0-9_]{0,63}$' THEN
             RAISE EXCEPTION 'conveyor_admin: bad action name %', action USING ERRCODE = '22023';
         END IF;
-        INSERT INTO public.conveyor_admin_audit (actor, role, action, arguments)
+        INSERT INTO conveyor.conveyor_admin_audit (actor, role, action, arguments)
         VALUES (actor, session_user, action, coalesce(jsonb_strip_nulls(arguments), '{}'))
         RETURNING id INTO written;
         RETURN written;
@@ -190,7 +191,7 @@ REVOKE ALL ON FUNCTION conveyor_admin_audit_write(text, text, jsonb) FROM PUBLIC
 -- Checks a page size (1 to 500).
 CREATE FUNCTION conveyor_admin_check_limit(max_rows integer) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     BEGIN
         IF max_rows IS NULL OR max_rows NOT BETWEEN 1 AND 500 THEN
@@ -210,7 +211,7 @@ CREATE FUNCTION conveyor_admin_queues(actor text, only_queue text DEFAULT NULL)
                    dead bigint, completed_5m bigint, dead_5m bigint, oldest_queued_seconds double precision,
                    paused boolean)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     #variable_conflict use_column
     BEGIN
@@ -227,42 +228,42 @@ CREATE FUNCTION conveyor_admin_queues(actor text, only_queue text DEFAULT NULL)
                            AS retrying,
                        0::bigint AS dead, 0::bigint AS completed_5m, 0::bigint AS dead_5m,
                        min(e.next_attempt_at) FILTER (WHERE e.next_attempt_at <= now()) AS oldest_due_at
-                FROM public.outbox_events e
+                FROM conveyor.outbox_events e
                 WHERE e.status = 'pending' AND (only_queue IS NULL OR e.queue = only_queue)
                 GROUP BY e.queue
                 UNION ALL
                 SELECT e.queue, count(*), 0, 0, 0, 0, 0, 0, NULL::timestamptz
-                FROM public.outbox_events e
+                FROM conveyor.outbox_events e
                 WHERE e.status = 'dispatching' AND (only_queue IS NULL OR e.queue = only_queue)
                 GROUP BY e.queue
                 UNION ALL
                 SELECT e.queue, 0, 0, count(*), 0, 0, 0, 0, NULL::timestamptz
-                FROM public.outbox_events e
+                FROM conveyor.outbox_events e
                 WHERE e.status = 'dispatched' AND (only_queue IS NULL OR e.queue = only_queue)
                 GROUP BY e.queue
                 UNION ALL
                 SELECT e.queue, 0, 0, 0, 0, count(*), 0,
                        count(*) FILTER (WHERE e.dead_lettered_at >= now() - interval '5 minutes'), NULL::timestamptz
-                FROM public.outbox_events e
+                FROM conveyor.outbox_events e
                 WHERE e.status = 'dead_letter' AND (only_queue IS NULL OR e.queue = only_queue)
                 GROUP BY e.queue
                 UNION ALL
                 SELECT e.queue, 0, 0, 0, 0, 0, count(*), 0, NULL::timestamptz
-                FROM public.outbox_events e
+                FROM conveyor.outbox_events e
                 WHERE e.status = 'completed' AND e.finished_at >= now() - interval '5 minutes'
                   AND (only_queue IS NULL OR e.queue = only_queue)
                 GROUP BY e.queue
                 UNION ALL
                 SELECT DISTINCT k.queue, 0, 0, 0, 0, 0, 0, 0, NULL::timestamptz
-                FROM public.job_kinds k
+                FROM conveyor.job_kinds k
                 WHERE only_queue IS NULL OR k.queue = only_queue
             )
             SELECT c.queue,
-                   EXISTS (SELECT 1 FROM public.job_kinds k WHERE k.queue = c.queue),
+                   EXISTS (SELECT 1 FROM conveyor.job_kinds k WHERE k.queue = c.queue),
                    sum(c.queued)::bigint, sum(c.delayed)::bigint, sum(c.running)::bigint, sum(c.retrying)::bigint,
                    sum(c.dead)::bigint, sum(c.completed_5m)::bigint, sum(c.dead_5m)::bigint,
                    extract(epoch FROM now() - min(c.oldest_due_at))::double precision,
-                   EXISTS (SELECT 1 FROM public.dispatch_pauses p
+                   EXISTS (SELECT 1 FROM conveyor.dispatch_pauses p
                            WHERE p.queue = c.queue AND p.kind IS NULL AND p.workspace_id IS NULL)
             FROM counts c
             GROUP BY c.queue
@@ -280,7 +281,7 @@ CREATE FUNCTION conveyor_admin_jobs(actor text, of_queue text, of_kind text, in_
                    last_error text, operation_id uuid, created_at timestamptz, run_at timestamptz,
                    finished_at timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     DECLARE
         conditions text := 'e.status <> ''discarded''';
@@ -306,7 +307,7 @@ CREATE FUNCTION conveyor_admin_jobs(actor text, of_queue text, of_kind text, in_
                     conveyor_job_state(e.status, e.next_attempt_at, e.job_attempts + e.attempt_count),
                     e.job_attempts, e.last_error, e.operation_id, e.created_at, e.next_attempt_at,
                     coalesce(e.finished_at, e.dead_lettered_at)
-             FROM public.outbox_events e
+             FROM conveyor.outbox_events e
              WHERE ' || conditions || '
              ORDER BY e.id DESC
              LIMIT $7'
@@ -323,7 +324,7 @@ CREATE FUNCTION conveyor_admin_job(actor text, job_id uuid)
                    finished_at timestamptz, payload jsonb, priority smallint, max_attempts integer, dedup_key text,
                    progress jsonb, result jsonb, dispatched_at timestamptz, failures jsonb)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     #variable_conflict use_column
     BEGIN
@@ -337,9 +338,9 @@ CREATE FUNCTION conveyor_admin_job(actor text, job_id uuid)
                    coalesce((SELECT jsonb_agg(jsonb_build_object('attempt', f.attempt, 'stage', f.stage,
                                                                  'error', f.error, 'failed_at', f.failed_at)
                                               ORDER BY f.id)
-                             FROM public.job_failures f WHERE f.job_id = e.id), '[]'::jsonb)
-            FROM public.outbox_events e
-            LEFT JOIN public.operations o ON o.id = e.operation_id
+                             FROM conveyor.job_failures f WHERE f.job_id = e.id), '[]'::jsonb)
+            FROM conveyor.outbox_events e
+            LEFT JOIN conveyor.operations o ON o.id = e.operation_id
             WHERE e.id = conveyor_admin_job.job_id AND e.status <> 'discarded';
     END
     $$;
@@ -350,7 +351,7 @@ REVOKE ALL ON FUNCTION conveyor_admin_job(text, uuid) FROM PUBLIC;
 CREATE FUNCTION conveyor_admin_locate_job(actor text, job_id uuid)
     RETURNS TABLE (workspace_id uuid, operation_id uuid, state text)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     #variable_conflict use_column
     BEGIN
@@ -358,7 +359,7 @@ CREATE FUNCTION conveyor_admin_locate_job(actor text, job_id uuid)
         RETURN QUERY
             SELECT e.workspace_id, e.operation_id,
                    conveyor_job_state(e.status, e.next_attempt_at, e.job_attempts + e.attempt_count)
-            FROM public.outbox_events e
+            FROM conveyor.outbox_events e
             WHERE e.id = conveyor_admin_locate_job.job_id AND e.status <> 'discarded';
     END
     $$;
@@ -370,7 +371,7 @@ CREATE FUNCTION conveyor_admin_operations(actor text, of_kind text, in_status te
     RETURNS TABLE (id uuid, workspace_id uuid, kind text, status text, subject_id uuid, error text,
                    attempt integer, created_at timestamptz, updated_at timestamptz, finished_at timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     DECLARE
         conditions text := 'true';
@@ -391,7 +392,7 @@ CREATE FUNCTION conveyor_admin_operations(actor text, of_kind text, in_status te
         RETURN QUERY EXECUTE
             'SELECT o.id, o.workspace_id, o.kind, o.status, o.subject_id, o.error, o.attempt, o.created_at,
                     o.updated_at, o.finished_at
-             FROM public.operations o
+             FROM conveyor.operations o
              WHERE ' || conditions || '
              ORDER BY o.id DESC
              LIMIT $7'
@@ -410,7 +411,7 @@ CREATE FUNCTION conveyor_admin_dead_letters(actor text, action text, of_queue te
     RETURNS TABLE (id uuid, workspace_id uuid, queue text, event_type text, failure_stage text, attempts integer,
                    last_error text, operation_id uuid, created_at timestamptz, dead_lettered_at timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     DECLARE
         conditions text := 'e.status = ''dead_letter''';
@@ -432,7 +433,7 @@ CREATE FUNCTION conveyor_admin_dead_letters(actor text, action text, of_queue te
             'SELECT e.id, e.workspace_id, e.queue, e.event_type, e.failure_stage,
                     CASE WHEN e.failure_stage = ''dispatch'' THEN e.attempt_count ELSE e.job_attempts END,
                     e.last_error, e.operation_id, e.created_at, e.dead_lettered_at
-             FROM public.outbox_events e
+             FROM conveyor.outbox_events e
              WHERE ' || conditions || '
              ORDER BY e.id DESC
              LIMIT $7'
@@ -449,7 +450,7 @@ CREATE FUNCTION conveyor_admin_schedules(actor text, workspace uuid DEFAULT NULL
                    next_run_at timestamptz, last_tick_at timestamptz, created_at timestamptz,
                    updated_at timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     #variable_conflict use_column
     BEGIN
@@ -457,7 +458,7 @@ CREATE FUNCTION conveyor_admin_schedules(actor text, workspace uuid DEFAULT NULL
         RETURN QUERY
             SELECT s.workspace_id, s.id, s.name, s.kind, s.queue, s.payload, s.cron, s.time_zone, s.every_ms,
                    s.priority, s.max_attempts, s.paused, s.next_run_at, s.last_tick_at, s.created_at, s.updated_at
-            FROM public.job_schedules s
+            FROM conveyor.job_schedules s
             WHERE conveyor_admin_schedules.workspace IS NULL OR s.workspace_id = conveyor_admin_schedules.workspace
             ORDER BY s.workspace_id, s.name;
     END
@@ -468,7 +469,7 @@ REVOKE ALL ON FUNCTION conveyor_admin_schedules(text, uuid) FROM PUBLIC;
 CREATE FUNCTION conveyor_admin_audit_trail(actor text, max_rows integer)
     RETURNS TABLE (at timestamptz, who text, role text, action text, arguments jsonb)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     #variable_conflict use_column
     BEGIN
@@ -477,7 +478,7 @@ CREATE FUNCTION conveyor_admin_audit_trail(actor text, max_rows integer)
                                            jsonb_build_object('limit', max_rows));
         RETURN QUERY
             SELECT a.at, a.actor, a.role, a.action, a.arguments
-            FROM public.conveyor_admin_audit a
+            FROM conveyor.conveyor_admin_audit a
             ORDER BY a.id DESC
             LIMIT max_rows;
     END

@@ -13,6 +13,7 @@
 --
 -- PostgreSQL grants EXECUTE on a new function to PUBLIC: the batch functions below were callable by any role, and
 -- `conveyor migrate` now revokes PUBLIC's right on every `conveyor_` function before granting each role its own.
+SET LOCAL search_path = conveyor;
 
 REVOKE ALL ON FUNCTION conveyor_claim_outbox(uuid[], text, double precision, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION conveyor_claim_jobs(uuid[], text, double precision, integer) FROM PUBLIC;
@@ -57,14 +58,14 @@ $$;
 CREATE FUNCTION conveyor_admin_pauses(actor text)
     RETURNS TABLE (queue text, kind text, workspace_id uuid, reason text, created_at timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     #variable_conflict use_column
     BEGIN
         PERFORM conveyor_admin_audit_write(actor, 'pauses', '{}');
         RETURN QUERY
             SELECT p.queue, p.kind, p.workspace_id, p.reason, p.created_at
-            FROM public.dispatch_pauses p
+            FROM conveyor.dispatch_pauses p
             ORDER BY p.id;
     END
     $$;
@@ -76,7 +77,7 @@ REVOKE ALL ON FUNCTION conveyor_admin_pauses(text) FROM PUBLIC;
 CREATE FUNCTION conveyor_audit_purge(older_than interval, max_rows integer)
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = public, pg_temp
+    SET search_path = conveyor, pg_temp
     AS $$
     DECLARE
         purged bigint;
@@ -86,15 +87,15 @@ CREATE FUNCTION conveyor_audit_purge(older_than interval, max_rows integer)
                 USING ERRCODE = '22023';
         END IF;
         -- The oldest entries by id (their times grow with it), so a pass reads at most `max_rows` of them.
-        DELETE FROM public.conveyor_admin_audit a
+        DELETE FROM conveyor.conveyor_admin_audit a
         WHERE a.id = ANY(ARRAY(SELECT o.id
-                               FROM (SELECT e.id, e.at FROM public.conveyor_admin_audit e
+                               FROM (SELECT e.id, e.at FROM conveyor.conveyor_admin_audit e
                                      ORDER BY e.id
                                      LIMIT greatest(1, least(max_rows, 10000))) o
                                WHERE o.at < now() - older_than));
         GET DIAGNOSTICS purged = ROW_COUNT;
         IF purged > 0 THEN
-            INSERT INTO public.conveyor_admin_audit (actor, role, action, arguments)
+            INSERT INTO conveyor.conveyor_admin_audit (actor, role, action, arguments)
             VALUES ('maintenance', session_user, 'audit_purge',
                     jsonb_build_object('older_than', older_than::text, 'deleted', purged));
         END IF;

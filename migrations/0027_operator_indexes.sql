@@ -7,5 +7,5 @@
 -- `-- no-transaction` file as one string, so each such file holds one statement (0028 builds the other index). An
 -- interrupted build leaves an INVALID index of this name, which IF NOT EXISTS would then keep: drop it (DROP INDEX
 -- CONCURRENTLY outbox_events_completed_at) and migrate again.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_events_completed_at ON outbox_events (finished_at)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_events_completed_at ON conveyor.outbox_events (finished_at)
     WHERE status = 'completed';

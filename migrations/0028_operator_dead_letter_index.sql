@@ -6,5 +6,5 @@
 --
 -- Built CONCURRENTLY, one statement alone in its file, for the reasons 0027 gives; after an interrupted build, DROP
 -- INDEX CONCURRENTLY outbox_events_dead_by_id and migrate again.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_events_dead_by_id ON outbox_events (id)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_events_dead_by_id ON conveyor.outbox_events (id)
     WHERE status IN ('dead_letter', 'discarded');

@@ -16,16 +16,18 @@
 -- the other states. Counts and ages only, never a workspace id or a payload. Runs as the owner (the per-status arms
 -- each match a partial index of 0001/0003); conveyor migrate grants it with the other conveyor_ functions.
 -- 0002's function stays for dispatchers of the previous release during a rolling upgrade.
+SET LOCAL search_path = conveyor;
+
 CREATE FUNCTION conveyor_outbox_backlog_due()
     RETURNS TABLE (queue text, state text, jobs bigint, oldest_due_seconds double precision)
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public
+    SET search_path = pg_catalog, conveyor
     AS $$
         WITH pending AS (
             SELECT e.queue,
                    CASE WHEN e.next_attempt_at > now() THEN 'delayed'
                         WHEN paused.any_pause AND EXISTS (
-                                 SELECT 1 FROM public.dispatch_pauses p
+                                 SELECT 1 FROM conveyor.dispatch_pauses p
                                  WHERE (p.workspace_id IS NULL OR p.workspace_id = e.workspace_id)
                                    AND (p.kind = e.event_type
                                         OR (p.kind IS NULL AND (p.queue IS NULL OR p.queue = e.queue))))
@@ -33,8 +35,8 @@ CREATE FUNCTION conveyor_outbox_backlog_due()
                         ELSE 'due'
                    END AS state,
                    e.next_attempt_at
-            FROM public.outbox_events e
-            CROSS JOIN (SELECT EXISTS (SELECT 1 FROM public.dispatch_pauses) AS any_pause) AS paused
+            FROM conveyor.outbox_events e
+            CROSS JOIN (SELECT EXISTS (SELECT 1 FROM conveyor.dispatch_pauses) AS any_pause) AS paused
             WHERE e.status = 'pending'
         )
         SELECT p.queue, p.state, count(*),
@@ -44,17 +46,17 @@ CREATE FUNCTION conveyor_outbox_backlog_due()
         GROUP BY p.queue, p.state
         UNION ALL
         SELECT e.queue, 'dispatching', count(*), extract(epoch FROM now() - min(e.next_attempt_at))::double precision
-        FROM public.outbox_events e
+        FROM conveyor.outbox_events e
         WHERE e.status = 'dispatching'
         GROUP BY e.queue
         UNION ALL
         SELECT e.queue, 'dispatched', count(*), NULL
-        FROM public.outbox_events e
+        FROM conveyor.outbox_events e
         WHERE e.status = 'dispatched'
         GROUP BY e.queue
         UNION ALL
         SELECT e.queue, 'dead_letter', count(*), NULL
-        FROM public.outbox_events e
+        FROM conveyor.outbox_events e
         WHERE e.status = 'dead_letter'
         GROUP BY e.queue
     $$;

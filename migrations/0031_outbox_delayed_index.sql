@@ -9,5 +9,5 @@
 -- Built CONCURRENTLY, one statement in the file (see 0027). An interrupted build leaves an INVALID index of this
 -- name, which IF NOT EXISTS would then keep: drop it (DROP INDEX CONCURRENTLY outbox_events_delayed) and migrate
 -- again.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_events_delayed ON outbox_events (next_attempt_at)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_events_delayed ON conveyor.outbox_events (next_attempt_at)
     WHERE status = 'pending' AND next_attempt_at > created_at;

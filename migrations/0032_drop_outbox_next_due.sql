@@ -4,4 +4,4 @@
 -- workspace's own due jobs; the sweep's lookup of due workspaces walks that index too, as many entries as before.
 -- 0006's conveyor_next_due_at, which dispatchers of releases before 0030 call, walks every pending job without it:
 -- slower for the length of a rolling upgrade, the same answer.
-DROP INDEX CONCURRENTLY IF EXISTS outbox_events_next_due;
+DROP INDEX CONCURRENTLY IF EXISTS conveyor.outbox_events_next_due;

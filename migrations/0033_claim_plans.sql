@@ -17,6 +17,8 @@
 -- With outbox_events_next_due gone (0032), the workspace's own index is the one that serves these scans. Here the
 -- claim is told to walk it in order and stop at its LIMIT: no bitmap scans and no parallel plans in it. Its
 -- statements and their results are 0030's.
+SET LOCAL search_path = conveyor;
+
 ALTER FUNCTION conveyor_claim_jobs_fair(uuid[], text, double precision, integer, integer, uuid[])
     SET enable_bitmapscan = off;
 ALTER FUNCTION conveyor_claim_jobs_fair(uuid[], text, double precision, integer, integer, uuid[])

@@ -5,12 +5,14 @@
 --    canceled (the status every cancel path writes, in the cancel's own transaction, before its notification is
 --    delivered) and ignores the others. The runtime role's (the worker's bookkeeping), like every function not listed
 --    for the application role: it reads across workspaces, and says no more than whether a job id is canceled.
+SET LOCAL search_path = conveyor;
+
 CREATE FUNCTION conveyor_canceled_jobs(jobs uuid[])
     RETURNS SETOF uuid
     LANGUAGE sql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, public, pg_temp
+    SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
-        SELECT e.id FROM public.outbox_events e
+        SELECT e.id FROM conveyor.outbox_events e
         WHERE e.id = ANY (jobs[1:1000]) AND e.status = 'canceled'
     $$;
 REVOKE ALL ON FUNCTION conveyor_canceled_jobs(uuid[]) FROM PUBLIC;
@@ -32,7 +34,7 @@ INSERT INTO conveyor_settings (name, value) VALUES ('audit_retention', '90 days'
 CREATE OR REPLACE FUNCTION conveyor_audit_purge(older_than interval, max_rows integer)
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, public, pg_temp
+    SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
     DECLARE
         purged bigint;
@@ -43,21 +45,21 @@ CREATE OR REPLACE FUNCTION conveyor_audit_purge(older_than interval, max_rows in
             RAISE EXCEPTION 'conveyor_audit_purge: the audit trail is kept at least a day, not %', older_than
                 USING ERRCODE = '22023';
         END IF;
-        SELECT s.value::interval INTO retention FROM public.conveyor_settings s
+        SELECT s.value::interval INTO retention FROM conveyor.conveyor_settings s
         WHERE s.name = 'audit_retention';
         -- The configured retention is a floor: a caller may keep more, never less.
         kept := GREATEST(older_than, coalesce(retention, interval '90 days'));
         -- The oldest entries by id (their times grow with it), so a pass reads at most `max_rows` of them.
-        DELETE FROM public.conveyor_admin_audit a
+        DELETE FROM conveyor.conveyor_admin_audit a
         WHERE a.id = ANY(ARRAY(
                   SELECT o.id
-                  FROM (SELECT e.id, e.at FROM public.conveyor_admin_audit e
+                  FROM (SELECT e.id, e.at FROM conveyor.conveyor_admin_audit e
                         ORDER BY e.id
                         LIMIT GREATEST(1, LEAST(max_rows, 10000))) o
                   WHERE o.at < pg_catalog.now() - kept));
         GET DIAGNOSTICS purged = ROW_COUNT;
         IF purged > 0 THEN
-            INSERT INTO public.conveyor_admin_audit (actor, role, action, arguments)
+            INSERT INTO conveyor.conveyor_admin_audit (actor, role, action, arguments)
             VALUES ('maintenance', session_user, 'audit_purge',
                     pg_catalog.jsonb_build_object('older_than', older_than::text, 'kept', kept::text,
                                                   'deleted', purged));
@@ -89,7 +91,7 @@ $$;
 -- Refuses a scope that names nothing, or a queue or kind name no job can have (src/kind.rs's rules).
 CREATE FUNCTION conveyor_admin_check_scope(scope_queue text, scope_kind text, scope_workspace uuid) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
-    SET search_path = pg_catalog, public, pg_temp
+    SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
     BEGIN
         IF scope_queue IS NULL AND scope_kind IS NULL AND scope_workspace IS NULL THEN
@@ -112,21 +114,21 @@ CREATE FUNCTION conveyor_admin_pause(actor text, intent bigint, scope_queue text
                                      scope_workspace uuid, pause_reason text)
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, public, pg_temp
+    SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
     DECLARE
         added bigint;
     BEGIN
-        PERFORM public.conveyor_admin_check_scope(scope_queue, scope_kind, scope_workspace);
+        PERFORM conveyor.conveyor_admin_check_scope(scope_queue, scope_kind, scope_workspace);
         IF pg_catalog.octet_length(pause_reason) > 500 THEN
             RAISE EXCEPTION 'conveyor_admin: a pause''s reason is at most 500 bytes' USING ERRCODE = '22023';
         END IF;
-        INSERT INTO public.dispatch_pauses (queue, kind, workspace_id, reason)
+        INSERT INTO conveyor.dispatch_pauses (queue, kind, workspace_id, reason)
         VALUES (scope_queue, scope_kind, scope_workspace, pause_reason)
         ON CONFLICT (coalesce(queue, ''), coalesce(kind, ''),
                      coalesce(workspace_id, '00000000-0000-0000-0000-000000000000')) DO NOTHING;
         GET DIAGNOSTICS added = ROW_COUNT;
-        PERFORM public.conveyor_admin_audit_write(actor, 'pause', pg_catalog.jsonb_build_object(
+        PERFORM conveyor.conveyor_admin_audit_write(actor, 'pause', pg_catalog.jsonb_build_object(
             'queue', scope_queue, 'kind', scope_kind, 'workspace', scope_workspace, 'reason', pause_reason,
             'outcome', CASE WHEN added = 1 THEN 'paused' ELSE 'already_paused' END,
             'intent', intent));
@@ -141,17 +143,17 @@ CREATE FUNCTION conveyor_admin_resume(actor text, intent bigint, scope_queue tex
                                       scope_workspace uuid)
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, public, pg_temp
+    SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
     DECLARE
         removed bigint;
     BEGIN
-        PERFORM public.conveyor_admin_check_scope(scope_queue, scope_kind, scope_workspace);
-        DELETE FROM public.dispatch_pauses p
+        PERFORM conveyor.conveyor_admin_check_scope(scope_queue, scope_kind, scope_workspace);
+        DELETE FROM conveyor.dispatch_pauses p
         WHERE p.queue IS NOT DISTINCT FROM scope_queue AND p.kind IS NOT DISTINCT FROM scope_kind
           AND p.workspace_id IS NOT DISTINCT FROM scope_workspace;
         GET DIAGNOSTICS removed = ROW_COUNT;
-        PERFORM public.conveyor_admin_audit_write(actor, 'resume', pg_catalog.jsonb_build_object(
+        PERFORM conveyor.conveyor_admin_audit_write(actor, 'resume', pg_catalog.jsonb_build_object(
             'queue', scope_queue, 'kind', scope_kind, 'workspace', scope_workspace,
             'outcome', CASE WHEN removed > 0 THEN 'resumed' ELSE 'not_paused' END,
             'intent', intent));
@@ -167,7 +169,7 @@ REVOKE ALL ON FUNCTION conveyor_admin_resume(text, bigint, text, text, uuid) FRO
 CREATE FUNCTION conveyor_admin_set_weight(actor text, intent bigint, weight_workspace uuid, new_weight integer)
     RETURNS void
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, public, pg_temp
+    SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
     BEGIN
         IF weight_workspace IS NULL THEN
@@ -176,9 +178,9 @@ CREATE FUNCTION conveyor_admin_set_weight(actor text, intent bigint, weight_work
         IF new_weight IS NULL OR new_weight < 1 OR new_weight > 1000 THEN
             RAISE EXCEPTION 'conveyor_admin: a weight is from 1 to 1000' USING ERRCODE = '22023';
         END IF;
-        INSERT INTO public.workspace_weights (workspace_id, weight) VALUES (weight_workspace, new_weight)
+        INSERT INTO conveyor.workspace_weights (workspace_id, weight) VALUES (weight_workspace, new_weight)
         ON CONFLICT (workspace_id) DO UPDATE SET weight = EXCLUDED.weight, updated_at = pg_catalog.now();
-        PERFORM public.conveyor_admin_audit_write(actor, 'weight', pg_catalog.jsonb_build_object(
+        PERFORM conveyor.conveyor_admin_audit_write(actor, 'weight', pg_catalog.jsonb_build_object(
             'workspace', weight_workspace, 'weight', new_weight, 'outcome', 'set', 'intent', intent));
     END
     $$;

@@ -10,6 +10,8 @@
 --    delivery the stopped worker held without starting it counts too (the taker cannot tell it from a started one),
 --    and so does one its worker gave up alive (PostgreSQL failing around the job, a shutdown past its grace period); a
 --    recorded retry starts the count again.
+SET LOCAL search_path = conveyor;
+
 ALTER TABLE outbox_events ADD COLUMN stops integer NOT NULL DEFAULT 0;
 
 -- For entries taken over from a stopped worker: the stops of each live job of the entry's generation among `ids`,
@@ -20,7 +22,7 @@ ALTER TABLE outbox_events ADD COLUMN stops integer NOT NULL DEFAULT 0;
 CREATE FUNCTION conveyor_jobs_taken_over(workspaces uuid[], ids uuid[], redrives integer[])
     RETURNS TABLE (id uuid, stops integer)
     LANGUAGE plpgsql STABLE SECURITY INVOKER
-    SET search_path = pg_catalog, public, pg_temp
+    SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
     #variable_conflict use_column
     DECLARE
@@ -35,7 +37,7 @@ CREATE FUNCTION conveyor_jobs_taken_over(workspaces uuid[], ids uuid[], redrives
                                  AND NOT (v.redrive IS NOT NULL AND e.redrive_count > v.redrive)
                             THEN e.stops END
                 FROM unnest(workspaces, ids, redrives) AS v(workspace_id, id, redrive)
-                LEFT JOIN public.outbox_events e ON e.id = v.id AND e.workspace_id = ws
+                LEFT JOIN conveyor.outbox_events e ON e.id = v.id AND e.workspace_id = ws
                 WHERE v.workspace_id = ws;
         END LOOP;
         PERFORM set_config('app.workspace_id', coalesce(caller, ''), true);
@@ -50,7 +52,7 @@ REVOKE ALL ON FUNCTION conveyor_jobs_taken_over(uuid[], uuid[], integer[]) FROM 
 CREATE OR REPLACE FUNCTION conveyor_jobs_not_to_run(workspaces uuid[], ids uuid[], redrives integer[])
     RETURNS TABLE (id uuid)
     LANGUAGE plpgsql STABLE SECURITY INVOKER
-    SET search_path = pg_catalog, public, pg_temp
+    SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
     #variable_conflict use_column
     DECLARE
@@ -61,7 +63,7 @@ CREATE OR REPLACE FUNCTION conveyor_jobs_not_to_run(workspaces uuid[], ids uuid[
             PERFORM set_config('app.workspace_id', ws::text, true);
             RETURN QUERY
                 SELECT v.id FROM unnest(workspaces, ids, redrives) AS v(workspace_id, id, redrive)
-                LEFT JOIN public.outbox_events e ON e.id = v.id AND e.workspace_id = ws
+                LEFT JOIN conveyor.outbox_events e ON e.id = v.id AND e.workspace_id = ws
                 WHERE v.workspace_id = ws
                   AND (e.id IS NULL
                        OR e.status IN ('completed', 'canceled', 'dead_letter', 'discarded')
@@ -81,7 +83,7 @@ CREATE OR REPLACE FUNCTION conveyor_jobs_not_to_run(workspaces uuid[], ids uuid[
 CREATE FUNCTION conveyor_dead_letter_purge(older_than interval, max_rows integer)
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, public, pg_temp
+    SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
     DECLARE
         purged bigint;
@@ -95,30 +97,30 @@ CREATE FUNCTION conveyor_dead_letter_purge(older_than interval, max_rows integer
             RAISE EXCEPTION 'conveyor_dead_letter_purge: dead letters are kept at least a day, not %', older_than
                 USING ERRCODE = '22023';
         END IF;
-        SELECT s.value::interval INTO retention FROM public.conveyor_settings s
+        SELECT s.value::interval INTO retention FROM conveyor.conveyor_settings s
         WHERE s.name = 'dead_letter_retention';
         kept := GREATEST(older_than, coalesce(retention, interval '30 days'));
         -- Dead letters are few and indexed by status (0028): the walk reads them, not the table.
         jobs := ARRAY(
-            SELECT e.id FROM public.outbox_events e
+            SELECT e.id FROM conveyor.outbox_events e
             WHERE e.status = 'dead_letter' AND e.dead_lettered_at < pg_catalog.now() - kept
             LIMIT GREATEST(1, LEAST(max_rows, 10000)));
         -- Writes are walled off by workspace even for the owner (FORCE ROW LEVEL SECURITY): one statement each.
         purged := 0;
-        FOR ws IN SELECT DISTINCT e.workspace_id FROM public.outbox_events e WHERE e.id = ANY (jobs) LOOP
+        FOR ws IN SELECT DISTINCT e.workspace_id FROM conveyor.outbox_events e WHERE e.id = ANY (jobs) LOOP
             PERFORM pg_catalog.set_config('app.workspace_id', ws::text, true);
             WITH discarded AS (
-                UPDATE public.outbox_events e
+                UPDATE conveyor.outbox_events e
                 SET status = 'discarded', finished_at = pg_catalog.clock_timestamp(), event_payload = '{}',
                     progress = NULL, result = NULL, last_error = NULL, locked_by = NULL, locked_until = NULL
                 WHERE e.id = ANY (jobs) AND e.workspace_id = ws AND e.status = 'dead_letter'
                 RETURNING e.id),
-            forgotten AS (DELETE FROM public.job_failures f WHERE f.job_id IN (SELECT d.id FROM discarded d))
+            forgotten AS (DELETE FROM conveyor.job_failures f WHERE f.job_id IN (SELECT d.id FROM discarded d))
             SELECT purged + count(*) INTO purged FROM discarded;
         END LOOP;
         PERFORM pg_catalog.set_config('app.workspace_id', coalesce(caller, ''), true);
         IF purged > 0 THEN
-            INSERT INTO public.conveyor_admin_audit (actor, role, action, arguments)
+            INSERT INTO conveyor.conveyor_admin_audit (actor, role, action, arguments)
             VALUES ('maintenance', session_user, 'dead_letter_purge',
                     pg_catalog.jsonb_build_object('older_than', older_than::text, 'kept', kept::text,
                                                   'discarded', purged));

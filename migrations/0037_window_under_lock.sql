@@ -4,6 +4,8 @@
 -- transaction-level advisory lock per workspace (the claim is one statement, so it is held for that statement alone); a
 -- relay that finds the lock taken skips the workspace this round. The key and kind limits already lock their rows.
 -- Otherwise 0030's function, with 0033's settings.
+SET LOCAL search_path = conveyor;
+
 CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_secs double precision,
                                          per_workspace integer, fair_window integer,
                                          expired_in uuid[])
@@ -38,17 +40,17 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
         due_ctids tid[];
     BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
-        SELECT EXISTS (SELECT 1 FROM public.dispatch_pauses) INTO any_pause;
+        SELECT EXISTS (SELECT 1 FROM conveyor.dispatch_pauses) INTO any_pause;
         FOREACH ws IN ARRAY workspaces LOOP
             IF any_pause THEN
-                IF EXISTS (SELECT 1 FROM public.dispatch_pauses p
+                IF EXISTS (SELECT 1 FROM conveyor.dispatch_pauses p
                            WHERE p.workspace_id = ws AND p.queue IS NULL AND p.kind IS NULL) THEN
                     CONTINUE;
                 END IF;
                 SELECT coalesce(array_agg(p.queue) FILTER (WHERE p.queue IS NOT NULL AND p.kind IS NULL), '{}'),
                        coalesce(array_agg(p.kind) FILTER (WHERE p.kind IS NOT NULL), '{}')
                 INTO held_queues, held_kinds
-                FROM public.dispatch_pauses p
+                FROM conveyor.dispatch_pauses p
                 WHERE p.workspace_id IS NULL OR p.workspace_id = ws;
             ELSE
                 held_queues := '{}';
@@ -65,9 +67,9 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                     CONTINUE;
                 END IF;
                 SELECT least(per_workspace,
-                             fair_window * coalesce((SELECT w.weight FROM public.workspace_weights w
+                             fair_window * coalesce((SELECT w.weight FROM conveyor.workspace_weights w
                                                      WHERE w.workspace_id = ws), 1)
-                             - (SELECT count(*) FROM public.outbox_events f
+                             - (SELECT count(*) FROM conveyor.outbox_events f
                                 WHERE f.status IN ('dispatching', 'dispatched')
                                   AND NOT (f.status = 'dispatching' AND f.locked_until <= now())))::integer
                 INTO room;
@@ -77,14 +79,14 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
             -- grew with it.
             lease_ctids := '{}';
             IF ws = ANY (expired_in) THEN
-                lease_ctids := ARRAY(SELECT d.ctid FROM public.outbox_events d
+                lease_ctids := ARRAY(SELECT d.ctid FROM conveyor.outbox_events d
                                      WHERE d.status = 'dispatching' AND d.locked_until <= now()
                                      ORDER BY d.locked_until
                                      LIMIT per_workspace
                                      FOR UPDATE SKIP LOCKED);
             END IF;
-            IF NOT EXISTS (SELECT 1 FROM public.job_key_limits l WHERE l.workspace_id = ws)
-               AND NOT EXISTS (SELECT 1 FROM public.job_kind_limits k WHERE k.workspace_id = ws) THEN
+            IF NOT EXISTS (SELECT 1 FROM conveyor.job_key_limits l WHERE l.workspace_id = ws)
+               AND NOT EXISTS (SELECT 1 FROM conveyor.job_kind_limits k WHERE k.workspace_id = ws) THEN
                 -- Neither key nor kind limits in this workspace: 0024's statement in two steps. The due jobs are
                 -- locked first (by priority, then in due order); the class counts due jobs only when they filled the
                 -- room (fewer than room means all of them were taken: light).
@@ -94,7 +96,7 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                         SELECT due.ctid
                         FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
                         CROSS JOIN LATERAL (
-                            SELECT d.ctid FROM public.outbox_events d
+                            SELECT d.ctid FROM conveyor.outbox_events d
                             WHERE d.status = 'pending' AND d.priority = level.p AND d.next_attempt_at <= now()
                               AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
                             ORDER BY d.next_attempt_at, d.id
@@ -109,14 +111,14 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                 ELSE
                     -- The jobs just locked are still pending to this statement: more than room means some stay.
                     SELECT count(*)::integer INTO due_count
-                    FROM (SELECT 1 FROM public.outbox_events d
+                    FROM (SELECT 1 FROM conveyor.outbox_events d
                           WHERE d.workspace_id = ws AND d.status = 'pending' AND d.next_attempt_at <= now()
                             AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
                           LIMIT room::bigint + 1) AS due;
                     ws_class := CASE WHEN due_count > room THEN 'backlogged' ELSE 'light' END;
                 END IF;
                 RETURN QUERY
-                    UPDATE public.outbox_events e
+                    UPDATE conveyor.outbox_events e
                     SET status = 'dispatching', locked_by = holder,
                         locked_until = now() + make_interval(secs => lease_secs)
                     WHERE e.ctid = ANY (lease_ctids) OR e.ctid = ANY (due_ctids)
@@ -131,7 +133,7 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                 ws_class := 'backlogged';
             ELSE
                 SELECT count(*)::integer INTO due_count
-                FROM (SELECT 1 FROM public.outbox_events d
+                FROM (SELECT 1 FROM conveyor.outbox_events d
                       WHERE d.workspace_id = ws AND d.status = 'pending' AND d.next_attempt_at <= now()
                         AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
                       LIMIT room::bigint + 1) AS due;
@@ -139,12 +141,12 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
             END IF;
             -- Keys the other parts leave alone: blocked ones, and limited ones (concurrency or rate).
             SELECT coalesce(array_agg(l.key), '{}') INTO restricted
-            FROM public.job_key_limits l
+            FROM conveyor.job_key_limits l
             WHERE l.workspace_id = ws
               AND (l.max_in_flight IS NOT NULL OR l.max_per_interval IS NOT NULL OR l.blocked_until > now());
             -- Limited keys not blocked, locked (a key another relay is claiming is skipped this round); then, in a
             -- statement of its own (whose snapshot sees what that relay claimed), the room each has left.
-            limited := ARRAY(SELECT l.key FROM public.job_key_limits l
+            limited := ARRAY(SELECT l.key FROM conveyor.job_key_limits l
                              WHERE l.workspace_id = ws
                                AND (l.max_in_flight IS NOT NULL OR l.max_per_interval IS NOT NULL)
                                AND (l.blocked_until IS NULL OR l.blocked_until <= now())
@@ -155,33 +157,33 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
             INTO limited, key_room, rated
             FROM (SELECT l.key, l.max_per_interval IS NOT NULL AS rated,
                          least(coalesce(l.max_in_flight
-                                        - (SELECT count(*) FROM public.outbox_events f
+                                        - (SELECT count(*) FROM conveyor.outbox_events f
                                            WHERE f.workspace_id = ws AND f.limit_key = l.key
                                              AND f.status IN ('dispatching', 'dispatched')), 2147483647),
                                coalesce(l.max_per_interval
                                         - (SELECT count(*) FROM unnest(l.handed_out) AS h(at)
                                            WHERE h.at > now() - l.interval_ms * interval '1 millisecond'),
                                         2147483647))::integer AS left_over
-                  FROM public.job_key_limits l
+                  FROM conveyor.job_key_limits l
                   WHERE l.workspace_id = ws AND l.key = ANY (limited)) AS k
             WHERE k.left_over > 0;
             -- Limited kinds: all of them restricted; those not locked by another relay, with their room.
             SELECT coalesce(array_agg(k.kind), '{}') INTO restricted_kinds
-            FROM public.job_kind_limits k WHERE k.workspace_id = ws;
-            limited_kinds := ARRAY(SELECT k.kind FROM public.job_kind_limits k
+            FROM conveyor.job_kind_limits k WHERE k.workspace_id = ws;
+            limited_kinds := ARRAY(SELECT k.kind FROM conveyor.job_kind_limits k
                                    WHERE k.workspace_id = ws ORDER BY k.kind FOR UPDATE SKIP LOCKED);
             SELECT coalesce(array_agg(k.kind), '{}'), coalesce(array_agg(k.left_over), '{}')
             INTO limited_kinds, kind_room
             FROM (SELECT k.kind,
-                         (k.max_in_flight - (SELECT count(*) FROM public.outbox_events f
+                         (k.max_in_flight - (SELECT count(*) FROM conveyor.outbox_events f
                                              WHERE f.workspace_id = ws AND f.event_type = k.kind
                                                AND f.status IN ('dispatching', 'dispatched')))::integer AS left_over
-                  FROM public.job_kind_limits k
+                  FROM conveyor.job_kind_limits k
                   WHERE k.workspace_id = ws AND k.kind = ANY (limited_kinds)) AS k
             WHERE k.left_over > 0;
             RETURN QUERY
                 WITH claimed AS (
-                    UPDATE public.outbox_events e
+                    UPDATE conveyor.outbox_events e
                     SET status = 'dispatching', locked_by = holder,
                         locked_until = now() + make_interval(secs => lease_secs)
                     WHERE e.ctid = ANY (lease_ctids)
@@ -195,7 +197,7 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                                           FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
                                           CROSS JOIN LATERAL (
                                               SELECT d.ctid, d.next_attempt_at, d.id, d.event_type
-                                              FROM public.outbox_events d
+                                              FROM conveyor.outbox_events d
                                               WHERE d.status = 'pending' AND d.priority = level.p
                                                 AND d.next_attempt_at <= now()
                                                 AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
@@ -209,7 +211,7 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                                           FROM unnest(limited, key_room) AS k(key, left_over)
                                           CROSS JOIN LATERAL (
                                               SELECT d.ctid, d.priority, d.next_attempt_at, d.id, d.event_type
-                                              FROM public.outbox_events d
+                                              FROM conveyor.outbox_events d
                                               WHERE d.workspace_id = ws AND d.limit_key = k.key
                                                 AND d.status = 'pending' AND d.next_attempt_at <= now()
                                                 AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
@@ -223,7 +225,7 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                                           FROM unnest(limited_kinds, kind_room) AS t(kind, left_over)
                                           CROSS JOIN LATERAL (
                                               SELECT d.ctid, d.priority, d.next_attempt_at, d.id, d.event_type
-                                              FROM public.outbox_events d
+                                              FROM conveyor.outbox_events d
                                               WHERE d.workspace_id = ws AND d.event_type = t.kind
                                                 AND d.status = 'pending' AND d.next_attempt_at <= now()
                                                 AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
@@ -242,7 +244,7 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                               e.backoff_max_ms, e.limit_key),
                 rates AS (
                     -- Each rated key's hand-outs, in its sliding log (those older than its interval forgotten).
-                    UPDATE public.job_key_limits l
+                    UPDATE conveyor.job_key_limits l
                     SET handed_out = ARRAY(SELECT h.at FROM unnest(l.handed_out) AS h(at)
                                            WHERE h.at > now() - l.interval_ms * interval '1 millisecond'
                                            UNION ALL

@@ -82,8 +82,8 @@ pub(crate) async fn begin_workspace_then(
 pub(crate) async fn ensure_runtime_role(pool: &PgPool, component: &str) -> anyhow::Result<()> {
     let check: Result<(String, bool), sqlx::Error> = sqlx::query_as(
         "SELECT current_user::text,
-                has_function_privilege('conveyor_due_outbox_workspaces(integer)', 'EXECUTE')
-                AND has_function_privilege('conveyor_complete_jobs(uuid[], uuid[], integer[], jsonb[])', 'EXECUTE')",
+                has_function_privilege('conveyor.conveyor_due_outbox_workspaces(integer)', 'EXECUTE')
+                AND has_function_privilege('conveyor.conveyor_complete_jobs(uuid[], uuid[], integer[], jsonb[])', 'EXECUTE')",
     )
     .fetch_one(pool)
     .await;

@@ -126,7 +126,7 @@ pub(crate) async fn pause_as(
     if reason.is_some_and(|r| r.len() > 500) {
         return Err(FlowError::OutOfRange("a pause's reason is at most 500 bytes"));
     }
-    let (added,): (bool,) = sqlx::query_as("SELECT conveyor_admin_pause($1, $2, $3, $4, $5, $6)")
+    let (added,): (bool,) = sqlx::query_as("SELECT conveyor.conveyor_admin_pause($1, $2, $3, $4, $5, $6)")
         .bind(actor)
         .bind(intent)
         .bind(&scope.queue)
@@ -153,7 +153,7 @@ pub(crate) async fn resume_as(
 ) -> Result<bool, FlowError> {
     scope.check()?;
     // The function also asks every dispatcher for a sweep: the held jobs are due already.
-    let (removed,): (bool,) = sqlx::query_as("SELECT conveyor_admin_resume($1, $2, $3, $4, $5)")
+    let (removed,): (bool,) = sqlx::query_as("SELECT conveyor.conveyor_admin_resume($1, $2, $3, $4, $5)")
         .bind(actor)
         .bind(intent)
         .bind(&scope.queue)
@@ -168,7 +168,7 @@ pub(crate) async fn resume_as(
 /// pool; with the application role's, those that name no workspace (a workspace's own are its rows, read in its
 /// context). Operators see all of them through the admin API (`GET /admin/v1/pauses`) or `conveyor flow pauses`.
 pub async fn list_pauses(pool: &PgPool) -> Result<Vec<Pause>, FlowError> {
-    Ok(sqlx::query_as("SELECT queue, kind, workspace_id, reason, created_at FROM dispatch_pauses ORDER BY id")
+    Ok(sqlx::query_as("SELECT queue, kind, workspace_id, reason, created_at FROM conveyor.dispatch_pauses ORDER BY id")
         .fetch_all(pool)
         .await?)
 }
@@ -197,7 +197,7 @@ pub(crate) async fn set_workspace_weight_as(
     weight: u32,
 ) -> Result<(), FlowError> {
     check_weight(weight)?;
-    sqlx::query("SELECT conveyor_admin_set_weight($1, $2, $3, $4)")
+    sqlx::query("SELECT conveyor.conveyor_admin_set_weight($1, $2, $3, $4)")
         .bind(actor)
         .bind(intent)
         .bind(workspace.0)

@@ -19,12 +19,12 @@
 //! ([`Dispatcher`]), control it ([`get_job`], [`cancel_job`], [`wait_for_job`], [`subscribe`]), hold it back
 //! ([`pause`], [`set_workspace_weight`], [`set_key_limit`]), repeat it on a cron
 //! or fixed schedule ([`upsert_schedule_tx`], [`ScheduleSpec`]), and apply Conveyor's schema to a database
-//! ([`migrate`]). The README's library section holds a complete program.
+//! ([`migrate`]: everything in the schema `conveyor`). The README's library section holds a complete program.
 //!
 //! Below the list, for services that run Conveyor's parts themselves and for the operator tools: user-visible
 //! operations ([`create_operation_tx`], [`get_operation_tx`], [`list_operations_tx`]), the operator surface
 //! ([`Admin`]), the connections ([`connect_postgres`], [`connect_redis`]) and the Redis key layout ([`RedisKeys`]),
-//! the migrations ([`MIGRATOR`], [`migrate_with`]), maintenance ([`Maintenance`]), metrics ([`Metrics`]) and trace
+//! the migrations ([`migrator`], [`migrate_with`], [`adopt_public_layout`]), maintenance ([`Maintenance`]), metrics ([`Metrics`]) and trace
 //! context ([`traceparent_of`]). Every module is private but `testing` (feature `testing`): this page is the whole API.
 
 #![warn(unreachable_pub, unnameable_types, missing_docs)]
@@ -127,8 +127,9 @@ pub use maintenance::{
 };
 pub use metrics::{LATENCY_BUCKETS, Metrics};
 pub use migrate::{
-    APPLICATION_FUNCTIONS, HISTORY_TABLE as MIGRATION_HISTORY_TABLE, MIGRATOR, MigrateConfig,
-    pending_versions as pending_migrations, run as migrate_with,
+    APPLICATION_FUNCTIONS, HISTORY_TABLE as MIGRATION_HISTORY_TABLE, MigrateConfig, PublicLayout,
+    Roles as MigratedRoles, SCHEMA, adopt_public_layout, migrator, pending_versions as pending_migrations,
+    run as migrate_with,
 };
 pub use outbox::transitions::relay::purge_finished as purge_finished_jobs;
 pub use redact::redact;

@@ -96,8 +96,8 @@ pub async fn set_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str, lim
     };
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
     sqlx::query(
-        "INSERT INTO job_key_limits (workspace_id, key, max_in_flight, max_per_interval, interval_ms)
-         VALUES (conveyor_current_workspace(), $1, $2, $3, $4)
+        "INSERT INTO conveyor.job_key_limits (workspace_id, key, max_in_flight, max_per_interval, interval_ms)
+         VALUES (conveyor.conveyor_current_workspace(), $1, $2, $3, $4)
          ON CONFLICT (workspace_id, key) DO UPDATE
          SET max_in_flight = EXCLUDED.max_in_flight, max_per_interval = EXCLUDED.max_per_interval,
              interval_ms = EXCLUDED.interval_ms, updated_at = now()",
@@ -118,7 +118,7 @@ pub async fn set_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str, lim
 pub async fn remove_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str) -> Result<bool, FlowError> {
     check_key(key)?;
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
-    let removed = sqlx::query("DELETE FROM job_key_limits WHERE key = $1").bind(key).execute(&mut *tx).await?;
+    let removed = sqlx::query("DELETE FROM conveyor.job_key_limits WHERE key = $1").bind(key).execute(&mut *tx).await?;
     crate::outbox::notify_tx(&mut tx, workspace).await?;
     tx.commit().await?;
     Ok(removed.rows_affected() == 1)
@@ -129,7 +129,7 @@ pub async fn list_key_limits(pool: &PgPool, workspace: WorkspaceId) -> Result<Ve
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
     let rows = sqlx::query_as(
         "SELECT key, max_in_flight, max_per_interval, interval_ms, blocked_until, block_reason, updated_at
-         FROM job_key_limits ORDER BY key",
+         FROM conveyor.job_key_limits ORDER BY key",
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -167,7 +167,7 @@ pub async fn set_kind_limit(
     }
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
     sqlx::query(
-        "INSERT INTO job_kind_limits (workspace_id, kind, max_in_flight) VALUES (conveyor_current_workspace(), $1, $2)
+        "INSERT INTO conveyor.job_kind_limits (workspace_id, kind, max_in_flight) VALUES (conveyor.conveyor_current_workspace(), $1, $2)
          ON CONFLICT (workspace_id, kind) DO UPDATE SET max_in_flight = EXCLUDED.max_in_flight, updated_at = now()",
     )
     .bind(kind)
@@ -183,7 +183,8 @@ pub async fn set_kind_limit(
 pub async fn remove_kind_limit(pool: &PgPool, workspace: WorkspaceId, kind: &str) -> Result<bool, FlowError> {
     check_kind(kind)?;
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
-    let removed = sqlx::query("DELETE FROM job_kind_limits WHERE kind = $1").bind(kind).execute(&mut *tx).await?;
+    let removed =
+        sqlx::query("DELETE FROM conveyor.job_kind_limits WHERE kind = $1").bind(kind).execute(&mut *tx).await?;
     crate::outbox::notify_tx(&mut tx, workspace).await?;
     tx.commit().await?;
     Ok(removed.rows_affected() == 1)
@@ -192,7 +193,7 @@ pub async fn remove_kind_limit(pool: &PgPool, workspace: WorkspaceId, kind: &str
 /// The kinds of `workspace` with limits, by kind.
 pub async fn list_kind_limits(pool: &PgPool, workspace: WorkspaceId) -> Result<Vec<KindLimit>, FlowError> {
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
-    let rows = sqlx::query_as("SELECT kind, max_in_flight, updated_at FROM job_kind_limits ORDER BY kind")
+    let rows = sqlx::query_as("SELECT kind, max_in_flight, updated_at FROM conveyor.job_kind_limits ORDER BY kind")
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;

@@ -122,14 +122,18 @@ impl Maintenance {
     /// operations stay failed); how many. Never younger ones than the retention `conveyor migrate` recorded
     /// (migration 0036), whatever this process was given; each purge that discarded any is on the audit trail.
     pub(crate) async fn purge_dead_letters(&self) -> Result<u64, sqlx::Error> {
-        self.purge("SELECT conveyor_dead_letter_purge(make_interval(secs => $1), $2)", self.dead_letter_retention).await
+        self.purge(
+            "SELECT conveyor.conveyor_dead_letter_purge(make_interval(secs => $1), $2)",
+            self.dead_letter_retention,
+        )
+        .await
     }
 
     /// Deletes the audit trail's entries older than its retention, [`BATCH`] at a time; how many. Never younger ones
     /// than the retention `conveyor migrate` recorded (the purge function's floor, migration 0035), whatever this
     /// process was given.
     pub(crate) async fn purge_audit(&self) -> Result<u64, sqlx::Error> {
-        self.purge("SELECT conveyor_audit_purge(make_interval(secs => $1), $2)", self.audit_retention).await
+        self.purge("SELECT conveyor.conveyor_audit_purge(make_interval(secs => $1), $2)", self.audit_retention).await
     }
 
     /// Runs `purge` (a purge function's call: `$1` the retention in seconds, `$2` the batch, answering how many it

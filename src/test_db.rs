@@ -99,7 +99,7 @@ impl TestDb {
     pub(crate) async fn events(&self, workspace: WorkspaceId) -> Vec<serde_json::Value> {
         let mut tx = crate::begin_workspace(&self.pool, workspace).await.unwrap();
         let rows: Vec<(serde_json::Value,)> =
-            sqlx::query_as("SELECT to_jsonb(e) FROM outbox_events e ORDER BY created_at, id")
+            sqlx::query_as("SELECT to_jsonb(e) FROM conveyor.outbox_events e ORDER BY created_at, id")
                 .fetch_all(&mut *tx)
                 .await
                 .unwrap();

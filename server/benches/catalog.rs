@@ -46,7 +46,7 @@ async fn run() {
     let created: Value = app.send(Method::POST, "/v1/stores", who, Some(&body)).await.json().await.unwrap();
     let store = created["store"]["id"].as_str().unwrap().to_owned();
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-    sqlx::query("UPDATE stores SET status = 'active' WHERE id = $1::uuid")
+    sqlx::query("UPDATE conveyor_shop.stores SET status = 'active' WHERE id = $1::uuid")
         .bind(&store)
         .execute(&mut *tx)
         .await

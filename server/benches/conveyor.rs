@@ -163,23 +163,23 @@ async fn idempotency() {
         r#"SELECT gen_random_uuid() AS k, gen_random_uuid() AS sid, gen_random_uuid() AS oid, gen_random_uuid() AS eid \gset
 BEGIN;
 SELECT set_config('app.workspace_id', ({ws})::text, true);
-SELECT request_fingerprint, status FROM idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :k::uuid AND expires_at > now();
+SELECT request_fingerprint, status FROM conveyor_server.idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :k::uuid AND expires_at > now();
 SELECT pg_try_advisory_xact_lock(hashtextextended('conveyor-idempotency:' || :k::text, 0));
-SELECT request_fingerprint, status FROM idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :k::uuid AND expires_at > now();
-INSERT INTO idempotency_requests (workspace_id, user_id, http_method, request_path, idempotency_key, request_fingerprint, fingerprint_key_id, expires_at) VALUES ({ws}, {user}, 'POST', '/v1/stores', :k::uuid, sha256('x'), 't1', now() + interval '48 hours');
-INSERT INTO stores (id, workspace_id, name, platform, created_by) VALUES (:sid::uuid, {ws}, 'Main shop', 'sandbox', {user}) RETURNING id, name, platform, status, status_detail, created_at, updated_at, verified_at;
-INSERT INTO store_credentials (store_id, workspace_id, key_id, nonce, ciphertext) VALUES (:sid::uuid, {ws}, 'k1', substr(sha256('n'), 1, 12), sha256('c'));
-INSERT INTO operations (id, workspace_id, kind, subject_id, created_by) VALUES (:oid::uuid, {ws}, 'store.verify_credentials', :sid::uuid, {user}) RETURNING id, kind, status, subject_id, progress, result, error, created_at, updated_at;
-INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent) VALUES (:eid::uuid, {ws}, 'stores', 'store.verify_credentials', '{{"store_id": "x", "credentials_version": 1}}', :oid::uuid, '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01');
+SELECT request_fingerprint, status FROM conveyor_server.idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :k::uuid AND expires_at > now();
+INSERT INTO conveyor_server.idempotency_requests (workspace_id, user_id, http_method, request_path, idempotency_key, request_fingerprint, fingerprint_key_id, expires_at) VALUES ({ws}, {user}, 'POST', '/v1/stores', :k::uuid, sha256('x'), 't1', now() + interval '48 hours');
+INSERT INTO conveyor_shop.stores (id, workspace_id, name, platform, created_by) VALUES (:sid::uuid, {ws}, 'Main shop', 'sandbox', {user}) RETURNING id, name, platform, status, status_detail, created_at, updated_at, verified_at;
+INSERT INTO conveyor_shop.store_credentials (store_id, workspace_id, key_id, nonce, ciphertext) VALUES (:sid::uuid, {ws}, 'k1', substr(sha256('n'), 1, 12), sha256('c'));
+INSERT INTO conveyor.operations (id, workspace_id, kind, subject_id, created_by) VALUES (:oid::uuid, {ws}, 'store.verify_credentials', :sid::uuid, {user}) RETURNING id, kind, status, subject_id, progress, result, error, created_at, updated_at;
+INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent) VALUES (:eid::uuid, {ws}, 'stores', 'store.verify_credentials', '{{"store_id": "x", "credentials_version": 1}}', :oid::uuid, '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01');
 SELECT pg_notify('conveyor_outbox', '');
-UPDATE idempotency_requests SET status = 'completed', response_status = 202, response_headers = '[]', response_body = '{{}}', completed_at = now() WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :k::uuid AND status = 'in_progress';
+UPDATE conveyor_server.idempotency_requests SET status = 'completed', response_status = 202, response_headers = '[]', response_body = '{{}}', completed_at = now() WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = :k::uuid AND status = 'in_progress';
 COMMIT;
 "#
     );
     let replay_sql = format!(
         r#"BEGIN;
 SELECT set_config('app.workspace_id', ({ws})::text, true);
-SELECT request_fingerprint, fingerprint_key_id, status, response_status, response_headers, response_body FROM idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = {replay_key} AND expires_at > now();
+SELECT request_fingerprint, fingerprint_key_id, status, response_status, response_headers, response_body FROM conveyor_server.idempotency_requests WHERE workspace_id = {ws} AND user_id = {user} AND http_method = 'POST' AND request_path = '/v1/stores' AND idempotency_key = {replay_key} AND expires_at > now();
 ROLLBACK;
 "#
     );
@@ -203,7 +203,7 @@ async fn backlog(app: &common::TestApp, workspaces: usize, per_workspace: usize)
             let n = left.min(1000);
             let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
             sqlx::query(
-                "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
+                "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload)
                  SELECT gen_random_uuid(), $1, 'stores', 'store.verify_credentials',
                         jsonb_build_object('store_id', gen_random_uuid(), 'credentials_version', 1)
                  FROM generate_series(1, $2)",
@@ -223,7 +223,7 @@ async fn dispatch() {
     let n = env("N", 100_000) as usize;
     let app = common::TestApp::spawn().await;
     backlog(&app, 100, n / 100).await;
-    sqlx::query("ANALYZE outbox_events").execute(&mut app.db.owner().await).await.unwrap();
+    sqlx::query("ANALYZE conveyor.outbox_events").execute(&mut app.db.owner().await).await.unwrap();
     let concurrency = env("DISPATCH_CONCURRENCY", 4);
     let batch = env("DISPATCH_BATCH", 500);
     let dispatcher = common::test_dispatcher(&app, &common::redis_url(), |v| {
@@ -340,7 +340,7 @@ async fn dispatch_latency() {
     let committed = steady_commits(&app, rate, seconds).await;
     let total = committed.len();
     let drained = common::eventually(Duration::from_secs(60), || async {
-        let rows: Vec<(String, i64)> = sqlx::query_as("SELECT status, events FROM conveyor_outbox_backlog()")
+        let rows: Vec<(String, i64)> = sqlx::query_as("SELECT status, events FROM conveyor.conveyor_outbox_backlog()")
             .fetch_all(&app.db.runtime_pool)
             .await
             .unwrap();
@@ -351,7 +351,7 @@ async fn dispatch_latency() {
     // Commit (when the enqueue transaction's COMMIT returned) to XADD (the entry id's millisecond timestamp).
     let mut owner = app.db.owner().await;
     let rows: Vec<(Uuid, String)> =
-        sqlx::query_as("SELECT id, stream_id FROM outbox_events WHERE status = 'dispatched'")
+        sqlx::query_as("SELECT id, stream_id FROM conveyor.outbox_events WHERE status = 'dispatched'")
             .fetch_all(&mut owner)
             .await
             .unwrap();
@@ -465,7 +465,7 @@ async fn prefill(app: &common::TestApp, n: usize) {
         let payloads: Vec<String> = batch.iter().map(|m| m.payload.clone()).collect();
         let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, conveyor_jobs::WorkspaceId(ws)).await.unwrap();
         sqlx::query(
-            "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, status, dispatched_at)
+            "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, status, dispatched_at)
              SELECT id, $2, 'stores', 'store.verify_credentials', payload::jsonb, 'dispatched', now()
              FROM unnest($1::uuid[], $3::text[]) AS j(id, payload)",
         )
@@ -575,7 +575,7 @@ async fn latency() {
     commit.sort_by(f64::total_cmp);
     // Where the time goes: the XADD (the entry id's millisecond) to the handler's start.
     let rows: Vec<(Uuid, String)> =
-        sqlx::query_as("SELECT id, stream_id FROM outbox_events WHERE stream_id IS NOT NULL")
+        sqlx::query_as("SELECT id, stream_id FROM conveyor.outbox_events WHERE stream_id IS NOT NULL")
             .fetch_all(&mut app.db.owner().await)
             .await
             .unwrap();
@@ -685,8 +685,10 @@ async fn enqueue_bulk() {
     let started = Instant::now();
     let mut took = enqueue_in_bulk(&app.db.pool, &workspace, n).await;
     let elapsed = started.elapsed().as_secs_f64();
-    let (written,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut app.db.owner().await).await.unwrap();
+    let (written,): (i64,) = sqlx::query_as("SELECT count(*) FROM conveyor.outbox_events")
+        .fetch_one(&mut app.db.owner().await)
+        .await
+        .unwrap();
     assert_eq!(written as usize, n);
     took.sort_by(f64::total_cmp);
     emit(json!({
@@ -788,7 +790,7 @@ async fn burst() {
     let deadlocks = database_deadlocks(&app).await - deadlocks_before;
     let last_start = starts.last_us.load(Ordering::Relaxed) as f64 / 1000.0;
     let (completed, last_end): (i64, Option<chrono::DateTime<chrono::Utc>>) =
-        sqlx::query_as("SELECT count(*), max(finished_at) FROM outbox_events WHERE status = 'completed'")
+        sqlx::query_as("SELECT count(*), max(finished_at) FROM conveyor.outbox_events WHERE status = 'completed'")
             .fetch_one(&mut app.db.owner().await)
             .await
             .unwrap();

@@ -189,14 +189,14 @@ async fn explain(conn: &mut PgConnection, sql: &str) -> Value {
 async fn probe(conn: &mut PgConnection, workspace: WorkspaceId) -> Value {
     let due = explain(
         conn,
-        "SELECT e.workspace_id, min(e.next_attempt_at) FROM outbox_events e
+        "SELECT e.workspace_id, min(e.next_attempt_at) FROM conveyor.outbox_events e
          WHERE e.status = 'pending' AND e.next_attempt_at <= now() GROUP BY e.workspace_id",
     )
     .await;
     let claim = explain(
         conn,
         &format!(
-            "SELECT d.ctid FROM outbox_events d
+            "SELECT d.ctid FROM conveyor.outbox_events d
              WHERE d.workspace_id = '{}' AND d.status = 'pending' AND d.priority = 1 AND d.next_attempt_at <= now()
              ORDER BY d.next_attempt_at, d.id LIMIT 500",
             workspace.0
@@ -346,7 +346,7 @@ async fn run(with_snapshot: bool) -> Value {
     let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut holder).await.unwrap();
     if with_snapshot {
         sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ").execute(&mut holder).await.unwrap();
-        sqlx::query("SELECT 1 FROM outbox_events LIMIT 1").execute(&mut holder).await.unwrap();
+        sqlx::query("SELECT 1 FROM conveyor.outbox_events LIMIT 1").execute(&mut holder).await.unwrap();
     }
     let at_start = table_stats(&mut owner).await;
     let mut statements = Statements::open(&database).await;
@@ -402,7 +402,7 @@ async fn run(with_snapshot: bool) -> Value {
 
     // Commit (COMMIT returned) to XADD (the entry id's millisecond), for every job.
     let rows: Vec<(Uuid, String)> =
-        sqlx::query_as("SELECT id, stream_id FROM outbox_events WHERE stream_id IS NOT NULL")
+        sqlx::query_as("SELECT id, stream_id FROM conveyor.outbox_events WHERE stream_id IS NOT NULL")
             .fetch_all(&mut owner)
             .await
             .unwrap();
@@ -420,7 +420,7 @@ async fn run(with_snapshot: bool) -> Value {
     dispatcher.stop().await;
     worker.stop().await;
     commit_backlog(&pool, &workspaces, drain_n).await;
-    sqlx::query("ANALYZE outbox_events").execute(&mut owner).await.unwrap();
+    sqlx::query("ANALYZE conveyor.outbox_events").execute(&mut owner).await.unwrap();
     let relay = common::test_dispatcher_on(&db.runtime_url, &prefix, &redis.url(), |v| {
         v.insert("CONVEYOR_DISPATCH_WINDOW".into(), "0".into());
         v.insert("CONVEYOR_DISPATCH_CONCURRENCY".into(), env("DISPATCH_CONCURRENCY", 4).to_string());

@@ -278,7 +278,10 @@ async fn api_trickle(http: reqwest::Client, base: String, tenants: Arc<Vec<Tenan
 /// Jobs by status.
 async fn statuses(conn: &mut PgConnection) -> Value {
     let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT status, count(*) FROM outbox_events GROUP BY status").fetch_all(conn).await.unwrap();
+        sqlx::query_as("SELECT status, count(*) FROM conveyor.outbox_events GROUP BY status")
+            .fetch_all(conn)
+            .await
+            .unwrap();
     Value::Object(rows.into_iter().map(|(k, v)| (k, json!(v))).collect())
 }
 
@@ -424,7 +427,7 @@ async fn soak() -> Value {
     let purged = common::eventually(Duration::from_secs(1800), || async {
         let mut conn = db.owner().await;
         let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM outbox_events WHERE status IN ('completed', 'canceled', 'discarded')",
+            "SELECT count(*) FROM conveyor.outbox_events WHERE status IN ('completed', 'canceled', 'discarded')",
         )
         .fetch_one(&mut conn)
         .await

@@ -8,5 +8,6 @@ pub mod config;
 pub mod http;
 pub mod idempotency;
 pub mod metrics;
+pub mod migrate;
 pub mod operator_auth;
 pub mod telemetry;

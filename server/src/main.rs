@@ -460,7 +460,7 @@ async fn start(cli: Cli) -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Migrate => Ok(conveyor_jobs::migrate_with(&config::migrate_config(&Env)?).await?),
+        Command::Migrate => conveyor_server::migrate::run(&config::migrate_config(&Env)?).await.map(drop),
         Command::Api => app::run(Config::from_env()?, Role::Api).await,
         Command::Dispatcher => app::run(Config::from_env()?, Role::Dispatcher).await,
         Command::Worker => app::run(Config::from_env()?, Role::Worker).await,

@@ -14,6 +14,7 @@ pub mod adapters;
 pub mod domain;
 pub mod jobs;
 pub mod metrics;
+pub mod migrate;
 pub mod sealing;
 pub mod storage;
 

@@ -11,7 +11,7 @@ use super::{Actor, Admin, AdminError, AuditEntry, filters};
 /// Appends `action` with `arguments` (nulls dropped) for `actor`; the database adds the time and its role. Returns
 /// the row's id.
 pub(super) async fn write(admin: &Admin, actor: &Actor, action: &str, arguments: Value) -> Result<i64, AdminError> {
-    let (id,): (i64,) = sqlx::query_as("SELECT conveyor_admin_audit_write($1, $2, $3)")
+    let (id,): (i64,) = sqlx::query_as("SELECT conveyor.conveyor_admin_audit_write($1, $2, $3)")
         .bind(filters::actor(actor)?)
         .bind(action)
         .bind(arguments)
@@ -93,7 +93,7 @@ struct Row {
 pub(super) async fn trail(admin: &Admin, actor: &Actor, limit: u32) -> Result<Vec<AuditEntry>, AdminError> {
     let limit = filters::limit(Some(limit), filters::DEFAULT_PAGE)?;
     let rows: Vec<Row> =
-        sqlx::query_as("SELECT at, who, role, action, arguments FROM conveyor_admin_audit_trail($1, $2)")
+        sqlx::query_as("SELECT at, who, role, action, arguments FROM conveyor.conveyor_admin_audit_trail($1, $2)")
             .bind(filters::actor(actor)?)
             .bind(limit)
             .fetch_all(&admin.operator)

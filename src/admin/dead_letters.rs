@@ -27,7 +27,7 @@ async fn list(
     Ok(sqlx::query_as(
         "SELECT id, workspace_id, queue, event_type, failure_stage, attempts, last_error, operation_id, created_at,
                 dead_lettered_at
-         FROM conveyor_admin_dead_letters($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+         FROM conveyor.conveyor_admin_dead_letters($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(filters::actor(actor)?)
     .bind(action)

@@ -38,7 +38,7 @@ fn scope_arguments(scope: &PauseScope) -> serde_json::Value {
 
 /// The pauses in force in every workspace, oldest first (the read is audited by the function).
 pub(super) async fn pauses(admin: &Admin, actor: &Actor) -> Result<Vec<Pause>, AdminError> {
-    Ok(sqlx::query_as("SELECT queue, kind, workspace_id, reason, created_at FROM conveyor_admin_pauses($1)")
+    Ok(sqlx::query_as("SELECT queue, kind, workspace_id, reason, created_at FROM conveyor.conveyor_admin_pauses($1)")
         .bind(filters::actor(actor)?)
         .fetch_all(&admin.operator)
         .await?)
@@ -122,7 +122,7 @@ pub(super) async fn schedules(
     let rows: Vec<ScheduleRow> = sqlx::query_as(
         "SELECT workspace_id, id, name, kind, queue, payload, cron, time_zone, every_ms, priority, max_attempts,
                 paused, next_run_at, last_tick_at, created_at, updated_at
-         FROM conveyor_admin_schedules($1, $2)",
+         FROM conveyor.conveyor_admin_schedules($1, $2)",
     )
     .bind(filters::actor(actor)?)
     .bind(workspace.map(|w| w.0))

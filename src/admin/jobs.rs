@@ -69,7 +69,7 @@ const SUMMARY: &str =
 pub(super) async fn search(admin: &Admin, actor: &Actor, filter: &JobFilter) -> Result<Page<JobSummary>, AdminError> {
     let limit = filters::jobs(filter)?;
     let rows: Vec<SummaryRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {SUMMARY} FROM conveyor_admin_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+        "SELECT {SUMMARY} FROM conveyor.conveyor_admin_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9)"
     )))
     .bind(filters::actor(actor)?)
     .bind(&filter.queue)
@@ -96,7 +96,7 @@ pub(super) fn page<T>(items: Vec<T>, limit: i32, id: impl Fn(&T) -> Uuid) -> Pag
 pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Option<JobDetail>, AdminError> {
     let row: Option<DetailRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {SUMMARY}, payload, priority, max_attempts, dedup_key, progress, result, dispatched_at, failures
-         FROM conveyor_admin_job($1, $2)"
+         FROM conveyor.conveyor_admin_job($1, $2)"
     )))
     .bind(filters::actor(actor)?)
     .bind(id.0)
@@ -128,7 +128,7 @@ pub(super) struct Located {
 /// Finds the job `id` in whichever workspace (audited as `locate_job`).
 pub(super) async fn locate(admin: &Admin, actor: &Actor, id: JobId) -> Result<Option<Located>, AdminError> {
     let row: Option<(Uuid, Option<Uuid>, String)> =
-        sqlx::query_as("SELECT workspace_id, operation_id, state FROM conveyor_admin_locate_job($1, $2)")
+        sqlx::query_as("SELECT workspace_id, operation_id, state FROM conveyor.conveyor_admin_locate_job($1, $2)")
             .bind(filters::actor(actor)?)
             .bind(id.0)
             .fetch_optional(&admin.operator)

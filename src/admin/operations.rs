@@ -26,7 +26,7 @@ pub(super) async fn search(
     let limit = filters::operations(filter)?;
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, workspace_id, kind, status, subject_id, error, attempt, created_at, updated_at, finished_at
-         FROM conveyor_admin_operations($1, $2, $3, $4, $5, $6, $7, $8)",
+         FROM conveyor.conveyor_admin_operations($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(filters::actor(actor)?)
     .bind(&filter.kind)

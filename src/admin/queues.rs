@@ -40,7 +40,7 @@ pub(super) async fn list(admin: &Admin, actor: &Actor, name: Option<&str>) -> Re
     filters::queue(name)?;
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT queue, queued, delayed, running, retrying, dead, completed_5m, dead_5m, oldest_queued_seconds, paused
-         FROM conveyor_admin_queues($1, $2)",
+         FROM conveyor.conveyor_admin_queues($1, $2)",
     )
     .bind(filters::actor(actor)?)
     .bind(name)

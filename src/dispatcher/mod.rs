@@ -314,12 +314,12 @@ impl Dispatcher {
     /// a job delayed on purpose, or a retry backing off, ages nothing until it is due.
     pub async fn observe_backlog(&self) -> Result<(), sqlx::Error> {
         let rows: Vec<(String, String, i64, Option<f64>)> =
-            sqlx::query_as("SELECT queue, state, jobs, oldest_due_seconds FROM conveyor_outbox_backlog_due()")
+            sqlx::query_as("SELECT queue, state, jobs, oldest_due_seconds FROM conveyor.conveyor_outbox_backlog_due()")
                 .fetch_all(&self.pool)
                 .await?;
         // Every queue a worker registered, or the backlog shows, counts its dispatches and dead letters from 0.
         let registered: Vec<String> =
-            sqlx::query_scalar("SELECT DISTINCT queue FROM job_kinds").fetch_all(&self.pool).await?;
+            sqlx::query_scalar("SELECT DISTINCT queue FROM conveyor.job_kinds").fetch_all(&self.pool).await?;
         self.metrics.init_queues(registered.iter().chain(rows.iter().map(|row| &row.0)).map(String::as_str));
         self.metrics.outbox_events.reset();
         self.metrics.outbox_oldest_pending_age.reset();
@@ -328,7 +328,8 @@ impl Dispatcher {
             let gauge = self.metrics.outbox_oldest_pending_age.with_label_values(&[&queue]);
             gauge.set(gauge.get().max(oldest_due.unwrap_or(0.0).max(0.0)));
         }
-        let (pauses,): (i64,) = sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&self.pool).await?;
+        let (pauses,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM conveyor.dispatch_pauses").fetch_one(&self.pool).await?;
         self.metrics.dispatch_pauses.set(pauses);
         Ok(())
     }

@@ -46,7 +46,7 @@ pub async fn create_tx(
     subject_id: Option<Uuid>,
 ) -> Result<Operation, sqlx::Error> {
     sqlx::query_as::<_, Operation>(concat!(
-        "INSERT INTO operations (id, workspace_id, kind, subject_id, created_by)
+        "INSERT INTO conveyor.operations (id, workspace_id, kind, subject_id, created_by)
          VALUES ($1, $2, $3, $4, $5) RETURNING ",
         columns!()
     ))
@@ -61,7 +61,7 @@ pub async fn create_tx(
 
 /// The operation `id` of the transaction's workspace, if any.
 pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Operation>, sqlx::Error> {
-    sqlx::query_as::<_, Operation>(concat!("SELECT ", columns!(), " FROM operations WHERE id = $1"))
+    sqlx::query_as::<_, Operation>(concat!("SELECT ", columns!(), " FROM conveyor.operations WHERE id = $1"))
         .bind(id)
         .fetch_optional(&mut **tx)
         .await
@@ -148,7 +148,7 @@ pub async fn list_tx(tx: &mut WorkspaceTx, workspace_id: WorkspaceId, query: &Li
     let mut operations = sqlx::query_as::<_, Operation>(concat!(
         "SELECT ",
         columns!(),
-        " FROM operations
+        " FROM conveyor.operations
          WHERE workspace_id = $1
            AND ($2::text IS NULL OR status = $2)
            AND ($3::text IS NULL OR kind = $3)

@@ -144,7 +144,7 @@ impl From<Row> for JobInfo {
 pub async fn get_job(pool: &PgPool, workspace: WorkspaceId, id: JobId) -> Result<Option<JobInfo>, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM outbox_events e LEFT JOIN operations o ON o.id = e.operation_id
+        "SELECT {COLUMNS} FROM conveyor.outbox_events e LEFT JOIN conveyor.operations o ON o.id = e.operation_id
          WHERE e.id = $1 AND e.status <> 'discarded'"
     )))
     .bind(id.0)
@@ -311,7 +311,7 @@ impl JobEnds {
         loop {
             let mut tx = db::begin_workspace(&self.pool, self.workspace).await?;
             let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT {COLUMNS} FROM outbox_events e LEFT JOIN operations o ON o.id = e.operation_id
+                "SELECT {COLUMNS} FROM conveyor.outbox_events e LEFT JOIN conveyor.operations o ON o.id = e.operation_id
                  WHERE ((e.status IN ('completed', 'canceled') AND e.finished_at >= $1)
                         OR (e.status = 'dead_letter' AND e.dead_lettered_at >= $1))
                    AND (coalesce(e.finished_at, e.dead_lettered_at), e.id) > ($1, $2)

@@ -286,14 +286,14 @@ async fn insert_row<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -
     for _ in 0..3 {
         // The notification rides in the insert's round trip.
         let inserted: Option<(Uuid,)> = sqlx::query_as(
-            "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
+            "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                                         next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
                                         backoff_max_ms, limit_key)
-             SELECT $1, conveyor_current_workspace(), $2, $3, $4, $5, $6,
+             SELECT $1, conveyor.conveyor_current_workspace(), $2, $3, $4, $5, $6,
                     coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14, $17
-             FROM (SELECT pg_notify($15, conveyor_current_workspace()::text || $16)) AS notified
+             FROM (SELECT pg_notify($15, conveyor.conveyor_current_workspace()::text || $16)) AS notified
              WHERE $5::uuid IS NULL
-                OR EXISTS (SELECT 1 FROM operations o WHERE o.id = $5 AND o.status IN ('queued', 'running'))
+                OR EXISTS (SELECT 1 FROM conveyor.operations o WHERE o.id = $5 AND o.status IN ('queued', 'running'))
              ON CONFLICT (workspace_id, event_type, dedup_key)
                  WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
                  DO NOTHING
@@ -340,7 +340,7 @@ async fn insert_row<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -
 /// its snapshot sees a job that committed while the insert waited for it.
 async fn holder<K: JobKind>(tx: &mut WorkspaceTx, key: &str) -> Result<Option<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT id FROM outbox_events
+        "SELECT id FROM conveyor.outbox_events
          WHERE event_type = $1 AND dedup_key = $2 AND status IN ('pending', 'dispatching', 'dispatched')",
     )
     .bind(K::KIND)
@@ -352,7 +352,7 @@ async fn holder<K: JobKind>(tx: &mut WorkspaceTx, key: &str) -> Result<Option<Uu
 /// Refuses operations that are not live operations of the transaction's workspace.
 async fn check_operations(tx: &mut WorkspaceTx, operations: &[Uuid]) -> Result<(), EnqueueError> {
     let live: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM operations WHERE id = ANY($1) AND status IN ('queued', 'running')")
+        sqlx::query_scalar("SELECT id FROM conveyor.operations WHERE id = ANY($1) AND status IN ('queued', 'running')")
             .bind(operations)
             .fetch_all(&mut **tx)
             .await?;
@@ -395,13 +395,13 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     }
     let ids: Vec<Uuid> = column(&rows, |r| r.id);
     let inserted: Vec<(Uuid,)> = sqlx::query_as(
-        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
+        "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                                     next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
                                     backoff_max_ms, limit_key)
-         SELECT v.id, conveyor_current_workspace(), $1, $2, v.payload, v.operation_id, v.traceparent,
+         SELECT v.id, conveyor.conveyor_current_workspace(), $1, $2, v.payload, v.operation_id, v.traceparent,
                 coalesce(v.run_at, now() + make_interval(secs => v.delay)), v.dedup_key, v.priority, v.max_attempts,
                 v.timeout_ms, v.backoff_ms, v.backoff_max_ms, v.limit_key
-         FROM (SELECT pg_notify($3, conveyor_current_workspace()::text || $4)) AS notified
+         FROM (SELECT pg_notify($3, conveyor.conveyor_current_workspace()::text || $4)) AS notified
          CROSS JOIN unnest($5::uuid[], $6::jsonb[], $7::uuid[], $8::text[], $9::timestamptz[], $10::float8[],
                            $11::text[], $12::int2[], $13::int4[], $14::int8[], $15::int8[], $16::int8[], $17::text[])
                     WITH ORDINALITY AS v(id, payload, operation_id, traceparent, run_at, delay, dedup_key, priority,
@@ -440,7 +440,7 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     let held: Vec<String> =
         rows.iter().filter(|r| !created.contains(&r.id)).filter_map(|r| r.dedup_key.clone()).collect();
     let holders: Vec<(String, Uuid)> = sqlx::query_as(
-        "SELECT dedup_key, id FROM outbox_events
+        "SELECT dedup_key, id FROM conveyor.outbox_events
          WHERE event_type = $1 AND dedup_key = ANY($2) AND status IN ('pending', 'dispatching', 'dispatched')",
     )
     .bind(K::KIND)

@@ -22,7 +22,7 @@ use crate::stream::keys::{Keys, parse_stream_ref};
 pub(crate) async fn redrive_stalled(pool: &PgPool, stalled_for: Duration, limit: i64) -> Result<u64, sqlx::Error> {
     let secs = stalled_for.as_secs_f64();
     let workspaces: Vec<(Uuid,)> = sqlx::query_as(
-        "SELECT workspace_id FROM conveyor_stalled_operation_workspaces(make_interval(secs => $1), 1000)",
+        "SELECT workspace_id FROM conveyor.conveyor_stalled_operation_workspaces(make_interval(secs => $1), 1000)",
     )
     .bind(secs)
     .fetch_all(pool)
@@ -51,7 +51,7 @@ pub(crate) async fn redrive_lost(
 ) -> anyhow::Result<u64> {
     let secs = older_than.as_secs_f64();
     let workspaces: Vec<(Uuid,)> = sqlx::query_as(
-        "SELECT workspace_id FROM conveyor_unattended_dispatched_workspaces(make_interval(secs => $1), 1000)",
+        "SELECT workspace_id FROM conveyor.conveyor_unattended_dispatched_workspaces(make_interval(secs => $1), 1000)",
     )
     .bind(secs)
     .fetch_all(pool)
@@ -61,7 +61,7 @@ pub(crate) async fn redrive_lost(
         let workspace = WorkspaceId(workspace);
         let mut tx = db::begin_workspace(pool, workspace).await?;
         let candidates: Vec<(Uuid, String, String)> = sqlx::query_as(
-            "SELECT id, queue, stream_id FROM outbox_events
+            "SELECT id, queue, stream_id FROM conveyor.outbox_events
              WHERE status = 'dispatched' AND operation_id IS NULL AND stream_id IS NOT NULL
                AND dispatched_at <= now() - make_interval(secs => $1)
              ORDER BY dispatched_at LIMIT $2",

@@ -47,8 +47,8 @@ pub async fn fire_due(pool: &PgPool) -> Result<FireOutcome, sqlx::Error> {
     // One round trip when nothing is due (the common case, at every sweep): the next tick, and the due schedules.
     let due: Vec<DueRow> = sqlx::query_as(
         "SELECT n.next_at, d.workspace_id, d.schedule_id
-         FROM (SELECT conveyor_next_schedule_at() AS next_at) n
-         LEFT JOIN conveyor_due_schedules($1) d ON true",
+         FROM (SELECT conveyor.conveyor_next_schedule_at() AS next_at) n
+         LEFT JOIN conveyor.conveyor_due_schedules($1) d ON true",
     )
     .bind(SCHEDULES_PER_PASS)
     .fetch_all(pool)
@@ -67,7 +67,7 @@ pub async fn fire_due(pool: &PgPool) -> Result<FireOutcome, sqlx::Error> {
     }
     if outcome.next_at.is_some_and(|at| at <= Utc::now()) {
         // Some were due: where they stand now.
-        outcome.next_at = sqlx::query_scalar("SELECT conveyor_next_schedule_at()").fetch_one(pool).await?;
+        outcome.next_at = sqlx::query_scalar("SELECT conveyor.conveyor_next_schedule_at()").fetch_one(pool).await?;
     }
     Ok(outcome)
 }
@@ -124,7 +124,7 @@ async fn fire_one(pool: &PgPool, workspace: WorkspaceId, schedule: Uuid) -> Resu
     // checked again in its new version (no longer due); one it still holds is skipped.
     let found: Option<Due> = sqlx::query_as(
         "SELECT kind, queue, payload, cron, time_zone, every_ms, priority, max_attempts, next_run_at, now() AS now
-         FROM job_schedules WHERE id = $1 AND NOT paused AND next_run_at <= now() FOR UPDATE SKIP LOCKED",
+         FROM conveyor.job_schedules WHERE id = $1 AND NOT paused AND next_run_at <= now() FOR UPDATE SKIP LOCKED",
     )
     .bind(schedule)
     .fetch_optional(&mut *tx)
@@ -137,7 +137,7 @@ async fn fire_one(pool: &PgPool, workspace: WorkspaceId, schedule: Uuid) -> Resu
         .map(|spec| spec.catch_up(due.next_run_at, now));
     let Ok(Some((tick, next))) = ticks else {
         tracing::error!(%workspace, %schedule, "A schedule's stored spec no longer reads; trying again in an hour");
-        sqlx::query("UPDATE job_schedules SET next_run_at = $2, updated_at = now() WHERE id = $1")
+        sqlx::query("UPDATE conveyor.job_schedules SET next_run_at = $2, updated_at = now() WHERE id = $1")
             .bind(schedule)
             .bind(now + UNREADABLE_RETRY)
             .execute(&mut *tx)
@@ -151,23 +151,23 @@ async fn fire_one(pool: &PgPool, workspace: WorkspaceId, schedule: Uuid) -> Resu
     let key = format!("schedule:{schedule}:{}", tick.timestamp_millis());
     let (recorded, enqueued): (bool, bool) = sqlx::query_as(
         "WITH run AS (
-             INSERT INTO job_schedule_runs (schedule_id, tick_at, workspace_id, job_id)
-             VALUES ($1, $2, conveyor_current_workspace(), $3)
+             INSERT INTO conveyor.job_schedule_runs (schedule_id, tick_at, workspace_id, job_id)
+             VALUES ($1, $2, conveyor.conveyor_current_workspace(), $3)
              ON CONFLICT (schedule_id, tick_at) DO NOTHING
              RETURNING job_id),
          job AS (
-             INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, dedup_key, priority,
+             INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, dedup_key, priority,
                                         max_attempts)
-             SELECT run.job_id, conveyor_current_workspace(), $4, $5, $6, $7, coalesce($8, 1), $9
-             FROM run CROSS JOIN (SELECT pg_notify($10, conveyor_current_workspace()::text)) AS notified
+             SELECT run.job_id, conveyor.conveyor_current_workspace(), $4, $5, $6, $7, coalesce($8, 1), $9
+             FROM run CROSS JOIN (SELECT pg_notify($10, conveyor.conveyor_current_workspace()::text)) AS notified
              ON CONFLICT (workspace_id, event_type, dedup_key)
                  WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
                  DO NOTHING
              RETURNING id),
          advanced AS (
-             UPDATE job_schedules SET next_run_at = $11, last_tick_at = $2, updated_at = now() WHERE id = $1),
+             UPDATE conveyor.job_schedules SET next_run_at = $11, last_tick_at = $2, updated_at = now() WHERE id = $1),
          pruned AS (
-             DELETE FROM job_schedule_runs WHERE schedule_id = $1 AND tick_at < $2 - make_interval(days => $12))
+             DELETE FROM conveyor.job_schedule_runs WHERE schedule_id = $1 AND tick_at < $2 - make_interval(days => $12))
          SELECT EXISTS (SELECT 1 FROM run), EXISTS (SELECT 1 FROM job)",
     )
     .bind(schedule)
@@ -187,7 +187,7 @@ async fn fire_one(pool: &PgPool, workspace: WorkspaceId, schedule: Uuid) -> Resu
     if recorded && !enqueued {
         // A live job holds the tick's de-duplication key already: the run records that job.
         sqlx::query(
-            "UPDATE job_schedule_runs r SET job_id = e.id FROM outbox_events e
+            "UPDATE conveyor.job_schedule_runs r SET job_id = e.id FROM conveyor.outbox_events e
              WHERE r.schedule_id = $1 AND r.tick_at = $2
                AND e.event_type = $3 AND e.dedup_key = $4 AND e.status IN ('pending', 'dispatching', 'dispatched')",
         )

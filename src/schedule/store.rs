@@ -175,9 +175,9 @@ pub async fn upsert_schedule_raw_tx(
     let (cron, zone) = spec.cron_expression().unzip();
     let every_ms = spec.period().map(|p| i64::try_from(p.as_millis()).unwrap_or(i64::MAX));
     let schedule: Schedule = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO job_schedules AS s (id, workspace_id, name, kind, queue, payload, cron, time_zone, every_ms,
+        "INSERT INTO conveyor.job_schedules AS s (id, workspace_id, name, kind, queue, payload, cron, time_zone, every_ms,
                                          priority, max_attempts, paused, next_run_at)
-         VALUES ($1, conveyor_current_workspace(), $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+         VALUES ($1, conveyor.conveyor_current_workspace(), $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          ON CONFLICT (workspace_id, name) DO UPDATE SET
              kind = EXCLUDED.kind, queue = EXCLUDED.queue, payload = EXCLUDED.payload, cron = EXCLUDED.cron,
              time_zone = EXCLUDED.time_zone, every_ms = EXCLUDED.every_ms, priority = EXCLUDED.priority,
@@ -213,7 +213,7 @@ pub async fn upsert_schedule_raw_tx(
 /// Tells the dispatchers, at commit, when a schedule of the transaction's workspace ticks next (the outbox channel's
 /// `<workspace>@<ms>` form), so that they wake for it.
 pub(crate) async fn notify_next_tick(tx: &mut WorkspaceTx, at: DateTime<Utc>) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_notify($1, conveyor_current_workspace()::text || $2)")
+    sqlx::query("SELECT pg_notify($1, conveyor.conveyor_current_workspace()::text || $2)")
         .bind(NOTIFY_CHANNEL)
         .bind(format!("@{}", at.timestamp_millis()))
         .execute(&mut **tx)
@@ -224,9 +224,10 @@ pub(crate) async fn notify_next_tick(tx: &mut WorkspaceTx, at: DateTime<Utc>) ->
 /// The schedules of `workspace`, by name. Another workspace's are invisible (row-level security).
 pub async fn list_schedules(pool: &PgPool, workspace: WorkspaceId) -> Result<Vec<Schedule>, ScheduleError> {
     let mut tx = begin_workspace(pool, workspace).await?;
-    let schedules = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM job_schedules ORDER BY name")))
-        .fetch_all(&mut *tx)
-        .await?;
+    let schedules =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM conveyor.job_schedules ORDER BY name")))
+            .fetch_all(&mut *tx)
+            .await?;
     tx.commit().await?;
     Ok(schedules)
 }
@@ -234,14 +235,15 @@ pub async fn list_schedules(pool: &PgPool, workspace: WorkspaceId) -> Result<Vec
 /// Removes the schedule `name` of the transaction's workspace, with its record of fired ticks (the jobs it enqueued
 /// stay). False when the workspace has none of that name.
 pub async fn remove_schedule_tx(tx: &mut WorkspaceTx, name: &str) -> Result<bool, ScheduleError> {
-    let removed = sqlx::query("DELETE FROM job_schedules WHERE name = $1").bind(name).execute(&mut **tx).await?;
+    let removed =
+        sqlx::query("DELETE FROM conveyor.job_schedules WHERE name = $1").bind(name).execute(&mut **tx).await?;
     Ok(removed.rows_affected() > 0)
 }
 
 /// Pauses the schedule `name` of `workspace`: it fires nothing until resumed. False when there is none of that name.
 pub async fn pause_schedule(pool: &PgPool, workspace: WorkspaceId, name: &str) -> Result<bool, ScheduleError> {
     let mut tx = begin_workspace(pool, workspace).await?;
-    let paused = sqlx::query("UPDATE job_schedules SET paused = true, updated_at = now() WHERE name = $1")
+    let paused = sqlx::query("UPDATE conveyor.job_schedules SET paused = true, updated_at = now() WHERE name = $1")
         .bind(name)
         .execute(&mut *tx)
         .await?;
@@ -253,11 +255,12 @@ pub async fn pause_schedule(pool: &PgPool, workspace: WorkspaceId, name: &str) -
 /// not fired. A schedule that is not paused is left as it is. False when there is none of that name.
 pub async fn resume_schedule(pool: &PgPool, workspace: WorkspaceId, name: &str) -> Result<bool, ScheduleError> {
     let mut tx = begin_workspace(pool, workspace).await?;
-    let found: Option<Schedule> =
-        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM job_schedules WHERE name = $1 FOR UPDATE")))
-            .bind(name)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let found: Option<Schedule> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM conveyor.job_schedules WHERE name = $1 FOR UPDATE"
+    )))
+    .bind(name)
+    .fetch_optional(&mut *tx)
+    .await?;
     let Some(schedule) = found else {
         return Ok(false);
     };
@@ -267,11 +270,13 @@ pub async fn resume_schedule(pool: &PgPool, workspace: WorkspaceId, name: &str) 
         let next = spec
             .next_after(now)
             .ok_or_else(|| ScheduleError::BadJob("the schedule has no tick after now".to_owned()))?;
-        sqlx::query("UPDATE job_schedules SET paused = false, next_run_at = $2, updated_at = now() WHERE id = $1")
-            .bind(schedule.id)
-            .bind(next)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE conveyor.job_schedules SET paused = false, next_run_at = $2, updated_at = now() WHERE id = $1",
+        )
+        .bind(schedule.id)
+        .bind(next)
+        .execute(&mut *tx)
+        .await?;
         notify_next_tick(&mut tx, next).await?;
     }
     tx.commit().await?;
@@ -281,5 +286,8 @@ pub async fn resume_schedule(pool: &PgPool, workspace: WorkspaceId, name: &str) 
 /// The queue of the kind `kind_name` as workers registered it (`job_kinds`); `None` when no worker has.
 #[doc(hidden)]
 pub async fn registered_queue(pool: &PgPool, kind_name: &str) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar("SELECT queue FROM job_kinds WHERE kind = $1").bind(kind_name).fetch_optional(pool).await
+    sqlx::query_scalar("SELECT queue FROM conveyor.job_kinds WHERE kind = $1")
+        .bind(kind_name)
+        .fetch_optional(pool)
+        .await
 }

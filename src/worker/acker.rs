@@ -197,7 +197,7 @@ impl Worker {
         }
         let mut canceled: Option<Vec<Uuid>> = None;
         for attempt in 0..3 {
-            match sqlx::query_scalar::<_, Uuid>("SELECT conveyor_canceled_jobs($1)")
+            match sqlx::query_scalar::<_, Uuid>("SELECT conveyor.conveyor_canceled_jobs($1)")
                 .bind(&jobs)
                 .fetch_all(&self.0.runtime)
                 .await

@@ -43,7 +43,7 @@ pub struct DeadLetter {
 pub async fn replay(pool: &PgPool, workspace: WorkspaceId, id: Uuid) -> Result<Replay, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     let operation: Option<Option<Uuid>> =
-        sqlx::query_scalar("SELECT operation_id FROM outbox_events WHERE id = $1 AND status = 'dead_letter'")
+        sqlx::query_scalar("SELECT operation_id FROM conveyor.outbox_events WHERE id = $1 AND status = 'dead_letter'")
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?;

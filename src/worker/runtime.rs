@@ -472,7 +472,7 @@ impl Worker {
         let timeouts: Vec<i64> =
             handlers.iter().map(|h| h.timeout().as_millis().min(i64::MAX as u128) as i64).collect();
         sqlx::query(
-            "INSERT INTO job_kinds (kind, queue, max_attempts, timeout_ms)
+            "INSERT INTO conveyor.job_kinds (kind, queue, max_attempts, timeout_ms)
              SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::int8[])
              ON CONFLICT (kind) DO UPDATE
              SET queue = excluded.queue, max_attempts = excluded.max_attempts, timeout_ms = excluded.timeout_ms,

@@ -29,7 +29,7 @@ pub fn router(state: AppState) -> Router {
 /// lasted longer than `CONVEYOR_READY_REDIS_GRACE` (see [`super::readiness`]). The body says which part is wrong.
 async fn ready(State(state): State<AppState>) -> impl IntoResponse {
     let timeout = Duration::from_secs(2);
-    let postgres = match tokio::time::timeout(timeout, conveyor_jobs::pending_migrations(&state.pool)).await {
+    let postgres = match tokio::time::timeout(timeout, crate::migrate::pending_versions(&state.pool)).await {
         Ok(Ok(0)) => "ok".to_owned(),
         Ok(Ok(n)) => format!("{n} migration(s) not applied"),
         Ok(Err(_)) => "unreachable".to_owned(),

@@ -13,7 +13,7 @@ pub async fn purge_expired(pool: &PgPool, batch: i64, max_batches: usize) -> Res
     let mut batches = 0;
     while batches < max_batches {
         let workspaces: Vec<(Uuid,)> =
-            sqlx::query_as("SELECT workspace_id FROM conveyor_expired_idempotency_workspaces(100)")
+            sqlx::query_as("SELECT workspace_id FROM conveyor_server.conveyor_expired_idempotency_workspaces(100)")
                 .fetch_all(pool)
                 .await?;
         if workspaces.is_empty() {
@@ -26,8 +26,8 @@ pub async fn purge_expired(pool: &PgPool, batch: i64, max_batches: usize) -> Res
                 }
                 let mut tx = conveyor_jobs::begin_workspace(pool, WorkspaceId(workspace)).await?;
                 let done = sqlx::query(
-                    "DELETE FROM idempotency_requests WHERE ctid IN (
-                         SELECT ctid FROM idempotency_requests
+                    "DELETE FROM conveyor_server.idempotency_requests WHERE ctid IN (
+                         SELECT ctid FROM conveyor_server.idempotency_requests
                          WHERE expires_at <= now() AND created_at <= now() - interval '24 hours'
                          LIMIT $1)",
                 )

@@ -74,7 +74,7 @@ struct Record {
 async fn live_record(tx: &mut WorkspaceTx, scope: &Scope) -> Result<Option<Record>, sqlx::Error> {
     sqlx::query_as::<_, Record>(
         "SELECT request_fingerprint, fingerprint_key_id, status, response_status, response_headers, response_body
-         FROM idempotency_requests
+         FROM conveyor_server.idempotency_requests
          WHERE workspace_id = $1 AND user_id = $2 AND http_method = $3 AND request_path = $4 AND idempotency_key = $5
            AND expires_at > now()",
     )
@@ -130,7 +130,7 @@ pub async fn claim_tx(
     let fingerprint = fingerprinter.sign(canonical);
     // An expired record of the same scope is treated as absent: replaced by this one.
     let inserted = sqlx::query(
-        "INSERT INTO idempotency_requests
+        "INSERT INTO conveyor_server.idempotency_requests
              (workspace_id, user_id, http_method, request_path, idempotency_key, request_fingerprint,
               fingerprint_key_id, expires_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))
@@ -158,7 +158,7 @@ pub async fn complete_tx(tx: &mut WorkspaceTx, scope: &Scope, response: &StoredR
     let headers: Vec<&(String, String)> =
         response.headers.iter().filter(|(name, _)| REPLAYED_HEADERS.contains(&name.as_str())).collect();
     let updated = sqlx::query(
-        "UPDATE idempotency_requests
+        "UPDATE conveyor_server.idempotency_requests
          SET status = 'completed', response_status = $6, response_headers = $7, response_body = $8, completed_at = now()
          WHERE workspace_id = $1 AND user_id = $2 AND http_method = $3 AND request_path = $4 AND idempotency_key = $5
            AND status = 'in_progress'",

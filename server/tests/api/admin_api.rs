@@ -245,7 +245,7 @@ async fn every_endpoint_refuses_no_credential_a_wrong_one_and_a_workspace_users_
     // Nothing was read nor changed: the audit trail is empty, the pause was not set.
     let mut owner = app.db.owner().await;
     let (audited,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM conveyor_admin_audit").fetch_one(&mut owner).await.unwrap();
+        sqlx::query_as("SELECT count(*) FROM conveyor.conveyor_admin_audit").fetch_one(&mut owner).await.unwrap();
     assert_eq!(audited, 0);
     assert!(conveyor_jobs::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
 
@@ -416,7 +416,7 @@ async fn the_application_role_executes_no_admin_function_and_reads_no_audit_row(
     let mut owner = app.db.owner().await;
     let functions: Vec<(String, i16)> = sqlx::query_as(
         "SELECT p.proname::text, p.pronargs FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-         WHERE n.nspname = 'public' AND p.proname LIKE 'conveyor\\_admin\\_%' ORDER BY 1",
+         WHERE n.nspname = 'conveyor' AND p.proname LIKE 'conveyor\\_admin\\_%' ORDER BY 1",
     )
     .fetch_all(&mut owner)
     .await
@@ -425,7 +425,7 @@ async fn the_application_role_executes_no_admin_function_and_reads_no_audit_row(
     let mut app_role = app.db.app_connection().await;
     let mut operator = PgConnection::connect(&app.db.operator_url).await.unwrap();
     for (name, args) in &functions {
-        let call = format!("SELECT {name}({})", vec!["NULL"; *args as usize].join(", "));
+        let call = format!("SELECT conveyor.{name}({})", vec!["NULL"; *args as usize].join(", "));
         let refused = sqlx::query(sqlx::AssertSqlSafe(call.clone())).execute(&mut app_role).await.unwrap_err();
         assert_eq!(code(&refused), "42501", "{call}: {refused}");
         // The operator role may call each (NULL arguments are refused by the function, not by a permission).
@@ -434,21 +434,25 @@ async fn the_application_role_executes_no_admin_function_and_reads_no_audit_row(
         }
     }
     for (role, conn) in [("application", &mut app_role), ("operator", &mut operator)] {
-        let refused = sqlx::query("SELECT * FROM conveyor_admin_audit").execute(&mut *conn).await.unwrap_err();
+        let refused = sqlx::query("SELECT * FROM conveyor.conveyor_admin_audit").execute(&mut *conn).await.unwrap_err();
         assert_eq!(code(&refused), "42501", "the {role} role reads the audit table: {refused}");
-        let refused =
-            sqlx::query("INSERT INTO conveyor_admin_audit (actor, action) VALUES ('x', 'y')").execute(&mut *conn).await;
+        let refused = sqlx::query("INSERT INTO conveyor.conveyor_admin_audit (actor, action) VALUES ('x', 'y')")
+            .execute(&mut *conn)
+            .await;
         assert_eq!(code(&refused.unwrap_err()), "42501", "the {role} role writes the audit table");
     }
     // The operator role reads no table directly: only through the audited functions.
     for table in ["outbox_events", "operations", "job_failures", "job_schedules", "dispatch_pauses"] {
-        let refused = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT 1 FROM {table}"))).execute(&mut operator).await;
+        let refused = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT 1 FROM {}", common::qualified(table))))
+            .execute(&mut operator)
+            .await;
         assert_eq!(code(&refused.unwrap_err()), "42501", "the operator role reads {table}");
     }
 
     // The old cross-workspace dead-letter listing is gone; under RLS the application role sees one workspace's dead
     // letters, and none without a workspace.
-    let gone = sqlx::query("SELECT * FROM conveyor_dead_letters(10)").execute(&mut app_role).await.unwrap_err();
+    let gone =
+        sqlx::query("SELECT * FROM conveyor.conveyor_dead_letters(10)").execute(&mut app_role).await.unwrap_err();
     assert_eq!(code(&gone), "42883", "{gone}");
     let healed = Arc::new(AtomicBool::new(false));
     let platform = Platform::start(&app, &healed).await;
@@ -458,7 +462,7 @@ async fn the_application_role_executes_no_admin_function_and_reads_no_audit_row(
     ended(&app, a, dead_a).await;
     ended(&app, b, dead_b).await;
     platform.stop().await;
-    let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events WHERE status = 'dead_letter'")
+    let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM conveyor.outbox_events WHERE status = 'dead_letter'")
         .fetch_one(&mut app_role)
         .await
         .unwrap();
@@ -484,7 +488,7 @@ async fn every_call_leaves_an_audit_row_naming_the_actor_and_the_role() {
     let mut owner = app.db.owner().await;
     let credential = operator_jwt("alice");
     for (method, path, body) in every_endpoint() {
-        let (before,): (i64,) = sqlx::query_as("SELECT coalesce(max(id), 0) FROM conveyor_admin_audit")
+        let (before,): (i64,) = sqlx::query_as("SELECT coalesce(max(id), 0) FROM conveyor.conveyor_admin_audit")
             .fetch_one(&mut owner)
             .await
             .unwrap();
@@ -495,7 +499,7 @@ async fn every_call_leaves_an_audit_row_naming_the_actor_and_the_role() {
             answer.json
         );
         let rows: Vec<(i64, String, String, String, Value)> = sqlx::query_as(
-            "SELECT id, actor, role, action, arguments FROM conveyor_admin_audit WHERE id > $1 ORDER BY id",
+            "SELECT id, actor, role, action, arguments FROM conveyor.conveyor_admin_audit WHERE id > $1 ORDER BY id",
         )
         .bind(before)
         .fetch_all(&mut owner)
@@ -540,7 +544,7 @@ async fn a_change_whose_intent_cannot_be_audited_is_not_made() {
     let operator: sqlx::postgres::PgConnectOptions = app.db.operator_url.parse().unwrap();
     let right = |verb: &str| {
         let (to, role) = (if verb == "GRANT" { "TO" } else { "FROM" }, operator.get_username());
-        format!("{verb} EXECUTE ON FUNCTION conveyor_admin_audit_write(text, text, jsonb) {to} \"{role}\"")
+        format!("{verb} EXECUTE ON FUNCTION conveyor.conveyor_admin_audit_write(text, text, jsonb) {to} \"{role}\"")
     };
     sqlx::query(sqlx::AssertSqlSafe(right("REVOKE"))).execute(&mut owner).await.unwrap();
 
@@ -559,20 +563,22 @@ async fn a_change_whose_intent_cannot_be_audited_is_not_made() {
     assert!(!conveyor_jobs::list_schedules(&app.db.pool, ws).await.unwrap()[0].paused);
     let bulk = op(&app, Method::POST, "/dead-letters/discard", Some(json!({ "all": true }))).await;
     bulk.problem(StatusCode::SERVICE_UNAVAILABLE);
-    let (changes,): (i64,) = sqlx::query_as("SELECT count(*) FROM conveyor_admin_audit WHERE arguments ? 'outcome'")
-        .fetch_one(&mut owner)
-        .await
-        .unwrap();
+    let (changes,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor.conveyor_admin_audit WHERE arguments ? 'outcome'")
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
     assert_eq!(changes, 0, "nothing recorded as done, and nothing done");
 
     // The right back: the same change goes, intent first.
     sqlx::query(sqlx::AssertSqlSafe(right("GRANT"))).execute(&mut owner).await.unwrap();
     op(&app, Method::POST, "/pauses", Some(json!({ "queue": "chores" }))).await.expect(StatusCode::CREATED);
-    let trail: Vec<(String, Value)> =
-        sqlx::query_as("SELECT action, arguments FROM conveyor_admin_audit WHERE action = 'pause' ORDER BY id")
-            .fetch_all(&mut owner)
-            .await
-            .unwrap();
+    let trail: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT action, arguments FROM conveyor.conveyor_admin_audit WHERE action = 'pause' ORDER BY id",
+    )
+    .fetch_all(&mut owner)
+    .await
+    .unwrap();
     assert_eq!(trail.len(), 2, "{trail:?}");
     assert_eq!((trail[0].1["outcome"].clone(), trail[1].1["outcome"].clone()), (json!("pending"), json!("paused")));
 }
@@ -633,7 +639,7 @@ async fn a_replayed_dead_letter_runs_to_success_and_its_detail_keeps_its_failure
     op(&app, Method::DELETE, &format!("/dead-letters/{flaky}"), None).await.expect(StatusCode::NO_CONTENT);
     op(&app, Method::GET, &format!("/jobs/{flaky}"), None).await.problem(StatusCode::NOT_FOUND);
     let mut owner = app.db.owner().await;
-    let (left,): (i64,) = sqlx::query_as("SELECT count(*) FROM job_failures WHERE job_id = $1")
+    let (left,): (i64,) = sqlx::query_as("SELECT count(*) FROM conveyor.job_failures WHERE job_id = $1")
         .bind(flaky.0)
         .fetch_one(&mut owner)
         .await
@@ -1042,7 +1048,7 @@ async fn a_discarded_dead_letters_stale_delivery_does_not_commit_its_handlers_wr
     assert_eq!(app.db.count("operations", ws).await, 0, "the handler's writes were not committed");
     let mut owner = app.db.owner().await;
     let (status, payload): (String, Value) =
-        sqlx::query_as("SELECT status, event_payload FROM outbox_events WHERE id = $1")
+        sqlx::query_as("SELECT status, event_payload FROM conveyor.outbox_events WHERE id = $1")
             .bind(job.0)
             .fetch_one(&mut owner)
             .await
@@ -1052,7 +1058,8 @@ async fn a_discarded_dead_letters_stale_delivery_does_not_commit_its_handlers_wr
     // Retention purges tombstones like ended jobs.
     let purged = conveyor_jobs::purge_finished_jobs(&app.db.runtime_pool, Duration::ZERO, 100, 10).await.unwrap();
     assert_eq!(purged, 1);
-    let (left,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut owner).await.unwrap();
+    let (left,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor.outbox_events").fetch_one(&mut owner).await.unwrap();
     assert_eq!(left, 0);
 }
 
@@ -1079,7 +1086,7 @@ async fn run_now_of_a_job_held_by_a_pause_or_a_blocked_key_says_so_and_changes_n
     // A rate limit blocked the second's key for ten minutes (what a 429 with Retry-After does).
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
     sqlx::query(
-        "INSERT INTO job_key_limits (key, blocked_until, block_reason)
+        "INSERT INTO conveyor.job_key_limits (key, blocked_until, block_reason)
          VALUES ('store:1', now() + interval '10 minutes', 'HTTP 429')",
     )
     .execute(&mut *tx)
@@ -1106,7 +1113,7 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
     // every write of the release still running while it scans the table), alone in a `-- no-transaction` file
     // (PostgreSQL refuses it in a transaction, and a file of several statements runs as one).
     let mut built = Vec::new();
-    for migration in conveyor_jobs::MIGRATOR.iter().filter(|m| m.version >= 25) {
+    for migration in conveyor_jobs::migrator().iter().filter(|m| m.version >= 25) {
         let sql = migration.sql.as_str();
         // Statements without their comments (0025's functions hold semicolons too: enough to count more than one).
         let statements: Vec<String> = sql
@@ -1115,7 +1122,9 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
             .collect();
-        for statement in statements.iter().filter(|s| s.contains("CREATE INDEX") && s.contains(" ON outbox_events ")) {
+        for statement in
+            statements.iter().filter(|s| s.contains("CREATE INDEX") && s.contains(" ON conveyor.outbox_events "))
+        {
             let v = migration.version;
             assert!(statement.contains("CREATE INDEX CONCURRENTLY IF NOT EXISTS"), "{v}: {statement}");
             assert!(migration.no_tx, "{v} builds an outbox index in a transaction");
@@ -1129,7 +1138,7 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
     let mut owner = app.db.owner().await;
     let indexes: Vec<(String, bool)> = sqlx::query_as(
         "SELECT c.relname::text, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-         WHERE i.indrelid = 'outbox_events'::regclass
+         WHERE i.indrelid = 'conveyor.outbox_events'::regclass
            AND c.relname IN ('outbox_events_completed_at', 'outbox_events_dead_by_id', 'outbox_events_delayed',
                              'outbox_events_next_due') ORDER BY 1",
     )
@@ -1216,16 +1225,18 @@ async fn dead_letters_past_their_retention_are_discarded_by_maintenance_never_yo
         .await
         .unwrap();
     for (job, days) in [(dead[0], 40), (dead[1], 10)] {
-        sqlx::query("UPDATE outbox_events SET dead_lettered_at = now() - make_interval(days => $2) WHERE id = $1")
-            .bind(job.0)
-            .bind(days)
-            .execute(&mut owner)
-            .await
-            .unwrap();
+        sqlx::query(
+            "UPDATE conveyor.outbox_events SET dead_lettered_at = now() - make_interval(days => $2) WHERE id = $1",
+        )
+        .bind(job.0)
+        .bind(days)
+        .execute(&mut owner)
+        .await
+        .unwrap();
     }
     let status = async |job: JobId| -> String {
         let mut owner = app.db.owner().await;
-        sqlx::query_scalar("SELECT status FROM outbox_events WHERE id = $1")
+        sqlx::query_scalar("SELECT status FROM conveyor.outbox_events WHERE id = $1")
             .bind(job.0)
             .fetch_one(&mut owner)
             .await
@@ -1249,14 +1260,14 @@ async fn dead_letters_past_their_retention_are_discarded_by_maintenance_never_yo
     assert_eq!(report.dead_letters_purged, 1);
     assert_eq!(status(dead[0]).await, "discarded");
     assert_eq!((status(dead[1]).await, status(dead[2]).await), ("dead_letter".into(), "dead_letter".into()));
-    let failures: i64 = sqlx::query_scalar("SELECT count(*) FROM job_failures WHERE job_id = $1")
+    let failures: i64 = sqlx::query_scalar("SELECT count(*) FROM conveyor.job_failures WHERE job_id = $1")
         .bind(dead[0].0)
         .fetch_one(&mut owner)
         .await
         .unwrap();
     assert_eq!(failures, 0, "its recorded failures went with it");
     let (actor, arguments): (String, Value) = sqlx::query_as(
-        "SELECT actor, arguments FROM conveyor_admin_audit WHERE action = 'dead_letter_purge' ORDER BY id DESC LIMIT 1",
+        "SELECT actor, arguments FROM conveyor.conveyor_admin_audit WHERE action = 'dead_letter_purge' ORDER BY id DESC LIMIT 1",
     )
     .fetch_one(&mut owner)
     .await
@@ -1265,13 +1276,15 @@ async fn dead_letters_past_their_retention_are_discarded_by_maintenance_never_yo
     assert_eq!(arguments["kept"], "30 days");
     // A longer retention keeps more; less than a day is refused by the database itself.
     assert_eq!(maintenance(Duration::from_secs(90 * 86400)).run_once().await.unwrap().dead_letters_purged, 0);
-    let refused = sqlx::query("SELECT conveyor_dead_letter_purge('1 hour', 100)")
+    let refused = sqlx::query("SELECT conveyor.conveyor_dead_letter_purge('1 hour', 100)")
         .execute(&app.db.runtime_pool)
         .await
         .unwrap_err();
     assert_eq!(code(&refused), "22023");
     // The application role may not purge at all.
-    let refused =
-        sqlx::query("SELECT conveyor_dead_letter_purge('40 days', 100)").execute(&app.db.pool).await.unwrap_err();
+    let refused = sqlx::query("SELECT conveyor.conveyor_dead_letter_purge('40 days', 100)")
+        .execute(&app.db.pool)
+        .await
+        .unwrap_err();
     assert_eq!(code(&refused), "42501");
 }

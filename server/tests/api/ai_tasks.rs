@@ -176,10 +176,11 @@ async fn a_task_is_accepted_replayed_run_once_and_charged_once() {
     assert_eq!(forced, vec![(true, true); 3]);
     let mut anonymous = app.db.app_connection().await;
     for table in ["ai_tasks", "ai_usage_months", "ai_usage_ledger"] {
-        let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-            .fetch_one(&mut anonymous)
-            .await
-            .unwrap();
+        let (n,): (i64,) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {}", common::qualified(table))))
+                .fetch_one(&mut anonymous)
+                .await
+                .unwrap();
         assert_eq!(n, 0, "{table}");
     }
     shutdown.cancel();
@@ -486,7 +487,7 @@ async fn a_rate_limited_call_is_retried_after_its_retry_after_and_succeeds() {
     let wait = common::eventually(Duration::from_secs(30), || async {
         let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
         let row: Option<(Option<String>, f64)> = sqlx::query_as(
-            "SELECT last_error, extract(epoch FROM next_attempt_at - now())::float8 FROM outbox_events
+            "SELECT last_error, extract(epoch FROM next_attempt_at - now())::float8 FROM conveyor.outbox_events
              WHERE last_error IS NOT NULL",
         )
         .fetch_optional(&mut *tx)

@@ -47,7 +47,7 @@ async fn job(db: &TestDb, ws: WorkspaceId, options: EnqueueOptions, shape: Optio
     let mut tx = conveyor_jobs::begin_workspace(&db.pool, ws).await.unwrap();
     let job = conveyor_jobs::enqueue_tx(&mut tx, &Report { n: 1 }, options).await.unwrap();
     if let Some(shape) = shape {
-        let sql = format!("UPDATE outbox_events SET {shape} WHERE id = $1");
+        let sql = format!("UPDATE conveyor.outbox_events SET {shape} WHERE id = $1");
         sqlx::query(sqlx::AssertSqlSafe(sql)).bind(job.id.0).execute(&mut *tx).await.unwrap();
     }
     tx.commit().await.unwrap();

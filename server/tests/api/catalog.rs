@@ -53,7 +53,7 @@ async fn active_store(app: &TestApp, who: Principal, api_key: &str) -> String {
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
     let store = resp.json::<Value>().await.unwrap()["store"]["id"].as_str().unwrap().to_owned();
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-    sqlx::query("UPDATE stores SET status = 'active' WHERE id = $1::uuid")
+    sqlx::query("UPDATE conveyor_shop.stores SET status = 'active' WHERE id = $1::uuid")
         .bind(&store)
         .execute(&mut *tx)
         .await
@@ -334,7 +334,7 @@ async fn a_replayed_dead_letter_is_its_stores_active_sync_again_unless_another_o
             shutdown.cancel();
             // The worker also verified the store's credentials (refused): active again, for what follows.
             let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-            sqlx::query("UPDATE stores SET status = 'active'").execute(&mut *tx).await.unwrap();
+            sqlx::query("UPDATE conveyor_shop.stores SET status = 'active'").execute(&mut *tx).await.unwrap();
             tx.commit().await.unwrap();
         }
     };

@@ -20,21 +20,21 @@ use uuid::Uuid;
 const TRIGGER_RECIPES: &[(&str, &str, &str)] = &[
     (
         "asset_transfer_ended",
-        "INSERT INTO public.operations (id, workspace_id, kind, status, created_by) \
+        "INSERT INTO conveyor.operations (id, workspace_id, kind, status, created_by) \
          VALUES ($1, $2, 'asset.transfer', 'running', $2)",
-        "UPDATE public.operations SET status = 'failed' WHERE id = $1",
+        "UPDATE conveyor.operations SET status = 'failed' WHERE id = $1",
     ),
     (
         "catalog_sync_ended",
-        "INSERT INTO public.operations (id, workspace_id, kind, status, created_by) \
+        "INSERT INTO conveyor.operations (id, workspace_id, kind, status, created_by) \
          VALUES ($1, $2, 'catalog.sync', 'running', $2)",
-        "UPDATE public.operations SET status = 'succeeded' WHERE id = $1",
+        "UPDATE conveyor.operations SET status = 'succeeded' WHERE id = $1",
     ),
     (
         "catalog_sync_replayed",
-        "INSERT INTO public.operations (id, workspace_id, kind, status, created_by) \
+        "INSERT INTO conveyor.operations (id, workspace_id, kind, status, created_by) \
          VALUES ($1, $2, 'catalog.sync', 'failed', $2)",
-        "UPDATE public.operations SET status = 'queued' WHERE id = $1",
+        "UPDATE conveyor.operations SET status = 'queued' WHERE id = $1",
     ),
 ];
 
@@ -84,7 +84,7 @@ async fn plant_shadows(conn: &mut PgConnection, oid: u32) -> Vec<String> {
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE c.relkind IN ('r', 'v', 'm', 'p', 'f') AND n.nspname !~ '^pg_(temp|toast)'
            AND (SELECT p.prosrc FROM pg_proc p WHERE p.oid = $1::oid) ~* ('\\m' || c.relname || '\\M')
-         ORDER BY c.relname, n.nspname = 'public' DESC",
+         ORDER BY c.relname, n.nspname LIKE 'conveyor%' DESC",
     )
     .bind(i64::from(oid))
     .fetch_all(&mut *conn)
@@ -206,7 +206,9 @@ async fn no_definer_function_a_role_can_reach_runs_the_callers_code_as_the_owner
     .into_iter()
     .map(|(t,)| t)
     .collect();
-    assert!(tenant_tables.contains("store_credentials") && tenant_tables.contains("outbox_events"));
+    assert!(
+        tenant_tables.contains("conveyor_shop.store_credentials") && tenant_tables.contains("conveyor.outbox_events")
+    );
     assert!(open_tables(&mut owner, &tenant_tables).await.is_empty(), "the wall starts closed");
 
     let definers: Vec<(u32, String, bool)> = sqlx::query_as(
@@ -332,9 +334,12 @@ async fn no_definer_function_a_role_can_reach_runs_the_callers_code_as_the_owner
             }
         }
     }
-    assert!(attempts.iter().any(|a| a.starts_with("application: conveyor_catalog_sync_ended")), "{attempts:#?}");
-    assert!(attempts.iter().any(|a| a.starts_with("runtime: conveyor_due_workspaces")), "{attempts:#?}");
-    assert!(attempts.iter().any(|a| a.starts_with("operator: conveyor_admin_queues")), "{attempts:#?}");
+    assert!(
+        attempts.iter().any(|a| a.starts_with("application: conveyor_shop.conveyor_catalog_sync_ended")),
+        "{attempts:#?}"
+    );
+    assert!(attempts.iter().any(|a| a.starts_with("runtime: conveyor.conveyor_due_workspaces")), "{attempts:#?}");
+    assert!(attempts.iter().any(|a| a.starts_with("operator: conveyor.conveyor_admin_queues")), "{attempts:#?}");
     assert!(breaches.is_empty(), "definer functions ran the caller's code as the owner:\n{breaches:#?}");
 }
 

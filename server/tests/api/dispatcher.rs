@@ -349,19 +349,21 @@ async fn without_a_workspace_the_application_role_can_neither_read_claim_nor_upd
     enqueue(&app, ws, 4).await;
     let mut conn = app.db.app_connection().await;
     let claimed = sqlx::query(
-        "WITH due AS (SELECT id FROM outbox_events WHERE status = 'pending' ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED)
-         UPDATE outbox_events e SET status = 'dispatching', locked_by = 'thief', locked_until = now() + interval '1 hour'
+        "WITH due AS (SELECT id FROM conveyor.outbox_events WHERE status = 'pending' ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED)
+         UPDATE conveyor.outbox_events e SET status = 'dispatching', locked_by = 'thief', locked_until = now() + interval '1 hour'
          FROM due WHERE e.id = due.id RETURNING e.id",
     )
     .fetch_all(&mut conn)
     .await
     .unwrap();
     assert!(claimed.is_empty(), "nothing claimed without a workspace");
-    let (visible,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut conn).await.unwrap();
+    let (visible,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor.outbox_events").fetch_one(&mut conn).await.unwrap();
     assert_eq!(visible, 0);
-    let updated = sqlx::query("UPDATE outbox_events SET status = 'dispatched'").execute(&mut conn).await.unwrap();
+    let updated =
+        sqlx::query("UPDATE conveyor.outbox_events SET status = 'dispatched'").execute(&mut conn).await.unwrap();
     assert_eq!(updated.rows_affected(), 0);
-    let deleted = sqlx::query("DELETE FROM outbox_events").execute(&mut conn).await.unwrap();
+    let deleted = sqlx::query("DELETE FROM conveyor.outbox_events").execute(&mut conn).await.unwrap();
     assert_eq!(deleted.rows_affected(), 0);
     assert_eq!(count_status(&app, &[ws], "pending").await, 4, "the events are untouched");
 }
@@ -378,7 +380,7 @@ async fn retention_deletes_only_jobs_that_ended_past_the_period() {
     // Of the six handed off eight days ago, four succeeded and one was canceled long ago; one is still live.
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
     let live: Uuid = sqlx::query_scalar(
-        "WITH old AS (UPDATE outbox_events SET dispatched_at = now() - interval '8 days' WHERE status = 'dispatched'
+        "WITH old AS (UPDATE conveyor.outbox_events SET dispatched_at = now() - interval '8 days' WHERE status = 'dispatched'
                       RETURNING id)
          SELECT min(id::text)::uuid FROM old",
     )
@@ -386,7 +388,7 @@ async fn retention_deletes_only_jobs_that_ended_past_the_period() {
     .await
     .unwrap();
     sqlx::query(
-        "UPDATE outbox_events SET status = CASE WHEN id::text = (SELECT max(id::text) FROM outbox_events WHERE status = 'dispatched')
+        "UPDATE conveyor.outbox_events SET status = CASE WHEN id::text = (SELECT max(id::text) FROM conveyor.outbox_events WHERE status = 'dispatched')
                                                THEN 'canceled' ELSE 'completed' END,
                 finished_at = now() - interval '8 days'
          WHERE status = 'dispatched' AND id <> $1",
@@ -582,13 +584,13 @@ async fn the_sweeps_look_ahead_names_only_jobs_that_fall_due_later_and_were_not_
     let ws = WorkspaceId(Uuid::new_v4());
     enqueue(&app, ws, 2).await;
     let mut runtime = <sqlx::PgConnection as sqlx::Connection>::connect(&app.db.runtime_url).await.unwrap();
-    let after = |ago: &str| format!("SELECT conveyor_next_due_after(now() - interval '{ago}')");
+    let after = |ago: &str| format!("SELECT conveyor.conveyor_next_due_after(now() - interval '{ago}')");
     async fn ahead(conn: &mut sqlx::PgConnection, sql: String) -> Option<chrono::DateTime<chrono::Utc>> {
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(conn).await.unwrap()
     }
     assert_eq!(ahead(&mut runtime, after("1 hour")).await, None, "jobs due at their commit were notified");
     let old: Option<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar("SELECT conveyor_next_due_at()").fetch_one(&mut runtime).await.unwrap();
+        sqlx::query_scalar("SELECT conveyor.conveyor_next_due_at()").fetch_one(&mut runtime).await.unwrap();
     assert!(old.is_some(), "0008's look ahead, which the previous release's dispatchers call, still names them");
 
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
@@ -605,7 +607,7 @@ async fn the_sweeps_look_ahead_names_only_jobs_that_fall_due_later_and_were_not_
     // the sweep began, and not when it was due before.
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
     sqlx::query(
-        "UPDATE outbox_events SET next_attempt_at = created_at + interval '1 second'
+        "UPDATE conveyor.outbox_events SET next_attempt_at = created_at + interval '1 second'
          WHERE next_attempt_at < now() + interval '1 minute'",
     )
     .execute(&mut *tx)
@@ -615,7 +617,7 @@ async fn the_sweeps_look_ahead_names_only_jobs_that_fall_due_later_and_were_not_
     let retried = ahead(&mut runtime, after("1 hour")).await.expect("the backed-off jobs are named");
     assert!(retried < due, "the back-off is sooner than the delayed job");
     assert_eq!(
-        ahead(&mut runtime, format!("SELECT conveyor_next_due_after('{}')", retried.to_rfc3339())).await,
+        ahead(&mut runtime, format!("SELECT conveyor.conveyor_next_due_after('{}')", retried.to_rfc3339())).await,
         Some(due)
     );
 }
@@ -654,7 +656,7 @@ async fn insert_without_notification(app: &TestApp, workspace: WorkspaceId) -> U
     let id = Uuid::now_v7();
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, workspace).await.unwrap();
     sqlx::query(
-        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
+        "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload)
          VALUES ($1, $2, 'stores', 'store.verify_credentials', '{}')",
     )
     .bind(id)
@@ -698,11 +700,11 @@ async fn a_claim_reads_its_own_workspaces_due_jobs_and_no_more_than_it_takes() {
         tx.commit().await.unwrap();
     }
     let mut owner = app.db.owner().await;
-    sqlx::query("ANALYZE outbox_events").execute(&mut owner).await.unwrap();
+    sqlx::query("ANALYZE conveyor.outbox_events").execute(&mut owner).await.unwrap();
     // One connection, so that the function's plans are cached and settle (PL/pgSQL turns to a generic plan after
     // five runs) as in a long-running dispatcher's.
     let mut claimer = <sqlx::PgConnection as sqlx::Connection>::connect(&app.db.runtime_url).await.unwrap();
-    let claim = "SELECT count(*) FROM conveyor_claim_jobs_fair($1, 'me', 30, 10, 0, '{}')";
+    let claim = "SELECT count(*) FROM conveyor.conveyor_claim_jobs_fair($1, 'me', 30, 10, 0, '{}')";
     let (claims, per_claim) = (12, 10);
     let before = index_entries_read(&mut owner, &mut claimer).await;
     let mut claimed = 0;

@@ -256,7 +256,7 @@ async fn bad_flow_settings_are_refused_and_change_nothing() {
     assert!(!conveyor_jobs::resume(&operator, &PauseScope::queue("work")).await.unwrap(), "nothing to lift");
     let mut owner = app.db.owner().await;
     let weights: Vec<(i32,)> =
-        sqlx::query_as("SELECT weight FROM workspace_weights").fetch_all(&mut owner).await.unwrap();
+        sqlx::query_as("SELECT weight FROM conveyor.workspace_weights").fetch_all(&mut owner).await.unwrap();
     assert!(weights.is_empty());
 }
 
@@ -296,7 +296,7 @@ async fn the_cli_pauses_lists_resumes_and_weighs() {
     assert!(!bad.status.success());
     // A workspace's weight is its row: read in its context.
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
-    let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM workspace_weights WHERE workspace_id = $1")
+    let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM conveyor.workspace_weights WHERE workspace_id = $1")
         .bind(ws.0)
         .fetch_one(&mut *tx)
         .await
@@ -354,7 +354,7 @@ async fn queue_wait_counts_from_when_the_job_fell_due_not_from_its_commit() {
         .await
         .unwrap();
     sqlx::query(
-        "UPDATE outbox_events SET created_at = now() - interval '2 hours', next_attempt_at = now() WHERE id = $1",
+        "UPDATE conveyor.outbox_events SET created_at = now() - interval '2 hours', next_attempt_at = now() WHERE id = $1",
     )
     .bind(ping.id.0)
     .execute(&mut *tx)
@@ -402,7 +402,7 @@ async fn three_dispatchers_relaying_one_flood_never_hand_out_more_than_its_windo
         let (in_flight, left): (i64, i64) = sqlx::query_as(
             "SELECT count(*) FILTER (WHERE status = 'dispatching' AND locked_until > now() OR status = 'dispatched'),
                     count(*) FILTER (WHERE status <> 'completed')
-             FROM outbox_events",
+             FROM conveyor.outbox_events",
         )
         .fetch_one(&mut *tx)
         .await

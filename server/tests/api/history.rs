@@ -239,12 +239,16 @@ async fn recorded(db: &TestDb, workspaces: &[Principal]) -> Recorded {
     for who in workspaces {
         let mut tx = conveyor_jobs::begin_workspace(&db.pool, who.workspace_id).await.unwrap();
         let ops: Vec<(Uuid, String, Option<Value>)> =
-            sqlx::query_as("SELECT id, status, result FROM operations").fetch_all(&mut *tx).await.unwrap();
+            sqlx::query_as("SELECT id, status, result FROM conveyor.operations").fetch_all(&mut *tx).await.unwrap();
         let versions: Vec<(Uuid, i32)> =
-            sqlx::query_as("SELECT store_id, version FROM store_credentials").fetch_all(&mut *tx).await.unwrap();
-        let stores: Vec<(Uuid,)> = sqlx::query_as("SELECT id FROM stores").fetch_all(&mut *tx).await.unwrap();
+            sqlx::query_as("SELECT store_id, version FROM conveyor_shop.store_credentials")
+                .fetch_all(&mut *tx)
+                .await
+                .unwrap();
+        let stores: Vec<(Uuid,)> =
+            sqlx::query_as("SELECT id FROM conveyor_shop.stores").fetch_all(&mut *tx).await.unwrap();
         let jobs: Vec<(Uuid, i64)> = sqlx::query_as(
-            "SELECT operation_id, count(*) FROM outbox_events WHERE operation_id IS NOT NULL GROUP BY operation_id",
+            "SELECT operation_id, count(*) FROM conveyor.outbox_events WHERE operation_id IS NOT NULL GROUP BY operation_id",
         )
         .fetch_all(&mut *tx)
         .await

@@ -195,14 +195,17 @@ async fn a_failed_transaction_leaves_no_record_and_the_retry_executes() {
     let who = principal();
     let key = Uuid::new_v4().to_string();
     let mut owner = app.db.owner().await;
-    sqlx::query("ALTER TABLE outbox_events ADD CONSTRAINT test_reject_all CHECK (false) NOT VALID")
+    sqlx::query("ALTER TABLE conveyor.outbox_events ADD CONSTRAINT test_reject_all CHECK (false) NOT VALID")
         .execute(&mut owner)
         .await
         .unwrap();
     let failed = app.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&store_body("f"))).await;
     assert_eq!(failed.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(counts(&app, who).await, vec![0, 0, 0, 0]);
-    sqlx::query("ALTER TABLE outbox_events DROP CONSTRAINT test_reject_all").execute(&mut owner).await.unwrap();
+    sqlx::query("ALTER TABLE conveyor.outbox_events DROP CONSTRAINT test_reject_all")
+        .execute(&mut owner)
+        .await
+        .unwrap();
     let retry = app.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&store_body("f"))).await;
     assert_eq!(retry.status(), StatusCode::ACCEPTED);
     assert!(retry.headers().get("idempotent-replayed").is_none(), "the retry executed afresh");
@@ -291,7 +294,7 @@ async fn no_record_holds_the_request_body_or_a_credential() {
 async fn age_records(app: &TestApp, who: conveyor_server::auth::Principal, created_hours_ago: f64, expired: bool) {
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
-        "UPDATE idempotency_requests
+        "UPDATE conveyor_server.idempotency_requests
          SET created_at = now() - make_interval(secs => $1 * 3600),
              expires_at = CASE WHEN $2 THEN now() - interval '1 second' ELSE expires_at END",
     )
@@ -358,7 +361,13 @@ async fn the_maintenance_process_purges_expired_records_and_counts_them() {
     })
     .await;
     assert!(purged.is_some(), "maintenance purged the record; log:\n{}", process.log());
-    let metrics =
-        app.http.get(format!("http://127.0.0.1:{admin_port}/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("conveyor_idempotency_records_purged_total 1"), "{metrics}");
+    // The pass counts what it deleted once it has finished (after the commit the count above saw): wait for it.
+    let scrape = || async {
+        app.http.get(format!("http://127.0.0.1:{admin_port}/metrics")).send().await.unwrap().text().await.unwrap()
+    };
+    let counted = common::eventually(Duration::from_secs(10), || async {
+        scrape().await.contains("conveyor_idempotency_records_purged_total 1").then_some(())
+    })
+    .await;
+    assert!(counted.is_some(), "{}", scrape().await);
 }

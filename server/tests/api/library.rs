@@ -495,14 +495,14 @@ async fn another_language_enqueues_with_one_select_in_its_own_transaction_under_
     let (ws, other) = (principal().workspace_id, principal().workspace_id);
     // The worker registers its kinds when it starts.
     common::eventually(Duration::from_secs(10), || async {
-        psql(&app, "SELECT 1 FROM job_kinds WHERE kind = 'test.greet'").ok().filter(|o| o == "1")
+        psql(&app, "SELECT 1 FROM conveyor.job_kinds WHERE kind = 'test.greet'").ok().filter(|o| o == "1")
     })
     .await
     .expect("the worker registered its kind");
 
     let enqueue = format!(
         "BEGIN; SELECT set_config('app.workspace_id', '{ws}', true);
-         SELECT conveyor_enqueue('test.greet', '{{\"name\": \"psql\", \"mode\": \"ok\"}}', priority => 'high',
+         SELECT conveyor.conveyor_enqueue('test.greet', '{{\"name\": \"psql\", \"mode\": \"ok\"}}', priority => 'high',
                                  dedup_key => 'from-node');
          COMMIT;"
     );
@@ -516,24 +516,26 @@ async fn another_language_enqueues_with_one_select_in_its_own_transaction_under_
     // Another workspace's context neither sees the job nor can write into the first workspace.
     let look = format!(
         "BEGIN; SELECT set_config('app.workspace_id', '{other}', true);
-         SELECT count(*) FROM outbox_events WHERE id = '{id}'; COMMIT;"
+         SELECT count(*) FROM conveyor.outbox_events WHERE id = '{id}'; COMMIT;"
     );
     assert_eq!(psql(&app, &look).unwrap().lines().last(), Some("0"));
     let smuggle = format!(
         "BEGIN; SELECT set_config('app.workspace_id', '{other}', true);
-         INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
-         VALUES (conveyor_uuid_v7(), '{ws}', 'greetings', 'test.greet', '{{}}'); COMMIT;"
+         INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload)
+         VALUES (conveyor.conveyor_uuid_v7(), '{ws}', 'greetings', 'test.greet', '{{}}'); COMMIT;"
     );
     assert!(psql(&app, &smuggle).unwrap_err().contains("row-level security"));
     // Without a workspace, and with bad arguments: clear errors, nothing written.
-    let bare = psql(&app, "SELECT conveyor_enqueue('test.greet', '{}')").unwrap_err();
+    let bare = psql(&app, "SELECT conveyor.conveyor_enqueue('test.greet', '{}')").unwrap_err();
     assert!(bare.contains("no workspace is set"), "{bare}");
     let in_ws = |call: &str| format!("BEGIN; SELECT set_config('app.workspace_id', '{ws}', true); {call}; COMMIT;");
-    let unknown = psql(&app, &in_ws("SELECT conveyor_enqueue('no.such_kind', '{}')")).unwrap_err();
+    let unknown = psql(&app, &in_ws("SELECT conveyor.conveyor_enqueue('no.such_kind', '{}')")).unwrap_err();
     assert!(unknown.contains("unknown job kind no.such_kind"), "{unknown}");
-    let priority = psql(&app, &in_ws("SELECT conveyor_enqueue('test.greet', '{}', priority => 'urgent')")).unwrap_err();
+    let priority =
+        psql(&app, &in_ws("SELECT conveyor.conveyor_enqueue('test.greet', '{}', priority => 'urgent')")).unwrap_err();
     assert!(priority.contains("priority must be high, normal or low"), "{priority}");
-    let attempts = psql(&app, &in_ws("SELECT conveyor_enqueue('test.greet', '{}', max_attempts => 0)")).unwrap_err();
+    let attempts =
+        psql(&app, &in_ws("SELECT conveyor.conveyor_enqueue('test.greet', '{}', max_attempts => 0)")).unwrap_err();
     assert!(attempts.contains("max_attempts must be at least 1"), "{attempts}");
     assert_eq!(jobs_in(&app, ws).await, 1);
     assert_eq!(jobs_in(&app, other).await, 0);
@@ -775,7 +777,7 @@ async fn an_operations_jobs_end_with_it_and_a_handler_that_stops_unasked_is_retr
         .id;
     let stopper = conveyor_jobs::enqueue_tx(&mut tx, &greet("4", "stop"), EnqueueOptions::new()).await.unwrap().id;
     // The other operation ends (as another of its jobs could end it) before its job runs.
-    sqlx::query("UPDATE operations SET status = 'succeeded', finished_at = now() WHERE id = $1")
+    sqlx::query("UPDATE conveyor.operations SET status = 'succeeded', finished_at = now() WHERE id = $1")
         .bind(other_op.id)
         .execute(&mut *tx)
         .await
@@ -821,12 +823,12 @@ async fn an_enqueue_refuses_another_workspaces_or_an_ended_operation_and_a_repla
     tx.rollback().await.unwrap();
     let sql = format!(
         "BEGIN; SELECT set_config('app.workspace_id', '{}', true);
-         SELECT conveyor_enqueue('test.greet', '{{}}', operation_id => '{}'); COMMIT;",
+         SELECT conveyor.conveyor_enqueue('test.greet', '{{}}', operation_id => '{}'); COMMIT;",
         other.workspace_id, op.id
     );
     // A worker registers its kinds (as the runtime role); here by hand.
     sqlx::query(
-        "INSERT INTO job_kinds (kind, queue, max_attempts, timeout_ms) VALUES ('test.greet', 'greetings', 3, 1000)",
+        "INSERT INTO conveyor.job_kinds (kind, queue, max_attempts, timeout_ms) VALUES ('test.greet', 'greetings', 3, 1000)",
     )
     .execute(&app.db.runtime_pool)
     .await
@@ -886,7 +888,7 @@ async fn a_retry_after_from_the_handler_postpones_the_next_run_beyond_the_kinds_
     assert_eq!(outcomes, vec![conveyor_jobs::Outcome::Retried], "one run, then nothing due");
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
     let (wait, error): (f64, String) = sqlx::query_as(
-        "SELECT extract(epoch FROM next_attempt_at - now())::float8, last_error FROM outbox_events WHERE id = $1",
+        "SELECT extract(epoch FROM next_attempt_at - now())::float8, last_error FROM conveyor.outbox_events WHERE id = $1",
     )
     .bind(job.0)
     .fetch_one(&mut *tx)

@@ -383,7 +383,7 @@ async fn a_keys_rate_holds_in_any_interval_by_the_databases_clock() {
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
     let ids: Vec<uuid::Uuid> = rated.iter().map(|j| j.0).collect();
     let times: Vec<(DateTime<Utc>,)> = sqlx::query_as(
-        "SELECT dispatched_at FROM outbox_events WHERE id = ANY($1) AND dispatched_at IS NOT NULL ORDER BY dispatched_at",
+        "SELECT dispatched_at FROM conveyor.outbox_events WHERE id = ANY($1) AND dispatched_at IS NOT NULL ORDER BY dispatched_at",
     )
     .bind(&ids)
     .fetch_all(&mut *tx)

@@ -64,7 +64,7 @@ async fn active_store(app: &TestApp, who: Principal) -> String {
 
 async fn set_store_status(app: &TestApp, who: Principal, store: &str, status: &str) {
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-    sqlx::query("UPDATE stores SET status = $2 WHERE id = $1::uuid")
+    sqlx::query("UPDATE conveyor_shop.stores SET status = $2 WHERE id = $1::uuid")
         .bind(store)
         .bind(status)
         .execute(&mut *tx)
@@ -78,7 +78,7 @@ async fn insert_media(app: &TestApp, who: Principal, status: &str) -> Uuid {
     let id = Uuid::now_v7();
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
-        "INSERT INTO media (id, workspace_id, filename, content_type, declared_size, object_key, operation_id,
+        "INSERT INTO conveyor_shop.media (id, workspace_id, filename, content_type, declared_size, object_key, operation_id,
                             created_by)
          VALUES ($1, $2, 'a.png', 'image/png', 1, CASE WHEN $3 THEN NULL ELSE 'objects/a' END,
                  CASE WHEN $3 THEN NULL ELSE gen_random_uuid() END, $2)",
@@ -102,7 +102,7 @@ async fn set_media_status(app: &TestApp, who: Principal, id: Uuid, status: &str)
     let derivation = Uuid::now_v7();
     if status == "ready" {
         sqlx::query(
-            "INSERT INTO media_derivations (id, workspace_id, sha256, content_type, width, height, derivatives)
+            "INSERT INTO conveyor_shop.media_derivations (id, workspace_id, sha256, content_type, width, height, derivatives)
              VALUES ($1, $2, $3, 'image/png', 1, 1, '[]')",
         )
         .bind(derivation)
@@ -113,7 +113,7 @@ async fn set_media_status(app: &TestApp, who: Principal, id: Uuid, status: &str)
         .unwrap();
     }
     sqlx::query(
-        "UPDATE media SET status = $2, object_key = coalesce(object_key, 'objects/a'),
+        "UPDATE conveyor_shop.media SET status = $2, object_key = coalesce(object_key, 'objects/a'),
                           operation_id = coalesce(operation_id, gen_random_uuid()),
                           derivation_id = CASE WHEN $2 = 'ready' THEN $3 END
          WHERE id = $1",
@@ -506,7 +506,7 @@ async fn a_publish_waits_for_a_concurrent_store_or_media_change_and_sees_it() {
     // New credentials are being submitted (the store's row is updated, not yet committed) while the publish checks:
     // the publish's share lock waits for that commit and reads the store's new status, not the one before.
     let mut blocker = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-    sqlx::query("UPDATE stores SET status = 'pending_verification' WHERE id = $1::uuid")
+    sqlx::query("UPDATE conveyor_shop.stores SET status = 'pending_verification' WHERE id = $1::uuid")
         .bind(&store)
         .execute(&mut *blocker)
         .await
@@ -517,7 +517,7 @@ async fn a_publish_waits_for_a_concurrent_store_or_media_change_and_sees_it() {
 
     // The same for a media going back to processing (a re-upload) while the publish checks.
     let mut blocker = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-    sqlx::query("UPDATE media SET status = 'processing', derivation_id = NULL WHERE id = $1")
+    sqlx::query("UPDATE conveyor_shop.media SET status = 'processing', derivation_id = NULL WHERE id = $1")
         .bind(media)
         .execute(&mut *blocker)
         .await
@@ -630,20 +630,21 @@ async fn the_database_refuses_a_second_publication_or_product_for_a_listing() {
             .await
             .unwrap();
     tx.commit().await.unwrap();
-    let replace = "UPDATE listings SET publish_operation_id = $2::uuid WHERE id = $1::uuid";
+    let replace = "UPDATE conveyor_shop.listings SET publish_operation_id = $2::uuid WHERE id = $1::uuid";
     assert!(!update(replace, replacement.id.to_string()).await, "a queued publication cannot be replaced");
     // Once its operation is canceled (no product recorded), a new publication may replace it; the key stays.
     let resp = app.send(Method::POST, &format!("/v1/operations/{operation}/cancel"), who, Some(&json!({}))).await;
     assert_eq!(resp.status(), StatusCode::OK);
-    let rekey = "UPDATE listings SET publication_key = $2::uuid WHERE id = $1::uuid";
+    let rekey = "UPDATE conveyor_shop.listings SET publication_key = $2::uuid WHERE id = $1::uuid";
     assert!(!update(rekey, replacement.id.to_string()).await, "the publication key never changes");
-    let clear = "UPDATE listings SET status = 'draft', publish_operation_id = NULL, publication_key = NULL
+    let clear =
+        "UPDATE conveyor_shop.listings SET status = 'draft', publish_operation_id = NULL, publication_key = NULL
                  WHERE id = $1::uuid AND $2 <> ''";
     assert!(!update(clear, "x".into()).await, "a publication is never cleared");
     assert!(update(replace, replacement.id.to_string()).await, "a canceled publication may be replaced");
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
-        "UPDATE listings SET status = 'published', marketplace_product_id = 'prod_1', published_at = now()
+        "UPDATE conveyor_shop.listings SET status = 'published', marketplace_product_id = 'prod_1', published_at = now()
          WHERE id = $1::uuid",
     )
     .bind(&listing)
@@ -659,12 +660,15 @@ async fn the_database_refuses_a_second_publication_or_product_for_a_listing() {
         .unwrap();
     tx.commit().await.unwrap();
     for (statement, value) in [
-        ("UPDATE listings SET publish_operation_id = $2::uuid WHERE id = $1::uuid", second.id.to_string()),
         (
-            "UPDATE listings SET status = 'draft', publish_operation_id = NULL WHERE id = $1::uuid AND $2 <> ''",
+            "UPDATE conveyor_shop.listings SET publish_operation_id = $2::uuid WHERE id = $1::uuid",
+            second.id.to_string(),
+        ),
+        (
+            "UPDATE conveyor_shop.listings SET status = 'draft', publish_operation_id = NULL WHERE id = $1::uuid AND $2 <> ''",
             "x".into(),
         ),
-        ("UPDATE listings SET marketplace_product_id = $2 WHERE id = $1::uuid", "prod_2".into()),
+        ("UPDATE conveyor_shop.listings SET marketplace_product_id = $2 WHERE id = $1::uuid", "prod_2".into()),
     ] {
         let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
         let result = sqlx::query(sqlx::AssertSqlSafe(statement)).bind(&listing).bind(&value).execute(&mut *tx).await;
@@ -813,7 +817,7 @@ async fn a_429_holds_back_only_its_stores_publications_until_its_retry_after_and
     let wait = common::eventually(Duration::from_secs(30), || async {
         let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
         let row: Option<(Option<String>, f64, i32)> = sqlx::query_as(
-            "SELECT last_error, extract(epoch FROM next_attempt_at - now())::float8, job_attempts FROM outbox_events
+            "SELECT last_error, extract(epoch FROM next_attempt_at - now())::float8, job_attempts FROM conveyor.outbox_events
              WHERE event_type = 'listing.publish' AND last_error IS NOT NULL",
         )
         .fetch_optional(&mut *tx)
@@ -995,7 +999,8 @@ async fn another_workspace_gets_404_on_every_listing_route_and_sees_no_row() {
     .unwrap();
     assert_eq!(forced, [("listing_media".into(), true, true), ("listings".into(), true, true)]);
     let mut conn = app.db.app_connection().await;
-    let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM listings").fetch_one(&mut conn).await.unwrap();
+    let (seen,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor_shop.listings").fetch_one(&mut conn).await.unwrap();
     assert_eq!(seen, 0);
     assert_eq!(app.db.count("listings", stranger.workspace_id).await, 0);
     assert_eq!(app.db.count("listings", owner.workspace_id).await, 1);

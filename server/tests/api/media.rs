@@ -630,10 +630,11 @@ async fn another_workspace_gets_404_on_every_media_route() {
     assert_eq!(forced, [("media".into(), true, true), ("media_derivations".into(), true, true)]);
     let mut conn = app.db.app_connection().await;
     for (table, owned) in [("media", 2), ("media_derivations", 1)] {
-        let (seen,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+        let (seen,): (i64,) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {}", common::qualified(table))))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
         assert_eq!(seen, 0, "{table} without a workspace");
         assert_eq!(app.db.count(table, owner.workspace_id).await, owned, "{table} of the owner");
     }

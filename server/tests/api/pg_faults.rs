@@ -116,7 +116,7 @@ async fn operations(db: &TestDb, workspaces: &[Principal]) -> Option<HashMap<Str
     for who in workspaces {
         let mut tx = conveyor_jobs::begin_workspace(&db.pool, who.workspace_id).await.ok()?;
         let rows: Vec<(Uuid, String)> =
-            sqlx::query_as("SELECT id, status FROM operations").fetch_all(&mut *tx).await.ok()?;
+            sqlx::query_as("SELECT id, status FROM conveyor.operations").fetch_all(&mut *tx).await.ok()?;
         tx.commit().await.ok()?;
         all.extend(rows.into_iter().map(|(id, status)| (id.to_string(), status)));
     }
@@ -299,7 +299,7 @@ async fn a_request_whose_statement_postgres_terminates_answers_503_with_retry_af
     // The owner holds the stores table, so the request's statement waits on its lock, in flight.
     let mut owner = app.db.owner().await;
     sqlx::query("BEGIN").execute(&mut owner).await.unwrap();
-    sqlx::query("LOCK TABLE stores IN ACCESS EXCLUSIVE MODE").execute(&mut owner).await.unwrap();
+    sqlx::query("LOCK TABLE conveyor_shop.stores IN ACCESS EXCLUSIVE MODE").execute(&mut owner).await.unwrap();
     let key = Uuid::new_v4().to_string();
     let sending = {
         let (http, url, token) = (app.http.clone(), app.url("/v1/stores"), app.token(who));

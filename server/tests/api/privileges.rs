@@ -56,8 +56,9 @@ async fn the_readme_privilege_table_is_what_the_catalogue_grants_each_role() {
     let mut owner = db.owner().await;
     let documented = readme_table();
     let tables: Vec<(String,)> = sqlx::query_as(
-        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm') ORDER BY 1",
+        "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname IN ('conveyor', 'conveyor_shop', 'conveyor_server') AND c.relkind IN ('r', 'p', 'v', 'm')
+         ORDER BY 1",
     )
     .fetch_all(&mut owner)
     .await
@@ -90,29 +91,32 @@ async fn the_readme_privilege_table_is_what_the_catalogue_grants_each_role() {
         rows.join("\n")
     );
     // The runtime role never touches a business table, credentials above all.
-    assert_eq!(actual["store_credentials"][1], "—");
-    assert_eq!(actual["stores"][1], "—");
+    assert_eq!(actual["conveyor_shop.store_credentials"][1], "—");
+    assert_eq!(actual["conveyor_shop.stores"][1], "—");
 }
 
 #[tokio::test]
 async fn each_role_gets_a_permission_error_for_what_it_may_not_do() {
     let db = TestDb::create().await;
     let forbidden: &[(&str, &str)] = &[
-        (&db.runtime_url, "SELECT * FROM store_credentials"),
-        (&db.runtime_url, "SELECT * FROM stores"),
-        (&db.runtime_url, "UPDATE media SET status = status"),
-        (&db.runtime_url, "DELETE FROM asset_transfers"),
+        (&db.runtime_url, "SELECT * FROM conveyor_shop.store_credentials"),
+        (&db.runtime_url, "SELECT * FROM conveyor_shop.stores"),
+        (&db.runtime_url, "UPDATE conveyor_shop.media SET status = status"),
+        (&db.runtime_url, "DELETE FROM conveyor_shop.asset_transfers"),
         // The operator's data: the runtime role reads weights and pauses, never sets them.
-        (&db.runtime_url, "INSERT INTO workspace_weights (workspace_id, weight) VALUES (gen_random_uuid(), 1000)"),
-        (&db.runtime_url, "DELETE FROM dispatch_pauses"),
-        (&db.operator_url, "SELECT * FROM outbox_events"),
-        (&db.operator_url, "SELECT * FROM store_credentials"),
-        (&db.operator_url, "SELECT * FROM conveyor_admin_audit"),
-        (&db.operator_url, "SELECT conveyor_due_workspaces(10)"),
-        (&db.app_url, "SELECT conveyor_due_workspaces(10)"),
-        (&db.app_url, "SELECT * FROM conveyor_admin_audit"),
-        (&db.app_url, "SELECT conveyor_admin_queues('x', NULL)"),
-        (&db.app_url, "INSERT INTO job_kinds (kind) VALUES ('forged')"),
+        (
+            &db.runtime_url,
+            "INSERT INTO conveyor.workspace_weights (workspace_id, weight) VALUES (gen_random_uuid(), 1000)",
+        ),
+        (&db.runtime_url, "DELETE FROM conveyor.dispatch_pauses"),
+        (&db.operator_url, "SELECT * FROM conveyor.outbox_events"),
+        (&db.operator_url, "SELECT * FROM conveyor_shop.store_credentials"),
+        (&db.operator_url, "SELECT * FROM conveyor.conveyor_admin_audit"),
+        (&db.operator_url, "SELECT conveyor.conveyor_due_workspaces(10)"),
+        (&db.app_url, "SELECT conveyor.conveyor_due_workspaces(10)"),
+        (&db.app_url, "SELECT * FROM conveyor.conveyor_admin_audit"),
+        (&db.app_url, "SELECT conveyor.conveyor_admin_queues('x', NULL)"),
+        (&db.app_url, "INSERT INTO conveyor.job_kinds (kind) VALUES ('forged')"),
     ];
     for (url, sql) in forbidden {
         let mut conn = sqlx::PgConnection::connect(url).await.unwrap();

@@ -35,23 +35,29 @@ async fn without_a_workspace_the_application_role_reads_and_changes_nothing() {
     let (a, _b) = two_populated_workspaces(&app).await;
     let mut conn = app.db.app_connection().await;
     for table in TENANT_TABLES {
-        let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+        let (n,): (i64,) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {}", common::qualified(table))))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
         assert_eq!(n, 0, "SELECT on {table} without a workspace");
-        let updated = sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET workspace_id = workspace_id")))
+        let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {} SET workspace_id = workspace_id",
+            common::qualified(table)
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(updated.rows_affected(), 0, "UPDATE on {table} without a workspace");
+        let deleted = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {}", common::qualified(table))))
             .execute(&mut conn)
             .await
             .unwrap();
-        assert_eq!(updated.rows_affected(), 0, "UPDATE on {table} without a workspace");
-        let deleted =
-            sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}"))).execute(&mut conn).await.unwrap();
         assert_eq!(deleted.rows_affected(), 0, "DELETE on {table} without a workspace");
     }
     // An insert without a workspace fails the policy's WITH CHECK.
     let insert = sqlx::query(
-        "INSERT INTO operations (id, workspace_id, kind, created_by) VALUES (gen_random_uuid(), $1, 'x', $1)",
+        "INSERT INTO conveyor.operations (id, workspace_id, kind, created_by) VALUES (gen_random_uuid(), $1, 'x', $1)",
     )
     .bind(a.workspace_id.0)
     .execute(&mut conn)
@@ -66,7 +72,7 @@ async fn without_a_workspace_the_application_role_reads_and_changes_nothing() {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM stores").fetch_one(&mut conn).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM conveyor_shop.stores").fetch_one(&mut conn).await.unwrap();
     assert_eq!(n, 0, "the workspace does not outlive its transaction");
     for table in TENANT_TABLES {
         assert_eq!(app.db.count(table, a.workspace_id).await, 1, "{table} rows still exist");
@@ -80,14 +86,15 @@ async fn with_workspace_a_the_rows_of_b_are_invisible_and_cannot_be_written() {
     let b_store: uuid::Uuid = app.db.rows("stores", b.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
     for table in TENANT_TABLES {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT workspace_id FROM {table}")))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT workspace_id FROM {}", common::qualified(table))))
             .fetch_all(&mut *tx)
             .await
             .unwrap();
         assert_eq!(rows.len(), 1, "{table}: only A's row");
         assert_eq!(rows[0].get::<uuid::Uuid, _>(0), a.workspace_id.0);
         let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE {table} SET workspace_id = workspace_id WHERE workspace_id = $1"
+            "UPDATE {} SET workspace_id = workspace_id WHERE workspace_id = $1",
+            common::qualified(table)
         )))
         .bind(b.workspace_id.0)
         .execute(&mut *tx)
@@ -95,19 +102,25 @@ async fn with_workspace_a_the_rows_of_b_are_invisible_and_cannot_be_written() {
         .unwrap();
         assert_eq!(updated.rows_affected(), 0, "{table}: B's rows cannot be updated from A");
     }
-    let found = sqlx::query("SELECT 1 FROM stores WHERE id = $1").bind(b_store).fetch_optional(&mut *tx).await.unwrap();
+    let found = sqlx::query("SELECT 1 FROM conveyor_shop.stores WHERE id = $1")
+        .bind(b_store)
+        .fetch_optional(&mut *tx)
+        .await
+        .unwrap();
     assert!(found.is_none());
-    let deleted = sqlx::query("DELETE FROM stores WHERE id = $1").bind(b_store).execute(&mut *tx).await.unwrap();
+    let deleted =
+        sqlx::query("DELETE FROM conveyor_shop.stores WHERE id = $1").bind(b_store).execute(&mut *tx).await.unwrap();
     assert_eq!(deleted.rows_affected(), 0);
     tx.commit().await.unwrap();
     // Moving A's row into B, or writing a row for B, fails the WITH CHECK.
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
-    let moved = sqlx::query("UPDATE stores SET workspace_id = $1").bind(b.workspace_id.0).execute(&mut *tx).await;
+    let moved =
+        sqlx::query("UPDATE conveyor_shop.stores SET workspace_id = $1").bind(b.workspace_id.0).execute(&mut *tx).await;
     assert!(moved.is_err(), "a row cannot be moved into another workspace");
     tx.rollback().await.unwrap();
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
     let insert = sqlx::query(
-        "INSERT INTO operations (id, workspace_id, kind, created_by) VALUES (gen_random_uuid(), $1, 'x', $1)",
+        "INSERT INTO conveyor.operations (id, workspace_id, kind, created_by) VALUES (gen_random_uuid(), $1, 'x', $1)",
     )
     .bind(b.workspace_id.0)
     .execute(&mut *tx)
@@ -126,8 +139,8 @@ async fn the_application_role_cannot_turn_security_off_or_become_the_owner() {
     let mut conn = app.db.app_connection().await;
     for table in TENANT_TABLES {
         for ddl in [
-            format!("ALTER TABLE {table} DISABLE ROW LEVEL SECURITY"),
-            format!("ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY"),
+            format!("ALTER TABLE {} DISABLE ROW LEVEL SECURITY", common::qualified(table)),
+            format!("ALTER TABLE {} NO FORCE ROW LEVEL SECURITY", common::qualified(table)),
             format!("DROP POLICY workspace_isolation ON {table}"),
             format!("CREATE POLICY open ON {table} USING (true)"),
         ] {
@@ -138,7 +151,7 @@ async fn the_application_role_cannot_turn_security_off_or_become_the_owner() {
     assert!(sqlx::query("SET SESSION AUTHORIZATION conveyor_owner").execute(&mut conn).await.is_err());
     // row_security = off makes a query that RLS would filter fail instead of bypassing the policy.
     sqlx::query("SET row_security = off").execute(&mut conn).await.unwrap();
-    assert!(sqlx::query("SELECT * FROM stores").fetch_all(&mut conn).await.is_err());
+    assert!(sqlx::query("SELECT * FROM conveyor_shop.stores").fetch_all(&mut conn).await.is_err());
     let (superuser, bypass): (bool, bool) =
         sqlx::query_as("SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user")
             .fetch_one(&mut conn)
@@ -166,7 +179,12 @@ const PROVEN: &[(&str, &str)] = &[
 ];
 
 /// Tables without row-level security the application role may read (never write): global, no workspace's rows.
-const GLOBAL_READABLE: &[&str] = &["conveyor_schema_migrations", "job_kinds"];
+const GLOBAL_READABLE: &[&str] = &[
+    "conveyor._sqlx_migrations",
+    "conveyor_shop._sqlx_migrations",
+    "conveyor_server._sqlx_migrations",
+    "conveyor.job_kinds",
+];
 
 /// What the role of `conn` may do that the wall does not allow: functions it can execute that are not [`PROVEN`] (in
 /// any schema but PostgreSQL's own), proven ones that are `SECURITY DEFINER` (but triggers) or set a configuration
@@ -228,7 +246,7 @@ fn calls_set_config(source: &str) -> bool {
 async fn executable(conn: &mut sqlx::PgConnection) -> BTreeSet<String> {
     sqlx::query_scalar(
         "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-         WHERE n.nspname = 'public' AND p.proname LIKE 'conveyor\\_%'
+         WHERE n.nspname IN ('conveyor', 'conveyor_shop', 'conveyor_server') AND p.proname LIKE 'conveyor\\_%'
            AND has_function_privilege(current_user, p.oid, 'EXECUTE')",
     )
     .fetch_all(conn)
@@ -248,23 +266,35 @@ async fn every_function_and_table_the_application_role_can_use_is_proven_to_stay
     // list `conveyor migrate` grants.
     let proven: BTreeSet<String> = PROVEN.iter().map(|(name, _)| (*name).to_owned()).collect();
     assert_eq!(executable(&mut app).await, proven, "the application role executes exactly the proven functions");
-    let granted: BTreeSet<String> = conveyor_jobs::APPLICATION_FUNCTIONS.iter().map(|n| (*n).to_owned()).collect();
-    assert_eq!(granted, proven, "src/migrate.rs's APPLICATION_FUNCTIONS and this test's PROVEN differ");
+    let granted: BTreeSet<String> = conveyor_jobs::APPLICATION_FUNCTIONS
+        .iter()
+        .chain(conveyor_shop::migrate::FUNCTIONS)
+        .map(|n| (*n).to_owned())
+        .collect();
+    assert_eq!(
+        granted, proven,
+        "the platform's APPLICATION_FUNCTIONS and the shop's FUNCTIONS are not this test's PROVEN"
+    );
 
     // The check catches a grant someone adds later: a function of the runtime's, a writable table without RLS.
     let mut owner = db.owner().await;
     let role = db.app_url.split("://").nth(1).unwrap().split(':').next().unwrap().to_owned();
     for grant in [
-        format!("GRANT EXECUTE ON FUNCTION conveyor_due_outbox_workspaces(integer) TO {role}"),
-        format!("GRANT EXECUTE ON FUNCTION conveyor_complete_jobs(uuid[], uuid[], integer[], jsonb[]) TO {role}"),
-        format!("GRANT INSERT ON job_kinds TO {role}"),
-        "CREATE FUNCTION leak() RETURNS bigint LANGUAGE sql SECURITY DEFINER AS 'SELECT count(*) FROM stores'".into(),
+        format!("GRANT EXECUTE ON FUNCTION conveyor.conveyor_due_outbox_workspaces(integer) TO {role}"),
+        format!("GRANT EXECUTE ON FUNCTION conveyor.conveyor_complete_jobs(uuid[], uuid[], integer[], jsonb[]) TO {role}"),
+        format!("GRANT INSERT ON conveyor.job_kinds TO {role}"),
+        "CREATE FUNCTION leak() RETURNS bigint LANGUAGE sql SECURITY DEFINER AS 'SELECT count(*) FROM conveyor_shop.stores'".into(),
         "GRANT EXECUTE ON FUNCTION leak() TO PUBLIC".into(),
     ] {
         sqlx::query(sqlx::AssertSqlSafe(grant)).execute(&mut owner).await.unwrap();
     }
     let breaches = wall_breaches(&mut app).await.join("\n");
-    for caught in ["conveyor_due_outbox_workspaces(integer)", "conveyor_complete_jobs(", "writes job_kinds", "leak()"] {
+    for caught in [
+        "conveyor.conveyor_due_outbox_workspaces(integer)",
+        "conveyor.conveyor_complete_jobs(",
+        "writes conveyor.job_kinds",
+        "leak()",
+    ] {
         assert!(breaches.contains(caught), "{caught} not caught:\n{breaches}");
     }
 }
@@ -301,21 +331,21 @@ async fn the_runtime_role_alone_executes_the_functions_that_work_across_workspac
     let b_job: uuid::Uuid =
         app.db.rows("outbox_events", b.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
     for call in [
-        "SELECT * FROM conveyor_due_outbox_workspaces(100)".to_owned(),
-        "SELECT conveyor_next_due_at()".to_owned(),
-        "SELECT * FROM conveyor_due_workspaces(100)".to_owned(),
-        "SELECT conveyor_next_due_after(now() - interval '1 hour')".to_owned(),
-        "SELECT * FROM conveyor_claim_jobs_fair(ARRAY[]::uuid[], 'me', 30, 10, 0, ARRAY[]::uuid[])".to_owned(),
+        "SELECT * FROM conveyor.conveyor_due_outbox_workspaces(100)".to_owned(),
+        "SELECT conveyor.conveyor_next_due_at()".to_owned(),
+        "SELECT * FROM conveyor.conveyor_due_workspaces(100)".to_owned(),
+        "SELECT conveyor.conveyor_next_due_after(now() - interval '1 hour')".to_owned(),
+        "SELECT * FROM conveyor.conveyor_claim_jobs_fair(ARRAY[]::uuid[], 'me', 30, 10, 0, ARRAY[]::uuid[])".to_owned(),
         format!(
-            "SELECT conveyor_complete_jobs(ARRAY['{}']::uuid[], ARRAY['{b_job}']::uuid[], ARRAY[NULL]::int[],
+            "SELECT conveyor.conveyor_complete_jobs(ARRAY['{}']::uuid[], ARRAY['{b_job}']::uuid[], ARRAY[NULL]::int[],
                                            ARRAY['null']::jsonb[])",
             b.workspace_id.0
         ),
         format!(
-            "SELECT * FROM conveyor_jobs_not_to_run(ARRAY['{}']::uuid[], ARRAY['{b_job}']::uuid[], ARRAY[NULL]::int[])",
+            "SELECT * FROM conveyor.conveyor_jobs_not_to_run(ARRAY['{}']::uuid[], ARRAY['{b_job}']::uuid[], ARRAY[NULL]::int[])",
             b.workspace_id.0
         ),
-        "SELECT * FROM conveyor_claim_jobs_fair(ARRAY[]::uuid[], 'me', 30, 10, 0)".to_owned(),
+        "SELECT * FROM conveyor.conveyor_claim_jobs_fair(ARRAY[]::uuid[], 'me', 30, 10, 0)".to_owned(),
     ] {
         let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
         let err = sqlx::query(sqlx::AssertSqlSafe(call.clone())).execute(&mut *tx).await.unwrap_err();
@@ -328,11 +358,15 @@ async fn the_runtime_role_alone_executes_the_functions_that_work_across_workspac
     assert_eq!(b_rows[0]["status"], "pending", "B's job is untouched");
 
     // The runtime role's lookups return workspace ids and nothing else; the rows stay behind RLS for it too.
-    let rows = sqlx::query("SELECT * FROM conveyor_due_outbox_workspaces(100)").fetch_all(&mut runtime).await.unwrap();
+    let rows = sqlx::query("SELECT * FROM conveyor.conveyor_due_outbox_workspaces(100)")
+        .fetch_all(&mut runtime)
+        .await
+        .unwrap();
     assert_eq!(rows[0].columns().len(), 1, "one column: the workspace id");
     let ids: BTreeSet<uuid::Uuid> = rows.iter().map(|r| r.get(0)).collect();
     assert_eq!(ids, BTreeSet::from([a.workspace_id.0, b.workspace_id.0]));
-    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut runtime).await.unwrap();
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor.outbox_events").fetch_one(&mut runtime).await.unwrap();
     assert_eq!(n, 0, "without a workspace the runtime role reads no row either");
 }
 
@@ -340,18 +374,20 @@ async fn the_runtime_role_alone_executes_the_functions_that_work_across_workspac
 async fn the_application_role_enqueues_only_in_its_workspace() {
     let app = TestApp::spawn().await;
     let (a, b) = two_populated_workspaces(&app).await;
-    sqlx::query("INSERT INTO job_kinds (kind, queue, max_attempts, timeout_ms) VALUES ('test.leak', 'leaks', 3, 1000)")
-        .execute(&mut app.db.owner().await)
-        .await
-        .unwrap();
+    sqlx::query(
+        "INSERT INTO conveyor.job_kinds (kind, queue, max_attempts, timeout_ms) VALUES ('test.leak', 'leaks', 3, 1000)",
+    )
+    .execute(&mut app.db.owner().await)
+    .await
+    .unwrap();
     let mut conn = app.db.app_connection().await;
-    let err = sqlx::query("SELECT conveyor_enqueue('test.leak', '{}')").execute(&mut conn).await.unwrap_err();
+    let err = sqlx::query("SELECT conveyor.conveyor_enqueue('test.leak', '{}')").execute(&mut conn).await.unwrap_err();
     assert!(err.to_string().contains("no workspace is set"), "{err}");
     // From A, B's live operation cannot carry A's job, and the job lands in A.
     let b_operation: uuid::Uuid =
         app.db.rows("operations", b.workspace_id).await[0]["id"].as_str().unwrap().parse().unwrap();
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
-    let err = sqlx::query("SELECT conveyor_enqueue('test.leak', '{}', operation_id => $1)")
+    let err = sqlx::query("SELECT conveyor.conveyor_enqueue('test.leak', '{}', operation_id => $1)")
         .bind(b_operation)
         .execute(&mut *tx)
         .await
@@ -360,13 +396,16 @@ async fn the_application_role_enqueues_only_in_its_workspace() {
     tx.rollback().await.unwrap();
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a.workspace_id).await.unwrap();
     let (id,): (uuid::Uuid,) =
-        sqlx::query_as("SELECT conveyor_enqueue('test.leak', '{}')").fetch_one(&mut *tx).await.unwrap();
+        sqlx::query_as("SELECT conveyor.conveyor_enqueue('test.leak', '{}')").fetch_one(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
     assert!(app.db.rows("outbox_events", a.workspace_id).await.iter().any(|e| e["id"] == id.to_string()));
     assert_eq!(app.db.count("outbox_events", b.workspace_id).await, 1, "B has its own job only");
     // Trigger functions cannot be called at all.
     for trigger in PROVEN.iter().filter(|(_, why)| why.starts_with("trigger")).map(|(name, _)| name) {
-        let err = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {trigger}()"))).execute(&mut conn).await.unwrap_err();
+        let err = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT conveyor_shop.{trigger}()")))
+            .execute(&mut conn)
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("trigger functions can only be called as triggers"), "{trigger}: {err}");
     }
 }
@@ -386,28 +425,29 @@ async fn a_workspaces_weight_and_pauses_are_its_rows_and_a_pause_of_every_worksp
     // Without a workspace: no weight, and only the pause of every workspace; nothing to change.
     let mut conn = app.db.app_connection().await;
     let (weights,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM workspace_weights").fetch_one(&mut conn).await.unwrap();
+        sqlx::query_as("SELECT count(*) FROM conveyor.workspace_weights").fetch_one(&mut conn).await.unwrap();
     assert_eq!(weights, 0);
     let pauses = conveyor_jobs::list_pauses(&app.db.pool).await.unwrap();
     assert_eq!(pauses.iter().map(|p| p.workspace_id).collect::<Vec<_>>(), [None], "{pauses:?}");
     for change in [
-        "UPDATE workspace_weights SET weight = 1",
-        "DELETE FROM workspace_weights",
-        "DELETE FROM dispatch_pauses WHERE workspace_id IS NOT NULL",
+        "UPDATE conveyor.workspace_weights SET weight = 1",
+        "DELETE FROM conveyor.workspace_weights",
+        "DELETE FROM conveyor.dispatch_pauses WHERE workspace_id IS NOT NULL",
     ] {
         let err = sqlx::query(change).execute(&mut conn).await.unwrap_err();
         assert_eq!(code(&err), "42501", "{change} without a workspace: {err}");
     }
     // From A: B's weight and pause are invisible, and cannot be changed nor written for B.
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a).await.unwrap();
-    let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
+    let (seen,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor.dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
     assert_eq!(seen, 1, "A sees the pause of every workspace only");
     tx.commit().await.unwrap();
     for write in [
-        "UPDATE workspace_weights SET weight = 1 WHERE workspace_id = $1",
-        "DELETE FROM dispatch_pauses WHERE workspace_id = $1",
-        "INSERT INTO workspace_weights (workspace_id, weight) VALUES ($1, 9)",
-        "INSERT INTO dispatch_pauses (queue, workspace_id) VALUES ('work', $1)",
+        "UPDATE conveyor.workspace_weights SET weight = 1 WHERE workspace_id = $1",
+        "DELETE FROM conveyor.dispatch_pauses WHERE workspace_id = $1",
+        "INSERT INTO conveyor.workspace_weights (workspace_id, weight) VALUES ($1, 9)",
+        "INSERT INTO conveyor.dispatch_pauses (queue, workspace_id) VALUES ('work', $1)",
     ] {
         let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, a).await.unwrap();
         let err = sqlx::query(write).bind(b.0).execute(&mut *tx).await.unwrap_err();
@@ -415,9 +455,11 @@ async fn a_workspaces_weight_and_pauses_are_its_rows_and_a_pause_of_every_worksp
     }
     // B's rows are intact, in B's context; the runtime role (the relay's claim) reads every pause.
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, b).await.unwrap();
-    let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM workspace_weights").fetch_one(&mut *tx).await.unwrap();
+    let (weight,): (i32,) =
+        sqlx::query_as("SELECT weight FROM conveyor.workspace_weights").fetch_one(&mut *tx).await.unwrap();
     assert_eq!(weight, 5);
-    let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
+    let (seen,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor.dispatch_pauses").fetch_one(&mut *tx).await.unwrap();
     assert_eq!(seen, 2, "B sees its own pause and the pause of every workspace");
     tx.commit().await.unwrap();
     assert_eq!(conveyor_jobs::list_pauses(&app.db.runtime_pool).await.unwrap().len(), 2);
@@ -444,19 +486,19 @@ async fn the_application_role_may_not_pause_every_workspace_nor_weigh_its_own() 
     // As the application role, in its own workspace's context and in none: every write of a pause of every
     // workspace, and of a weight (its own included), is refused.
     let forbidden = [
-        "INSERT INTO dispatch_pauses (queue, kind, workspace_id, reason) VALUES ('emails', NULL, NULL, 'forged')",
-        "INSERT INTO dispatch_pauses (queue, workspace_id) VALUES ('emails', NULL)",
-        "UPDATE dispatch_pauses SET reason = 'forged' WHERE workspace_id IS NULL",
-        "UPDATE dispatch_pauses SET workspace_id = NULL",
-        "DELETE FROM dispatch_pauses WHERE workspace_id IS NULL",
-        "DELETE FROM dispatch_pauses",
-        "INSERT INTO workspace_weights (workspace_id, weight) VALUES (conveyor_current_workspace(), 1000)",
-        "INSERT INTO workspace_weights (workspace_id, weight) VALUES (gen_random_uuid(), 1000)",
-        "UPDATE workspace_weights SET weight = 1000",
-        "DELETE FROM workspace_weights",
-        "SELECT conveyor_admin_pause('forged', NULL, 'emails', NULL, NULL, NULL)",
-        "SELECT conveyor_admin_resume('forged', NULL, 'work', NULL, NULL)",
-        "SELECT conveyor_admin_set_weight('forged', NULL, gen_random_uuid(), 1000)",
+        "INSERT INTO conveyor.dispatch_pauses (queue, kind, workspace_id, reason) VALUES ('emails', NULL, NULL, 'forged')",
+        "INSERT INTO conveyor.dispatch_pauses (queue, workspace_id) VALUES ('emails', NULL)",
+        "UPDATE conveyor.dispatch_pauses SET reason = 'forged' WHERE workspace_id IS NULL",
+        "UPDATE conveyor.dispatch_pauses SET workspace_id = NULL",
+        "DELETE FROM conveyor.dispatch_pauses WHERE workspace_id IS NULL",
+        "DELETE FROM conveyor.dispatch_pauses",
+        "INSERT INTO conveyor.workspace_weights (workspace_id, weight) VALUES (conveyor.conveyor_current_workspace(), 1000)",
+        "INSERT INTO conveyor.workspace_weights (workspace_id, weight) VALUES (gen_random_uuid(), 1000)",
+        "UPDATE conveyor.workspace_weights SET weight = 1000",
+        "DELETE FROM conveyor.workspace_weights",
+        "SELECT conveyor.conveyor_admin_pause('forged', NULL, 'emails', NULL, NULL, NULL)",
+        "SELECT conveyor.conveyor_admin_resume('forged', NULL, 'work', NULL, NULL)",
+        "SELECT conveyor.conveyor_admin_set_weight('forged', NULL, gen_random_uuid(), 1000)",
     ];
     for context in [Some(ws), None] {
         for sql in forbidden {
@@ -476,7 +518,7 @@ async fn the_application_role_may_not_pause_every_workspace_nor_weigh_its_own() 
     let err = conveyor_jobs::set_workspace_weight(&app.db.pool, ws, 1000).await.unwrap_err();
     assert!(err.to_string().contains("permission denied"), "{err}");
     // The runtime role, which writes the platform's tables, writes no pause of every workspace either.
-    let err = sqlx::query("INSERT INTO dispatch_pauses (queue) VALUES ('emails')")
+    let err = sqlx::query("INSERT INTO conveyor.dispatch_pauses (queue) VALUES ('emails')")
         .execute(&app.db.runtime_pool)
         .await
         .unwrap_err();
@@ -487,14 +529,14 @@ async fn the_application_role_may_not_pause_every_workspace_nor_weigh_its_own() 
     assert_eq!(pauses.len(), 1, "{pauses:?}");
     assert_eq!((pauses[0].queue.as_deref(), pauses[0].reason.as_deref()), (Some("work"), Some("the operator's")));
     let mut owner = app.db.owner().await;
-    let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM workspace_weights WHERE workspace_id = $1")
+    let (weight,): (i32,) = sqlx::query_as("SELECT weight FROM conveyor.workspace_weights WHERE workspace_id = $1")
         .bind(ws.0)
         .fetch_one(&mut owner)
         .await
         .unwrap();
     assert_eq!(weight, 2);
     let trail: Vec<(String, String, Value)> =
-        sqlx::query_as("SELECT actor, action, arguments FROM conveyor_admin_audit ORDER BY id")
+        sqlx::query_as("SELECT actor, action, arguments FROM conveyor.conveyor_admin_audit ORDER BY id")
             .fetch_all(&mut owner)
             .await
             .unwrap();
@@ -508,7 +550,7 @@ async fn maintenance_purges_the_audit_trail_past_its_retention_and_says_so_in_it
     let app = TestApp::spawn().await;
     let mut owner = app.db.owner().await;
     sqlx::query(
-        "INSERT INTO conveyor_admin_audit (at, actor, action) VALUES
+        "INSERT INTO conveyor.conveyor_admin_audit (at, actor, action) VALUES
              (now() - interval '100 days', 'old', 'jobs'), (now() - interval '95 days', 'old', 'jobs'),
              (now() - interval '10 days', 'recent', 'jobs')",
     )
@@ -517,9 +559,10 @@ async fn maintenance_purges_the_audit_trail_past_its_retention_and_says_so_in_it
     .unwrap();
     // Neither the application role nor a retention under a day.
     let mut conn = app.db.app_connection().await;
-    let err = sqlx::query("SELECT conveyor_audit_purge(interval '1 day', 10)").execute(&mut conn).await.unwrap_err();
+    let err =
+        sqlx::query("SELECT conveyor.conveyor_audit_purge(interval '1 day', 10)").execute(&mut conn).await.unwrap_err();
     assert!(err.to_string().contains("permission denied"), "{err}");
-    let err = sqlx::query("SELECT conveyor_audit_purge(interval '1 hour', 10)")
+    let err = sqlx::query("SELECT conveyor.conveyor_audit_purge(interval '1 hour', 10)")
         .execute(&app.db.runtime_pool)
         .await
         .unwrap_err();
@@ -536,10 +579,11 @@ async fn maintenance_purges_the_audit_trail_past_its_retention_and_says_so_in_it
     );
     let report = maintenance.run_once().await.unwrap();
     assert_eq!(report.audit_purged, 2, "the two entries older than 90 days");
-    let left: Vec<(String, String)> = sqlx::query_as("SELECT actor, action FROM conveyor_admin_audit ORDER BY id")
-        .fetch_all(&mut owner)
-        .await
-        .unwrap();
+    let left: Vec<(String, String)> =
+        sqlx::query_as("SELECT actor, action FROM conveyor.conveyor_admin_audit ORDER BY id")
+            .fetch_all(&mut owner)
+            .await
+            .unwrap();
     assert_eq!(left, [("recent".into(), "jobs".into()), ("maintenance".into(), "audit_purge".into())]);
     // A maintenance given a shorter retention than `conveyor migrate` recorded (90 days by default) keeps what the
     // recorded one keeps: the purge's floor is the owner's.
@@ -551,19 +595,19 @@ async fn maintenance_purges_the_audit_trail_past_its_retention_and_says_so_in_it
 async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
     let app = TestApp::spawn().await;
     let mut owner = app.db.owner().await;
-    let plant = "INSERT INTO conveyor_admin_audit (at, actor, action) VALUES
+    let plant = "INSERT INTO conveyor.conveyor_admin_audit (at, actor, action) VALUES
                      (now() - interval '100 days', 'old', 'jobs'), (now() - interval '10 days', 'recent', 'jobs')";
     sqlx::query(plant).execute(&mut owner).await.unwrap();
 
     // As the runtime role, asking for a day: what the configured 90 days keep stays.
-    let (purged,): (i64,) = sqlx::query_as("SELECT conveyor_audit_purge(interval '1 day', 100)")
+    let (purged,): (i64,) = sqlx::query_as("SELECT conveyor.conveyor_audit_purge(interval '1 day', 100)")
         .fetch_one(&app.db.runtime_pool)
         .await
         .unwrap();
     assert_eq!(purged, 1, "the 100-day-old entry only");
     assert_eq!(actors(&mut owner).await, ["recent", "maintenance"]);
     let (arguments,): (Value,) =
-        sqlx::query_as("SELECT arguments FROM conveyor_admin_audit WHERE action = 'audit_purge'")
+        sqlx::query_as("SELECT arguments FROM conveyor.conveyor_admin_audit WHERE action = 'audit_purge'")
             .fetch_one(&mut owner)
             .await
             .unwrap();
@@ -574,10 +618,10 @@ async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
     let mut runtime_conn = sqlx::PgConnection::connect(&app.db.runtime_url).await.unwrap();
     for conn in [&mut app_conn, &mut runtime_conn] {
         for sql in [
-            "SELECT value FROM conveyor_settings",
-            "UPDATE conveyor_settings SET value = '1 day'",
-            "DELETE FROM conveyor_settings",
-            "INSERT INTO conveyor_settings (name, value) VALUES ('audit_retention_2', '1 day')",
+            "SELECT value FROM conveyor.conveyor_settings",
+            "UPDATE conveyor.conveyor_settings SET value = '1 day'",
+            "DELETE FROM conveyor.conveyor_settings",
+            "INSERT INTO conveyor.conveyor_settings (name, value) VALUES ('audit_retention_2', '1 day')",
         ] {
             let err = sqlx::query(sql).execute(&mut *conn).await.expect_err(sql);
             assert_eq!(code(&err), "42501", "{sql}: {err}");
@@ -594,7 +638,7 @@ async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
         dead_letter_retention: None,
     };
     conveyor_jobs::migrate_with(&migrate).await.unwrap();
-    let (purged,): (i64,) = sqlx::query_as("SELECT conveyor_audit_purge(interval '1 day', 100)")
+    let (purged,): (i64,) = sqlx::query_as("SELECT conveyor.conveyor_audit_purge(interval '1 day', 100)")
         .fetch_one(&app.db.runtime_pool)
         .await
         .unwrap();
@@ -605,17 +649,18 @@ async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
     let err = conveyor_jobs::migrate_with(&under).await.unwrap_err();
     assert!(format!("{err:#}").contains("CONVEYOR_AUDIT_RETENTION"), "{err:#}");
     conveyor_jobs::migrate(&app.db.owner_url, &app.db.app_url, &app.db.runtime_url).await.unwrap();
-    let (floor,): (String,) = sqlx::query_as("SELECT value FROM conveyor_settings WHERE name = 'audit_retention'")
-        .fetch_one(&mut owner)
-        .await
-        .unwrap();
+    let (floor,): (String,) =
+        sqlx::query_as("SELECT value FROM conveyor.conveyor_settings WHERE name = 'audit_retention'")
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
     assert_eq!(floor, "90 days");
 }
 
 /// The audit trail's actors, oldest first (read by the owner).
 async fn actors(owner: &mut sqlx::PgConnection) -> Vec<String> {
     let rows: Vec<(String,)> =
-        sqlx::query_as("SELECT actor FROM conveyor_admin_audit ORDER BY id").fetch_all(owner).await.unwrap();
+        sqlx::query_as("SELECT actor FROM conveyor.conveyor_admin_audit ORDER BY id").fetch_all(owner).await.unwrap();
     rows.into_iter().map(|(a,)| a).collect()
 }
 

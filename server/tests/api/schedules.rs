@@ -47,9 +47,9 @@ async fn runs_and_jobs(app: &TestApp, ws: WorkspaceId) -> (Vec<(i64, Uuid)>, Vec
     let (runs, jobs): (serde_json::Value, serde_json::Value) = sqlx::query_as(
         "SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(floor(extract(epoch FROM tick_at) * 1000)::int8, job_id)
                                            ORDER BY tick_at), '[]')
-                 FROM job_schedule_runs),
+                 FROM conveyor.job_schedule_runs),
                 (SELECT coalesce(jsonb_agg(jsonb_build_array(dedup_key, id) ORDER BY id), '[]')
-                 FROM outbox_events WHERE dedup_key LIKE 'schedule:%')",
+                 FROM conveyor.outbox_events WHERE dedup_key LIKE 'schedule:%')",
     )
     .fetch_one(&mut *tx)
     .await
@@ -108,8 +108,13 @@ async fn many_concurrent_passes_over_one_due_tick_fire_it_once() {
     let ws = principal().workspace_id;
     set(&app, ws, "race", ScheduleSpec::every(Duration::from_secs(60)).unwrap(), ScheduleOptions::new()).await;
     for round in 0..5 {
-        exec(&app, ws, "UPDATE job_schedules SET next_run_at = now() - interval '1 second' WHERE name = $1", "race")
-            .await;
+        exec(
+            &app,
+            ws,
+            "UPDATE conveyor.job_schedules SET next_run_at = now() - interval '1 second' WHERE name = $1",
+            "race",
+        )
+        .await;
         let passes: Vec<_> = (0..8)
             .map(|_| {
                 let pool = app.db.runtime_pool.clone();
@@ -135,7 +140,7 @@ async fn after_downtime_a_schedule_fires_once_for_the_latest_missed_tick_then_go
     exec(
         &app,
         ws,
-        "UPDATE job_schedules SET next_run_at = date_trunc('second', now()) - interval '330 seconds' WHERE name = $1",
+        "UPDATE conveyor.job_schedules SET next_run_at = date_trunc('second', now()) - interval '330 seconds' WHERE name = $1",
         "minutely",
     )
     .await;
@@ -225,7 +230,13 @@ async fn schedules_and_their_runs_are_walled_off_by_row_level_security() {
     let app = TestApp::spawn().await;
     let (a, b) = (principal().workspace_id, principal().workspace_id);
     set(&app, a, "often", ScheduleSpec::every(Duration::from_secs(60)).unwrap(), ScheduleOptions::new()).await;
-    exec(&app, a, "UPDATE job_schedules SET next_run_at = now() - interval '1 second' WHERE name = $1", "often").await;
+    exec(
+        &app,
+        a,
+        "UPDATE conveyor.job_schedules SET next_run_at = now() - interval '1 second' WHERE name = $1",
+        "often",
+    )
+    .await;
     assert_eq!(
         fire_due_schedules(&app.db.runtime_pool).await.unwrap().fired,
         1,
@@ -244,13 +255,14 @@ async fn schedules_and_their_runs_are_walled_off_by_row_level_security() {
         assert_eq!(app.db.count(table, b).await, 0, "{table}: B sees nothing");
         // Without a workspace, the application role sees nothing either.
         let mut conn = app.db.app_connection().await;
-        let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+        let (n,): (i64,) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {}", common::qualified(table))))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
         assert_eq!(n, 0, "{table}: no workspace, no rows");
         let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, b).await.unwrap();
-        let changed = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}")))
+        let changed = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {}", common::qualified(table))))
             .execute(&mut *tx)
             .await
             .unwrap()
@@ -268,7 +280,13 @@ async fn a_paused_schedule_does_not_fire_and_resumes_from_the_next_tick() {
     set(&app, ws, "paused", every.clone(), ScheduleOptions::new().paused(true)).await;
     set(&app, ws, "later", every, ScheduleOptions::new()).await;
     assert!(conveyor_jobs::pause_schedule(&app.db.pool, ws, "later").await.unwrap());
-    exec(&app, ws, "UPDATE job_schedules SET next_run_at = now() - interval '10 minutes' WHERE name <> $1", "").await;
+    exec(
+        &app,
+        ws,
+        "UPDATE conveyor.job_schedules SET next_run_at = now() - interval '10 minutes' WHERE name <> $1",
+        "",
+    )
+    .await;
     assert_eq!(
         fire_due_schedules(&app.db.runtime_pool).await.unwrap().fired,
         0,
@@ -283,7 +301,13 @@ async fn a_paused_schedule_does_not_fire_and_resumes_from_the_next_tick() {
     assert_eq!(fire_due_schedules(&app.db.runtime_pool).await.unwrap().fired, 0);
 
     // Once its tick comes, it fires; the other one, still paused, does not.
-    exec(&app, ws, "UPDATE job_schedules SET next_run_at = now() - interval '1 second' WHERE name = $1", "later").await;
+    exec(
+        &app,
+        ws,
+        "UPDATE conveyor.job_schedules SET next_run_at = now() - interval '1 second' WHERE name = $1",
+        "later",
+    )
+    .await;
     assert_eq!(fire_due_schedules(&app.db.runtime_pool).await.unwrap().fired, 1);
     let (runs, jobs) = runs_and_jobs(&app, ws).await;
     assert_eq!((runs.len(), jobs.len()), (1, 1));
@@ -349,7 +373,7 @@ async fn the_cli_sets_lists_and_removes_schedules_of_registered_kinds() {
     // A worker registers its kinds; here by hand.
     let mut owner = app.db.owner().await;
     sqlx::query(
-        "INSERT INTO job_kinds (kind, queue, max_attempts, timeout_ms) VALUES ('test.ping', 'pings', 5, 60000)",
+        "INSERT INTO conveyor.job_kinds (kind, queue, max_attempts, timeout_ms) VALUES ('test.ping', 'pings', 5, 60000)",
     )
     .execute(&mut owner)
     .await

@@ -78,7 +78,7 @@ async fn when_the_outbox_write_fails_nothing_is_written() {
     let who = principal();
     // The owner makes every outbox insert fail; the store and operation written before it must roll back too.
     let mut owner = app.db.owner().await;
-    sqlx::query("ALTER TABLE outbox_events ADD CONSTRAINT test_reject_all CHECK (false) NOT VALID")
+    sqlx::query("ALTER TABLE conveyor.outbox_events ADD CONSTRAINT test_reject_all CHECK (false) NOT VALID")
         .execute(&mut owner)
         .await
         .unwrap();

@@ -128,7 +128,8 @@ async fn a_transfer_is_accepted_replayed_and_shown_to_its_workspace_only() {
     assert_eq!(stranger.status(), 404);
     // Row-level security: the application role without a workspace sees no transfer at all.
     let mut conn = app.db.app_connection().await;
-    let (visible,): (i64,) = sqlx::query_as("SELECT count(*) FROM asset_transfers").fetch_one(&mut conn).await.unwrap();
+    let (visible,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor_shop.asset_transfers").fetch_one(&mut conn).await.unwrap();
     assert_eq!(visible, 0);
     let unknown = app.send(Method::GET, &format!("/v1/asset-transfers/{}", Uuid::now_v7()), who, None).await;
     assert_eq!(unknown.status(), 404);

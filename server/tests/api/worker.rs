@@ -246,7 +246,7 @@ async fn an_undecodable_payload_is_dead_lettered_at_once_and_the_worker_keeps_se
     // A malformed event, as a buggy producer might write it, committed beside a good one.
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
-        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload)
+        "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload)
          VALUES ($1, $2, 'stores', 'store.verify_credentials', '{\"store_id\": 42}')",
     )
     .bind(Uuid::now_v7())
@@ -483,7 +483,7 @@ async fn a_stale_delivery_does_not_dead_letter_the_newer_generation_of_its_event
     let id = Uuid::now_v7();
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
     sqlx::query(
-        "INSERT INTO outbox_events (id, workspace_id, queue, event_type, event_payload, redrive_count, next_attempt_at)
+        "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, redrive_count, next_attempt_at)
          VALUES ($1, $2, 'stores', 'store.verify_credentials', '{\"store_id\": 42}', 1, now() + interval '1 hour')",
     )
     .bind(id)
@@ -599,7 +599,7 @@ async fn after_sigterm_a_worker_starts_no_job_it_read_beyond_its_free_slots() {
 /// The id of the job of operation `op`, read as the owner.
 async fn job_of_operation(app: &TestApp, op: &str) -> Uuid {
     let mut owner = app.db.owner().await;
-    sqlx::query_scalar("SELECT id FROM outbox_events WHERE operation_id = $1::uuid")
+    sqlx::query_scalar("SELECT id FROM conveyor.outbox_events WHERE operation_id = $1::uuid")
         .bind(op)
         .fetch_one(&mut owner)
         .await
@@ -657,7 +657,7 @@ async fn a_job_that_kills_its_worker_is_dead_lettered_after_five_deaths_while_th
     assert_eq!(failed["error"], reason, "{failed}");
     let mut owner = app.db.owner().await;
     let (status, stops, error): (String, i32, String) =
-        sqlx::query_as("SELECT status, stops, last_error FROM outbox_events WHERE id = $1")
+        sqlx::query_as("SELECT status, stops, last_error FROM conveyor.outbox_events WHERE id = $1")
             .bind(poison)
             .fetch_one(&mut owner)
             .await
@@ -668,7 +668,7 @@ async fn a_job_that_kills_its_worker_is_dead_lettered_after_five_deaths_while_th
     let stats = sandbox.stats();
     for op in &good {
         assert!(stats.calls_by_key.contains_key(op), "{op} reached the marketplace");
-        let stops: i32 = sqlx::query_scalar("SELECT stops FROM outbox_events WHERE operation_id = $1::uuid")
+        let stops: i32 = sqlx::query_scalar("SELECT stops FROM conveyor.outbox_events WHERE operation_id = $1::uuid")
             .bind(op)
             .fetch_one(&mut owner)
             .await

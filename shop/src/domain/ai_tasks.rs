@@ -236,9 +236,9 @@ pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<AiTask>, sq
         "SELECT t.id, t.kind, o.status, t.input, t.result, l.credits AS charged_credits, t.credits AS price_credits,
                 t.listing_id, t.operation_id, o.error, t.created_at, greatest(t.updated_at, o.updated_at) AS updated_at,
                 t.completed_at
-         FROM ai_tasks t
-         JOIN operations o ON o.id = t.operation_id
-         LEFT JOIN ai_usage_ledger l ON l.task_id = t.id
+         FROM conveyor_shop.ai_tasks t
+         JOIN conveyor.operations o ON o.id = t.operation_id
+         LEFT JOIN conveyor_shop.ai_usage_ledger l ON l.task_id = t.id
          WHERE t.id = $1",
     )
     .bind(id)
@@ -289,7 +289,7 @@ async fn reserve_tx(
     credits_limit: u32,
 ) -> Result<NaiveDate, CreateError> {
     let (month, retry_after_secs): (NaiveDate, i64) = sqlx::query_as(
-        "INSERT INTO ai_usage_months (workspace_id, month)
+        "INSERT INTO conveyor_shop.ai_usage_months (workspace_id, month)
          VALUES ($1, date_trunc('month', now() AT TIME ZONE 'UTC')::date)
          ON CONFLICT (workspace_id, month) DO UPDATE SET updated_at = now()
          RETURNING month, ceil(extract(epoch FROM (month + interval '1 month') AT TIME ZONE 'UTC' - now()))::bigint",
@@ -299,14 +299,14 @@ async fn reserve_tx(
     .await?;
     let (used,): (i64,) = sqlx::query_as(
         "WITH released AS (
-             UPDATE ai_tasks t SET reservation = 'released', updated_at = now()
-             FROM operations o
+             UPDATE conveyor_shop.ai_tasks t SET reservation = 'released', updated_at = now()
+             FROM conveyor.operations o
              WHERE t.workspace_id = $1 AND t.month = $2 AND t.reservation = 'held'
                AND t.provider_calls_started = t.provider_calls_not_run
                AND o.id = t.operation_id AND o.status IN ('failed', 'canceled')
              RETURNING t.credits
          )
-         UPDATE ai_usage_months SET credits_reserved = credits_reserved - (SELECT coalesce(sum(credits), 0) FROM released)
+         UPDATE conveyor_shop.ai_usage_months SET credits_reserved = credits_reserved - (SELECT coalesce(sum(credits), 0) FROM released)
          WHERE workspace_id = $1 AND month = $2
          RETURNING credits_reserved",
     )
@@ -315,7 +315,7 @@ async fn reserve_tx(
     .fetch_one(&mut **tx)
     .await?;
     let reserved: Option<(i64,)> = sqlx::query_as(
-        "UPDATE ai_usage_months SET credits_reserved = credits_reserved + $3, updated_at = now()
+        "UPDATE conveyor_shop.ai_usage_months SET credits_reserved = credits_reserved + $3, updated_at = now()
          WHERE workspace_id = $1 AND month = $2 AND credits_reserved + $3 <= $4
          RETURNING credits_reserved",
     )
@@ -346,8 +346,10 @@ pub async fn create_tx(
     traceparent: Option<String>,
 ) -> Result<Created, CreateError> {
     if let Some(listing_id) = new.listing_id {
-        let found: Option<(Uuid,)> =
-            sqlx::query_as("SELECT id FROM listings WHERE id = $1").bind(listing_id).fetch_optional(&mut **tx).await?;
+        let found: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM conveyor_shop.listings WHERE id = $1")
+            .bind(listing_id)
+            .fetch_optional(&mut **tx)
+            .await?;
         if found.is_none() {
             return Err(CreateError::ListingNotFound(listing_id));
         }
@@ -359,7 +361,7 @@ pub async fn create_tx(
         conveyor_jobs::create_operation_tx(tx, principal.workspace_id, principal.user_id, GENERATE_KIND, Some(id))
             .await?;
     sqlx::query(
-        "INSERT INTO ai_tasks (id, workspace_id, kind, input, listing_id, operation_id, credits, month, created_by)
+        "INSERT INTO conveyor_shop.ai_tasks (id, workspace_id, kind, input, listing_id, operation_id, credits, month, created_by)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(id)
@@ -415,7 +417,7 @@ pub struct TaskToRun {
 /// The task `id`, as its job reads it (in the job's transaction).
 pub async fn load_for_run_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<TaskToRun>, sqlx::Error> {
     let row: Option<(String, Value, i32, String, Option<Value>)> =
-        sqlx::query_as("SELECT kind, input, credits, reservation, result FROM ai_tasks WHERE id = $1")
+        sqlx::query_as("SELECT kind, input, credits, reservation, result FROM conveyor_shop.ai_tasks WHERE id = $1")
             .bind(id)
             .fetch_optional(&mut **tx)
             .await?;
@@ -441,7 +443,7 @@ pub async fn reserve_again(
     let mut tx = conveyor_jobs::begin_workspace(pool, workspace_id).await?;
     // The month's row first, as every reservation takes it.
     sqlx::query(
-        "SELECT 1 FROM ai_usage_months m JOIN ai_tasks t ON t.workspace_id = m.workspace_id AND t.month = m.month
+        "SELECT 1 FROM conveyor_shop.ai_usage_months m JOIN conveyor_shop.ai_tasks t ON t.workspace_id = m.workspace_id AND t.month = m.month
          WHERE t.id = $1 FOR UPDATE OF m",
     )
     .bind(task_id)
@@ -449,11 +451,11 @@ pub async fn reserve_again(
     .await?;
     let reserved: Option<(i64,)> = sqlx::query_as(
         "WITH task AS (
-             UPDATE ai_tasks SET reservation = 'held', updated_at = now()
+             UPDATE conveyor_shop.ai_tasks SET reservation = 'held', updated_at = now()
              WHERE id = $1 AND reservation = 'released'
              RETURNING workspace_id, month, credits
          )
-         UPDATE ai_usage_months m SET credits_reserved = m.credits_reserved + task.credits, updated_at = now()
+         UPDATE conveyor_shop.ai_usage_months m SET credits_reserved = m.credits_reserved + task.credits, updated_at = now()
          FROM task
          WHERE m.workspace_id = task.workspace_id AND m.month = task.month
            AND m.credits_reserved + task.credits <= $2
@@ -477,7 +479,7 @@ pub async fn reserve_again(
 pub async fn start_provider_call(pool: &PgPool, workspace_id: WorkspaceId, id: Uuid) -> Result<bool, sqlx::Error> {
     let mut tx = conveyor_jobs::begin_workspace(pool, workspace_id).await?;
     let started = sqlx::query(
-        "UPDATE ai_tasks SET provider_calls_started = provider_calls_started + 1, updated_at = now()
+        "UPDATE conveyor_shop.ai_tasks SET provider_calls_started = provider_calls_started + 1, updated_at = now()
          WHERE id = $1 AND reservation = 'held'",
     )
     .bind(id)
@@ -494,7 +496,7 @@ pub async fn start_provider_call(pool: &PgPool, workspace_id: WorkspaceId, id: U
 pub async fn provider_call_not_run(pool: &PgPool, workspace_id: WorkspaceId, id: Uuid) -> Result<(), sqlx::Error> {
     let mut tx = conveyor_jobs::begin_workspace(pool, workspace_id).await?;
     sqlx::query(
-        "UPDATE ai_tasks SET provider_calls_not_run = provider_calls_not_run + 1, updated_at = now()
+        "UPDATE conveyor_shop.ai_tasks SET provider_calls_not_run = provider_calls_not_run + 1, updated_at = now()
          WHERE id = $1 AND provider_calls_not_run < provider_calls_started",
     )
     .bind(id)
@@ -509,11 +511,11 @@ pub async fn provider_call_not_run(pool: &PgPool, workspace_id: WorkspaceId, id:
 pub async fn record_result_tx(tx: &mut WorkspaceTx, id: Uuid, result: &AiResult) -> Result<Option<Cost>, sqlx::Error> {
     let charged: Option<(i32,)> = sqlx::query_as(
         "WITH charged AS (
-             UPDATE ai_tasks SET reservation = 'charged', result = $2, completed_at = now(), updated_at = now()
+             UPDATE conveyor_shop.ai_tasks SET reservation = 'charged', result = $2, completed_at = now(), updated_at = now()
              WHERE id = $1 AND reservation = 'held'
              RETURNING id, workspace_id, month, kind, credits
          )
-         INSERT INTO ai_usage_ledger (id, workspace_id, task_id, month, kind, credits, provider_charge_id)
+         INSERT INTO conveyor_shop.ai_usage_ledger (id, workspace_id, task_id, month, kind, credits, provider_charge_id)
          SELECT $3, workspace_id, id, month, kind, credits, $4 FROM charged
          RETURNING credits",
     )

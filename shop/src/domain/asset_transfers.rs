@@ -198,7 +198,7 @@ pub async fn create_tx(
 ) -> Result<Created, sqlx::Error> {
     let id = Uuid::now_v7();
     let asset_transfer = sqlx::query_as::<_, Row>(concat!(
-        "INSERT INTO asset_transfers (id, workspace_id, source_url, filename, created_by) VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO conveyor_shop.asset_transfers (id, workspace_id, source_url, filename, created_by) VALUES ($1, $2, $3, $4, $5)
          RETURNING ",
         columns!()
     ))
@@ -239,8 +239,8 @@ pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<AssetTransf
                      ELSE t.error_code END AS error_code,
                 CASE WHEN ended THEN coalesce(t.error_detail, o.error, 'the transfer was canceled')
                      ELSE t.error_detail END AS error_detail
-         FROM asset_transfers t
-         LEFT JOIN operations o ON o.subject_id = t.id AND o.workspace_id = t.workspace_id AND o.kind = $2
+         FROM conveyor_shop.asset_transfers t
+         LEFT JOIN conveyor.operations o ON o.subject_id = t.id AND o.workspace_id = t.workspace_id AND o.kind = $2
          CROSS JOIN LATERAL (SELECT t.status IN ('queued', 'transferring')
                                     AND o.status IN ('failed', 'canceled') AS ended) e
          WHERE t.id = $1",
@@ -272,7 +272,7 @@ pub async fn job_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Job>, sqlx:
     type JobRow = (Option<String>, String, Uuid, String, i64, i32, Option<i64>, Option<String>, Option<String>);
     let row: Option<JobRow> = sqlx::query_as(
         "SELECT source_url, filename, created_by, status, bytes_done, parts, bytes_total, content_type, validator
-         FROM asset_transfers WHERE id = $1",
+         FROM conveyor_shop.asset_transfers WHERE id = $1",
     )
     .bind(id)
     .fetch_optional(&mut **tx)
@@ -297,7 +297,7 @@ pub async fn job_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Job>, sqlx:
 pub async fn begin(pool: &PgPool, workspace: WorkspaceId, id: Uuid, progress: &Progress) -> Result<bool, sqlx::Error> {
     let mut tx = conveyor_jobs::begin_workspace(pool, workspace).await?;
     let updated = sqlx::query(
-        "UPDATE asset_transfers
+        "UPDATE conveyor_shop.asset_transfers
          SET status = 'transferring', bytes_done = $2, parts = $3, bytes_total = $4, content_type = $5,
              validator = $6, updated_at = now()
          WHERE id = $1 AND status IN ('queued', 'transferring')",
@@ -325,7 +325,7 @@ pub async fn record_part(
 ) -> Result<bool, sqlx::Error> {
     let mut tx = conveyor_jobs::begin_workspace(pool, workspace).await?;
     let updated = sqlx::query(
-        "UPDATE asset_transfers SET bytes_done = $2, parts = $3, bytes_total = coalesce($4, bytes_total),
+        "UPDATE conveyor_shop.asset_transfers SET bytes_done = $2, parts = $3, bytes_total = coalesce($4, bytes_total),
                 updated_at = now()
          WHERE id = $1 AND status = 'transferring'",
     )
@@ -352,7 +352,7 @@ pub async fn fail(
 ) -> Result<(), sqlx::Error> {
     let mut tx = conveyor_jobs::begin_workspace(pool, workspace).await?;
     sqlx::query(
-        "UPDATE asset_transfers SET status = 'failed', error_code = $2, error_detail = $3, source_url = NULL,
+        "UPDATE conveyor_shop.asset_transfers SET status = 'failed', error_code = $2, error_detail = $3, source_url = NULL,
                 updated_at = now()
          WHERE id = $1 AND status IN ('queued', 'transferring')",
     )
@@ -378,11 +378,12 @@ pub async fn complete_tx(
     object: &ObjectKey,
     traceparent: Option<String>,
 ) -> Result<Option<Uuid>, sqlx::Error> {
-    let live: Option<(Uuid,)> =
-        sqlx::query_as("SELECT id FROM asset_transfers WHERE id = $1 AND status = 'transferring' FOR UPDATE")
-            .bind(id)
-            .fetch_optional(&mut **tx)
-            .await?;
+    let live: Option<(Uuid,)> = sqlx::query_as(
+        "SELECT id FROM conveyor_shop.asset_transfers WHERE id = $1 AND status = 'transferring' FOR UPDATE",
+    )
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await?;
     if live.is_none() {
         return Ok(None);
     }
@@ -399,7 +400,7 @@ pub async fn complete_tx(
     )
     .await?;
     sqlx::query(
-        "UPDATE asset_transfers
+        "UPDATE conveyor_shop.asset_transfers
          SET status = 'completed', sha256 = $2, media_id = $3, bytes_done = $4, bytes_total = $4,
              source_url = NULL, completed_at = now(), updated_at = now()
          WHERE id = $1",

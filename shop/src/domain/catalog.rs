@@ -93,7 +93,7 @@ pub async fn start_tx(
     traceparent: Option<String>,
 ) -> Result<Started, StartError> {
     // The store row is locked (shared) so a credentials change cannot slip between this check and the commit.
-    let status: Option<(String,)> = sqlx::query_as("SELECT status FROM stores WHERE id = $1 FOR SHARE")
+    let status: Option<(String,)> = sqlx::query_as("SELECT status FROM conveyor_shop.stores WHERE id = $1 FOR SHARE")
         .bind(store_id)
         .fetch_optional(&mut **tx)
         .await?;
@@ -111,7 +111,7 @@ pub async fn start_tx(
     // the store is free again and the insert is simply tried again.
     for _ in 0..3 {
         let inserted = sqlx::query(
-            "INSERT INTO catalog_syncs (id, workspace_id, store_id, operation_id, created_by)
+            "INSERT INTO conveyor_shop.catalog_syncs (id, workspace_id, store_id, operation_id, created_by)
              VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (workspace_id, store_id) WHERE active DO NOTHING",
         )
@@ -126,10 +126,11 @@ pub async fn start_tx(
         if inserted == 1 {
             break;
         }
-        let active: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM catalog_syncs WHERE store_id = $1 AND active")
-            .bind(store_id)
-            .fetch_optional(&mut **tx)
-            .await?;
+        let active: Option<(Uuid,)> =
+            sqlx::query_as("SELECT id FROM conveyor_shop.catalog_syncs WHERE store_id = $1 AND active")
+                .bind(store_id)
+                .fetch_optional(&mut **tx)
+                .await?;
         if let Some((active,)) = active {
             return Err(StartError::AlreadyActive(active));
         }
@@ -153,7 +154,7 @@ pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<CatalogSync
     sqlx::query_as::<_, CatalogSync>(concat!(
         "SELECT ",
         sync_columns!(),
-        " FROM catalog_syncs s JOIN operations o ON o.id = s.operation_id WHERE s.id = $1"
+        " FROM conveyor_shop.catalog_syncs s JOIN conveyor.operations o ON o.id = s.operation_id WHERE s.id = $1"
     ))
     .bind(id)
     .fetch_optional(&mut **tx)
@@ -193,7 +194,7 @@ impl Progress {
 /// The progress of sync `id`, if it exists.
 pub async fn progress_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Progress>, sqlx::Error> {
     sqlx::query_as::<_, Progress>(
-        "SELECT store_id, active, cursor, listed, pages_done, items_done, items_total FROM catalog_syncs WHERE id = $1",
+        "SELECT store_id, active, cursor, listed, pages_done, items_done, items_total FROM conveyor_shop.catalog_syncs WHERE id = $1",
     )
     .bind(id)
     .fetch_optional(&mut **tx)
@@ -218,11 +219,12 @@ pub async fn commit_page_tx(
     from: Option<&str>,
     page: &ProductPage,
 ) -> Result<PageCommit, sqlx::Error> {
-    let current: Option<(Uuid, Option<String>)> =
-        sqlx::query_as("SELECT store_id, cursor FROM catalog_syncs WHERE id = $1 AND active AND NOT listed FOR UPDATE")
-            .bind(sync_id)
-            .fetch_optional(&mut **tx)
-            .await?;
+    let current: Option<(Uuid, Option<String>)> = sqlx::query_as(
+        "SELECT store_id, cursor FROM conveyor_shop.catalog_syncs WHERE id = $1 AND active AND NOT listed FOR UPDATE",
+    )
+    .bind(sync_id)
+    .fetch_optional(&mut **tx)
+    .await?;
     let Some((store_id, cursor)) = current else { return Ok(PageCommit::Moved) };
     if cursor.as_deref() != from {
         return Ok(PageCommit::Moved);
@@ -235,7 +237,7 @@ pub async fn commit_page_tx(
         currencies.push(p.currency.as_str());
     }
     sqlx::query(
-        "INSERT INTO store_products (workspace_id, store_id, external_id, title, price, currency, last_sync_id)
+        "INSERT INTO conveyor_shop.store_products (workspace_id, store_id, external_id, title, price, currency, last_sync_id)
          SELECT $1, $2, p.external_id, p.title, p.price, p.currency, $3
          FROM UNNEST($4::text[], $5::text[], $6::text[], $7::text[]) AS p (external_id, title, price, currency)
          ON CONFLICT (workspace_id, store_id, external_id) DO UPDATE
@@ -252,7 +254,7 @@ pub async fn commit_page_tx(
     .execute(&mut **tx)
     .await?;
     let progress = sqlx::query_as::<_, Progress>(
-        "UPDATE catalog_syncs
+        "UPDATE conveyor_shop.catalog_syncs
          SET cursor = $2, listed = $3, pages_done = pages_done + 1, items_done = items_done + $4,
              items_total = coalesce($5, items_total), updated_at = now()
          WHERE id = $1
@@ -275,17 +277,18 @@ pub async fn commit_page_tx(
 /// operation, then its trigger the sync): the other order could deadlock with a cancel arriving at the end.
 pub async fn finish_tx(tx: &mut WorkspaceTx, sync_id: Uuid) -> Result<i64, sqlx::Error> {
     sqlx::query(
-        "SELECT 1 FROM operations WHERE id = (SELECT operation_id FROM catalog_syncs WHERE id = $1) FOR UPDATE",
+        "SELECT 1 FROM conveyor.operations WHERE id = (SELECT operation_id FROM conveyor_shop.catalog_syncs WHERE id = $1) FOR UPDATE",
     )
     .bind(sync_id)
     .execute(&mut **tx)
     .await?;
-    let (store_id,): (Uuid,) = sqlx::query_as("SELECT store_id FROM catalog_syncs WHERE id = $1 FOR UPDATE")
-        .bind(sync_id)
-        .fetch_one(&mut **tx)
-        .await?;
+    let (store_id,): (Uuid,) =
+        sqlx::query_as("SELECT store_id FROM conveyor_shop.catalog_syncs WHERE id = $1 FOR UPDATE")
+            .bind(sync_id)
+            .fetch_one(&mut **tx)
+            .await?;
     let removed = sqlx::query(
-        "UPDATE store_products SET removed_at = now()
+        "UPDATE conveyor_shop.store_products SET removed_at = now()
          WHERE store_id = $1 AND last_sync_id <> $2 AND removed_at IS NULL",
     )
     .bind(store_id)
@@ -293,7 +296,7 @@ pub async fn finish_tx(tx: &mut WorkspaceTx, sync_id: Uuid) -> Result<i64, sqlx:
     .execute(&mut **tx)
     .await?
     .rows_affected() as i64;
-    sqlx::query("UPDATE catalog_syncs SET items_removed = $2, updated_at = now() WHERE id = $1")
+    sqlx::query("UPDATE conveyor_shop.catalog_syncs SET items_removed = $2, updated_at = now() WHERE id = $1")
         .bind(sync_id)
         .bind(removed)
         .execute(&mut **tx)
@@ -333,7 +336,7 @@ pub async fn products_tx(
     sqlx::query_as::<_, StoreProduct>(
         "SELECT external_id, title, price, currency,
                 CASE WHEN removed_at IS NULL THEN 'active' ELSE 'removed' END AS status, synced_at, removed_at
-         FROM store_products
+         FROM conveyor_shop.store_products
          WHERE store_id = $1 AND ($2::text IS NULL OR external_id > $2)
          ORDER BY external_id
          LIMIT $3",
@@ -347,7 +350,9 @@ pub async fn products_tx(
 
 /// Whether the store exists in the transaction's workspace.
 pub async fn store_exists_tx(tx: &mut WorkspaceTx, store_id: Uuid) -> Result<bool, sqlx::Error> {
-    let found: Option<(i32,)> =
-        sqlx::query_as("SELECT 1 FROM stores WHERE id = $1").bind(store_id).fetch_optional(&mut **tx).await?;
+    let found: Option<(i32,)> = sqlx::query_as("SELECT 1 FROM conveyor_shop.stores WHERE id = $1")
+        .bind(store_id)
+        .fetch_optional(&mut **tx)
+        .await?;
     Ok(found.is_some())
 }

@@ -292,10 +292,10 @@ pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Listing>, s
     let row = sqlx::query_as::<_, ListingRow>(
         "SELECT l.id, l.store_id, l.status, o.status AS operation_status, o.error AS operation_error, l.title,
                 l.description, l.price_minor, l.currency,
-                ARRAY(SELECT m.media_id FROM listing_media m WHERE m.listing_id = l.id ORDER BY m.position)
+                ARRAY(SELECT m.media_id FROM conveyor_shop.listing_media m WHERE m.listing_id = l.id ORDER BY m.position)
                     AS media_ids,
                 l.marketplace_product_id, l.publish_operation_id, l.created_at, l.updated_at, l.published_at
-         FROM listings l LEFT JOIN operations o ON o.id = l.publish_operation_id
+         FROM conveyor_shop.listings l LEFT JOIN conveyor.operations o ON o.id = l.publish_operation_id
          WHERE l.id = $1",
     )
     .bind(id)
@@ -320,13 +320,15 @@ pub enum CreateError {
 
 /// Creates a `draft` listing of the principal's workspace.
 pub async fn create_tx(tx: &mut WorkspaceTx, principal: &Principal, new: NewListing) -> Result<Listing, CreateError> {
-    let store: Option<(Uuid,)> =
-        sqlx::query_as("SELECT id FROM stores WHERE id = $1").bind(new.store_id).fetch_optional(&mut **tx).await?;
+    let store: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM conveyor_shop.stores WHERE id = $1")
+        .bind(new.store_id)
+        .fetch_optional(&mut **tx)
+        .await?;
     if store.is_none() {
         return Err(CreateError::StoreNotFound(new.store_id));
     }
     if !new.media_ids.is_empty() {
-        let found: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM media WHERE id = ANY($1)")
+        let found: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM conveyor_shop.media WHERE id = ANY($1)")
             .bind(&new.media_ids)
             .fetch_all(&mut **tx)
             .await?;
@@ -336,7 +338,7 @@ pub async fn create_tx(tx: &mut WorkspaceTx, principal: &Principal, new: NewList
     }
     let id = Uuid::now_v7();
     sqlx::query(
-        "INSERT INTO listings (id, workspace_id, store_id, title, description, price_minor, currency, created_by)
+        "INSERT INTO conveyor_shop.listings (id, workspace_id, store_id, title, description, price_minor, currency, created_by)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(id)
@@ -350,7 +352,7 @@ pub async fn create_tx(tx: &mut WorkspaceTx, principal: &Principal, new: NewList
     .execute(&mut **tx)
     .await?;
     sqlx::query(
-        "INSERT INTO listing_media (listing_id, workspace_id, media_id, position)
+        "INSERT INTO conveyor_shop.listing_media (listing_id, workspace_id, media_id, position)
          SELECT $1, $2, media_id, ordinality - 1 FROM unnest($3::uuid[]) WITH ORDINALITY AS m (media_id, ordinality)",
     )
     .bind(id)
@@ -415,7 +417,7 @@ pub async fn publish_tx(
     // (The operation is read after the lock, not joined to it: a join would be re-checked against the operation row
     // read before the wait.)
     let listing: Option<(Uuid, Option<Uuid>, bool)> = sqlx::query_as(
-        "SELECT store_id, publish_operation_id, marketplace_product_id IS NOT NULL FROM listings WHERE id = $1
+        "SELECT store_id, publish_operation_id, marketplace_product_id IS NOT NULL FROM conveyor_shop.listings WHERE id = $1
          FOR UPDATE",
     )
     .bind(id)
@@ -423,7 +425,7 @@ pub async fn publish_tx(
     .await?;
     let (store_id, existing, has_product) = listing.ok_or(PublishError::NotFound)?;
     if let Some(operation_id) = existing {
-        let (status,): (String,) = sqlx::query_as("SELECT status FROM operations WHERE id = $1")
+        let (status,): (String,) = sqlx::query_as("SELECT status FROM conveyor.operations WHERE id = $1")
             .bind(operation_id)
             .fetch_one(&mut **tx)
             .await?;
@@ -432,15 +434,17 @@ pub async fn publish_tx(
         }
     }
     // FOR SHARE: a verification or new credentials cannot change the store's status before this commits.
-    let (store_status,): (String,) =
-        sqlx::query_as("SELECT status FROM stores WHERE id = $1 FOR SHARE").bind(store_id).fetch_one(&mut **tx).await?;
+    let (store_status,): (String,) = sqlx::query_as("SELECT status FROM conveyor_shop.stores WHERE id = $1 FOR SHARE")
+        .bind(store_id)
+        .fetch_one(&mut **tx)
+        .await?;
     if store_status != "active" {
         return Err(PublishError::StoreNotActive { store_id });
     }
     // Locked in id order (no deadlock with another listing sharing media); the first unready one in listing order.
     let media: Vec<(Uuid, i16, String)> = sqlx::query_as(
-        "SELECT m.id, lm.position, m.status FROM listing_media lm
-         JOIN media m ON m.workspace_id = lm.workspace_id AND m.id = lm.media_id
+        "SELECT m.id, lm.position, m.status FROM conveyor_shop.listing_media lm
+         JOIN conveyor_shop.media m ON m.workspace_id = lm.workspace_id AND m.id = lm.media_id
          WHERE lm.listing_id = $1 ORDER BY m.id FOR SHARE OF m",
     )
     .bind(id)
@@ -466,7 +470,7 @@ pub async fn publish_tx(
         other => sqlx::Error::Protocol(other.to_string()),
     })?;
     let updated = sqlx::query(
-        "UPDATE listings SET status = 'publishing', publish_operation_id = $2,
+        "UPDATE conveyor_shop.listings SET status = 'publishing', publish_operation_id = $2,
                              publication_key = coalesce(publication_key, $2), updated_at = now()
          WHERE id = $1 AND publish_operation_id IS NOT DISTINCT FROM $3",
     )
@@ -550,10 +554,10 @@ pub async fn publish_to_marketplace_tx(
     let row = sqlx::query_as::<_, PublishRow>(
         "SELECT l.store_id, l.title, l.description, l.price_minor, l.currency, l.publish_operation_id,
                 l.publication_key, l.marketplace_product_id,
-                ARRAY(SELECT m.media_id FROM listing_media m WHERE m.listing_id = l.id ORDER BY m.position)
+                ARRAY(SELECT m.media_id FROM conveyor_shop.listing_media m WHERE m.listing_id = l.id ORDER BY m.position)
                     AS media_ids,
                 c.nonce, c.ciphertext
-         FROM listings l JOIN store_credentials c ON c.store_id = l.store_id
+         FROM conveyor_shop.listings l JOIN conveyor_shop.store_credentials c ON c.store_id = l.store_id
          WHERE l.id = $1",
     )
     .bind(listing_id)
@@ -581,7 +585,7 @@ pub async fn publish_to_marketplace_tx(
     };
     let created = marketplace.create_product(&key, credentials.fields(), &product).await?;
     let recorded = sqlx::query(
-        "UPDATE listings SET status = 'published', marketplace_product_id = $3, published_at = now(), updated_at = now()
+        "UPDATE conveyor_shop.listings SET status = 'published', marketplace_product_id = $3, published_at = now(), updated_at = now()
          WHERE id = $1 AND publish_operation_id = $2 AND marketplace_product_id IS NULL",
     )
     .bind(listing_id)

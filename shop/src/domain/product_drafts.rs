@@ -92,7 +92,7 @@ pub async fn create_tx(
     content: &DraftContent,
 ) -> Result<ProductDraft, sqlx::Error> {
     sqlx::query_as::<_, ProductDraft>(concat!(
-        "INSERT INTO product_drafts (id, workspace_id, title, description, attributes, created_by, updated_by)
+        "INSERT INTO conveyor_shop.product_drafts (id, workspace_id, title, description, attributes, created_by, updated_by)
          VALUES ($1, $2, $3, $4, $5, $6, $6) RETURNING ",
         columns!()
     ))
@@ -108,10 +108,14 @@ pub async fn create_tx(
 
 /// The draft `id` of the transaction's workspace, if any.
 pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<ProductDraft>, sqlx::Error> {
-    sqlx::query_as::<_, ProductDraft>(concat!("SELECT ", columns!(), " FROM product_drafts WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(&mut **tx)
-        .await
+    sqlx::query_as::<_, ProductDraft>(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM conveyor_shop.product_drafts WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await
 }
 
 /// What a conditional replace did.
@@ -137,7 +141,7 @@ pub async fn replace_tx(
     content: &DraftContent,
 ) -> Result<Replace, sqlx::Error> {
     let replaced = sqlx::query_as::<_, ProductDraft>(concat!(
-        "UPDATE product_drafts
+        "UPDATE conveyor_shop.product_drafts
          SET title = $3, description = $4, attributes = $5, updated_by = $6, revision = revision + 1,
              updated_at = now()
          WHERE id = $1 AND revision = ANY($2) RETURNING ",
@@ -155,8 +159,10 @@ pub async fn replace_tx(
         return Ok(Replace::Replaced(draft));
     }
     // Not written: tell why. The revision read here is at least as new as the one that made the UPDATE miss.
-    let current: Option<(i64,)> =
-        sqlx::query_as("SELECT revision FROM product_drafts WHERE id = $1").bind(id).fetch_optional(&mut **tx).await?;
+    let current: Option<(i64,)> = sqlx::query_as("SELECT revision FROM conveyor_shop.product_drafts WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?;
     Ok(match current {
         Some((current_revision,)) => Replace::Stale { current_revision },
         None => Replace::NotFound,

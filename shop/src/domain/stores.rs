@@ -178,7 +178,7 @@ pub async fn create_tx(
 ) -> Result<Authorization, sqlx::Error> {
     let id = Uuid::now_v7();
     let store = sqlx::query_as::<_, Store>(concat!(
-        "INSERT INTO stores (id, workspace_id, name, platform, created_by) VALUES ($1, $2, $3, $4, $5) RETURNING ",
+        "INSERT INTO conveyor_shop.stores (id, workspace_id, name, platform, created_by) VALUES ($1, $2, $3, $4, $5) RETURNING ",
         columns!()
     ))
     .bind(id)
@@ -190,7 +190,7 @@ pub async fn create_tx(
     .await?;
     let sealed = sealer.seal(&new.credentials.to_json(), &credentials_aad(principal.workspace_id.0, id));
     sqlx::query(
-        "INSERT INTO store_credentials (store_id, workspace_id, key_id, nonce, ciphertext) VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO conveyor_shop.store_credentials (store_id, workspace_id, key_id, nonce, ciphertext) VALUES ($1, $2, $3, $4, $5)",
     )
     .bind(id)
     .bind(principal.workspace_id.0)
@@ -213,7 +213,7 @@ pub async fn replace_credentials_tx(
     traceparent: Option<String>,
 ) -> Result<Option<Authorization>, sqlx::Error> {
     let store = sqlx::query_as::<_, Store>(concat!(
-        "UPDATE stores SET status = 'pending_verification', status_detail = NULL, updated_at = now()
+        "UPDATE conveyor_shop.stores SET status = 'pending_verification', status_detail = NULL, updated_at = now()
          WHERE id = $1 RETURNING ",
         columns!()
     ))
@@ -223,7 +223,7 @@ pub async fn replace_credentials_tx(
     let Some(store) = store else { return Ok(None) };
     let sealed = sealer.seal(&credentials.to_json(), &credentials_aad(principal.workspace_id.0, store_id));
     let (version,): (i32,) = sqlx::query_as(
-        "UPDATE store_credentials SET key_id = $2, nonce = $3, ciphertext = $4, version = version + 1, updated_at = now()
+        "UPDATE conveyor_shop.store_credentials SET key_id = $2, nonce = $3, ciphertext = $4, version = version + 1, updated_at = now()
          WHERE store_id = $1 RETURNING version",
     )
     .bind(store_id)
@@ -238,7 +238,7 @@ pub async fn replace_credentials_tx(
 
 /// The store `id` of the transaction's workspace, if any.
 pub async fn get_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<Option<Store>, sqlx::Error> {
-    sqlx::query_as::<_, Store>(concat!("SELECT ", columns!(), " FROM stores WHERE id = $1"))
+    sqlx::query_as::<_, Store>(concat!("SELECT ", columns!(), " FROM conveyor_shop.stores WHERE id = $1"))
         .bind(id)
         .fetch_optional(&mut **tx)
         .await
@@ -289,7 +289,7 @@ pub async fn verify_tx(
     use crate::adapters::marketplace::Verification;
     let row: Option<(i32, Vec<u8>, Vec<u8>)> = sqlx::query_as(
         "SELECT c.version, c.nonce, c.ciphertext
-         FROM stores s JOIN store_credentials c ON c.store_id = s.id
+         FROM conveyor_shop.stores s JOIN conveyor_shop.store_credentials c ON c.store_id = s.id
          WHERE s.id = $1 FOR UPDATE OF s",
     )
     .bind(store_id)
@@ -311,7 +311,7 @@ pub async fn verify_tx(
         }
     };
     sqlx::query(
-        "UPDATE stores SET status = $2, status_detail = $3, updated_at = now(),
+        "UPDATE conveyor_shop.stores SET status = $2, status_detail = $3, updated_at = now(),
                 verified_at = CASE WHEN $2 = 'active' THEN now() ELSE verified_at END
          WHERE id = $1",
     )
@@ -345,7 +345,7 @@ pub async fn open_credentials_tx(
     store_id: Uuid,
 ) -> Result<Credentials, CredentialsError> {
     let row: Option<(Vec<u8>, Vec<u8>)> =
-        sqlx::query_as("SELECT nonce, ciphertext FROM store_credentials WHERE store_id = $1")
+        sqlx::query_as("SELECT nonce, ciphertext FROM conveyor_shop.store_credentials WHERE store_id = $1")
             .bind(store_id)
             .fetch_optional(&mut **tx)
             .await?;

@@ -30,7 +30,10 @@ const LIVE: &str = "('pending', 'dispatching', 'dispatched')";
 /// (the worker's commit, a cancellation, a retry, a dead letter), so none waits for another in a cycle.
 async fn lock_operation_tx(tx: &mut WorkspaceTx, operation: Option<Uuid>) -> Result<(), sqlx::Error> {
     if let Some(operation) = operation {
-        sqlx::query("SELECT 1 FROM operations WHERE id = $1 FOR UPDATE").bind(operation).execute(&mut **tx).await?;
+        sqlx::query("SELECT 1 FROM conveyor.operations WHERE id = $1 FOR UPDATE")
+            .bind(operation)
+            .execute(&mut **tx)
+            .await?;
     }
     Ok(())
 }
@@ -44,7 +47,7 @@ pub(crate) async fn start(
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     let started = sqlx::query(
-        "UPDATE operations
+        "UPDATE conveyor.operations
          SET status = 'running', started_at = coalesce(started_at, now()), attempt = $2, updated_at = now()
          WHERE id = $1 AND status IN ('queued', 'running')",
     )
@@ -60,7 +63,7 @@ pub(crate) async fn start(
 /// Shows that the running operation's job is alive (`updated_at = now()`), outside the job's transaction.
 pub(crate) async fn keep_alive(pool: &PgPool, workspace: WorkspaceId, operation: Uuid) -> Result<(), sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
-    sqlx::query("UPDATE operations SET updated_at = now() WHERE id = $1 AND status = 'running'")
+    sqlx::query("UPDATE conveyor.operations SET updated_at = now() WHERE id = $1 AND status = 'running'")
         .bind(operation)
         .execute(&mut *tx)
         .await?;
@@ -80,7 +83,7 @@ pub(crate) async fn lock_job_tx(tx: &mut WorkspaceTx, event_id: Uuid) -> Result<
 /// (canceled meanwhile): the caller rolls back.
 async fn succeed_tx(tx: &mut WorkspaceTx, operation: Uuid, result: &serde_json::Value) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
-        "UPDATE operations SET status = 'succeeded', result = $2, error = NULL, progress = NULL,
+        "UPDATE conveyor.operations SET status = 'succeeded', result = $2, error = NULL, progress = NULL,
                 finished_at = now(), updated_at = now()
          WHERE id = $1 AND status IN ('queued', 'running')",
     )
@@ -171,7 +174,7 @@ async fn complete_tx(
     result: Option<&serde_json::Value>,
 ) -> Result<Completion, sqlx::Error> {
     let done = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE outbox_events
+        "UPDATE conveyor.outbox_events
          SET status = 'completed', finished_at = clock_timestamp(), result = $2, locked_by = NULL, locked_until = NULL
          WHERE id = $1 AND status IN {LIVE}"
     )))
@@ -184,8 +187,10 @@ async fn complete_tx(
         notify_done_tx(tx, workspace).await?;
         return Ok(Completion::Recorded);
     }
-    let status: Option<(String,)> =
-        sqlx::query_as("SELECT status FROM outbox_events WHERE id = $1").bind(job).fetch_optional(&mut **tx).await?;
+    let status: Option<(String,)> = sqlx::query_as("SELECT status FROM conveyor.outbox_events WHERE id = $1")
+        .bind(job)
+        .fetch_optional(&mut **tx)
+        .await?;
     Ok(match status {
         None => Completion::Gone,
         Some((s,)) if s == "canceled" => Completion::Canceled,
@@ -217,7 +222,7 @@ pub(crate) async fn complete_many(pool: &PgPool, finished: &[Finished]) -> Resul
     let ids: Vec<Uuid> = finished.iter().map(|f| f.job).collect();
     let redrives: Vec<Option<i32>> = finished.iter().map(|f| f.redrive).collect();
     let results: Vec<&serde_json::Value> = finished.iter().map(|f| &f.result).collect();
-    let (done,): (i64,) = sqlx::query_as("SELECT conveyor_complete_jobs($1, $2, $3, $4)")
+    let (done,): (i64,) = sqlx::query_as("SELECT conveyor.conveyor_complete_jobs($1, $2, $3, $4)")
         .bind(&workspaces)
         .bind(&ids)
         .bind(&redrives)
@@ -240,7 +245,7 @@ pub(crate) async fn not_to_run(
     let workspaces: Vec<Uuid> = jobs.iter().map(|(w, _, _)| w.0).collect();
     let ids: Vec<Uuid> = jobs.iter().map(|(_, id, _)| *id).collect();
     let redrives: Vec<Option<i32>> = jobs.iter().map(|(_, _, r)| *r).collect();
-    let rows: Vec<(Uuid,)> = sqlx::query_as("SELECT id FROM conveyor_jobs_not_to_run($1, $2, $3)")
+    let rows: Vec<(Uuid,)> = sqlx::query_as("SELECT id FROM conveyor.conveyor_jobs_not_to_run($1, $2, $3)")
         .bind(&workspaces)
         .bind(&ids)
         .bind(&redrives)
@@ -262,12 +267,13 @@ pub(crate) async fn taken_over(
     let workspaces: Vec<Uuid> = jobs.iter().map(|(w, _, _)| w.0).collect();
     let ids: Vec<Uuid> = jobs.iter().map(|(_, id, _)| *id).collect();
     let redrives: Vec<Option<i32>> = jobs.iter().map(|(_, _, r)| *r).collect();
-    let rows: Vec<(Uuid, Option<i32>)> = sqlx::query_as("SELECT id, stops FROM conveyor_jobs_taken_over($1, $2, $3)")
-        .bind(&workspaces)
-        .bind(&ids)
-        .bind(&redrives)
-        .fetch_all(pool)
-        .await?;
+    let rows: Vec<(Uuid, Option<i32>)> =
+        sqlx::query_as("SELECT id, stops FROM conveyor.conveyor_jobs_taken_over($1, $2, $3)")
+            .bind(&workspaces)
+            .bind(&ids)
+            .bind(&redrives)
+            .fetch_all(pool)
+            .await?;
     Ok(rows.into_iter().map(|(id, stops)| (id, stops.map(|s| s.max(0) as u32))).collect())
 }
 
@@ -282,7 +288,7 @@ pub(crate) async fn count_stop(
 ) -> Result<Option<u32>, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     let stops: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "UPDATE outbox_events SET stops = stops + 1
+        "UPDATE conveyor.outbox_events SET stops = stops + 1
          WHERE id = $1 AND status IN {LIVE} AND NOT ($2::integer IS NOT NULL AND redrive_count > $2)
          RETURNING stops"
     )))
@@ -306,11 +312,11 @@ pub(crate) async fn progress(
     let mut tx = db::begin_workspace(pool, workspace).await?;
     let live = match operation {
         Some(operation) => sqlx::query(
-            "UPDATE operations SET progress = $2, updated_at = now() WHERE id = $1 AND status IN ('queued', 'running')",
+            "UPDATE conveyor.operations SET progress = $2, updated_at = now() WHERE id = $1 AND status IN ('queued', 'running')",
         )
         .bind(operation),
         None => sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE outbox_events SET progress = $2 WHERE id = $1 AND status IN {LIVE}"
+            "UPDATE conveyor.outbox_events SET progress = $2 WHERE id = $1 AND status IN {LIVE}"
         )))
         .bind(job),
     }
@@ -342,7 +348,7 @@ pub(crate) async fn cancel_job_tx(
     job: JobId,
 ) -> Result<Cancel, sqlx::Error> {
     let row: Option<(Option<Uuid>, String)> =
-        sqlx::query_as("SELECT operation_id, status FROM outbox_events WHERE id = $1")
+        sqlx::query_as("SELECT operation_id, status FROM conveyor.outbox_events WHERE id = $1")
             .bind(job.0)
             .fetch_optional(&mut **tx)
             .await?;
@@ -363,7 +369,7 @@ pub(crate) async fn cancel_job_tx(
     }
     // No operation, or one that has already ended: the job alone.
     let canceled = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE outbox_events
+        "UPDATE conveyor.outbox_events
          SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL
          WHERE id = $1 AND status IN {LIVE}"
     )))
@@ -372,7 +378,7 @@ pub(crate) async fn cancel_job_tx(
     .await?
     .rows_affected();
     if canceled == 0 {
-        let status: String = sqlx::query_scalar("SELECT status FROM outbox_events WHERE id = $1")
+        let status: String = sqlx::query_scalar("SELECT status FROM conveyor.outbox_events WHERE id = $1")
             .bind(job.0)
             .fetch_one(&mut **tx)
             .await?;
@@ -386,7 +392,7 @@ pub(crate) async fn cancel_job_tx(
 /// canceled, or finished by another delivery). Announced to waiters at commit. False when the job was not live.
 async fn end_orphan_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uuid) -> Result<bool, sqlx::Error> {
     let ended = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE outbox_events
+        "UPDATE conveyor.outbox_events
          SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL,
              last_error = 'its operation had already ended'
          WHERE id = $1 AND status IN {LIVE}"
@@ -421,7 +427,7 @@ pub(crate) async fn job_state_tx(
     operation: Option<Uuid>,
 ) -> Result<JobState, sqlx::Error> {
     let (job, operation): (Option<String>, Option<String>) = sqlx::query_as(
-        "SELECT (SELECT status FROM outbox_events WHERE id = $1), (SELECT status FROM operations WHERE id = $2)",
+        "SELECT (SELECT status FROM conveyor.outbox_events WHERE id = $1), (SELECT status FROM conveyor.operations WHERE id = $2)",
     )
     .bind(job)
     .bind(operation)
@@ -441,14 +447,14 @@ pub async fn cancel_operation_tx(
     operation: Uuid,
 ) -> Result<Cancel, sqlx::Error> {
     if !cancel_operation_row_tx(tx, operation).await? {
-        let status: Option<(String,)> = sqlx::query_as("SELECT status FROM operations WHERE id = $1")
+        let status: Option<(String,)> = sqlx::query_as("SELECT status FROM conveyor.operations WHERE id = $1")
             .bind(operation)
             .fetch_optional(&mut **tx)
             .await?;
         return Ok(status.map_or(Cancel::NotFound, |(s,)| Cancel::Finished(s)));
     }
     let jobs: Vec<(Uuid,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "UPDATE outbox_events
+        "UPDATE conveyor.outbox_events
          SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL
          WHERE operation_id = $1 AND status IN {LIVE}
          RETURNING id"
@@ -463,7 +469,7 @@ pub async fn cancel_operation_tx(
 
 async fn cancel_operation_row_tx(tx: &mut WorkspaceTx, operation: Uuid) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
-        "UPDATE operations SET status = 'canceled', error = NULL, finished_at = clock_timestamp(), updated_at = now()
+        "UPDATE conveyor.operations SET status = 'canceled', error = NULL, finished_at = clock_timestamp(), updated_at = now()
          WHERE id = $1 AND status IN ('queued', 'running')",
     )
     .bind(operation)
@@ -514,14 +520,14 @@ async fn retry(
     // The failed run is recorded in `job_failures` by the same statement.
     let moved = sqlx::query(
         "WITH moved AS (
-             UPDATE outbox_events
+             UPDATE conveyor.outbox_events
              SET status = 'pending', next_attempt_at = now() + make_interval(secs => $2),
                  job_attempts = job_attempts + 1, redrive_count = redrive_count + 1, last_error = $3, stops = 0,
                  stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
              WHERE id = $1 AND redrive_count = coalesce($4, redrive_count)
                AND status IN ('pending', 'dispatching', 'dispatched')
              RETURNING id, workspace_id, job_attempts)
-         INSERT INTO job_failures (job_id, workspace_id, attempt, stage, error)
+         INSERT INTO conveyor.job_failures (job_id, workspace_id, attempt, stage, error)
          SELECT id, workspace_id, job_attempts, 'job', left($3, 2000) FROM moved",
     )
     .bind(event_id)
@@ -542,7 +548,7 @@ async fn retry(
     }
     if let Some(operation) = operation.filter(|_| moved == 1) {
         sqlx::query(
-            "UPDATE operations SET status = 'queued', error = $2, updated_at = now()
+            "UPDATE conveyor.operations SET status = 'queued', error = $2, updated_at = now()
              WHERE id = $1 AND status IN ('queued', 'running')",
         )
         .bind(operation)
@@ -571,7 +577,7 @@ async fn throttle(
     let mut tx = db::begin_workspace(pool, workspace).await?;
     lock_operation_tx(&mut tx, operation).await?;
     let moved: Option<(Option<String>, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "UPDATE outbox_events
+        "UPDATE conveyor.outbox_events
          SET status = 'pending', next_attempt_at = greatest($2, now()), redrive_count = redrive_count + 1,
              last_error = $3, stops = 0, stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
          WHERE id = $1 AND redrive_count = coalesce($4, redrive_count)
@@ -590,8 +596,8 @@ async fn throttle(
     };
     if let Some(key) = key {
         sqlx::query(
-            "INSERT INTO job_key_limits (workspace_id, key, blocked_until, block_reason)
-             VALUES (conveyor_current_workspace(), $1, $2, $3)
+            "INSERT INTO conveyor.job_key_limits (workspace_id, key, blocked_until, block_reason)
+             VALUES (conveyor.conveyor_current_workspace(), $1, $2, $3)
              ON CONFLICT (workspace_id, key) DO UPDATE
                  SET blocked_until = greatest(job_key_limits.blocked_until, EXCLUDED.blocked_until),
                      block_reason = EXCLUDED.block_reason, updated_at = now()",
@@ -610,7 +616,7 @@ async fn throttle(
         .await?;
     if let Some(operation) = operation {
         sqlx::query(
-            "UPDATE operations SET status = 'queued', error = $2, updated_at = now()
+            "UPDATE conveyor.operations SET status = 'queued', error = $2, updated_at = now()
              WHERE id = $1 AND status IN ('queued', 'running')",
         )
         .bind(operation)
@@ -639,13 +645,13 @@ async fn dead_letter(
     // The failed run is recorded in `job_failures` by the same statement.
     let moved = sqlx::query(
         "WITH moved AS (
-             UPDATE outbox_events
+             UPDATE conveyor.outbox_events
              SET status = 'dead_letter', failure_stage = 'job', dead_lettered_at = now(), last_error = $2,
                  job_attempts = job_attempts + 1, locked_by = NULL, locked_until = NULL
              WHERE id = $1 AND redrive_count = coalesce($3, redrive_count)
                AND status IN ('pending', 'dispatching', 'dispatched')
              RETURNING id, workspace_id, job_attempts)
-         INSERT INTO job_failures (job_id, workspace_id, attempt, stage, error)
+         INSERT INTO conveyor.job_failures (job_id, workspace_id, attempt, stage, error)
          SELECT id, workspace_id, job_attempts, 'job', left($2, 2000) FROM moved",
     )
     .bind(event_id)
@@ -656,7 +662,7 @@ async fn dead_letter(
     .rows_affected();
     // An event already purged (its entry outlived the outbox's retention) still fails its operation.
     let gone = moved == 0
-        && sqlx::query_scalar::<_, bool>("SELECT NOT EXISTS (SELECT 1 FROM outbox_events WHERE id = $1)")
+        && sqlx::query_scalar::<_, bool>("SELECT NOT EXISTS (SELECT 1 FROM conveyor.outbox_events WHERE id = $1)")
             .bind(event_id)
             .fetch_one(&mut *tx)
             .await?;
@@ -665,7 +671,7 @@ async fn dead_letter(
     }
     if let Some(operation) = operation.filter(|_| moved == 1 || gone) {
         sqlx::query(
-            "UPDATE operations SET status = 'failed', error = $2, finished_at = now(), updated_at = now()
+            "UPDATE conveyor.operations SET status = 'failed', error = $2, finished_at = now(), updated_at = now()
              WHERE id = $1 AND status IN ('queued', 'running')",
         )
         .bind(operation)
@@ -697,8 +703,8 @@ pub(crate) async fn replay_tx(
     operation: Option<Uuid>,
 ) -> Result<Replay, sqlx::Error> {
     let holder: Option<Uuid> = sqlx::query_scalar(
-        "SELECT live.id FROM outbox_events dead
-         JOIN outbox_events live ON live.event_type = dead.event_type AND live.dedup_key = dead.dedup_key
+        "SELECT live.id FROM conveyor.outbox_events dead
+         JOIN conveyor.outbox_events live ON live.event_type = dead.event_type AND live.dedup_key = dead.dedup_key
          WHERE dead.id = $1 AND live.status IN ('pending', 'dispatching', 'dispatched')",
     )
     .bind(job)
@@ -708,7 +714,7 @@ pub(crate) async fn replay_tx(
         return Ok(Replay::KeyHeld(holder));
     }
     let moved = sqlx::query(
-        "UPDATE outbox_events
+        "UPDATE conveyor.outbox_events
          SET status = 'pending', next_attempt_at = now(), attempt_count = 0, job_attempts = 0, stops = 0,
              redrive_count = redrive_count + 1, last_error = NULL, failure_stage = NULL, dead_lettered_at = NULL,
              stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
@@ -720,7 +726,7 @@ pub(crate) async fn replay_tx(
     .rows_affected();
     if let Some(operation) = operation.filter(|_| moved == 1) {
         sqlx::query(
-            "UPDATE operations SET status = 'queued', error = NULL, result = NULL, finished_at = NULL, updated_at = now()
+            "UPDATE conveyor.operations SET status = 'queued', error = NULL, result = NULL, finished_at = NULL, updated_at = now()
              WHERE id = $1",
         )
         .bind(operation)
@@ -738,12 +744,12 @@ pub(crate) async fn replay_tx(
 pub(crate) async fn discard_tx(tx: &mut WorkspaceTx, jobs: &[Uuid]) -> Result<Vec<Uuid>, sqlx::Error> {
     let gone: Vec<(Uuid,)> = sqlx::query_as(
         "WITH discarded AS (
-             UPDATE outbox_events
+             UPDATE conveyor.outbox_events
              SET status = 'discarded', finished_at = clock_timestamp(), event_payload = '{}', progress = NULL,
                  result = NULL, last_error = NULL, locked_by = NULL, locked_until = NULL
              WHERE id = ANY($1) AND status = 'dead_letter'
              RETURNING id),
-         forgotten AS (DELETE FROM job_failures WHERE job_id IN (SELECT id FROM discarded))
+         forgotten AS (DELETE FROM conveyor.job_failures WHERE job_id IN (SELECT id FROM discarded))
          SELECT id FROM discarded",
     )
     .bind(jobs)
@@ -770,7 +776,7 @@ pub(crate) enum RunNow {
 /// or kind is not a refusal: it runs as soon as a slot frees, ahead of jobs due later).
 pub(crate) async fn run_now_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uuid) -> Result<RunNow, sqlx::Error> {
     let waiting: Option<(String, String, Option<String>)> = sqlx::query_as(
-        "SELECT queue, event_type, limit_key FROM outbox_events
+        "SELECT queue, event_type, limit_key FROM conveyor.outbox_events
          WHERE id = $1 AND status = 'pending' AND next_attempt_at > now()
          FOR UPDATE",
     )
@@ -781,7 +787,10 @@ pub(crate) async fn run_now_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job
     if let Some(held) = hold_of(tx, workspace, &queue, &kind, key.as_deref()).await? {
         return Ok(RunNow::Held(held));
     }
-    sqlx::query("UPDATE outbox_events SET next_attempt_at = now() WHERE id = $1").bind(job).execute(&mut **tx).await?;
+    sqlx::query("UPDATE conveyor.outbox_events SET next_attempt_at = now() WHERE id = $1")
+        .bind(job)
+        .execute(&mut **tx)
+        .await?;
     super::notify_tx(tx, workspace).await?;
     Ok(RunNow::Moved)
 }
@@ -796,7 +805,7 @@ async fn hold_of(
     key: Option<&str>,
 ) -> Result<Option<String>, sqlx::Error> {
     let pause: Option<(Option<String>, Option<String>, Option<Uuid>)> = sqlx::query_as(
-        "SELECT queue, kind, workspace_id FROM dispatch_pauses
+        "SELECT queue, kind, workspace_id FROM conveyor.dispatch_pauses
          WHERE (workspace_id IS NULL OR workspace_id = $1)
            AND ((queue IS NULL AND kind IS NULL) OR (kind IS NULL AND queue = $2) OR kind = $3)
          ORDER BY id LIMIT 1",
@@ -816,7 +825,7 @@ async fn hold_of(
     }
     let Some(key) = key else { return Ok(None) };
     let blocked: Option<(chrono::DateTime<chrono::Utc>,)> =
-        sqlx::query_as("SELECT blocked_until FROM job_key_limits WHERE key = $1 AND blocked_until > now()")
+        sqlx::query_as("SELECT blocked_until FROM conveyor.job_key_limits WHERE key = $1 AND blocked_until > now()")
             .bind(key)
             .fetch_optional(&mut **tx)
             .await?;
@@ -834,8 +843,8 @@ pub(crate) async fn redrive_stalled_tx(
 ) -> Result<u64, sqlx::Error> {
     let secs = stalled_for.as_secs_f64();
     let stalled: Vec<(Uuid,)> = sqlx::query_as(
-        "UPDATE operations SET updated_at = now()
-         WHERE id IN (SELECT id FROM operations
+        "UPDATE conveyor.operations SET updated_at = now()
+         WHERE id IN (SELECT id FROM conveyor.operations
                       WHERE status IN ('queued', 'running') AND updated_at <= now() - make_interval(secs => $1)
                       ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
          RETURNING id",
@@ -846,7 +855,7 @@ pub(crate) async fn redrive_stalled_tx(
     .await?;
     let ids: Vec<Uuid> = stalled.into_iter().map(|(id,)| id).collect();
     let moved = sqlx::query(
-        "UPDATE outbox_events
+        "UPDATE conveyor.outbox_events
          SET status = 'pending', next_attempt_at = now(), redrive_count = redrive_count + 1,
              stream_id = NULL, dispatched_at = NULL
          WHERE operation_id = ANY($1) AND status = 'dispatched'",
@@ -870,7 +879,7 @@ pub(crate) async fn redrive_tx(
     stream_id: &str,
 ) -> Result<bool, sqlx::Error> {
     let moved = sqlx::query(
-        "UPDATE outbox_events
+        "UPDATE conveyor.outbox_events
          SET status = 'pending', next_attempt_at = now(), redrive_count = redrive_count + 1,
              stream_id = NULL, dispatched_at = NULL
          WHERE id = $1 AND status = 'dispatched' AND stream_id = $2",
@@ -890,10 +899,11 @@ pub(crate) async fn event_by_stream_id(
     queue: &str,
     entry_id: &str,
 ) -> Result<Option<(Uuid, WorkspaceId)>, sqlx::Error> {
-    let row: Option<(Uuid, Uuid)> = sqlx::query_as("SELECT id, workspace_id FROM conveyor_event_by_stream_id($1, $2)")
-        .bind(queue)
-        .bind(entry_id)
-        .fetch_optional(pool)
-        .await?;
+    let row: Option<(Uuid, Uuid)> =
+        sqlx::query_as("SELECT id, workspace_id FROM conveyor.conveyor_event_by_stream_id($1, $2)")
+            .bind(queue)
+            .bind(entry_id)
+            .fetch_optional(pool)
+            .await?;
     Ok(row.map(|(id, ws)| (id, WorkspaceId(ws))))
 }

@@ -65,7 +65,7 @@ pub(crate) struct DueWorkspace {
 /// Which workspaces have due events, most overdue first (migration 0030).
 pub(crate) async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<DueWorkspace>, sqlx::Error> {
     let rows: Vec<(Uuid, bool)> =
-        sqlx::query_as("SELECT workspace_id, expired_leases FROM conveyor_due_workspaces($1)")
+        sqlx::query_as("SELECT workspace_id, expired_leases FROM conveyor.conveyor_due_workspaces($1)")
             .bind(limit)
             .fetch_all(pool)
             .await?;
@@ -79,7 +79,7 @@ pub(crate) async fn due_workspaces(pool: &PgPool, limit: i32) -> Result<Vec<DueW
 /// from a `SECURITY DEFINER` function). The dispatcher passes the time since its sweep started: a job due before
 /// then was the sweep's to take (or is held), one due since then asks for the next sweep.
 pub(crate) async fn next_due_after(pool: &PgPool, since: Duration) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-    sqlx::query_scalar("SELECT conveyor_next_due_after(now() - $1 * interval '1 microsecond')")
+    sqlx::query_scalar("SELECT conveyor.conveyor_next_due_after(now() - $1 * interval '1 microsecond')")
         .bind(i64::try_from(since.as_micros()).unwrap_or(i64::MAX))
         .fetch_one(pool)
         .await
@@ -121,7 +121,7 @@ pub(crate) async fn claim(
         "SELECT tid::text AS tid, id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                 attempt_count, job_attempts, redrive_count, created_at, next_attempt_at, priority, max_attempts,
                 timeout_ms, backoff_ms, backoff_max_ms, workspace_class
-         FROM conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6)",
+         FROM conveyor.conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6)",
     )
     .bind(&ids)
     .bind(me)
@@ -214,15 +214,16 @@ pub(crate) async fn settle(
         let ids: Vec<Uuid> = delivered.iter().map(|d| d.id).collect();
         let redrives: Vec<i32> = delivered.iter().map(|d| d.redrive).collect();
         let stream_ids: Vec<&str> = delivered.iter().map(|d| d.stream_id.as_str()).collect();
-        let (marked,): (i64,) = sqlx::query_as("SELECT conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5, $6)")
-            .bind(me)
-            .bind(&workspaces)
-            .bind(&tids)
-            .bind(&ids)
-            .bind(&redrives)
-            .bind(&stream_ids)
-            .fetch_one(pool)
-            .await?;
+        let (marked,): (i64,) =
+            sqlx::query_as("SELECT conveyor.conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5, $6)")
+                .bind(me)
+                .bind(&workspaces)
+                .bind(&tids)
+                .bind(&ids)
+                .bind(&redrives)
+                .bind(&stream_ids)
+                .fetch_one(pool)
+                .await?;
         settled.dispatched = marked as u64;
         settled.lost_lease += delivered.len() as u64 - settled.dispatched;
     }
@@ -257,7 +258,7 @@ async fn record_failures(
     // Each failed hand-off is recorded in `job_failures` by the same statement.
     let rows: Vec<(String, Option<Uuid>)> = sqlx::query_as(
         "WITH moved AS (
-             UPDATE outbox_events e
+             UPDATE conveyor.outbox_events e
              SET attempt_count = e.attempt_count + 1,
                  status = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dead_letter' ELSE 'pending' END,
                  failure_stage = CASE WHEN e.attempt_count + 1 >= $4 THEN 'dispatch' END,
@@ -268,7 +269,7 @@ async fn record_failures(
              WHERE e.id = v.id AND e.status = 'dispatching' AND e.locked_by = $5 AND e.redrive_count = v.redrive
              RETURNING e.id, e.workspace_id, e.attempt_count, e.last_error, e.status, e.operation_id),
          failed AS (
-             INSERT INTO job_failures (job_id, workspace_id, attempt, stage, error)
+             INSERT INTO conveyor.job_failures (job_id, workspace_id, attempt, stage, error)
              SELECT id, workspace_id, attempt_count, 'dispatch', left(last_error, 2000) FROM moved)
          SELECT status, operation_id FROM moved",
     )
@@ -287,7 +288,7 @@ async fn record_failures(
     settled.lost_lease += failures.len() as u64 - rows.len() as u64;
     if !dead_operations.is_empty() {
         sqlx::query(
-            "UPDATE operations SET status = 'failed', error = 'the job could not be handed to a worker',
+            "UPDATE conveyor.operations SET status = 'failed', error = 'the job could not be handed to a worker',
                     finished_at = now(), updated_at = now()
              WHERE id = ANY($1) AND status IN ('queued', 'running')",
         )
@@ -311,12 +312,12 @@ pub async fn purge_finished(
     // Each statement names its states as literals, so that it is planned for its partial index (0006's finished
     // jobs; 0028's dead letters and tombstones).
     const PURGES: [&str; 2] = [
-        "DELETE FROM outbox_events WHERE id IN (
-             SELECT id FROM outbox_events
+        "DELETE FROM conveyor.outbox_events WHERE id IN (
+             SELECT id FROM conveyor.outbox_events
              WHERE status IN ('completed', 'canceled') AND finished_at <= now() - make_interval(secs => $1)
              LIMIT $2)",
-        "DELETE FROM outbox_events WHERE id IN (
-             SELECT id FROM outbox_events
+        "DELETE FROM conveyor.outbox_events WHERE id IN (
+             SELECT id FROM conveyor.outbox_events
              WHERE status = 'discarded' AND finished_at <= now() - make_interval(secs => $1)
              LIMIT $2)",
     ];
@@ -324,7 +325,7 @@ pub async fn purge_finished(
     let mut batches = 0;
     let retention_secs = retention.as_secs_f64();
     let workspaces: Vec<(Uuid,)> = sqlx::query_as(
-        "SELECT workspace_id FROM conveyor_outbox_retention_workspaces_v2(make_interval(secs => $1), 1000)",
+        "SELECT workspace_id FROM conveyor.conveyor_outbox_retention_workspaces_v2(make_interval(secs => $1), 1000)",
     )
     .bind(retention_secs)
     .fetch_all(pool)

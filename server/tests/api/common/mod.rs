@@ -89,6 +89,12 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn create() -> Self {
+        Self::create_after(async |_| {}).await
+    }
+
+    /// A database of its own on which `prepare` runs first (with the owner's URL), then `conveyor migrate`: a database
+    /// an earlier release migrated and filled, say.
+    pub async fn create_after(prepare: impl AsyncFnOnce(&str)) -> Self {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
         let name = format!("conveyor_test_{now}_{}", &Uuid::new_v4().simple().to_string()[..12]);
         let mut admin =
@@ -102,6 +108,7 @@ impl TestDb {
         let app_url = with_database(&app_base_url(), &name);
         let operator_url = with_database(&operator_base_url(), &name);
         let runtime_url = with_database(&runtime_base_url(), &name);
+        prepare(&owner_url).await;
         let migrate = MigrateConfig {
             migration_database_url: Secret::new(owner_url.clone()),
             database_url: Secret::new(app_url.clone()),
@@ -110,7 +117,7 @@ impl TestDb {
             audit_retention: None,
             dead_letter_retention: None,
         };
-        conveyor_jobs::migrate_with(&migrate).await.expect("migrations apply");
+        conveyor_server::migrate::run(&migrate).await.expect("migrations apply");
         let pool = conveyor_jobs::connect_postgres(&app_url, 16).await.expect("connect as the application role");
         let runtime_pool = conveyor_jobs::connect_postgres(&runtime_url, 8).await.expect("connect as the runtime role");
         Self { name, owner_url, app_url, operator_url, runtime_url, pool, runtime_pool }
@@ -130,7 +137,7 @@ impl TestDb {
     /// How many rows of `table` the workspace holds (read as the application role under RLS).
     pub async fn count(&self, table: &str, workspace: WorkspaceId) -> i64 {
         let mut tx = conveyor_jobs::begin_workspace(&self.pool, workspace).await.unwrap();
-        let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+        let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {}", qualified(table))))
             .fetch_one(&mut *tx)
             .await
             .unwrap();
@@ -142,12 +149,26 @@ impl TestDb {
     pub async fn rows(&self, table: &str, workspace: WorkspaceId) -> Vec<serde_json::Value> {
         let mut tx = conveyor_jobs::begin_workspace(&self.pool, workspace).await.unwrap();
         let rows: Vec<(serde_json::Value,)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT to_jsonb(t) FROM {table} t")))
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT to_jsonb(t) FROM {} t", qualified(table))))
                 .fetch_all(&mut *tx)
                 .await
                 .unwrap();
         tx.commit().await.unwrap();
         rows.into_iter().map(|(v,)| v).collect()
+    }
+}
+
+/// `table` named with its crate's schema: the shop's in `conveyor_shop`, the API's idempotency records in
+/// `conveyor_server`, the rest in the platform's `conveyor` (a name with a schema already is left as it is).
+pub fn qualified(table: &str) -> String {
+    if table.contains('.') {
+        table.to_owned()
+    } else if conveyor_shop::migrate::TABLES.contains(&table) {
+        format!("conveyor_shop.{table}")
+    } else if table == "idempotency_requests" {
+        format!("conveyor_server.{table}")
+    } else {
+        format!("conveyor.{table}")
     }
 }
 

@@ -150,7 +150,7 @@ impl TestPostgres {
             audit_retention: None,
             dead_letter_retention: None,
         };
-        conveyor_jobs::migrate_with(&migrate).await.expect("migrations apply to the test's own PostgreSQL");
+        conveyor_server::migrate::run(&migrate).await.expect("migrations apply to the test's own PostgreSQL");
         pg
     }
 

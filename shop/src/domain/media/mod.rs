@@ -151,7 +151,7 @@ macro_rules! select_media {
         "SELECT m.id, m.status, m.filename, m.content_type, m.declared_size, m.uploaded_size, m.operation_id,
                 m.sha256, m.rejection_code, m.rejection_detail, m.created_at, m.updated_at,
                 d.width, d.height, d.derivatives
-         FROM media m LEFT JOIN media_derivations d ON d.id = m.derivation_id"
+         FROM conveyor_shop.media m LEFT JOIN conveyor_shop.media_derivations d ON d.id = m.derivation_id"
     };
 }
 
@@ -262,7 +262,7 @@ pub async fn create_tx(
 ) -> Result<Media, sqlx::Error> {
     let id = Uuid::now_v7();
     sqlx::query(
-        "INSERT INTO media (id, workspace_id, filename, content_type, declared_size, created_by)
+        "INSERT INTO conveyor_shop.media (id, workspace_id, filename, content_type, declared_size, created_by)
          VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(id)
@@ -292,7 +292,7 @@ pub async fn derivative_tx(
     name: &str,
 ) -> Result<Option<StoredDerivative>, sqlx::Error> {
     let row: Option<(sqlx::types::Json<Vec<StoredDerivative>>,)> = sqlx::query_as(
-        "SELECT d.derivatives FROM media m JOIN media_derivations d ON d.id = m.derivation_id
+        "SELECT d.derivatives FROM conveyor_shop.media m JOIN conveyor_shop.media_derivations d ON d.id = m.derivation_id
          WHERE m.id = $1 AND m.status = 'ready'",
     )
     .bind(media_id)
@@ -321,7 +321,7 @@ pub enum MediaState {
 /// Reads where media `id` stands.
 pub async fn state_tx(tx: &mut WorkspaceTx, id: Uuid) -> Result<MediaState, sqlx::Error> {
     let row: Option<(String, Option<String>, Option<Uuid>)> =
-        sqlx::query_as("SELECT status, object_key, operation_id FROM media WHERE id = $1")
+        sqlx::query_as("SELECT status, object_key, operation_id FROM conveyor_shop.media WHERE id = $1")
             .bind(id)
             .fetch_optional(&mut **tx)
             .await?;
@@ -355,8 +355,8 @@ pub async fn record_upload_tx(
     size_bytes: u64,
 ) -> Result<UploadRecorded, sqlx::Error> {
     let replaced: Option<(Option<String>,)> = sqlx::query_as(
-        "UPDATE media m SET object_key = $2, uploaded_size = $3, updated_at = now()
-         FROM (SELECT id, object_key FROM media WHERE id = $1 FOR UPDATE) old
+        "UPDATE conveyor_shop.media m SET object_key = $2, uploaded_size = $3, updated_at = now()
+         FROM (SELECT id, object_key FROM conveyor_shop.media WHERE id = $1 FOR UPDATE) old
          WHERE m.id = old.id AND m.status = 'awaiting_upload'
          RETURNING old.object_key",
     )
@@ -434,10 +434,10 @@ pub async fn complete_tx(
 ) -> Result<Completion, CompleteError> {
     let operation = queue_processing_tx(tx, workspace_id, created_by, id, traceparent).await?;
     let completed = sqlx::query(
-        "UPDATE media SET status = 'processing', operation_id = $2, updated_at = now()
+        "UPDATE conveyor_shop.media SET status = 'processing', operation_id = $2, updated_at = now()
          WHERE id = $1
            AND (   (status = 'awaiting_upload' AND object_key IS NOT NULL)
-                OR (status = 'processing' AND EXISTS (SELECT 1 FROM operations o
+                OR (status = 'processing' AND EXISTS (SELECT 1 FROM conveyor.operations o
                                                       WHERE o.id = media.operation_id
                                                         AND o.status IN ('failed', 'canceled'))))",
     )
@@ -476,7 +476,7 @@ pub async fn adopt_object_tx(
     let filename = if validate_filename(filename).is_ok() { filename.to_owned() } else { format!("{id}") };
     let operation = queue_processing_tx(tx, workspace_id, created_by, id, traceparent).await?;
     sqlx::query(
-        "INSERT INTO media (id, workspace_id, filename, content_type, declared_size, status, object_key,
+        "INSERT INTO conveyor_shop.media (id, workspace_id, filename, content_type, declared_size, status, object_key,
                             uploaded_size, operation_id, created_by)
          VALUES ($1, $2, $3, $4, $5, 'processing', $6, $5, $7, $8)",
     )

@@ -208,7 +208,7 @@ pub async fn process_tx(
     media_id: Uuid,
 ) -> Result<ProcessOutcome, ProcessError> {
     let row: Option<(String, String, Option<String>)> =
-        sqlx::query_as("SELECT status, content_type, object_key FROM media WHERE id = $1 FOR UPDATE")
+        sqlx::query_as("SELECT status, content_type, object_key FROM conveyor_shop.media WHERE id = $1 FOR UPDATE")
             .bind(media_id)
             .fetch_optional(&mut **tx)
             .await?;
@@ -271,7 +271,7 @@ pub async fn process_tx(
         .execute(&mut **tx)
         .await?;
     let existing: Option<(Uuid, i32, i32)> =
-        sqlx::query_as("SELECT id, width, height FROM media_derivations WHERE sha256 = $1")
+        sqlx::query_as("SELECT id, width, height FROM conveyor_shop.media_derivations WHERE sha256 = $1")
             .bind(&sha_hex)
             .fetch_optional(&mut **tx)
             .await?;
@@ -287,7 +287,7 @@ pub async fn process_tx(
                 },
             };
             sqlx::query(
-                "INSERT INTO media_derivations (id, workspace_id, sha256, content_type, width, height, derivatives)
+                "INSERT INTO conveyor_shop.media_derivations (id, workspace_id, sha256, content_type, width, height, derivatives)
                  VALUES ($1, $2, $3, $4, $5, $6, $7)",
             )
             .bind(id)
@@ -302,7 +302,7 @@ pub async fn process_tx(
             (derivation, id, manifest.width, manifest.height)
         }
     };
-    sqlx::query("UPDATE media SET status = 'ready', derivation_id = $2, sha256 = $3, updated_at = now() WHERE id = $1")
+    sqlx::query("UPDATE conveyor_shop.media SET status = 'ready', derivation_id = $2, sha256 = $3, updated_at = now() WHERE id = $1")
         .bind(media_id)
         .bind(id)
         .bind(&sha_hex)
@@ -318,7 +318,7 @@ async fn reject_tx(
     refusal: Refusal,
 ) -> Result<ProcessOutcome, ProcessError> {
     sqlx::query(
-        "UPDATE media SET status = 'rejected', rejection_code = $2, rejection_detail = $3, sha256 = $4,
+        "UPDATE conveyor_shop.media SET status = 'rejected', rejection_code = $2, rejection_detail = $3, sha256 = $4,
                           updated_at = now()
          WHERE id = $1",
     )

@@ -27,13 +27,15 @@ async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leave
     // Inside a caller's transaction, the call leaves no workspace behind: the next statement sees nothing.
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.runtime_url).await.unwrap();
     let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
-    let again: Vec<(String,)> = sqlx::query_as("SELECT tid::text FROM conveyor_claim_outbox($1, 'me', 30, 10)")
-        .bind(vec![c.0])
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
+    let again: Vec<(String,)> =
+        sqlx::query_as("SELECT tid::text FROM conveyor.conveyor_claim_outbox($1, 'me', 30, 10)")
+            .bind(vec![c.0])
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
     assert_eq!(again.len(), in_c.len());
-    let (visible,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events").fetch_one(&mut *tx).await.unwrap();
+    let (visible,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor.outbox_events").fetch_one(&mut *tx).await.unwrap();
     assert_eq!(visible, 0, "no workspace is set after the call");
     tx.rollback().await.unwrap();
 
@@ -79,7 +81,7 @@ async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatcher
     assert_eq!((claimed.len(), claimed[0].redrive_count), (1, 0));
     // Meanwhile its job ran and asked for a retry (generation 1), and this dispatcher claimed that generation too.
     let mut tx = db::begin_workspace(&db.pool, ws).await.unwrap();
-    let moved = sqlx::query("UPDATE outbox_events SET redrive_count = 1 WHERE id = $1")
+    let moved = sqlx::query("UPDATE conveyor.outbox_events SET redrive_count = 1 WHERE id = $1")
         .bind(ids[0])
         .execute(&mut *tx)
         .await
@@ -101,7 +103,7 @@ async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatcher
 
     // Nor does a late mark, even one that names the row's current version.
     let mut tx = db::begin_workspace(&db.pool, ws).await.unwrap();
-    let (tid,): (String,) = sqlx::query_as("SELECT ctid::text FROM outbox_events WHERE id = $1")
+    let (tid,): (String,) = sqlx::query_as("SELECT ctid::text FROM conveyor.outbox_events WHERE id = $1")
         .bind(ids[0])
         .fetch_one(&mut *tx)
         .await
@@ -177,28 +179,34 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
 
     // Someone holds c for a moment.
     let mut holder = crate::begin_workspace(pool, ws).await.unwrap();
-    sqlx::query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE").bind(c.id).execute(&mut *holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM conveyor.outbox_events WHERE id = $1 FOR UPDATE")
+        .bind(c.id)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
     // The relay marks a, c, x (taking a, then waiting for c); the worker records the ends of x and a.
     let marking = {
         let (pool, ws) = (pool.clone(), ws.0);
         let (tids, ids): (Vec<String>, Vec<Uuid>) = [a, c, x].iter().map(|e| (e.tid.clone(), e.id)).unzip();
         tokio::spawn(async move {
-            sqlx::query_scalar::<_, i64>("SELECT conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5, $6)")
-                .bind("me")
-                .bind(vec![ws; 3])
-                .bind(tids)
-                .bind(ids)
-                .bind(vec![0i32; 3])
-                .bind(vec!["1-1", "1-2", "1-3"])
-                .fetch_one(&pool)
-                .await
+            sqlx::query_scalar::<_, i64>(
+                "SELECT conveyor.conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5, $6)",
+            )
+            .bind("me")
+            .bind(vec![ws; 3])
+            .bind(tids)
+            .bind(ids)
+            .bind(vec![0i32; 3])
+            .bind(vec!["1-1", "1-2", "1-3"])
+            .fetch_one(&pool)
+            .await
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let ending = {
         let (pool, ids) = (pool.clone(), vec![x.id, a.id]);
         tokio::spawn(async move {
-            sqlx::query_scalar::<_, i64>("SELECT conveyor_complete_jobs($1, $2, $3, $4)")
+            sqlx::query_scalar::<_, i64>("SELECT conveyor.conveyor_complete_jobs($1, $2, $3, $4)")
                 .bind(vec![ws.0; 2])
                 .bind(ids)
                 .bind(vec![None::<i32>; 2])
@@ -215,7 +223,7 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
     assert_eq!((marked, ended), (3, 2));
     let statuses: Vec<(Uuid, String)> = {
         let mut tx = crate::begin_workspace(pool, ws).await.unwrap();
-        sqlx::query_as("SELECT id, status FROM outbox_events ORDER BY id").fetch_all(&mut *tx).await.unwrap()
+        sqlx::query_as("SELECT id, status FROM conveyor.outbox_events ORDER BY id").fetch_all(&mut *tx).await.unwrap()
     };
     assert_eq!(
         statuses,

@@ -19,9 +19,16 @@
 //! PUBLIC loses `EXECUTE` on every `conveyor_` function (PostgreSQL grants it on creation), so a function added
 //! later reaches no role but the runtime until it is listed.
 //!
-//! Conveyor keeps its migration history in a table of its own, [`HISTORY_TABLE`], so that a service that applies its
-//! own sqlx migrations to the same database (into sqlx's default `_sqlx_migrations`) never clashes with Conveyor's.
-//! A database migrated by an earlier release, whose history is in `_sqlx_migrations`, has it adopted on the next run.
+//! Every object of the platform's is in the schema `conveyor`, with its migration history ([`HISTORY_TABLE`]), so
+//! that a service that keeps its own tables and its own sqlx migrations in `public` (sqlx's default
+//! `_sqlx_migrations`) shares the database without a clash. Every function that reads a table pins its search path
+//! to `pg_catalog, conveyor, pg_temp`, whatever the path of the connection that calls it. [`migrator`] is the
+//! migrations unrun, for a host that composes its own. A database of the old layout, with everything in `public`, is
+//! adopted in place ([`adopt_public_layout`]).
+
+mod adopt;
+
+pub use adopt::{PublicLayout, adopt_public_layout};
 
 use crate::error::Public;
 use anyhow::{Context, bail};
@@ -32,47 +39,119 @@ use sqlx::{Connection, PgConnection, PgPool};
 use crate::Secret;
 use std::time::Duration;
 
-/// The migrations, embedded in the binary.
-pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+/// The migrations, embedded in the binary (sqlx's default history table: [`migrator`] sets the platform's).
+static MIGRATIONS: Migrator = sqlx::migrate!("./migrations");
 
-/// The table of Conveyor's migration history.
-pub const HISTORY_TABLE: &str = "conveyor_schema_migrations";
+/// The platform's schema.
+pub const SCHEMA: &str = "conveyor";
 
-/// Conveyor's tables: the application role gets DML on these and no others (a service sharing the database keeps its
-/// own grants).
-const TABLES: &[&str] = &[
-    "idempotency_requests",
+/// The table of the platform's migration history.
+pub const HISTORY_TABLE: &str = "conveyor._sqlx_migrations";
+
+/// The platform's migrations, unrun: they create the schema `conveyor` and record their history in
+/// [`HISTORY_TABLE`]. [`migrate`] runs them and grants the roles; a host that runs its own migrations can run these
+/// with them (as the owner of its database), then grant what its roles need.
+pub fn migrator() -> Migrator {
+    let mut migrator = Migrator::with_migrations(MIGRATIONS.iter().cloned().collect());
+    migrator.dangerous_set_table_name(HISTORY_TABLE);
+    migrator.create_schema(SCHEMA);
+    migrator
+}
+
+/// The platform's objects as the old layout kept them in `public`: what [`adopt`] moves into `conveyor`.
+const PUBLIC_TABLES: &[&str] = &[
     "operations",
     "outbox_events",
-    "stores",
-    "store_credentials",
     "job_kinds",
-    "media",
-    "media_derivations",
-    "asset_transfers",
-    "listings",
-    "listing_media",
-    "product_drafts",
     "workspace_weights",
     "dispatch_pauses",
     "job_key_limits",
     "job_kind_limits",
-    "catalog_syncs",
-    "store_products",
-    "ai_usage_months",
-    "ai_tasks",
-    "ai_usage_ledger",
+    "job_schedules",
+    "job_schedule_runs",
+    "job_failures",
+    "conveyor_admin_audit",
+    "conveyor_settings",
+];
+const PUBLIC_FUNCTIONS: &[&str] = &[
+    "conveyor_admin_audit_trail",
+    "conveyor_admin_audit_write",
+    "conveyor_admin_check_limit",
+    "conveyor_admin_check_scope",
+    "conveyor_admin_dead_letters",
+    "conveyor_admin_job",
+    "conveyor_admin_jobs",
+    "conveyor_admin_locate_job",
+    "conveyor_admin_operations",
+    "conveyor_admin_pause",
+    "conveyor_admin_pauses",
+    "conveyor_admin_queues",
+    "conveyor_admin_resume",
+    "conveyor_admin_schedules",
+    "conveyor_admin_set_weight",
+    "conveyor_admin_state_condition",
+    "conveyor_audit_purge",
+    "conveyor_canceled_jobs",
+    "conveyor_claim_jobs",
+    "conveyor_claim_jobs_fair",
+    "conveyor_claim_outbox",
+    "conveyor_complete_jobs",
+    "conveyor_current_workspace",
+    "conveyor_dead_letter_purge",
+    "conveyor_due_outbox_workspaces",
+    "conveyor_due_schedules",
+    "conveyor_due_workspaces",
+    "conveyor_enqueue",
+    "conveyor_event_by_stream_id",
+    "conveyor_job_state",
+    "conveyor_jobs_not_to_run",
+    "conveyor_jobs_taken_over",
+    "conveyor_mark_outbox_dispatched",
+    "conveyor_next_due_after",
+    "conveyor_next_due_at",
+    "conveyor_next_schedule_at",
+    "conveyor_outbox_backlog",
+    "conveyor_outbox_backlog_due",
+    "conveyor_outbox_retention_workspaces",
+    "conveyor_outbox_retention_workspaces_v2",
+    "conveyor_stalled_operation_workspaces",
+    "conveyor_unattended_dispatched_workspaces",
+    "conveyor_uuid_v7",
+];
+
+/// Moves the platform's objects of a database of the old layout into `conveyor` (see [`adopt_public_layout`]), its
+/// history recorded up to 0037, the last migration of that layout; 0038 and later then run as anywhere.
+async fn adopt(conn: &mut PgConnection, migrator: &Migrator) -> anyhow::Result<bool> {
+    let layout = PublicLayout {
+        schema: SCHEMA,
+        search_path: SCHEMA,
+        tables: PUBLIC_TABLES,
+        functions: PUBLIC_FUNCTIONS,
+        migrator,
+        through: adopt::PUBLIC_LAYOUT_VERSIONS,
+    };
+    adopt::adopt_platform(conn, &layout).await
+}
+
+/// Conveyor's tables: the application role gets DML on these and no others (a service sharing the database keeps its
+/// own grants).
+const TABLES: &[&str] = &[
+    "operations",
+    "outbox_events",
+    "job_kinds",
+    "workspace_weights",
+    "dispatch_pauses",
+    "job_key_limits",
+    "job_kind_limits",
     "job_schedules",
     "job_schedule_runs",
     "job_failures",
 ];
 
-/// The tables the runtime role works on (DML): the platform's own. The business tables (stores and their credentials,
-/// media, transfers, listings, drafts, catalog syncs, AI tasks) are never the runtime's: the dispatcher, maintenance
-/// and the worker's bookkeeping read and write jobs, operations, limits and schedules only (a trigger that reaches a
-/// business table on an operation's end runs as the owner, written safely, see migration 0034).
+/// The tables the runtime role works on (DML): the platform's own. A product's tables are never the runtime's: the
+/// dispatcher, maintenance and the worker's bookkeeping read and write jobs, operations, limits and schedules only (a
+/// product's trigger that reaches its own table on an operation's end runs as the owner, written safely).
 const RUNTIME_TABLES: &[&str] = &[
-    "idempotency_requests",
     "operations",
     "outbox_events",
     "job_kinds",
@@ -98,11 +177,6 @@ pub const APPLICATION_FUNCTIONS: &[&str] = &[
     "conveyor_job_state",
     // Enqueues in the caller's workspace, refused without one (SECURITY INVOKER, under row-level security).
     "conveyor_enqueue",
-    // Trigger functions: PostgreSQL refuses to call them but as the triggers of a row the caller writes.
-    "conveyor_listing_publication_is_final",
-    "conveyor_catalog_sync_ended",
-    "conveyor_catalog_sync_replayed",
-    "conveyor_asset_transfer_ended",
 ];
 
 /// The tables the runtime role only reads: the operator's weights and pauses (the relay's claim reads them; only the
@@ -144,47 +218,6 @@ const DEFAULT_DEAD_LETTER_RETENTION: std::time::Duration = crate::maintenance::D
 /// migration 0026): the relay's claim reads them for every workspace it claims from.
 const RUNTIME_PAUSES_POLICY: &str = "runtime_scan";
 
-/// The embedded migrations, recording their history in [`HISTORY_TABLE`].
-fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(MIGRATOR.iter().cloned().collect());
-    migrator.dangerous_set_table_name(HISTORY_TABLE);
-    migrator
-}
-
-/// A database migrated by an earlier release kept Conveyor's history in sqlx's default `_sqlx_migrations`: copy the
-/// rows of Conveyor's versions into [`HISTORY_TABLE`], once, and leave that table alone (sqlx then checks their
-/// checksums as usual). Serialized by an advisory lock, so replicas migrating at once adopt it once.
-async fn adopt_old_history(conn: &mut PgConnection) -> anyhow::Result<()> {
-    let versions: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
-    let mut tx = conn.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('conveyor-migrate-adopt', 0))")
-        .execute(&mut *tx)
-        .await?;
-    let (ours, old): (bool, bool) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT to_regclass('{HISTORY_TABLE}') IS NOT NULL, to_regclass('_sqlx_migrations') IS NOT NULL"
-    )))
-    .fetch_one(&mut *tx)
-    .await?;
-    if ours || !old {
-        return Ok(());
-    }
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS {HISTORY_TABLE} (LIKE _sqlx_migrations INCLUDING ALL)"
-    )))
-    .execute(&mut *tx)
-    .await?;
-    let adopted = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {HISTORY_TABLE} SELECT * FROM _sqlx_migrations WHERE version = ANY($1) ON CONFLICT DO NOTHING"
-    )))
-    .bind(&versions)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    tx.commit().await?;
-    tracing::info!(adopted, "Adopted Conveyor's migration history from _sqlx_migrations");
-    Ok(())
-}
-
 /// Which role may execute a function.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Reach {
@@ -196,7 +229,7 @@ enum Reach {
     Runtime,
 }
 
-fn quote_ident(name: &str) -> String {
+pub(crate) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
@@ -218,11 +251,24 @@ pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> Resul
         audit_retention: None,
         dead_letter_retention: None,
     };
-    run(&config).await
+    run(&config).await.map(drop)
 }
 
-/// Applies every migration and grants the application, runtime and operator roles. Safe to run again.
-pub async fn run(config: &MigrateConfig) -> Result<(), crate::Error> {
+/// The roles [`run`] checked and granted: a product crate that keeps tables beside the platform's grants them its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Roles {
+    /// The application role (requests, job handlers).
+    pub application: String,
+    /// The runtime role (dispatcher, maintenance, the worker's bookkeeping).
+    pub runtime: String,
+    /// The operator role, when one was given.
+    pub operator: Option<String>,
+}
+
+/// Applies every migration and grants the application, runtime and operator roles. Safe to run again. Returns the
+/// roles, checked.
+pub async fn run(config: &MigrateConfig) -> Result<Roles, crate::Error> {
     let (audit_retention, dead_letter_retention) = retentions(config).map_err(crate::Error::invalid)?;
     run_inner(config, audit_retention, dead_letter_retention).await.public()
 }
@@ -244,7 +290,7 @@ async fn run_inner(
     config: &MigrateConfig,
     audit_retention: std::time::Duration,
     dead_letter_retention: std::time::Duration,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Roles> {
     let owner_options: PgConnectOptions = crate::db::connect_options(config.migration_database_url.expose())
         .context("CONVEYOR_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
     let app_options: PgConnectOptions =
@@ -252,8 +298,9 @@ async fn run_inner(
     let app_role = app_options.get_username().to_owned();
 
     let mut conn = PgConnection::connect_with(&owner_options).await.context("Failed to connect as the owner role")?;
-    adopt_old_history(&mut conn).await.context("Failed to adopt the migration history of an earlier release")?;
-    migrator().run(&mut conn).await.context("Failed to apply migrations")?;
+    let migrator = migrator();
+    adopt(&mut conn, &migrator).await.context("Failed to adopt the objects an earlier release kept in public")?;
+    migrator.run(&mut conn).await.context("Failed to apply migrations")?;
 
     check_role(&mut conn, &app_role, "application role", "CONVEYOR_DATABASE_URL").await?;
     let runtime_options: PgConnectOptions = config
@@ -298,14 +345,14 @@ async fn run_inner(
     let database: (String,) = sqlx::query_as("SELECT current_database()::text").fetch_one(&mut *tx).await?;
     let database = quote_ident(&database.0);
     let tables: Vec<(String,)> =
-        sqlx::query_as("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' AND tablename = ANY($1)")
+        sqlx::query_as("SELECT tablename::text FROM pg_tables WHERE schemaname = 'conveyor' AND tablename = ANY($1)")
             .bind(TABLES)
             .fetch_all(&mut *tx)
             .await?;
     let functions: Vec<(String, Reach)> = sqlx::query_as::<_, (String, bool, bool)>(
         "SELECT p.oid::regprocedure::text, p.proname LIKE $1, p.proname = ANY($2) FROM pg_proc p
          JOIN pg_namespace n ON n.oid = p.pronamespace
-         WHERE n.nspname = 'public' AND p.proname LIKE 'conveyor\\_%'",
+         WHERE n.nspname = 'conveyor'",
     )
     .bind(ADMIN_FUNCTIONS)
     .bind(APPLICATION_FUNCTIONS)
@@ -324,11 +371,11 @@ async fn run_inner(
     let mut grants = Vec::new();
     for grantee in [&role, &runtime] {
         grants.push(format!("GRANT CONNECT ON DATABASE {database} TO {grantee}"));
-        grants.push(format!("GRANT USAGE ON SCHEMA public TO {grantee}"));
+        grants.push(format!("GRANT USAGE ON SCHEMA conveyor TO {grantee}"));
         grants.push(format!("GRANT SELECT ON {HISTORY_TABLE} TO {grantee}"));
     }
     for (t,) in &tables {
-        let table = quote_ident(t);
+        let table = format!("conveyor.{}", quote_ident(t));
         grants.push(format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}"));
         if RUNTIME_READ_ONLY_TABLES.contains(&t.as_str()) {
             // Earlier releases let it write them too.
@@ -349,7 +396,7 @@ async fn run_inner(
         tables
             .iter()
             .filter(|(t,)| READ_ONLY_TABLES.contains(&t.as_str()))
-            .map(|(t,)| format!("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {} FROM {role}", quote_ident(t))),
+            .map(|(t,)| format!("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON conveyor.{} FROM {role}", quote_ident(t))),
     );
     for (function, reach) in &functions {
         // Defensively too: an earlier release granted every `conveyor_` function to the application role.
@@ -370,13 +417,14 @@ async fn run_inner(
         }
     }
     // Recreated on every run, so that it follows the runtime role when the URL names another.
-    grants.push(format!("DROP POLICY IF EXISTS {RUNTIME_PAUSES_POLICY} ON dispatch_pauses"));
-    grants
-        .push(format!("CREATE POLICY {RUNTIME_PAUSES_POLICY} ON dispatch_pauses FOR SELECT TO {runtime} USING (true)"));
+    grants.push(format!("DROP POLICY IF EXISTS {RUNTIME_PAUSES_POLICY} ON conveyor.dispatch_pauses"));
+    grants.push(format!(
+        "CREATE POLICY {RUNTIME_PAUSES_POLICY} ON conveyor.dispatch_pauses FOR SELECT TO {runtime} USING (true)"
+    ));
     if let Some(operator) = &operator_role {
         let operator = quote_ident(operator);
         grants.push(format!("GRANT CONNECT ON DATABASE {database} TO {operator}"));
-        grants.push(format!("GRANT USAGE ON SCHEMA public TO {operator}"));
+        grants.push(format!("GRANT USAGE ON SCHEMA conveyor TO {operator}"));
         grants.extend(
             functions
                 .iter()
@@ -397,7 +445,7 @@ async fn run_inner(
         ("dead_letter_retention", dead_letter_retention, "CONVEYOR_DEAD_LETTER_RETENTION"),
     ] {
         sqlx::query(
-            "INSERT INTO conveyor_settings (name, value) VALUES ($1, justify_hours(make_interval(secs => $2))::text)
+            "INSERT INTO conveyor.conveyor_settings (name, value) VALUES ($1, justify_hours(make_interval(secs => $2))::text)
              ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()",
         )
         .bind(setting)
@@ -414,7 +462,7 @@ async fn run_inner(
         tables = tables.len(),
         "Migrations applied and roles granted"
     );
-    Ok(())
+    Ok(Roles { application: app_role, runtime: runtime_role, operator: operator_role })
 }
 
 /// Refuses `role` (the `what` of `variable`) unless it exists and row-level security applies to it: not a superuser,
@@ -441,19 +489,18 @@ async fn check_role(conn: &mut PgConnection, role: &str, what: &str, variable: &
              row-level security would not apply to it"
         );
     }
-    // Conveyor's definer functions search `pg_catalog, public, pg_temp` (migration 0034): a role that may create
-    // objects in `public` could plant a function or operator there that one of them would call as the owner.
-    // PostgreSQL 15 and later no longer grant it to PUBLIC; earlier releases did.
-    let (create,): (bool,) = sqlx::query_as("SELECT has_schema_privilege($1, 'public', 'CREATE')")
+    // Conveyor's functions search `pg_catalog, conveyor, pg_temp`: a role that may create objects in `conveyor` could
+    // plant a function or operator there that a definer function would call as the owner. Only the owner has that
+    // right, unless somebody granted it.
+    let (create,): (bool,) = sqlx::query_as("SELECT has_schema_privilege($1, 'conveyor', 'CREATE')")
         .bind(role)
         .fetch_one(&mut *conn)
         .await
-        .with_context(|| format!("Failed to inspect the {what}'s rights on the schema public"))?;
+        .with_context(|| format!("Failed to inspect the {what}'s rights on the schema conveyor"))?;
     if create {
         bail!(
-            "the {what} `{role}` of {variable} may create objects in the schema public, where Conveyor's SECURITY \
-             DEFINER functions look names up: run `REVOKE CREATE ON SCHEMA public FROM PUBLIC` (and from `{role}`) \
-             as the database's owner, the default since PostgreSQL 15"
+            "the {what} `{role}` of {variable} may create objects in the schema conveyor, where Conveyor's \
+             functions look names up: run `REVOKE CREATE ON SCHEMA conveyor FROM PUBLIC, {role}` as its owner"
         );
     }
     Ok(())
@@ -465,7 +512,7 @@ pub async fn pending_versions(pool: &PgPool) -> Result<usize, sqlx::Error> {
         sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT version FROM {HISTORY_TABLE} WHERE success")))
             .fetch_all(pool)
             .await?;
-    Ok(MIGRATOR.iter().filter(|m| !applied.iter().any(|(v,)| *v == m.version)).count())
+    Ok(MIGRATIONS.iter().filter(|m| !applied.iter().any(|(v,)| *v == m.version)).count())
 }
 
 #[cfg(test)]

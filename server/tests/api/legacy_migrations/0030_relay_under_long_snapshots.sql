@@ -1,0 +1,298 @@
+-- The relay under a long-held snapshot (issue 16). While a transaction holds a snapshot open (a report, a `BEGIN`
+-- left in psql), no row version the relay and the workers leave behind can be removed, and every index scan over a
+-- state that rows pass through walks the versions of the snapshot's whole lifetime. Measured over a 5-minute snapshot
+-- at 300 jobs/s (benches/snapshot.rs; index entries read, from pg_stat_user_indexes): the scan for expired leases read
+-- 44% of them, because each claim ran it once per workspace over the whole outbox's lease index; the counts of each
+-- workspace's jobs in flight (its window) 26%; the scans of due jobs in claim order 19% (half of them the count for the
+-- workspace's fair-share class); the sweeps' lookup of due workspaces 12%.
+--
+-- 1. conveyor_due_workspaces: 0001's lookup, telling which of the due workspaces have expired leases. Sweeps call it;
+--    the claim takes expired leases over only in those (`expired_in`), and named claims never scan for them.
+-- 2. conveyor_next_due_after(after): the earliest due time after `after` (the dispatcher passes the time its sweep
+--    started) of the jobs not due at their creation (delayed jobs, retries, back-offs; a job due at its commit was
+--    named to the dispatcher by the commit's notification), so only those make the next sweep come at once.
+-- 3. conveyor_claim_jobs_fair(..., expired_in): 0024's claim, with expired leases taken in `expired_in` only, and the
+--    workspace's class counted only when the due jobs filled the room (the common case, a light workspace whose jobs
+--    all fit, needs no second walk of its due jobs).
+-- 0001's, 0008's and 0024's functions stay for dispatchers of the previous release during a rolling upgrade.
+
+CREATE FUNCTION conveyor_due_workspaces(max_workspaces integer)
+    RETURNS TABLE (workspace_id uuid, expired_leases boolean)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, public
+    AS $$
+        SELECT w.workspace_id, bool_or(w.expired)
+        FROM (
+            SELECT e.workspace_id, min(e.next_attempt_at) AS due_at, false AS expired
+            FROM public.outbox_events e
+            WHERE e.status = 'pending' AND e.next_attempt_at <= now()
+            GROUP BY e.workspace_id
+            UNION ALL
+            SELECT e.workspace_id, min(e.locked_until), true
+            FROM public.outbox_events e
+            WHERE e.status = 'dispatching' AND e.locked_until <= now()
+            GROUP BY e.workspace_id
+        ) w
+        GROUP BY w.workspace_id
+        ORDER BY min(w.due_at)
+        LIMIT greatest(1, least(max_workspaces, 10000))
+    $$;
+REVOKE ALL ON FUNCTION conveyor_due_workspaces(integer) FROM PUBLIC;
+
+CREATE FUNCTION conveyor_next_due_after(after timestamptz) RETURNS timestamptz
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, public
+    AS $$
+        SELECT min(e.next_attempt_at) FROM public.outbox_events e
+        WHERE e.status = 'pending' AND e.next_attempt_at > after AND e.next_attempt_at > e.created_at
+    $$;
+REVOKE ALL ON FUNCTION conveyor_next_due_after(timestamptz) FROM PUBLIC;
+
+CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_secs double precision,
+                                         per_workspace integer, fair_window integer,
+                                         expired_in uuid[])
+    RETURNS TABLE (tid tid, id uuid, workspace_id uuid, queue text, event_type text, event_payload jsonb,
+                   operation_id uuid, traceparent text, attempt_count integer, job_attempts integer,
+                   redrive_count integer, created_at timestamptz, next_attempt_at timestamptz, priority smallint,
+                   max_attempts integer, timeout_ms bigint, backoff_ms bigint, backoff_max_ms bigint,
+                   workspace_class text)
+    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+    SET enable_seqscan = off
+    SET jit = off
+    AS $$
+    #variable_conflict use_column
+    DECLARE
+        ws uuid;
+        room integer;
+        any_pause boolean;
+        held_queues text[];
+        held_kinds text[];
+        restricted text[];
+        limited text[];
+        key_room integer[];
+        rated text[];
+        restricted_kinds text[];
+        limited_kinds text[];
+        kind_room integer[];
+        due_count integer;
+        ws_class text;
+        lease_ctids tid[];
+        due_ctids tid[];
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        SELECT EXISTS (SELECT 1 FROM public.dispatch_pauses) INTO any_pause;
+        FOREACH ws IN ARRAY workspaces LOOP
+            IF any_pause THEN
+                IF EXISTS (SELECT 1 FROM public.dispatch_pauses p
+                           WHERE p.workspace_id = ws AND p.queue IS NULL AND p.kind IS NULL) THEN
+                    CONTINUE;
+                END IF;
+                SELECT coalesce(array_agg(p.queue) FILTER (WHERE p.queue IS NOT NULL AND p.kind IS NULL), '{}'),
+                       coalesce(array_agg(p.kind) FILTER (WHERE p.kind IS NOT NULL), '{}')
+                INTO held_queues, held_kinds
+                FROM public.dispatch_pauses p
+                WHERE p.workspace_id IS NULL OR p.workspace_id = ws;
+            ELSE
+                held_queues := '{}';
+                held_kinds := '{}';
+            END IF;
+            PERFORM set_config('app.workspace_id', ws::text, true);
+            room := per_workspace;
+            IF fair_window > 0 THEN
+                SELECT least(per_workspace,
+                             fair_window * coalesce((SELECT w.weight FROM public.workspace_weights w
+                                                     WHERE w.workspace_id = ws), 1)
+                             - (SELECT count(*) FROM public.outbox_events f
+                                WHERE f.status IN ('dispatching', 'dispatched')
+                                  AND NOT (f.status = 'dispatching' AND f.locked_until <= now())))::integer
+                INTO room;
+            END IF;
+            -- Expired leases only where the caller found some (a sweep): their index is the whole outbox's, and under a
+            -- long-held snapshot it holds every lease of the snapshot's lifetime, so a scan per workspace and claim
+            -- grew with it.
+            lease_ctids := '{}';
+            IF ws = ANY (expired_in) THEN
+                lease_ctids := ARRAY(SELECT d.ctid FROM public.outbox_events d
+                                     WHERE d.status = 'dispatching' AND d.locked_until <= now()
+                                     ORDER BY d.locked_until
+                                     LIMIT per_workspace
+                                     FOR UPDATE SKIP LOCKED);
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM public.job_key_limits l WHERE l.workspace_id = ws)
+               AND NOT EXISTS (SELECT 1 FROM public.job_kind_limits k WHERE k.workspace_id = ws) THEN
+                -- Neither key nor kind limits in this workspace: 0024's statement in two steps. The due jobs are
+                -- locked first (by priority, then in due order); the class counts due jobs only when they filled the
+                -- room (fewer than room means all of them were taken: light).
+                due_ctids := '{}';
+                IF room > 0 THEN
+                    due_ctids := ARRAY(
+                        SELECT due.ctid
+                        FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
+                        CROSS JOIN LATERAL (
+                            SELECT d.ctid FROM public.outbox_events d
+                            WHERE d.status = 'pending' AND d.priority = level.p AND d.next_attempt_at <= now()
+                              AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                            ORDER BY d.next_attempt_at, d.id
+                            LIMIT room
+                            FOR UPDATE SKIP LOCKED) AS due
+                        LIMIT room);
+                END IF;
+                IF room <= 0 THEN
+                    ws_class := 'backlogged';
+                ELSIF cardinality(due_ctids) < room THEN
+                    ws_class := 'light';
+                ELSE
+                    -- The jobs just locked are still pending to this statement: more than room means some stay.
+                    SELECT count(*)::integer INTO due_count
+                    FROM (SELECT 1 FROM public.outbox_events d
+                          WHERE d.workspace_id = ws AND d.status = 'pending' AND d.next_attempt_at <= now()
+                            AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                          LIMIT room::bigint + 1) AS due;
+                    ws_class := CASE WHEN due_count > room THEN 'backlogged' ELSE 'light' END;
+                END IF;
+                RETURN QUERY
+                    UPDATE public.outbox_events e
+                    SET status = 'dispatching', locked_by = holder,
+                        locked_until = now() + make_interval(secs => lease_secs)
+                    WHERE e.ctid = ANY (lease_ctids) OR e.ctid = ANY (due_ctids)
+                    RETURNING e.ctid, e.id, e.workspace_id, e.queue, e.event_type, e.event_payload, e.operation_id,
+                              e.traceparent, e.attempt_count, e.job_attempts, e.redrive_count, e.created_at,
+                              e.next_attempt_at, e.priority, e.max_attempts, e.timeout_ms, e.backoff_ms,
+                              e.backoff_max_ms, ws_class;
+                CONTINUE;
+            END IF;
+            -- The workspace's class at this claim: held back by its window, or not (0024's rule).
+            IF room <= 0 THEN
+                ws_class := 'backlogged';
+            ELSE
+                SELECT count(*)::integer INTO due_count
+                FROM (SELECT 1 FROM public.outbox_events d
+                      WHERE d.workspace_id = ws AND d.status = 'pending' AND d.next_attempt_at <= now()
+                        AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                      LIMIT room::bigint + 1) AS due;
+                ws_class := CASE WHEN due_count > room THEN 'backlogged' ELSE 'light' END;
+            END IF;
+            -- Keys the other parts leave alone: blocked ones, and limited ones (concurrency or rate).
+            SELECT coalesce(array_agg(l.key), '{}') INTO restricted
+            FROM public.job_key_limits l
+            WHERE l.workspace_id = ws
+              AND (l.max_in_flight IS NOT NULL OR l.max_per_interval IS NOT NULL OR l.blocked_until > now());
+            -- Limited keys not blocked, locked (a key another relay is claiming is skipped this round); then, in a
+            -- statement of its own (whose snapshot sees what that relay claimed), the room each has left.
+            limited := ARRAY(SELECT l.key FROM public.job_key_limits l
+                             WHERE l.workspace_id = ws
+                               AND (l.max_in_flight IS NOT NULL OR l.max_per_interval IS NOT NULL)
+                               AND (l.blocked_until IS NULL OR l.blocked_until <= now())
+                             ORDER BY l.key
+                             FOR UPDATE SKIP LOCKED);
+            SELECT coalesce(array_agg(k.key), '{}'), coalesce(array_agg(k.left_over), '{}'),
+                   coalesce(array_agg(k.key) FILTER (WHERE k.rated), '{}')
+            INTO limited, key_room, rated
+            FROM (SELECT l.key, l.max_per_interval IS NOT NULL AS rated,
+                         least(coalesce(l.max_in_flight
+                                        - (SELECT count(*) FROM public.outbox_events f
+                                           WHERE f.workspace_id = ws AND f.limit_key = l.key
+                                             AND f.status IN ('dispatching', 'dispatched')), 2147483647),
+                               coalesce(l.max_per_interval
+                                        - (SELECT count(*) FROM unnest(l.handed_out) AS h(at)
+                                           WHERE h.at > now() - l.interval_ms * interval '1 millisecond'),
+                                        2147483647))::integer AS left_over
+                  FROM public.job_key_limits l
+                  WHERE l.workspace_id = ws AND l.key = ANY (limited)) AS k
+            WHERE k.left_over > 0;
+            -- Limited kinds: all of them restricted; those not locked by another relay, with their room.
+            SELECT coalesce(array_agg(k.kind), '{}') INTO restricted_kinds
+            FROM public.job_kind_limits k WHERE k.workspace_id = ws;
+            limited_kinds := ARRAY(SELECT k.kind FROM public.job_kind_limits k
+                                   WHERE k.workspace_id = ws ORDER BY k.kind FOR UPDATE SKIP LOCKED);
+            SELECT coalesce(array_agg(k.kind), '{}'), coalesce(array_agg(k.left_over), '{}')
+            INTO limited_kinds, kind_room
+            FROM (SELECT k.kind,
+                         (k.max_in_flight - (SELECT count(*) FROM public.outbox_events f
+                                             WHERE f.workspace_id = ws AND f.event_type = k.kind
+                                               AND f.status IN ('dispatching', 'dispatched')))::integer AS left_over
+                  FROM public.job_kind_limits k
+                  WHERE k.workspace_id = ws AND k.kind = ANY (limited_kinds)) AS k
+            WHERE k.left_over > 0;
+            RETURN QUERY
+                WITH claimed AS (
+                    UPDATE public.outbox_events e
+                    SET status = 'dispatching', locked_by = holder,
+                        locked_until = now() + make_interval(secs => lease_secs)
+                    WHERE e.ctid = ANY (lease_ctids)
+                       OR (room > 0 AND e.ctid = ANY(ARRAY(
+                              SELECT c.ctid
+                              FROM (SELECT c.ctid, c.priority, c.next_attempt_at, c.id, c.event_type,
+                                           row_number() OVER (PARTITION BY c.event_type
+                                                              ORDER BY c.priority, c.next_attempt_at, c.id) AS nth
+                                    FROM (SELECT due.ctid, level.p AS priority, due.next_attempt_at, due.id,
+                                                 due.event_type
+                                          FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
+                                          CROSS JOIN LATERAL (
+                                              SELECT d.ctid, d.next_attempt_at, d.id, d.event_type
+                                              FROM public.outbox_events d
+                                              WHERE d.status = 'pending' AND d.priority = level.p
+                                                AND d.next_attempt_at <= now()
+                                                AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                                                AND d.event_type <> ALL (restricted_kinds)
+                                                AND (d.limit_key IS NULL OR d.limit_key <> ALL (restricted))
+                                              ORDER BY d.next_attempt_at, d.id
+                                              LIMIT room
+                                              FOR UPDATE SKIP LOCKED) AS due
+                                          UNION ALL
+                                          SELECT kd.ctid, kd.priority, kd.next_attempt_at, kd.id, kd.event_type
+                                          FROM unnest(limited, key_room) AS k(key, left_over)
+                                          CROSS JOIN LATERAL (
+                                              SELECT d.ctid, d.priority, d.next_attempt_at, d.id, d.event_type
+                                              FROM public.outbox_events d
+                                              WHERE d.workspace_id = ws AND d.limit_key = k.key
+                                                AND d.status = 'pending' AND d.next_attempt_at <= now()
+                                                AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                                                AND (d.event_type <> ALL (restricted_kinds)
+                                                     OR d.event_type = ANY (limited_kinds))
+                                              ORDER BY d.priority, d.next_attempt_at, d.id
+                                              LIMIT least(k.left_over, room)
+                                              FOR UPDATE SKIP LOCKED) AS kd
+                                          UNION ALL
+                                          SELECT td.ctid, td.priority, td.next_attempt_at, td.id, td.event_type
+                                          FROM unnest(limited_kinds, kind_room) AS t(kind, left_over)
+                                          CROSS JOIN LATERAL (
+                                              SELECT d.ctid, d.priority, d.next_attempt_at, d.id, d.event_type
+                                              FROM public.outbox_events d
+                                              WHERE d.workspace_id = ws AND d.event_type = t.kind
+                                                AND d.status = 'pending' AND d.next_attempt_at <= now()
+                                                AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                                                AND (d.limit_key IS NULL OR d.limit_key <> ALL (restricted))
+                                              ORDER BY d.priority, d.next_attempt_at, d.id
+                                              LIMIT least(t.left_over, room)
+                                              FOR UPDATE SKIP LOCKED) AS td) AS c) AS c
+                              LEFT JOIN unnest(limited_kinds, kind_room) AS t(kind, left_over)
+                                     ON t.kind = c.event_type
+                              WHERE t.kind IS NULL OR c.nth <= t.left_over
+                              ORDER BY c.priority, c.next_attempt_at, c.id
+                              LIMIT room)))
+                    RETURNING e.ctid, e.id, e.workspace_id, e.queue, e.event_type, e.event_payload, e.operation_id,
+                              e.traceparent, e.attempt_count, e.job_attempts, e.redrive_count, e.created_at,
+                              e.next_attempt_at, e.priority, e.max_attempts, e.timeout_ms, e.backoff_ms,
+                              e.backoff_max_ms, e.limit_key),
+                rates AS (
+                    -- Each rated key's hand-outs, in its sliding log (those older than its interval forgotten).
+                    UPDATE public.job_key_limits l
+                    SET handed_out = ARRAY(SELECT h.at FROM unnest(l.handed_out) AS h(at)
+                                           WHERE h.at > now() - l.interval_ms * interval '1 millisecond'
+                                           UNION ALL
+                                           SELECT now() FROM generate_series(1, n.taken)
+                                           ORDER BY 1)
+                    FROM (SELECT c.limit_key, count(*)::integer AS taken FROM claimed c
+                          WHERE c.limit_key = ANY (rated) GROUP BY c.limit_key) AS n
+                    WHERE l.workspace_id = ws AND l.key = n.limit_key)
+                SELECT c.ctid, c.id, c.workspace_id, c.queue, c.event_type, c.event_payload, c.operation_id,
+                       c.traceparent, c.attempt_count, c.job_attempts, c.redrive_count, c.created_at,
+                       c.next_attempt_at, c.priority, c.max_attempts, c.timeout_ms, c.backoff_ms, c.backoff_max_ms,
+                       ws_class
+                FROM claimed c;
+        END LOOP;
+        PERFORM set_config('app.workspace_id', '', true);
+    END
+    $$;
+REVOKE ALL ON FUNCTION conveyor_claim_jobs_fair(uuid[], text, double precision, integer, integer, uuid[]) FROM PUBLIC;
