@@ -2,27 +2,43 @@
 //! jobs that had no transaction of their own), heart-beating running entries so nobody takes them over, and hearing
 //! cancellations of running jobs.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::runtime::{Done, Queue, Worker};
+use super::runtime::{Done, Queue, Running, Tracker};
 use crate::outbox::CANCEL_CHANNEL;
 use crate::outbox::transitions::{self, Finished};
 use crate::redact::redact;
+use crate::stream::consumer::Consumer;
 use crate::stream::keys::Partition;
 
 /// Cancellation notices checked against PostgreSQL in one look-up, at most (the function reads no more).
 const MAX_CANCELLATIONS_CHECKED: usize = 1000;
 
-impl Worker {
+/// The acker: acknowledges what the reader and the executor finished, heart-beats what they hold, and tells running
+/// jobs of their cancellation.
+pub(super) struct Acker {
+    pub(super) consumer: Consumer,
+    /// The runtime role's: records of ends across workspaces, the check of cancellation notices.
+    pub(super) runtime: PgPool,
+    /// Its `LISTEN` connection's pool.
+    pub(super) control: PgPool,
+    /// The entries' visibility time-out: the heartbeat runs three times within it.
+    pub(super) visibility: Duration,
+    pub(super) tracker: Arc<Tracker>,
+    pub(super) running: Arc<Mutex<Running>>,
+}
+
+impl Acker {
     /// Acknowledges (and deletes) finished entries in batches of up to 1,000: whatever has finished since the last
     /// batch. On `stop`, flushes what is left.
-    pub(super) async fn ack_loop(self, mut queue: mpsc::UnboundedReceiver<Done>, stop: CancellationToken) {
+    pub(super) async fn ack_loop(self: Arc<Self>, mut queue: mpsc::UnboundedReceiver<Done>, stop: CancellationToken) {
         loop {
             let first = tokio::select! {
                 next = queue.recv() => match next { Some(a) => a, None => return },
@@ -69,7 +85,7 @@ impl Worker {
                 }
             } else {
                 for (q, p, id) in &finished_entries {
-                    self.untrack(&q.name, *p, [id]);
+                    self.tracker.untrack(&q.name, *p, [id]);
                 }
             }
         }
@@ -77,7 +93,7 @@ impl Worker {
             let q = q.name.as_str();
             let mut last_error = None;
             for attempt in 0..3 {
-                match self.0.consumer.ack_in(q, p, &ids).await {
+                match self.consumer.ack_in(q, p, &ids).await {
                     Ok(_) => {
                         last_error = None;
                         break;
@@ -91,14 +107,14 @@ impl Worker {
             if let Some(e) = last_error {
                 tracing::warn!(queue = %q, count = ids.len(), error = %redact(&e.to_string()), "XACK failed; the entries will be taken over and skipped");
             }
-            self.untrack(q, p, &ids);
+            self.tracker.untrack(q, p, &ids);
         }
     }
 
     /// Records the ends of jobs that ran without a transaction, trying three times.
     async fn record_ends(&self, finished: &[Finished]) -> bool {
         for attempt in 0..3 {
-            match transitions::complete_many(&self.0.runtime, finished).await {
+            match transitions::complete_many(&self.runtime, finished).await {
                 Ok(_) => return true,
                 Err(e) if attempt == 2 => {
                     tracing::warn!(count = finished.len(), error = %redact(&e.to_string()), "Could not record finished jobs; they will run again");
@@ -109,23 +125,15 @@ impl Worker {
         false
     }
 
-    pub(super) async fn heartbeat_loop(self, stop: CancellationToken) {
-        let every = self.0.settings.visibility / 3;
+    pub(super) async fn heartbeat_loop(self: Arc<Self>, stop: CancellationToken) {
+        let every = self.visibility / 3;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
-            let snapshot: Vec<((String, Partition), Vec<String>)> = self
-                .0
-                .in_flight
-                .lock()
-                .expect("in-flight lock")
-                .iter()
-                .map(|(q, ids)| (q.clone(), ids.iter().cloned().collect()))
-                .collect();
-            for ((queue, partition), ids) in snapshot {
-                if let Err(e) = self.0.consumer.heartbeat_in(&queue, partition, &ids).await {
+            for ((queue, partition), ids) in self.tracker.snapshot() {
+                if let Err(e) = self.consumer.heartbeat_in(&queue, partition, &ids).await {
                     tracing::warn!(queue = %queue, error = %redact(&e.to_string()), "Heartbeat failed");
                 }
             }
@@ -136,11 +144,11 @@ impl Worker {
     /// notification is a hint: any role may send one, so the job is stopped only once PostgreSQL says it is canceled
     /// (`hear_cancellations`). A cancellation missed while the connection is down is still honoured: the
     /// job's end finds it canceled and rolls back, and [`crate::JobContext::progress`] reports it.
-    pub(super) async fn cancel_loop(self, stop: CancellationToken) {
+    pub(super) async fn cancel_loop(self: Arc<Self>, stop: CancellationToken) {
         let mut listener: Option<PgListener> = None;
         loop {
             let Some(l) = listener.as_mut() else {
-                match PgListener::connect_with(&self.0.control).await {
+                match PgListener::connect_with(&self.control).await {
                     Ok(mut l) => match l.listen(CANCEL_CHANNEL).await {
                         Ok(()) => listener = Some(l),
                         Err(e) => tracing::warn!(error = %redact(&e.to_string()), "Cannot LISTEN for cancellations"),
@@ -199,7 +207,7 @@ impl Worker {
         for attempt in 0..3 {
             match sqlx::query_scalar::<_, Uuid>("SELECT conveyor.conveyor_canceled_jobs($1)")
                 .bind(&jobs)
-                .fetch_all(&self.0.runtime)
+                .fetch_all(&self.runtime)
                 .await
             {
                 Ok(ids) => {
@@ -218,7 +226,7 @@ impl Worker {
         for job in jobs {
             if !canceled.contains(&job) {
                 tracing::warn!(event_id = %job, "Ignored a cancellation notice for a job that is not canceled");
-            } else if self.0.running.lock().expect("running lock").cancel(job) {
+            } else if self.running.lock().expect("running lock").cancel(job) {
                 tracing::info!(event_id = %job, "Job canceled while running; telling its handler");
             }
         }

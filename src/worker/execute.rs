@@ -1,20 +1,23 @@
 //! Running one job to its outcome: decode the entry, skip a job whose operation ended, run the kind's handler with its
 //! time-out, then commit its transaction with the outcome, or retry through the outbox, or dead-letter it.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use sqlx::PgPool;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::handler::{JobContext, JobError};
-use super::runtime::{Cancellation, Outcome, Queue, Worker};
+use super::handler::{JobContext, JobError, Registered};
+use super::runtime::{Cancellation, Done, Outcome, Queue, Running, Tracker, WorkerSettings};
 use crate::backoff::Backoff;
 use crate::ids::{JobId, WorkspaceId};
+use crate::metrics::Metrics;
 use crate::outbox::transitions::{self, Completion, End, Finished, Run};
 use crate::redact::redact;
 use crate::stream::consumer::{Entry, Text};
@@ -70,7 +73,24 @@ impl Delivery {
     }
 }
 
-impl Worker {
+/// The executor: the handlers by kind and the pools their jobs run on; one [`Executor::process`] per job.
+pub(super) struct Executor {
+    /// The application role's: the jobs' transactions, each in its workspace under row-level security.
+    pub(super) pool: PgPool,
+    /// A few connections of their own for keep-alives, progress and cancellations: jobs holding every connection of
+    /// `pool` in their transactions cannot starve them.
+    pub(super) control: PgPool,
+    pub(super) handlers: HashMap<&'static str, Arc<dyn Registered>>,
+    pub(super) settings: WorkerSettings,
+    pub(super) metrics: Metrics,
+    /// The jobs running, shared with the acker, which tells them of their cancellation.
+    pub(super) running: Arc<Mutex<Running>>,
+    pub(super) tracker: Arc<Tracker>,
+    /// Finished entries, for the acker.
+    pub(super) acks: mpsc::UnboundedSender<Done>,
+}
+
+impl Executor {
     /// Runs one entry to its end and acknowledges it when the outcome allows.
     pub(super) async fn process(
         &self,
@@ -106,10 +126,9 @@ impl Worker {
                         attempt = delivery.attempt, traceparent = %delivery.traceparent)
                 };
                 let cancellation = Cancellation { requested: CancellationToken::new(), token: abandon.child_token() };
-                let ran = if self.0.running.lock().expect("running lock").start(delivery.event_id, cancellation.clone())
-                {
+                let ran = if self.running.lock().expect("running lock").start(delivery.event_id, cancellation.clone()) {
                     let ran = self.execute(&delivery, &cancellation, &abandon).instrument(span).await;
-                    self.0.running.lock().expect("running lock").jobs.remove(&delivery.event_id);
+                    self.running.lock().expect("running lock").jobs.remove(&delivery.event_id);
                     ran
                 } else {
                     // Canceled after this worker read it, before it started: it never runs.
@@ -128,9 +147,9 @@ impl Worker {
         queue.ended(kind, outcome, started.elapsed());
         if outcome.acknowledges() {
             // Acknowledged in batches by the ack loop; the heartbeat keeps the entry until then.
-            let _ = self.0.acks.send((queue, entry.partition, entry.id, finished));
+            let _ = self.acks.send((queue, entry.partition, entry.id, finished));
         } else {
-            self.untrack(&queue.name, entry.partition, [&entry.id]);
+            self.tracker.untrack(&queue.name, entry.partition, [&entry.id]);
         }
         outcome
     }
@@ -142,8 +161,8 @@ impl Worker {
         cancellation: &Cancellation,
         abandon: &CancellationToken,
     ) -> anyhow::Result<(Outcome, Option<Finished>)> {
-        let pool = &self.0.pool;
-        let Some(handler) = self.0.handlers.get(&*d.event_type).cloned() else {
+        let pool = &self.pool;
+        let Some(handler) = self.handlers.get(&*d.event_type).cloned() else {
             let reason = format!("no handler registered for kind `{}`", redact(&d.event_type));
             return Ok((Box::pin(self.dead_letter(d, &reason, "no_handler")).await?, None));
         };
@@ -152,7 +171,7 @@ impl Worker {
             // that a run that stops this worker too is counted by the next one.
             match Box::pin(transitions::count_stop(pool, d.workspace_id, d.event_id, d.redrive)).await? {
                 None => return Ok((Outcome::Skipped, None)),
-                Some(stops) if stops >= self.0.settings.max_deliveries => {
+                Some(stops) if stops >= self.settings.max_deliveries => {
                     // Its runs keep stopping their worker (killed, out of memory): it would stop the next one too.
                     let reason = format!("its worker stopped {stops} times while running it");
                     tracing::error!(event_id = %d.event_id, stops, "Job stopped its worker every time it ran; dead-lettered");
@@ -176,7 +195,7 @@ impl Worker {
             cancel: cancellation.token.clone(),
             tx: None,
             pool: pool.clone(),
-            control: self.0.control.clone(),
+            control: self.control.clone(),
             ended: false,
             operation_ended: false,
             ended_canceled: false,
@@ -208,7 +227,7 @@ impl Worker {
         let timeout = d.timeout.unwrap_or_else(|| handler.timeout());
         // Boxed, and only for a job with an operation: the job's own future stays small.
         let keepalive = d.operation_id.map(|operation| {
-            Box::pin(keep_alive(self.0.control.clone(), d.workspace_id, operation, self.0.settings.keepalive))
+            Box::pin(keep_alive(self.control.clone(), d.workspace_id, operation, self.settings.keepalive))
         });
         let result = {
             let token = cancellation.token.clone();
@@ -280,7 +299,7 @@ impl Worker {
                         tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not throttling it");
                         return Ok((Outcome::Skipped, None));
                     }
-                    self.0.metrics.jobs_throttled.with_label_values(&[&*d.event_type]).inc();
+                    self.metrics.jobs_throttled.with_label_values(&[&*d.event_type]).inc();
                     return Ok((Outcome::Retried, None));
                 }
                 let error = redact(&e.to_string());
@@ -307,7 +326,7 @@ impl Worker {
                         tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not scheduling a retry");
                         return Ok((Outcome::Skipped, None));
                     }
-                    self.0.metrics.job_retries.with_label_values(&[&*d.event_type]).inc();
+                    self.metrics.job_retries.with_label_values(&[&*d.event_type]).inc();
                     Ok((Outcome::Retried, None))
                 }
             }
@@ -334,7 +353,7 @@ impl Worker {
             let finished = Finished { workspace: d.workspace_id, job: d.event_id, redrive: None, result: value };
             return Ok((Outcome::Succeeded, Some(finished)));
         };
-        match transitions::end_run(&self.0.pool, run(d), End::Succeeded { tx: &mut tx, result: &value }).await? {
+        match transitions::end_run(&self.pool, run(d), End::Succeeded { tx: &mut tx, result: &value }).await? {
             Completion::OperationEnded => {
                 // The operation is no longer live (canceled after the run began): roll back, and end the job.
                 tx.rollback().await?;
@@ -359,15 +378,15 @@ impl Worker {
 
     /// Ends a live job whose operation has already ended ([`End::Orphaned`]).
     async fn end_orphan(&self, d: &Delivery) -> anyhow::Result<()> {
-        let mut tx = crate::db::begin_workspace(&self.0.pool, d.workspace_id).await?;
-        transitions::end_run(&self.0.pool, run(d), End::Orphaned { tx: &mut tx }).await?;
+        let mut tx = crate::db::begin_workspace(&self.pool, d.workspace_id).await?;
+        transitions::end_run(&self.pool, run(d), End::Orphaned { tx: &mut tx }).await?;
         tx.commit().await?;
         Ok(())
     }
 
     /// Whether the delivered job is still live.
     async fn is_live(&self, d: &Delivery) -> anyhow::Result<bool> {
-        let mut tx = crate::db::begin_workspace(&self.0.pool, d.workspace_id).await?;
+        let mut tx = crate::db::begin_workspace(&self.pool, d.workspace_id).await?;
         let state = transitions::job_state_tx(&mut tx, d.event_id, None).await?;
         tx.commit().await?;
         Ok(state.live)
@@ -376,13 +395,12 @@ impl Worker {
     /// Dead-letters the delivered job with `reason` (redacted), counted under `why`; skipped when the delivery's
     /// generation is no longer the event's (a newer delivery exists, and it decides).
     async fn dead_letter(&self, d: &Delivery, reason: &str, why: &str) -> anyhow::Result<Outcome> {
-        if transitions::end_run(&self.0.pool, run(d), End::DeadLettered { error: reason }).await?
-            != Completion::Recorded
+        if transitions::end_run(&self.pool, run(d), End::DeadLettered { error: reason }).await? != Completion::Recorded
         {
             tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not dead-lettering it");
             return Ok(Outcome::Skipped);
         }
-        self.0.metrics.job_dead_letters.with_label_values(&[why]).inc();
+        self.metrics.job_dead_letters.with_label_values(&[why]).inc();
         Ok(Outcome::DeadLettered)
     }
 }

@@ -7,8 +7,10 @@
 //! external systems. Retries go back through the outbox (PostgreSQL holds the back-off), so a Redis that forgets
 //! everything forgets no retry.
 //!
-//! A running worker has three roles, one file each: `reader` (read entries, take over dead consumers' entries,
-//! start jobs), `execute` (one job to its outcome), `acker` (acknowledge, heartbeat, hear cancellations).
+//! A running worker has three roles, one value and one file each, each owning what it works with: the `Reader`
+//! (`reader.rs`: read entries, take over dead consumers' entries, start jobs), the `Executor` (`execute.rs`: one job
+//! to its outcome, every ending through the completion funnel `transitions::end_run`), the `Acker` (`acker.rs`:
+//! acknowledge, heartbeat, hear cancellations). `runtime.rs` builds them and says what they share.
 
 mod acker;
 pub(crate) mod dlq;

@@ -1,25 +1,86 @@
 //! The reading side of a worker: new entries (`XREADGROUP`), entries of dead consumers (`XAUTOCLAIM`), and starting
 //! a job for each as job slots free up, after one look at PostgreSQL for jobs that must not run (canceled, ended).
 
-use crate::error::Public;
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sqlx::PgPool;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use super::runtime::{Lane, Outcome, Queue, Worker};
-use super::slots::Slot;
+use super::execute::Executor;
+use super::runtime::{Done, Lane, Outcome, Queue, Tracker, WorkerSettings};
+use super::slots::{Slot, Slots};
 use crate::db;
 use crate::ids::WorkspaceId;
+use crate::metrics::Metrics;
 use crate::outbox::transitions;
 use crate::redact::redact;
-use crate::stream::consumer::Entry;
+use crate::stream::RedisError;
+use crate::stream::consumer::{Consumer, Entry};
 use crate::stream::keys::stream_ref;
 
-impl Worker {
+/// The reader: its queues' streams (the lanes), the job slots, and the executor it hands each entry to.
+pub(super) struct Reader {
+    pub(super) consumer: Consumer,
+    /// The runtime role's: the look before a read's jobs start (canceled, ended, stopped too often), and the job of
+    /// an entry Redis lost.
+    pub(super) runtime: PgPool,
+    /// The application role's: a lost entry's job re-driven in its workspace.
+    pub(super) pool: PgPool,
+    pub(super) queues: Vec<Arc<Queue>>,
+    /// Every stream of its queues, in the order reads take them; more once the partition layout names more.
+    pub(super) lanes: Mutex<Arc<Vec<Lane>>>,
+    pub(super) slots: Arc<Slots>,
+    pub(super) settings: WorkerSettings,
+    pub(super) metrics: Metrics,
+    pub(super) tracker: Arc<Tracker>,
+    /// Entries of jobs it skipped, for the acker.
+    pub(super) acks: mpsc::UnboundedSender<Done>,
+    pub(super) executor: Arc<Executor>,
+}
+
+impl Reader {
+    /// The queues it reads.
+    pub(super) fn queues(&self) -> impl Iterator<Item = &str> {
+        self.queues.iter().map(|q| q.name.as_str())
+    }
+
+    /// Creates the consumer groups (and streams) if missing, in every stream of its queues, and reads all of them
+    /// from then on.
+    pub(super) async fn ensure_groups(&self) -> Result<(), RedisError> {
+        let streams = self.consumer.streams().await?;
+        for &partition in &streams {
+            for queue in &self.queues {
+                self.consumer.ensure_group_in(&queue.name, partition).await?;
+            }
+        }
+        // Queues alternate within each partition, so that a pass over the lanes takes every queue early.
+        let lanes = streams.iter().flat_map(|&p| self.queues.iter().map(move |q| (q.clone(), p))).collect();
+        *self.lanes.lock().expect("lanes lock") = Arc::new(lanes);
+        Ok(())
+    }
+
+    /// Starts reading the streams the partition layout names since the last look (after raising
+    /// `CONVEYOR_STREAM_PARTITIONS`): their groups are created and they join the lanes.
+    async fn follow_layout(&self) -> Result<(), RedisError> {
+        let streams = self.consumer.streams().await?;
+        let known = self.lanes().len() / self.queues.len().max(1);
+        if streams.len() > known {
+            tracing::info!(streams = streams.len(), before = known, "More stream partitions; reading them too");
+            self.ensure_groups().await?;
+        }
+        Ok(())
+    }
+
+    /// The streams it reads now.
+    fn lanes(&self) -> Arc<Vec<Lane>> {
+        self.lanes.lock().expect("lanes lock").clone()
+    }
+
     fn spawn_job(
         &self,
         jobs: &TaskTracker,
@@ -29,12 +90,12 @@ impl Worker {
         abandon: CancellationToken,
         taken_over: bool,
     ) {
-        let worker = self.clone();
-        worker.0.metrics.worker_jobs_in_flight.inc();
+        let (executor, metrics) = (self.executor.clone(), self.metrics.clone());
+        metrics.worker_jobs_in_flight.inc();
         jobs.spawn(async move {
             let _permit = permit;
-            worker.process(queue, entry, abandon, taken_over).await;
-            worker.0.metrics.worker_jobs_in_flight.dec();
+            executor.process(queue, entry, abandon, taken_over).await;
+            metrics.worker_jobs_in_flight.dec();
         });
     }
 
@@ -43,7 +104,7 @@ impl Worker {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => None,
-            slot = self.0.slots.take(&queue.cap) => Some(slot),
+            slot = self.slots.take(&queue.cap) => Some(slot),
         }
     }
 
@@ -53,7 +114,7 @@ impl Worker {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => None,
-            slot = self.0.slots.take_all(&queue.cap) => Some(slot),
+            slot = self.slots.take_all(&queue.cap) => Some(slot),
         }
     }
 
@@ -64,14 +125,14 @@ impl Worker {
             if shutdown.is_cancelled() {
                 return None;
             }
-            let rooms: Vec<usize> = lanes.iter().map(|(q, _)| self.0.slots.room(&q.cap).min(256)).collect();
+            let rooms: Vec<usize> = lanes.iter().map(|(q, _)| self.slots.room(&q.cap).min(256)).collect();
             if rooms.iter().any(|&r| r > 0) {
                 return Some(rooms);
             }
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return None,
-                _ = self.0.slots.freed() => {}
+                _ = self.slots.freed() => {}
                 // The lanes may have grown meanwhile (more partitions).
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
@@ -97,22 +158,22 @@ impl Worker {
         shutdown: &CancellationToken,
     ) {
         let partition = *partition;
-        self.track(&queue.name, partition, entries.iter().map(|e| e.id.clone()));
+        self.tracker.track(&queue.name, partition, entries.iter().map(|e| e.id.clone()));
         let ids: Vec<(WorkspaceId, Uuid, Option<i32>)> = entries.iter().filter_map(job_of).collect();
         let checked = if taken_over {
-            transitions::taken_over(&self.0.runtime, &ids).await.map(|counted| {
+            transitions::taken_over(&self.runtime, &ids).await.map(|counted| {
                 let skip = counted.iter().filter(|(_, stops)| stops.is_none()).map(|(id, _)| *id).collect();
                 let stops = counted.into_iter().filter_map(|(id, stops)| Some((id, stops?))).collect();
                 (skip, stops)
             })
         } else {
-            transitions::not_to_run(&self.0.runtime, &ids).await.map(|skip| (skip, HashMap::new()))
+            transitions::not_to_run(&self.runtime, &ids).await.map(|skip| (skip, HashMap::new()))
         };
         let (skip, stopped): (HashSet<Uuid>, HashMap<Uuid, u32>) = match checked {
             Ok(checked) => checked,
             Err(e) => {
                 tracing::warn!(queue = %queue.name, error = %redact(&e.to_string()), "Cannot check jobs before running them; leaving them for later");
-                self.untrack(&queue.name, partition, entries.iter().map(|e| &e.id));
+                self.tracker.untrack(&queue.name, partition, entries.iter().map(|e| &e.id));
                 return;
             }
         };
@@ -121,7 +182,7 @@ impl Worker {
         while let Some(entry) = entries.next() {
             if !skip.is_empty() && job_of(&entry).is_some_and(|(_, id, _)| skip.contains(&id)) {
                 queue.ended(queue.kind_slot(entry.fields.get("type")), Outcome::Skipped, Duration::ZERO);
-                let _ = self.0.acks.send((queue.clone(), partition, entry.id, None));
+                let _ = self.acks.send((queue.clone(), partition, entry.id, None));
                 continue;
             }
             let alone = job_of(&entry).and_then(|(_, id, _)| stopped.get(&id)).is_some_and(|&stops| stops >= 1);
@@ -140,7 +201,7 @@ impl Worker {
                 None => {
                     let left: Vec<String> = std::iter::once(entry.id).chain(entries.map(|e| e.id)).collect();
                     tracing::info!(queue = %queue.name, left = left.len(), "Stopping: entries read but not started are left to another worker");
-                    self.untrack(&queue.name, partition, &left);
+                    self.tracker.untrack(&queue.name, partition, &left);
                     return;
                 }
             };
@@ -148,46 +209,25 @@ impl Worker {
         }
     }
 
-    /// One step, for tests and one-shot tools: takes one entry that waits in its queues now (without blocking), runs
-    /// its job to its end and settles it (records the end, acknowledges). `None` when every queue is empty. Fails
-    /// while [`Worker::run`] runs (the two would share the acknowledgements).
-    pub async fn process_one(&self) -> Result<Option<Outcome>, crate::Error> {
-        self.process_one_inner().await.public()
-    }
-
-    async fn process_one_inner(&self) -> anyhow::Result<Option<Outcome>> {
-        let mut acks = self
-            .0
-            .ack_queue
-            .lock()
-            .expect("ack queue lock")
-            .take()
-            .ok_or_else(|| anyhow::anyhow!("process_one cannot be used while the worker runs"))?;
-        let outcome = self.take_one().await;
-        let mut done = Vec::new();
-        while let Ok(d) = acks.try_recv() {
-            done.push(d);
-        }
-        self.settle(done).await;
-        *self.0.ack_queue.lock().expect("ack queue lock") = Some(acks);
-        outcome
-    }
-
-    async fn take_one(&self) -> anyhow::Result<Option<Outcome>> {
+    /// One entry that waits in its queues now (without blocking), its job run to its end: [`Worker::process_one`]'s
+    /// step.
+    ///
+    /// [`Worker::process_one`]: super::Worker::process_one
+    pub(super) async fn take_one(&self) -> anyhow::Result<Option<Outcome>> {
         self.ensure_groups().await?;
         for (queue, partition) in self.lanes().iter() {
-            let Some(entry) = self.0.consumer.read_now_in(&queue.name, *partition, 1).await?.pop() else { continue };
-            self.track(&queue.name, *partition, [entry.id.clone()]);
+            let Some(entry) = self.consumer.read_now_in(&queue.name, *partition, 1).await?.pop() else { continue };
+            self.tracker.track(&queue.name, *partition, [entry.id.clone()]);
             let skip = match job_of(&entry) {
-                Some(job) => transitions::not_to_run(&self.0.runtime, &[job]).await?.contains(&job.1),
+                Some(job) => transitions::not_to_run(&self.runtime, &[job]).await?.contains(&job.1),
                 None => false,
             };
             if skip {
                 queue.ended(queue.kind_slot(entry.fields.get("type")), Outcome::Skipped, Duration::ZERO);
-                let _ = self.0.acks.send((queue.clone(), *partition, entry.id, None));
+                let _ = self.acks.send((queue.clone(), *partition, entry.id, None));
                 return Ok(Some(Outcome::Skipped));
             }
-            return Ok(Some(self.process(queue.clone(), entry, CancellationToken::new(), false).await));
+            return Ok(Some(self.executor.process(queue.clone(), entry, CancellationToken::new(), false).await));
         }
         Ok(None)
     }
@@ -197,8 +237,13 @@ impl Worker {
     /// them without waiting, starting one further each time, takes what waits until the free slots are spoken for;
     /// only when nothing waits anywhere does it block, on one stream with room in turn and for at most 100 ms, so that
     /// the others are looked at again soon. A stream with nothing costs one quick read, not a wait.
-    pub(super) async fn read_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
-        let block_ms = self.0.settings.block.as_millis() as u64;
+    pub(super) async fn read_loop(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+        jobs: TaskTracker,
+        abandon: CancellationToken,
+    ) {
+        let block_ms = self.settings.block.as_millis() as u64;
         let mut turn = 0usize;
         let checks = Arc::new(tokio::sync::Semaphore::new(2));
         // Slots are not held while blocked in XREADGROUP (the reclaimer needs them too); entries read beyond the
@@ -211,7 +256,7 @@ impl Worker {
             let mut read: Vec<(Lane, Vec<Entry>)> = Vec::new();
             let mut failures = 0;
             if lanes.len() > 1 {
-                let mut wanted = self.0.slots.free().min(256) + extra;
+                let mut wanted = self.slots.free().min(256) + extra;
                 // A queue's room is its cap's, shared by its partitions' lanes: what one lane read, the next has not.
                 let mut left: HashMap<&str, usize> =
                     lanes.iter().zip(&rooms).map(|((q, _), &room)| (q.name.as_str(), room + extra)).collect();
@@ -225,7 +270,7 @@ impl Worker {
                     if want == 0 {
                         continue;
                     }
-                    match self.0.consumer.read_now_in(&lane.0.name, lane.1, want as u64).await {
+                    match self.consumer.read_now_in(&lane.0.name, lane.1, want as u64).await {
                         Ok(entries) if entries.is_empty() => {}
                         Ok(entries) => {
                             wanted = wanted.saturating_sub(entries.len());
@@ -244,7 +289,7 @@ impl Worker {
                 let at = (0..lanes.len()).map(|k| (turn + k) % lanes.len()).find(|&at| rooms[at] > 0).unwrap_or(0);
                 let lane = &lanes[at];
                 let block = if lanes.len() > 1 { block_ms.min(100) } else { block_ms };
-                match self.0.consumer.read_in(&lane.0.name, lane.1, (rooms[at] + extra) as u64, block).await {
+                match self.consumer.read_in(&lane.0.name, lane.1, (rooms[at] + extra) as u64, block).await {
                     Ok(entries) if entries.is_empty() => {}
                     Ok(entries) => read.push((lane.clone(), entries)),
                     Err(e) => {
@@ -269,22 +314,27 @@ impl Worker {
                 _ = shutdown.cancelled() => break,
                 check = checks.clone().acquire_owned() => check.expect("never closed"),
             };
-            let (worker, jobs_, abandon, shutdown) = (self.clone(), jobs.clone(), abandon.clone(), shutdown.clone());
+            let (reader, jobs_, abandon, shutdown) = (self.clone(), jobs.clone(), abandon.clone(), shutdown.clone());
             jobs.spawn(async move {
                 let _check = check;
                 for (lane, entries) in read {
-                    worker.start_jobs(&lane, entries, false, None, &jobs_, &abandon, &shutdown).await;
+                    reader.start_jobs(&lane, entries, false, None, &jobs_, &abandon, &shutdown).await;
                 }
             });
         }
     }
 
-    pub(super) async fn reclaim_loop(self, shutdown: CancellationToken, jobs: TaskTracker, abandon: CancellationToken) {
-        let min_idle = self.0.settings.visibility.as_millis() as u64;
+    pub(super) async fn reclaim_loop(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+        jobs: TaskTracker,
+        abandon: CancellationToken,
+    ) {
+        let min_idle = self.settings.visibility.as_millis() as u64;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.0.settings.reclaim_interval) => {}
+                _ = tokio::time::sleep(self.settings.reclaim_interval) => {}
             }
             if let Err(e) = self.follow_layout().await {
                 tracing::warn!(error = %redact(&e.to_string()), "Could not read the stream partition layout");
@@ -299,39 +349,39 @@ impl Worker {
     }
 
     async fn reclaim(
-        &self,
+        self: &Arc<Self>,
         lane: &Lane,
         min_idle: u64,
         jobs: &TaskTracker,
         abandon: &CancellationToken,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<()> {
-        let Some(first) = self.0.slots.try_take(&lane.0.cap) else { return Ok(()) };
-        let count = 1 + self.0.slots.room(&lane.0.cap).min(99) as u64;
+        let Some(first) = self.slots.try_take(&lane.0.cap) else { return Ok(()) };
+        let count = 1 + self.slots.room(&lane.0.cap).min(99) as u64;
         let (name, partition) = (lane.0.name.as_str(), lane.1);
-        let reclaimed = self.0.consumer.reclaim_in(name, partition, min_idle, count).await?;
+        let reclaimed = self.consumer.reclaim_in(name, partition, min_idle, count).await?;
         if !reclaimed.entries.is_empty() {
             tracing::info!(
                 queue = name,
                 count = reclaimed.entries.len(),
                 "Took over entries idle past the visibility time-out"
             );
-            self.0.metrics.worker_reclaims.with_label_values(&[name]).inc_by(reclaimed.entries.len() as u64);
+            self.metrics.worker_reclaims.with_label_values(&[name]).inc_by(reclaimed.entries.len() as u64);
             // Started beside the reclaim loop, not in it: a job that must run alone waits for every running job to
             // end, and the loop goes on meanwhile (other lanes, new partitions, the streams' gauges).
-            let (worker, lane, tracker) = (self.clone(), lane.clone(), jobs.clone());
+            let (reader, lane, tracker) = (self.clone(), lane.clone(), jobs.clone());
             let (abandon, shutdown, entries) = (abandon.clone(), shutdown.clone(), reclaimed.entries);
             jobs.spawn(async move {
-                worker.start_jobs(&lane, entries, true, Some(first), &tracker, &abandon, &shutdown).await;
+                reader.start_jobs(&lane, entries, true, Some(first), &tracker, &abandon, &shutdown).await;
             });
         }
         // Pending entries whose data Redis no longer has: the job is re-driven from PostgreSQL.
         for entry_id in reclaimed.deleted {
             let reference = stream_ref(partition, &entry_id);
             if let Some((event_id, workspace)) =
-                transitions::event_by_stream_id(&self.0.runtime, name, &reference).await?
+                transitions::event_by_stream_id(&self.runtime, name, &reference).await?
             {
-                let mut tx = db::begin_workspace(&self.0.pool, workspace).await?;
+                let mut tx = db::begin_workspace(&self.pool, workspace).await?;
                 if transitions::redrive_tx(&mut tx, workspace, event_id, &reference).await? {
                     tracing::warn!(queue = name, event_id = %event_id, "Stream entry lost by Redis; re-driven from PostgreSQL");
                 }
@@ -343,8 +393,8 @@ impl Worker {
 
     async fn observe_streams(&self) {
         for queue in self.queues() {
-            if let Ok(stats) = self.0.consumer.stats(queue).await {
-                let m = &self.0.metrics;
+            if let Ok(stats) = self.consumer.stats(queue).await {
+                let m = &self.metrics;
                 m.stream_length.with_label_values(&[queue]).set(stats.length as i64);
                 m.stream_pending_entries.with_label_values(&[queue]).set(stats.pending as i64);
                 if let Some(lag) = stats.lag {

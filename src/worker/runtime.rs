@@ -1,6 +1,10 @@
-//! The worker: its settings, its builder (typed handlers by kind), and its run with graceful shutdown. The roles of a
-//! running worker are split by file: `reader` reads entries and starts jobs, `execute` runs one job
-//! to its outcome, `acker` acknowledges finished entries, keeps running ones alive and hears cancellations.
+//! The worker: its settings, its builder (typed handlers by kind), and its run with graceful shutdown. A running
+//! worker is three roles, each a value owning what it works with: the [`Reader`] reads entries and starts jobs, the
+//! [`Executor`] runs one job to its outcome (through the completion funnel, `transitions::end_run`), the [`Acker`]
+//! acknowledges finished entries, keeps running ones alive and hears cancellations. What they share is explicit: the
+//! entries held ([`Tracker`]: the reader and the executor add and drop, the acker heart-beats), the jobs running
+//! ([`Running`]: the executor starts and ends them, the acker cancels them) and the channel of finished entries
+//! ([`Done`]: the reader and the executor send, the acker receives).
 
 use crate::error::Public;
 use std::collections::{HashMap, HashSet};
@@ -17,7 +21,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use super::acker::Acker;
+use super::execute::Executor;
 use super::handler::{Handler, Registered, Typed};
+use super::reader::Reader;
 use super::slots::Slots;
 use crate::kind::{self, JobKind};
 use crate::metrics::Metrics;
@@ -232,27 +239,41 @@ impl Running {
     }
 }
 
+/// The entries this worker holds, read and not yet acknowledged, by stream: the heartbeat keeps them from being taken
+/// over.
+#[derive(Default)]
+pub(super) struct Tracker(Mutex<HashMap<(String, Partition), HashSet<String>>>);
+
+impl Tracker {
+    pub(super) fn track(&self, queue: &str, partition: Partition, ids: impl IntoIterator<Item = String>) {
+        let mut held = self.0.lock().expect("tracker lock");
+        held.entry((queue.to_owned(), partition)).or_default().extend(ids);
+    }
+
+    pub(super) fn untrack<'a>(&self, queue: &str, partition: Partition, ids: impl IntoIterator<Item = &'a String>) {
+        if let Some(held) = self.0.lock().expect("tracker lock").get_mut(&(queue.to_owned(), partition)) {
+            for id in ids {
+                held.remove(id);
+            }
+        }
+    }
+
+    /// What it holds now, by stream.
+    pub(super) fn snapshot(&self) -> Vec<((String, Partition), Vec<String>)> {
+        let held = self.0.lock().expect("tracker lock");
+        held.iter().map(|(stream, ids)| (stream.clone(), ids.iter().cloned().collect())).collect()
+    }
+}
+
 pub(super) struct Inner {
-    /// The application role's: the jobs' transactions, each in its workspace under row-level security.
-    pub(super) pool: PgPool,
-    /// The runtime role's: the bookkeeping that spans workspaces in one statement (the skip check, records of ends,
-    /// a lost entry's job, the kinds' registry).
-    pub(super) runtime: PgPool,
-    /// A few connections of their own for keep-alives, progress and cancellations: jobs holding every connection of
-    /// `pool` in their transactions cannot starve them.
-    pub(super) control: PgPool,
-    pub(super) consumer: Consumer,
-    pub(super) queues: Vec<Arc<Queue>>,
-    /// Every stream of its queues, in the order reads take them; more once the partition layout names more.
-    pub(super) lanes: Mutex<Arc<Vec<Lane>>>,
-    pub(super) handlers: HashMap<&'static str, Arc<dyn Registered>>,
-    pub(super) settings: WorkerSettings,
-    pub(super) metrics: Metrics,
-    pub(super) slots: Arc<Slots>,
-    pub(super) in_flight: Mutex<HashMap<(String, Partition), HashSet<String>>>,
-    pub(super) running: Mutex<Running>,
-    pub(super) acks: mpsc::UnboundedSender<Done>,
-    pub(super) ack_queue: Mutex<Option<mpsc::UnboundedReceiver<Done>>>,
+    reader: Arc<Reader>,
+    executor: Arc<Executor>,
+    acker: Arc<Acker>,
+    /// The runtime role's: the check of the role, the kinds' registry.
+    runtime: PgPool,
+    /// The finished entries the acker acknowledges: taken by [`Worker::run`], or by [`Worker::process_one`] for its
+    /// step.
+    ack_queue: Mutex<Option<mpsc::UnboundedReceiver<Done>>>,
 }
 
 /// Builds a [`Worker`].
@@ -371,22 +392,40 @@ impl WorkerBuilder {
         self.metrics.watch_pool("worker_control", control.clone());
         self.metrics.worker_concurrency_limit.set(self.settings.concurrency as i64);
         let (acks, ack_queue) = mpsc::unbounded_channel();
-        Ok(Worker(Arc::new(Inner {
-            acks,
-            ack_queue: Mutex::new(Some(ack_queue)),
+        let tracker = Arc::new(Tracker::default());
+        let running = Arc::new(Mutex::new(Running::default()));
+        let executor = Arc::new(Executor {
+            pool: self.pool.clone(),
+            control: control.clone(),
+            handlers,
+            settings: self.settings.clone(),
+            metrics: self.metrics.clone(),
+            running: running.clone(),
+            tracker: tracker.clone(),
+            acks: acks.clone(),
+        });
+        let reader = Arc::new(Reader {
+            consumer: self.consumer.clone(),
+            runtime: runtime.clone(),
             pool: self.pool,
-            runtime,
-            control,
-            consumer: self.consumer,
             lanes: Mutex::new(Arc::new(queues.iter().map(|q| (q.clone(), Partition::Whole)).collect())),
             queues,
-            handlers,
             slots: Slots::new(self.settings.concurrency),
-            settings: self.settings,
+            settings: self.settings.clone(),
             metrics: self.metrics,
-            in_flight: Mutex::new(HashMap::new()),
-            running: Mutex::new(Running::default()),
-        })))
+            tracker: tracker.clone(),
+            acks,
+            executor: executor.clone(),
+        });
+        let acker = Arc::new(Acker {
+            consumer: self.consumer,
+            runtime: runtime.clone(),
+            control,
+            visibility: self.settings.visibility,
+            tracker,
+            running,
+        });
+        Ok(Worker(Arc::new(Inner { reader, executor, acker, runtime, ack_queue: Mutex::new(Some(ack_queue)) })))
     }
 }
 
@@ -427,45 +466,19 @@ impl Worker {
 
     /// The queues it consumes.
     pub fn queues(&self) -> impl Iterator<Item = &str> {
-        self.0.queues.iter().map(|q| q.name.as_str())
+        self.0.reader.queues()
     }
 
     /// Creates the consumer groups (and streams) if missing, in every stream of its queues (the whole stream, and
     /// each partition the layout or the consumer's setting names), and reads all of them from then on.
     pub async fn ensure_groups(&self) -> Result<(), RedisError> {
-        let streams = self.0.consumer.streams().await?;
-        for &partition in &streams {
-            for queue in &self.0.queues {
-                self.0.consumer.ensure_group_in(&queue.name, partition).await?;
-            }
-        }
-        // Queues alternate within each partition, so that a pass over the lanes takes every queue early.
-        let lanes = streams.iter().flat_map(|&p| self.0.queues.iter().map(move |q| (q.clone(), p))).collect();
-        *self.0.lanes.lock().expect("lanes lock") = Arc::new(lanes);
-        Ok(())
-    }
-
-    /// Starts reading the streams the partition layout names since the last look (after raising
-    /// `CONVEYOR_STREAM_PARTITIONS`): their groups are created and they join the lanes.
-    pub(super) async fn follow_layout(&self) -> Result<(), RedisError> {
-        let streams = self.0.consumer.streams().await?;
-        let known = self.lanes().len() / self.0.queues.len().max(1);
-        if streams.len() > known {
-            tracing::info!(streams = streams.len(), before = known, "More stream partitions; reading them too");
-            self.ensure_groups().await?;
-        }
-        Ok(())
-    }
-
-    /// The streams it reads now.
-    pub(super) fn lanes(&self) -> Arc<Vec<Lane>> {
-        self.0.lanes.lock().expect("lanes lock").clone()
+        self.0.reader.ensure_groups().await
     }
 
     /// Records its kinds, their queues and defaults in `job_kinds`, where the SQL enqueue function finds them (as the
     /// runtime role: a kind is every workspace's, and the application role only reads them).
     pub async fn register_kinds(&self) -> Result<(), sqlx::Error> {
-        let handlers: Vec<&Arc<dyn Registered>> = self.0.handlers.values().collect();
+        let handlers: Vec<&Arc<dyn Registered>> = self.0.executor.handlers.values().collect();
         let kinds: Vec<&str> = handlers.iter().map(|h| h.kind()).collect();
         let queues: Vec<&str> = handlers.iter().map(|h| h.queue()).collect();
         let attempts: Vec<i32> = handlers.iter().map(|h| h.max_attempts().min(1000) as i32).collect();
@@ -513,21 +526,22 @@ impl Worker {
                 }
             }
         }
-        tracing::info!(consumer = self.0.consumer.name(), queues = ?self.queues().collect::<Vec<_>>(), concurrency = self.0.settings.concurrency, "Worker started");
+        let (reader, acker) = (&self.0.reader, &self.0.acker);
+        tracing::info!(consumer = reader.consumer.name(), queues = ?self.queues().collect::<Vec<_>>(), concurrency = reader.settings.concurrency, "Worker started");
         let jobs = TaskTracker::new();
         let abandon = CancellationToken::new();
         let readers = TaskTracker::new();
-        readers.spawn(self.clone().read_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
-        readers.spawn(self.clone().reclaim_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
+        readers.spawn(reader.clone().read_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
+        readers.spawn(reader.clone().reclaim_loop(shutdown.clone(), jobs.clone(), abandon.clone()));
         readers.close();
         let ack_queue = self.0.ack_queue.lock().expect("ack queue lock").take().context("a worker runs once")?;
         let ack_stop = CancellationToken::new();
-        let acker = tokio::spawn(self.clone().ack_loop(ack_queue, ack_stop.clone()));
+        let acks = tokio::spawn(acker.clone().ack_loop(ack_queue, ack_stop.clone()));
         // The heartbeat and the cancellation listener outlive the readers: jobs finishing during shutdown must
         // neither look dead nor miss their cancellation meanwhile.
         let heartbeat_stop = CancellationToken::new();
-        let heartbeat = tokio::spawn(self.clone().heartbeat_loop(heartbeat_stop.clone()));
-        let cancels = tokio::spawn(self.clone().cancel_loop(heartbeat_stop.clone()));
+        let heartbeat = tokio::spawn(acker.clone().heartbeat_loop(heartbeat_stop.clone()));
+        let cancels = tokio::spawn(acker.clone().cancel_loop(heartbeat_stop.clone()));
 
         shutdown.cancelled().await;
         readers.wait().await;
@@ -539,7 +553,7 @@ impl Worker {
             let _ = tokio::time::timeout(Duration::from_secs(5), jobs.wait()).await;
         }
         ack_stop.cancel();
-        let _ = acker.await;
+        let _ = acks.await;
         heartbeat_stop.cancel();
         let _ = heartbeat.await;
         let _ = cancels.await;
@@ -547,18 +561,29 @@ impl Worker {
         Ok(())
     }
 
-    pub(super) fn track(&self, queue: &str, partition: Partition, ids: impl IntoIterator<Item = String>) {
-        let mut in_flight = self.0.in_flight.lock().expect("in-flight lock");
-        in_flight.entry((queue.to_owned(), partition)).or_default().extend(ids);
+    /// One step, for tests and one-shot tools: takes one entry that waits in its queues now (without blocking), runs
+    /// its job to its end and settles it (records the end, acknowledges). `None` when every queue is empty. Fails
+    /// while [`Worker::run`] runs (the two would share the acknowledgements).
+    pub async fn process_one(&self) -> Result<Option<Outcome>, crate::Error> {
+        self.process_one_inner().await.public()
     }
 
-    pub(super) fn untrack<'a>(&self, queue: &str, partition: Partition, ids: impl IntoIterator<Item = &'a String>) {
-        if let Some(tracked) = self.0.in_flight.lock().expect("in-flight lock").get_mut(&(queue.to_owned(), partition))
-        {
-            for id in ids {
-                tracked.remove(id);
-            }
+    async fn process_one_inner(&self) -> anyhow::Result<Option<Outcome>> {
+        let mut acks = self
+            .0
+            .ack_queue
+            .lock()
+            .expect("ack queue lock")
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("process_one cannot be used while the worker runs"))?;
+        let outcome = self.0.reader.take_one().await;
+        let mut done = Vec::new();
+        while let Ok(d) = acks.try_recv() {
+            done.push(d);
         }
+        self.0.acker.settle(done).await;
+        *self.0.ack_queue.lock().expect("ack queue lock") = Some(acks);
+        outcome
     }
 }
 
