@@ -128,7 +128,7 @@ mod tests {
         let io = fred::error::Error::new(fred::error::ErrorKind::IO, "connection reset");
         let e = Err::<(), _>(anyhow::Error::new(io)).context("XADD").public().unwrap_err();
         assert_eq!((e.kind(), e.is_unavailable()), (ErrorKind::Redis, true));
-        let reset = crate::RedisError::from(fred::error::Error::new(fred::error::ErrorKind::IO, "reset"));
+        let reset = crate::RedisError::fred(fred::error::Error::new(fred::error::ErrorKind::IO, "reset"));
         let e = Err::<(), _>(anyhow::Error::new(reset)).context("XREADGROUP").public().unwrap_err();
         assert_eq!((e.kind(), e.is_unavailable()), (ErrorKind::Redis, true));
         let wrong = fred::error::Error::new(fred::error::ErrorKind::Unknown, "WRONGTYPE");

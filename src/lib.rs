@@ -128,8 +128,8 @@ pub use maintenance::{
 pub use metrics::{LATENCY_BUCKETS, Metrics};
 pub use migrate::{
     APPLICATION_FUNCTIONS, HISTORY_TABLE as MIGRATION_HISTORY_TABLE, MigrateConfig, PublicLayout,
-    Roles as MigratedRoles, SCHEMA, adopt_public_layout, migrator, pending_versions as pending_migrations,
-    run as migrate_with,
+    Roles as MigratedRoles, SCHEMA, adopt_old_layout, adopt_public_layout, migrator,
+    pending_versions as pending_migrations, run as migrate_with,
 };
 pub use outbox::transitions::relay::purge_finished as purge_finished_jobs;
 pub use redact::redact;

@@ -93,7 +93,7 @@ async fn run() {
     // The floor: the same rows, COPYed into a table of the same shape (constraints and primary key included).
     let mut owner = app.db.owner().await;
     sqlx::query(
-        "CREATE TABLE copy_floor (LIKE store_products INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)",
+        "CREATE TABLE copy_floor (LIKE conveyor_shop.store_products INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)",
     )
     .execute(&mut owner)
     .await

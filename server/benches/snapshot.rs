@@ -452,7 +452,7 @@ async fn run(with_snapshot: bool) -> Value {
     holder.close().await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after_close = table_stats(&mut owner).await;
-    sqlx::query("VACUUM outbox_events").execute(&mut owner).await.unwrap();
+    sqlx::query("VACUUM conveyor.outbox_events").execute(&mut owner).await.unwrap();
     let after_vacuum = table_stats(&mut owner).await;
 
     json!({

@@ -385,7 +385,7 @@ async fn soak() -> Value {
             let used = redis_stats(&redis_client).await["used_memory_bytes"].as_f64().unwrap_or(0.0);
             redis_peak = redis_peak.max(used);
             redis_series.push(mib(used));
-            let outbox: i64 = sqlx::query_scalar("SELECT pg_total_relation_size('outbox_events')")
+            let outbox: i64 = sqlx::query_scalar("SELECT pg_total_relation_size('conveyor.outbox_events')")
                 .fetch_one(&mut owner)
                 .await
                 .unwrap();

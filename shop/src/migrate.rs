@@ -70,10 +70,8 @@ pub async fn run(owner: &mut PgConnection, roles: &MigratedRoles) -> anyhow::Res
 
     let app = quote_ident(&roles.application);
     let runtime = quote_ident(&roles.runtime);
-    let mut grants = vec![
-        format!("GRANT USAGE ON SCHEMA {SCHEMA} TO {app}"),
-        format!("GRANT SELECT ON {HISTORY_TABLE} TO {app}, {runtime}"),
-    ];
+    let mut grants =
+        vec![format!("GRANT USAGE ON SCHEMA {SCHEMA} TO {app}"), format!("GRANT SELECT ON {HISTORY_TABLE} TO {app}")];
     for table in TABLES {
         grants.push(format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {SCHEMA}.{table} TO {app}"));
         grants.push(format!("REVOKE ALL ON {SCHEMA}.{table} FROM {runtime}"));

@@ -60,15 +60,9 @@ async fn adopt(conn: &mut PgConnection, layout: &PublicLayout<'_>, platform: boo
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('conveyor-migrate-adopt', 0))")
         .execute(&mut *tx)
         .await?;
-    // Its history in its schema: adopted already, or never of the old layout.
     let history = layout.migrator.table_name.as_ref();
     let (new_history,): (bool,) =
         sqlx::query_as("SELECT to_regclass($1) IS NOT NULL").bind(history).fetch_one(&mut *tx).await?;
-    if new_history {
-        return Ok(false);
-    }
-    // Only all of them together are the old layout's: a service's own `operations` or `stores` in `public` is the
-    // service's, and stays where it is.
     let (present,): (i64,) = sqlx::query_as(
         "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND c.relname = ANY($1)",
@@ -76,18 +70,40 @@ async fn adopt(conn: &mut PgConnection, layout: &PublicLayout<'_>, platform: boo
     .bind(layout.tables)
     .fetch_one(&mut *tx)
     .await?;
-    if present != layout.tables.len() as i64 {
-        return Ok(false);
-    }
+    let all = present == layout.tables.len() as i64;
     if platform {
+        // The old layout is told by what only Conveyor named so: its history table, or its first function. A
+        // service's own `operations` or `outbox_events` in `public` is the service's, and stays where it is.
+        let (old,): (bool,) = sqlx::query_as(
+            "SELECT to_regclass('public.conveyor_schema_migrations') IS NOT NULL
+                    OR to_regprocedure('public.conveyor_current_workspace()') IS NOT NULL",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        if !old {
+            return Ok(false);
+        }
+        if new_history {
+            bail!(
+                "public still holds Conveyor's objects of the old layout although {history} exists: the database \
+                 holds both layouts (a new release migrated it without adopting it); move or drop one by hand"
+            );
+        }
+        // Refuses a database the old layout left short of its last version, before anything moves.
         keep_old_history(&mut tx).await?;
+        if !all {
+            bail!(
+                "public holds Conveyor's history of the old layout but only {present} of its tables: nothing is moved"
+            );
+        }
     } else {
-        // A product's tables are the old layout's only in a database whose platform objects were adopted.
+        // A product's tables are the old layout's only all together, in a database whose platform objects were
+        // adopted, before its own history exists.
         let (adopted,): (bool,) =
             sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT to_regclass('{PUBLIC_LAYOUT_HISTORY}') IS NOT NULL")))
                 .fetch_one(&mut *tx)
                 .await?;
-        if !adopted {
+        if new_history || !all || !adopted {
             return Ok(false);
         }
     }

@@ -50,7 +50,8 @@ pub const HISTORY_TABLE: &str = "conveyor._sqlx_migrations";
 
 /// The platform's migrations, unrun: they create the schema `conveyor` and record their history in
 /// [`HISTORY_TABLE`]. [`migrate`] runs them and grants the roles; a host that runs its own migrations can run these
-/// with them (as the owner of its database), then grant what its roles need.
+/// with them (as the owner of its database), then grant what its roles need. They do not adopt a database of the old
+/// layout (everything in `public`): such a host calls [`adopt_old_layout`] on the same connection first.
 pub fn migrator() -> Migrator {
     let mut migrator = Migrator::with_migrations(MIGRATIONS.iter().cloned().collect());
     migrator.dangerous_set_table_name(HISTORY_TABLE);
@@ -119,8 +120,14 @@ const PUBLIC_FUNCTIONS: &[&str] = &[
     "conveyor_uuid_v7",
 ];
 
-/// Moves the platform's objects of a database of the old layout into `conveyor` (see [`adopt_public_layout`]), its
-/// history recorded up to 0037, the last migration of that layout; 0038 and later then run as anywhere.
+/// Moves the platform's objects of a database of the old layout (everything in `public`, Conveyor 0.1) into `conveyor`
+/// in place, its history recorded up to 0037, the last migration of that layout; 0038 and later then run as anywhere.
+/// What [`migrate`] does before the migrations, for a host that runs [`migrator`] itself (as the owner). Returns
+/// whether it moved anything; refuses a database short of the old layout's last version, or holding both layouts.
+pub async fn adopt_old_layout(conn: &mut PgConnection) -> Result<bool, crate::Error> {
+    adopt(conn, &migrator()).await.map_err(crate::Error::new)
+}
+
 async fn adopt(conn: &mut PgConnection, migrator: &Migrator) -> anyhow::Result<bool> {
     let layout = PublicLayout {
         schema: SCHEMA,
@@ -352,7 +359,7 @@ async fn run_inner(
     let functions: Vec<(String, Reach)> = sqlx::query_as::<_, (String, bool, bool)>(
         "SELECT p.oid::regprocedure::text, p.proname LIKE $1, p.proname = ANY($2) FROM pg_proc p
          JOIN pg_namespace n ON n.oid = p.pronamespace
-         WHERE n.nspname = 'conveyor'",
+         WHERE n.nspname = 'conveyor' AND p.proname LIKE 'conveyor\\_%'",
     )
     .bind(ADMIN_FUNCTIONS)
     .bind(APPLICATION_FUNCTIONS)
@@ -373,6 +380,12 @@ async fn run_inner(
         grants.push(format!("GRANT CONNECT ON DATABASE {database} TO {grantee}"));
         grants.push(format!("GRANT USAGE ON SCHEMA conveyor TO {grantee}"));
         grants.push(format!("GRANT SELECT ON {HISTORY_TABLE} TO {grantee}"));
+    }
+    // The old layout's history, kept by an adoption as a record: the owner's alone now.
+    let (kept,): (bool,) =
+        sqlx::query_as("SELECT to_regclass('conveyor.public_layout_history') IS NOT NULL").fetch_one(&mut *tx).await?;
+    if kept {
+        grants.push(format!("REVOKE ALL ON conveyor.public_layout_history FROM PUBLIC, {role}, {runtime}"));
     }
     for (t,) in &tables {
         let table = format!("conveyor.{}", quote_ident(t));
@@ -491,17 +504,22 @@ async fn check_role(conn: &mut PgConnection, role: &str, what: &str, variable: &
     }
     // Conveyor's functions search `pg_catalog, conveyor, pg_temp`: a role that may create objects in `conveyor` could
     // plant a function or operator there that a definer function would call as the owner. Only the owner has that
-    // right, unless somebody granted it.
-    let (create,): (bool,) = sqlx::query_as("SELECT has_schema_privilege($1, 'conveyor', 'CREATE')")
-        .bind(role)
-        .fetch_one(&mut *conn)
-        .await
-        .with_context(|| format!("Failed to inspect the {what}'s rights on the schema conveyor"))?;
-    if create {
-        bail!(
-            "the {what} `{role}` of {variable} may create objects in the schema conveyor, where Conveyor's \
-             functions look names up: run `REVOKE CREATE ON SCHEMA conveyor FROM PUBLIC, {role}` as its owner"
-        );
+    // right, unless somebody granted it. In `public` too, out of caution: the few functions that pin no path (pure,
+    // no table) then find nothing of such a role's either. PostgreSQL 15 and later no longer grant it to PUBLIC.
+    for schema in ["conveyor", "public"] {
+        let (create,): (bool,) = sqlx::query_as("SELECT has_schema_privilege($1, $2, 'CREATE')")
+            .bind(role)
+            .bind(schema)
+            .fetch_one(&mut *conn)
+            .await
+            .with_context(|| format!("Failed to inspect the {what}'s rights on the schema {schema}"))?;
+        if create {
+            bail!(
+                "the {what} `{role}` of {variable} may create objects in the schema {schema}, where Conveyor's \
+                 functions could find them: run `REVOKE CREATE ON SCHEMA {schema} FROM PUBLIC, {role}` as its owner \
+                 (for public, the default since PostgreSQL 15)"
+            );
+        }
     }
     Ok(())
 }

@@ -22,11 +22,13 @@ pub struct ServerCheck {
 pub async fn check_server(client: &RedisClient) -> Result<ServerCheck, RedisError> {
     let primaries = if client.is_clustered() { client.active_connections() } else { Vec::new() };
     if primaries.is_empty() {
-        return Ok(check_one(client, None).await?);
+        return check_one(client, None).await.map_err(RedisError::fred);
     }
     let mut worst: Option<ServerCheck> = None;
     for server in primaries {
-        let check = check_one(&client.with_cluster_node(server.clone()), Some(&server.to_string())).await?;
+        let check = check_one(&client.with_cluster_node(server.clone()), Some(&server.to_string()))
+            .await
+            .map_err(RedisError::fred)?;
         worst = Some(match worst {
             None => check,
             Some(w) => ServerCheck {

@@ -201,7 +201,7 @@ impl Consumer {
     /// The streams every queue may hold entries in now: the whole stream, and each partition the layout or this
     /// consumer's setting names. The layout is read again when the copy is a few seconds old.
     pub async fn streams(&self) -> Result<Vec<Partition>, RedisError> {
-        Ok(self.layout.get().await?.streams(self.partitions))
+        Ok(self.layout.get().await.map_err(RedisError::fred)?.streams(self.partitions))
     }
 
     /// Creates the queue's group (and stream) in each of its streams where missing, reading from the beginning.
@@ -220,7 +220,7 @@ impl Consumer {
         match created {
             Ok(_) => Ok(()),
             Err(e) if e.details().contains("BUSYGROUP") || e.to_string().contains("BUSYGROUP") => Ok(()),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(RedisError::fred(e)),
         }
     }
 
@@ -241,7 +241,7 @@ impl Consumer {
         count: u64,
         block_ms: u64,
     ) -> Result<Vec<Entry>, RedisError> {
-        Ok(self.read_or_create(queue, partition, count, Some(block_ms)).await?)
+        self.read_or_create(queue, partition, count, Some(block_ms)).await.map_err(RedisError::fred)
     }
 
     /// Reads up to `count` new entries of one stream of `queue` that are there now, without waiting.
@@ -301,7 +301,10 @@ impl Consumer {
         let mut args = Vec::with_capacity(ids.len() + 1);
         args.push(self.keys.group(queue));
         args.extend(ids.iter().cloned());
-        Ok(self.ack_script.run(&self.client, vec![self.keys.partition_stream(queue, partition)], args).await?)
+        self.ack_script
+            .run(&self.client, vec![self.keys.partition_stream(queue, partition)], args)
+            .await
+            .map_err(RedisError::fred)
     }
 
     /// Resets the idle time of entries of one stream of `queue` this consumer is working on, so no one reclaims them
@@ -334,7 +337,7 @@ impl Consumer {
         match claimed {
             // The group is gone with the entries (see `read`): nothing to keep alive, make the group again.
             Err(e) if is_nogroup(&e) => self.ensure_group_in(queue, partition).await,
-            Err(e) => Err(e.into()),
+            Err(e) => Err(RedisError::fred(e)),
             Ok(_) => Ok(()),
         }
     }
@@ -360,7 +363,7 @@ impl Consumer {
                 self.ensure_group_in(queue, partition).await?;
                 return Ok(Reclaimed::default());
             }
-            reply => reply?,
+            reply => reply.map_err(RedisError::fred)?,
         };
         let Value::Array(mut parts) = reply else { return Ok(Reclaimed::default()) };
         let deleted = if parts.len() >= 3 {
@@ -379,7 +382,7 @@ impl Consumer {
     pub async fn stats(&self, queue: &str) -> Result<QueueStats, RedisError> {
         let mut total = QueueStats { lag: Some(0), ..QueueStats::default() };
         for partition in self.streams().await? {
-            let stats = stream_stats(&self.client, &self.keys, queue, partition).await?;
+            let stats = stream_stats(&self.client, &self.keys, queue, partition).await.map_err(RedisError::fred)?;
             total.length += stats.length;
             total.pending += stats.pending;
             total.lag = total.lag.zip(stats.lag).map(|(a, b)| a + b);

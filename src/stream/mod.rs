@@ -67,7 +67,7 @@ pub async fn connect(url: &str, command_timeout: Duration) -> Result<RedisClient
 pub async fn connect_with(url: &str, command_timeout: Duration, tls: &RedisTls) -> Result<RedisClient, RedisError> {
     use fred::error::{Error, ErrorKind};
     let uses_tls = tls::url_uses_tls(url);
-    let mut config = RedisConfig::from_url(&self::url::fred_url(url))?;
+    let mut config = RedisConfig::from_url(&self::url::fred_url(url)).map_err(RedisError::fred)?;
     if tls.is_set() {
         if !uses_tls {
             return Err(RedisError(Error::new(
@@ -76,7 +76,8 @@ pub async fn connect_with(url: &str, command_timeout: Duration, tls: &RedisTls) 
                  use rediss://, rediss-cluster:// or rediss-sentinel://",
             )));
         }
-        config.tls = tls.fred_config().map_err(|e| Error::new(ErrorKind::Tls, e.to_string()))?;
+        config.tls =
+            tls.fred_config().map_err(|e| Error::new(ErrorKind::Tls, e.to_string())).map_err(RedisError::fred)?;
     }
     if uses_tls != config.tls.is_some() {
         return Err(RedisError(Error::new(
@@ -85,7 +86,7 @@ pub async fn connect_with(url: &str, command_timeout: Duration, tls: &RedisTls) 
         )));
     }
     if config.server.is_clustered() {
-        config.server.set_cluster_discovery_policy(ClusterDiscoveryPolicy::UseCache)?;
+        config.server.set_cluster_discovery_policy(ClusterDiscoveryPolicy::UseCache).map_err(RedisError::fred)?;
     }
     let node_timeout = NODE_TIMEOUT.min(command_timeout);
     let sentinels = matches!(config.server, ServerConfig::Sentinel { .. }).then(|| config.clone());
@@ -99,7 +100,8 @@ pub async fn connect_with(url: &str, command_timeout: Duration, tls: &RedisTls) 
             p.default_command_timeout = command_timeout;
         })
         .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2))
-        .build()?;
+        .build()
+        .map_err(RedisError::fred)?;
     if let Err(e) = client.init().await {
         let _ = client.quit().await;
         let e = match sentinels {
@@ -188,8 +190,9 @@ impl RedisError {
     }
 }
 
-impl From<fred::error::Error> for RedisError {
-    fn from(e: fred::error::Error) -> Self {
+impl RedisError {
+    /// fred's error, wrapped: the only way in, so that no public signature names fred's error.
+    pub(crate) fn fred(e: fred::error::Error) -> Self {
         Self(e)
     }
 }
@@ -216,7 +219,7 @@ pub(crate) fn is_unavailable(e: &fred::error::Error) -> bool {
 
 /// `PING` with the client's command time-out: whether Redis answers.
 pub async fn ping(client: &RedisClient) -> Result<(), RedisError> {
-    Ok(client.ping::<()>(None).await.watched(client)?)
+    client.ping::<()>(None).await.watched(client).map_err(RedisError::fred)
 }
 
 /// After a command of `client` timed out (Redis did not answer; a reset connection fred handles itself): makes the

@@ -212,10 +212,16 @@ impl Producer {
                 args.extend([EXPIRE_SCRIPT.to_owned(), chunk.len().to_string()]);
                 args.extend(chunk.iter().cloned());
                 args.push(ms.clone());
-                pipeline.custom::<Value, _>(eval.clone(), args).await?;
+                pipeline.custom::<Value, _>(eval.clone(), args).await.map_err(RedisError::fred)?;
             }
         }
-        Ok(pipeline.try_all::<Value>().await.into_iter().try_for_each(|r| r.map(drop)).watched(&self.client)?)
+        pipeline
+            .try_all::<Value>()
+            .await
+            .into_iter()
+            .try_for_each(|r| r.map(drop))
+            .watched(&self.client)
+            .map_err(RedisError::fred)
     }
 
     /// Publishes `messages` in one pipeline. Each result is the stream reference (the entry id, new
@@ -228,7 +234,7 @@ impl Producer {
     pub async fn publish(&self, messages: &[Message]) -> Vec<Result<String, RedisError>> {
         let layout = match self.layout.get().await {
             Ok(layout) => layout,
-            Err(e) => return messages.iter().map(|_| Err(e.clone().into())).collect(),
+            Err(e) => return messages.iter().map(|_| Err(RedisError::fred(e.clone()))).collect(),
         };
         // Chunks per stream, remembering where each message's answer goes.
         let mut by_stream: HashMap<Stream<'_>, Vec<usize>> = HashMap::new();
@@ -250,7 +256,7 @@ impl Producer {
             let again: Vec<(Stream<'_>, Vec<usize>)> = unknown.into_iter().map(|c| chunks[c].clone()).collect();
             self.publish_chunks(messages, &again, Call::Text, &mut results).await;
         }
-        results.into_iter().map(|r| r.map_err(RedisError::from)).collect()
+        results.into_iter().map(|r| r.map_err(RedisError::fred)).collect()
     }
 
     /// Sends `chunks` of `messages` in one pipeline and writes each message's answer into `results`. Returns the
@@ -332,7 +338,7 @@ impl Producer {
     /// The partition layout jobs are routed by, read (and raised to this producer's partitions) if the copy is a
     /// few seconds old.
     pub async fn layout(&self) -> Result<super::layout::Layout, RedisError> {
-        Ok(self.layout.get().await?)
+        self.layout.get().await.map_err(RedisError::fred)
     }
 
     /// The client, for status checks.

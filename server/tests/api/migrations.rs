@@ -471,15 +471,20 @@ async fn an_adopted_database_has_the_schema_a_fresh_one_has() {
 
 #[tokio::test]
 async fn a_database_the_old_layout_left_part_way_is_refused_and_left_as_it_was() {
-    let (owner, app, runtime) = empty_database().await;
-    let mut conn = PgConnection::connect(&owner).await.unwrap();
-    public_layout("conveyor_schema_migrations").run_to(36, &mut conn).await.unwrap();
-    let before = public_objects(&mut conn).await;
-    let err = conveyor_jobs::migrate(&owner, &app, &runtime).await.unwrap_err();
-    let message = format!("{err:#}");
-    assert!(message.contains("36 of the 37") && message.contains("34f94ac"), "{message}");
-    assert_eq!(public_objects(&mut conn).await, before, "nothing moved");
-    let (schema,): (bool,) =
-        sqlx::query_as("SELECT to_regnamespace('conveyor') IS NOT NULL").fetch_one(&mut conn).await.unwrap();
-    assert!(!schema, "nothing created either");
+    // 20: before the old layout had all its tables (0035 added the last); 36: one short of its last version.
+    for (version, history) in
+        [(20, "conveyor_schema_migrations"), (36, "conveyor_schema_migrations"), (20, "_sqlx_migrations")]
+    {
+        let (owner, app, runtime) = empty_database().await;
+        let mut conn = PgConnection::connect(&owner).await.unwrap();
+        public_layout(history).run_to(version, &mut conn).await.unwrap();
+        let before = public_objects(&mut conn).await;
+        let err = conveyor_jobs::migrate(&owner, &app, &runtime).await.unwrap_err();
+        let message = format!("{err:#}");
+        assert!(message.contains(&format!("{version} of the 37")) && message.contains("34f94ac"), "{message}");
+        assert_eq!(public_objects(&mut conn).await, before, "{version}: nothing moved");
+        let (schema,): (bool,) =
+            sqlx::query_as("SELECT to_regnamespace('conveyor') IS NOT NULL").fetch_one(&mut conn).await.unwrap();
+        assert!(!schema, "{version}: nothing created either");
+    }
 }
