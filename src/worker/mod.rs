@@ -9,7 +9,8 @@
 //!
 //! A running worker has three roles, one value and one file each, each owning what it works with: the `Reader`
 //! (`reader.rs`: read entries, take over dead consumers' entries, start jobs), the `Executor` (`execute.rs`: one job
-//! to its outcome, every ending through the completion funnel `transitions::end_run`), the `Acker` (`acker.rs`:
+//! to its outcome, every ending it records through the completion funnel, `transitions::end_run`, or its batched
+//! form `complete_many`, which the acker calls for jobs that had no transaction), the `Acker` (`acker.rs`:
 //! acknowledge, heartbeat, hear cancellations). `runtime.rs` builds them and says what they share.
 
 mod acker;

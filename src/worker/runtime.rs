@@ -1,8 +1,9 @@
 //! The worker: its settings, its builder (typed handlers by kind), and its run with graceful shutdown. A running
 //! worker is three roles, each a value owning what it works with: the [`Reader`] reads entries and starts jobs, the
-//! [`Executor`] runs one job to its outcome (through the completion funnel, `transitions::end_run`), the [`Acker`]
+//! [`Executor`] runs one job to its outcome (through the completion funnel: `transitions::end_run`, or its batched
+//! form `complete_many`, which the acker calls for jobs that had no transaction of their own), the [`Acker`]
 //! acknowledges finished entries, keeps running ones alive and hears cancellations. What they share is explicit: the
-//! entries held ([`Tracker`]: the reader and the executor add and drop, the acker heart-beats), the jobs running
+//! entries held ([`Tracker`]: the reader adds, the executor and the acker drop, the acker heart-beats), the jobs running
 //! ([`Running`]: the executor starts and ends them, the acker cancels them) and the channel of finished entries
 //! ([`Done`]: the reader and the executor send, the acker receives).
 
