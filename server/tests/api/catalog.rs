@@ -180,16 +180,18 @@ async fn a_sync_killed_after_a_few_pages_resumes_after_its_last_committed_page_a
     let vars = process_vars(&app, &market, 100);
     let mut first = Process::spawn(&["worker"], &vars);
     let (sync, operation) = accepted_sync(&app, who, &store).await;
-    common::eventually(Duration::from_secs(60), || async {
-        (sync_state(&app, who, &sync).await["pages_done"].as_i64().unwrap_or(0) >= 3).then_some(())
+    // The page's commit comes first, its progress on the operation just after (on the job's control connection):
+    // both, before the kill.
+    let shown = common::eventually(Duration::from_secs(60), || async {
+        let committed = sync_state(&app, who, &sync).await["pages_done"].as_i64().unwrap_or(0) >= 3;
+        let op = common::operation(&app, who, &operation).await;
+        (committed && op["progress"]["pages_done"].as_i64().unwrap_or(0) >= 3).then_some(())
     })
-    .await
-    .expect("a few pages committed");
+    .await;
+    assert!(shown.is_some(), "a few pages committed, and the progress shows on the operation");
     first.kill();
     let at_kill = sync_state(&app, who, &sync).await;
     assert_eq!(at_kill["status"], "running");
-    let op = common::operation(&app, who, &operation).await;
-    assert!(op["progress"]["pages_done"].as_i64().unwrap() >= 3, "progress shows on the operation: {op}");
 
     let mut second = Process::spawn(&["worker"], &vars);
     let done = sync_reaches(&app, who, &sync, "succeeded").await;
