@@ -59,21 +59,9 @@ pub fn migrator() -> Migrator {
     migrator
 }
 
-/// The platform's objects as the old layout kept them in `public`: what [`adopt`] moves into `conveyor`.
-const PUBLIC_TABLES: &[&str] = &[
-    "operations",
-    "outbox_events",
-    "job_kinds",
-    "workspace_weights",
-    "dispatch_pauses",
-    "job_key_limits",
-    "job_kind_limits",
-    "job_schedules",
-    "job_schedule_runs",
-    "job_failures",
-    "conveyor_admin_audit",
-    "conveyor_settings",
-];
+/// The platform's objects as the old layout kept them in `public`, what [`adopt`] moves into `conveyor`: its tables
+/// ([`TABLES`] and the owner's two) and its functions.
+const OWNER_TABLES: &[&str] = &["conveyor_admin_audit", "conveyor_settings"];
 const PUBLIC_FUNCTIONS: &[&str] = &[
     "conveyor_admin_audit_trail",
     "conveyor_admin_audit_write",
@@ -129,10 +117,11 @@ pub async fn adopt_old_layout(conn: &mut PgConnection) -> Result<bool, crate::Er
 }
 
 async fn adopt(conn: &mut PgConnection, migrator: &Migrator) -> anyhow::Result<bool> {
+    let tables: Vec<&str> = TABLES.iter().chain(OWNER_TABLES).copied().collect();
     let layout = PublicLayout {
         schema: SCHEMA,
         search_path: SCHEMA,
-        tables: PUBLIC_TABLES,
+        tables: &tables,
         functions: PUBLIC_FUNCTIONS,
         migrator,
         through: adopt::PUBLIC_LAYOUT_VERSIONS,
