@@ -449,13 +449,18 @@ where
 /// A free loopback port for a process a test starts, below Linux's ephemeral range (32768-60999): a port the kernel
 /// handed out for `:0` is also the kind it hands every outgoing connection (to PostgreSQL, to Redis) as its local
 /// port, and one of those, opened by a concurrent test between this call and the process's bind, took it at times
-/// ("Address already in use"). Free when checked; another test's pick collides with it once in about 12,000.
+/// ("Address already in use"). Free when checked, and never one this process handed out already (a port picked and
+/// not yet bound by the process it was for is free too); another test's pick collides with it once in about 12,000.
 pub fn free_port() -> u16 {
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().expect("handed-out ports lock");
     let start = rand::random_range(20_000..32_000u16);
-    (0..12_000u16)
+    let port = (0..12_000u16)
         .map(|i| 20_000 + (start - 20_000 + i) % 12_000)
-        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
-        .expect("a free loopback port between 20000 and 32000")
+        .find(|port| !handed_out.contains(port) && std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free loopback port between 20000 and 32000");
+    handed_out.push(port);
+    port
 }
 
 /// A `redis-server` of the test's own on a free loopback port, which the test may stop and start again.
