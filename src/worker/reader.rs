@@ -90,12 +90,13 @@ impl Reader {
         abandon: CancellationToken,
         taken_over: bool,
     ) {
-        let (executor, metrics) = (self.executor.clone(), self.metrics.clone());
-        metrics.worker_jobs_in_flight.inc();
+        // One Arc per job: the executor holds the same metrics (a `Metrics` clone is a few dozen).
+        let executor = self.executor.clone();
+        executor.metrics.worker_jobs_in_flight.inc();
         jobs.spawn(async move {
             let _permit = permit;
             executor.process(queue, entry, abandon, taken_over).await;
-            metrics.worker_jobs_in_flight.dec();
+            executor.metrics.worker_jobs_in_flight.dec();
         });
     }
 
