@@ -6,35 +6,18 @@
 //! window against the same run without it (>= 90%). Then a light workspace's commit -> start p99 while another
 //! floods 100,000 jobs (`FLOOD`; target <= 250 ms). One JSON line per scenario.
 
-#[path = "../tests/api/common/mod.rs"]
-mod common;
+mod kit;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conveyor_jobs::{
-    Consumer, EnqueueOptions, Handler, JobContext, JobError, JobKind, Worker, WorkerSettings, WorkspaceId,
-};
-use serde::{Deserialize, Serialize};
+use conveyor_jobs::{EnqueueOptions, Handler, JobContext, JobError, Worker, WorkerSettings, WorkspaceId};
+use kit::report::{env, now_ms};
+use kit::{Job, Platform};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-#[derive(Serialize, Deserialize)]
-struct Job {
-    tenant: usize,
-    /// Commit time, ms since the epoch (set just before the commit: the wait includes the commit).
-    at_ms: f64,
-}
-
-impl JobKind for Job {
-    const KIND: &'static str = "bench.fair";
-    const QUEUE: &'static str = "fair";
-}
+use uuid::Uuid;
 
 /// (tenant, wait in ms) of each start, in start order.
 type Starts = Arc<Mutex<Vec<(usize, f64)>>>;
@@ -42,10 +25,6 @@ type Starts = Arc<Mutex<Vec<(usize, f64)>>>;
 struct Fixed {
     starts: Starts,
     cost: Duration,
-}
-
-fn now_ms() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() * 1000.0
 }
 
 impl Handler<Job> for Fixed {
@@ -72,20 +51,16 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
 }
 
 /// A dispatcher with `window` and a worker, over a fresh database; the jobs are enqueued before either starts.
-async fn platform(app: &common::TestApp, window: u64, starts: &Starts, shutdown: &CancellationToken) {
-    let dispatcher = common::test_dispatcher(app, &common::redis_url(), |v| {
-        v.insert("CONVEYOR_DISPATCH_WINDOW".into(), window.to_string());
-    })
-    .await;
-    let worker =
-        Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
-            .runtime_pool(app.db.runtime_pool.clone())
-            .handle::<Job>(Fixed { starts: starts.clone(), cost: Duration::from_millis(env("COST_MS", 5)) })
-            .settings(WorkerSettings { concurrency: env("CONC", 32) as usize, ..WorkerSettings::default() })
-            .build()
-            .unwrap();
+async fn run_platform(platform: &Platform, window: u64, starts: &Starts, shutdown: &CancellationToken) {
+    let dispatcher = platform.dispatcher(|s| s.window = window as i32).await;
+    let worker = Worker::builder(platform.pool.clone(), platform.consumer("bench").await)
+        .runtime_pool(platform.runtime_pool.clone())
+        .handle::<Job>(Fixed { starts: starts.clone(), cost: Duration::from_millis(env("COST_MS", 5)) })
+        .settings(WorkerSettings { concurrency: env("CONC", 32) as usize, ..WorkerSettings::default() })
+        .build()
+        .unwrap();
     worker.ensure_groups().await.unwrap();
-    common::run_dispatcher(dispatcher, shutdown);
+    tokio::spawn(dispatcher.run(shutdown.clone()));
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
 }
 
@@ -93,18 +68,15 @@ async fn skewed(window: u64) -> Value {
     let (tenants, light) = (10usize, env("LIGHT", 300) as usize);
     let counts: Vec<usize> = (0..tenants).map(|t| if t == 0 { 30 * light } else { light }).collect();
     let total: usize = counts.iter().sum();
-    let app = common::TestApp::spawn_with(|v| {
-        v.insert("CONVEYOR_DATABASE_MAX_CONNECTIONS".into(), "48".into());
-    })
-    .await;
-    let workspaces: Vec<WorkspaceId> = (0..tenants).map(|_| common::principal().workspace_id).collect();
+    let platform = Platform::new(48).await;
+    let workspaces: Vec<WorkspaceId> = (0..tenants).map(|_| WorkspaceId(Uuid::new_v4())).collect();
     for (t, ws) in workspaces.iter().enumerate() {
-        enqueue(&app.db.pool, *ws, t, counts[t]).await;
+        enqueue(&platform.pool, *ws, t, counts[t]).await;
     }
     let starts: Starts = Arc::default();
     let shutdown = CancellationToken::new();
     let started = Instant::now();
-    platform(&app, window, &starts, &shutdown).await;
+    run_platform(&platform, window, &starts, &shutdown).await;
     while starts.lock().unwrap().len() < total {
         assert!(started.elapsed() < Duration::from_secs(600), "the backlog did not drain");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -155,19 +127,16 @@ async fn skewed(window: u64) -> Value {
 
 async fn flood_latency(window: u64) -> Value {
     let flood_n = env("FLOOD", 100_000) as usize;
-    let app = common::TestApp::spawn_with(|v| {
-        v.insert("CONVEYOR_DATABASE_MAX_CONNECTIONS".into(), "48".into());
-    })
-    .await;
-    let (flood, light) = (common::principal().workspace_id, common::principal().workspace_id);
-    enqueue(&app.db.pool, flood, 0, flood_n).await;
+    let platform = Platform::new(48).await;
+    let (flood, light) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    enqueue(&platform.pool, flood, 0, flood_n).await;
     let starts: Starts = Arc::default();
     let shutdown = CancellationToken::new();
-    platform(&app, window, &starts, &shutdown).await;
+    run_platform(&platform, window, &starts, &shutdown).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // The light workspace commits a job every 50 ms for 10 s while the flood drains.
     for _ in 0..200 {
-        enqueue(&app.db.pool, light, 1, 1).await;
+        enqueue(&platform.pool, light, 1, 1).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let deadline = Instant::now() + Duration::from_secs(120);
