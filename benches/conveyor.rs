@@ -22,6 +22,7 @@
 //! Environment: N (default 100000), CONC (100), RATE (1000), SECONDS (10), JOBS (300), WORKSPACES (`burst`, 1), and
 //! the tests' database and Redis variables (`CONVEYOR_TEST_*_URL`).
 
+#[path = "../tests/kit/mod.rs"]
 mod kit;
 
 use std::collections::HashMap;

@@ -6,6 +6,7 @@
 //! window against the same run without it (>= 90%). Then a light workspace's commit -> start p99 while another
 //! floods 100,000 jobs (`FLOOD`; target <= 250 ms). One JSON line per scenario.
 
+#[path = "../tests/kit/mod.rs"]
 mod kit;
 
 use std::collections::HashMap;

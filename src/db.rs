@@ -59,6 +59,12 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Er
         .await
 }
 
+/// Begins a transaction of a service without tenants, in [`WorkspaceId::DEFAULT`]: enqueue its jobs in it with
+/// [`enqueue_tx`](crate::enqueue_tx), beside the service's own writes, and commit.
+pub async fn begin(pool: &PgPool) -> Result<WorkspaceTx, sqlx::Error> {
+    begin_workspace(pool, WorkspaceId::DEFAULT).await
+}
+
 /// Begins a transaction scoped to `workspace`: row-level security shows and accepts only its rows.
 pub async fn begin_workspace(pool: &PgPool, workspace: WorkspaceId) -> Result<WorkspaceTx, sqlx::Error> {
     begin_workspace_then(pool, workspace, "").await

@@ -37,6 +37,13 @@ id_type!(
     JobId
 );
 
+impl WorkspaceId {
+    /// The workspace of a service that has no tenants (the nil UUID): [`begin`](crate::begin) and a
+    /// [`Conveyor`](crate::Conveyor) without a workspace of its own use it, so that a single-tenant service never names
+    /// one.
+    pub const DEFAULT: Self = Self(Uuid::nil());
+}
+
 /// This process's name among its peers: host, process id and a random suffix. Dispatchers hold leases under it
 /// (`locked_by`) and workers consume under it, so it must differ between processes, restarts included.
 pub fn instance_name() -> String {

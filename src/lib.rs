@@ -40,6 +40,7 @@ pub(crate) use fail_point;
 
 mod admin;
 mod backoff;
+mod client;
 mod db;
 mod dispatcher;
 mod error;
@@ -65,7 +66,8 @@ pub mod testing;
 mod worker;
 
 pub use backoff::Backoff;
-pub use db::{WorkspaceTx, begin_workspace};
+pub use client::{Conveyor, ConveyorBuilder, DEFAULT_MAINTENANCE_INTERVAL, DEFAULT_RECONCILE_AFTER};
+pub use db::{WorkspaceTx, begin, begin_workspace};
 pub use dispatcher::{DispatchOutcome, Dispatcher, DispatcherSettings};
 pub use error::{Error, ErrorKind};
 pub use flow::{FlowError, Pause, PauseScope, list_pauses, pause, resume, set_workspace_weight};

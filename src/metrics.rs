@@ -149,34 +149,40 @@ impl Collector for PoolCollector {
     }
 }
 
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
 }
 
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let metric = IntCounter::new(name, help).expect("valid metric");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+fn counter(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+    let metric = IntCounter::new(name, help)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
 }
 
-fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
-    let metric = IntGauge::new(name, help).expect("valid metric");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
+    let metric = IntGauge::new(name, help)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
 }
 
-fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
 }
 
-fn histogram_vec(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>, labels: &[&str]) -> HistogramVec {
-    let metric = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels).expect("valid metric");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+fn histogram_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+    labels: &[&str],
+) -> prometheus::Result<HistogramVec> {
+    let metric = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
 }
 
 /// The buckets of the platform's latency histograms, 1 ms to 60 s: a host's own latency histograms use them too, so
@@ -189,73 +195,83 @@ fn latency_buckets() -> Vec<f64> {
 }
 
 impl Metrics {
-    /// Creates and registers every metric.
+    /// Creates every metric in a registry of its own, with the process's own (`process_*`): what `/metrics` of the
+    /// `conveyor` binary renders ([`Metrics::render`]).
     pub fn new() -> Self {
         let registry = Registry::new();
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .expect("a new registry holds no process metrics");
+        Self::build(registry).expect("a new registry holds none of the platform's metrics")
+    }
+
+    /// Creates every metric in the host's `registry`, under the names the shipped dashboard and alerts query, so that
+    /// the host's own `/metrics` shows them. Fails when the registry holds one of those names already (one `Metrics` per
+    /// registry: clone it for every part, as [`Conveyor`](crate::Conveyor) does). The process's own metrics are the
+    /// host's to register.
+    pub fn registered_in(registry: &Registry) -> prometheus::Result<Self> {
+        Self::build(registry.clone())
+    }
+
+    fn build(registry: Registry) -> prometheus::Result<Self> {
         let r = &registry;
         let outbox_batch_size = Histogram::with_opts(
             HistogramOpts::new("conveyor_outbox_batch_size", "Events per claimed outbox batch")
                 .buckets(vec![1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0]),
-        )
-        .expect("valid metric");
-        registry.register(Box::new(outbox_batch_size.clone())).expect("unique metric");
+        )?;
+        registry.register(Box::new(outbox_batch_size.clone()))?;
         let outbox_events = IntGaugeVec::new(
             Opts::new("conveyor_outbox_events", "Outbox jobs by queue and state (due, held, delayed, dispatched, ...)"),
             &["queue", "status"],
-        )
-        .expect("valid metric");
-        registry.register(Box::new(outbox_events.clone())).expect("unique metric");
+        )?;
+        registry.register(Box::new(outbox_events.clone()))?;
         let outbox_oldest_pending_age = GaugeVec::new(
             Opts::new("conveyor_outbox_oldest_pending_age_seconds", "Wait of the oldest due job since it fell due"),
             &["queue"],
-        )
-        .expect("valid metric");
-        registry.register(Box::new(outbox_oldest_pending_age.clone())).expect("unique metric");
-        #[cfg(target_os = "linux")]
-        registry
-            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
-            .expect("unique metric");
+        )?;
+        registry.register(Box::new(outbox_oldest_pending_age.clone()))?;
         let pools = Pools::default();
-        registry.register(Box::new(PoolCollector::new(pools.clone()))).expect("unique metric");
-        Self {
+        registry.register(Box::new(PoolCollector::new(pools.clone())))?;
+        Ok(Self {
             build_info: gauge_vec(
                 r,
                 "conveyor_build_info",
                 "Always 1: the version, source revision and role of this process",
                 &["version", "revision", "role"],
-            ),
+            )?,
             pools,
             outbox_dispatched: counter_vec(
                 r,
                 "conveyor_outbox_dispatched_total",
                 "Events relayed into streams",
                 &["queue"],
-            ),
+            )?,
             outbox_relay_passes: counter_vec(
                 r,
                 "conveyor_outbox_relay_passes_total",
                 "Relay passes: sweeps of every workspace with due jobs, and passes over the workspaces notifications named",
                 &["pass"],
-            ),
+            )?,
             outbox_dispatch_errors: counter_vec(
                 r,
                 "conveyor_outbox_dispatch_errors_total",
                 "Failed relays by reason",
                 &["reason"],
-            ),
+            )?,
             outbox_dead_letters: counter_vec(
                 r,
                 "conveyor_outbox_dead_letters_total",
                 "Events dead-lettered by the relay",
                 &["queue"],
-            ),
+            )?,
             outbox_dispatch_latency: histogram_vec(
                 r,
                 "conveyor_outbox_dispatch_latency_seconds",
                 "Commit of an event to its XADD acknowledged",
                 latency_buckets(),
                 &["queue"],
-            ),
+            )?,
             outbox_batch_size,
             outbox_events,
             outbox_oldest_pending_age,
@@ -263,65 +279,65 @@ impl Metrics {
                 r,
                 "conveyor_outbox_events_purged_total",
                 "Dispatched events deleted by retention",
-            ),
+            )?,
             dead_letters_purged: counter(
                 r,
                 "conveyor_dead_letters_purged_total",
                 "Dead letters discarded by their retention (CONVEYOR_DEAD_LETTER_RETENTION)",
-            ),
-            outbox_redriven: counter(r, "conveyor_outbox_redriven_total", "Events re-driven by the reconciler"),
+            )?,
+            outbox_redriven: counter(r, "conveyor_outbox_redriven_total", "Events re-driven by the reconciler")?,
             jobs: counter_vec(
                 r,
                 "conveyor_jobs_total",
                 "Job deliveries by queue, kind and outcome",
                 &["queue", "kind", "outcome"],
-            ),
+            )?,
             job_duration: histogram_vec(
                 r,
                 "conveyor_job_duration_seconds",
                 "Job run time by queue, kind and outcome",
                 latency_buckets(),
                 &["queue", "kind", "outcome"],
-            ),
+            )?,
             job_queue_wait: histogram_vec(
                 r,
                 "conveyor_job_queue_wait_seconds",
                 "Enqueue (commit) to handler start, by the workspace's fair-share class at the claim",
                 latency_buckets(),
                 &["queue", "class"],
-            ),
-            job_retries: counter_vec(r, "conveyor_job_retries_total", "Jobs scheduled to run again", &["type"]),
+            )?,
+            job_retries: counter_vec(r, "conveyor_job_retries_total", "Jobs scheduled to run again", &["type"])?,
             jobs_throttled: counter_vec(
                 r,
                 "conveyor_jobs_throttled_total",
                 "Jobs whose handler answered rate limited: back to the outbox without spending an attempt",
                 &["type"],
-            ),
+            )?,
             job_dead_letters: counter_vec(
                 r,
                 "conveyor_job_dead_letters_total",
                 "Jobs dead-lettered by the worker",
                 &["reason"],
-            ),
-            worker_jobs_in_flight: gauge(r, "conveyor_worker_jobs_in_flight", "Jobs running now"),
-            dispatch_pauses: gauge(r, "conveyor_dispatch_pauses", "Pauses in force (jobs held in the outbox)"),
-            worker_concurrency_limit: gauge(r, "conveyor_worker_concurrency_limit", "Most jobs run at once"),
+            )?,
+            worker_jobs_in_flight: gauge(r, "conveyor_worker_jobs_in_flight", "Jobs running now")?,
+            dispatch_pauses: gauge(r, "conveyor_dispatch_pauses", "Pauses in force (jobs held in the outbox)")?,
+            worker_concurrency_limit: gauge(r, "conveyor_worker_concurrency_limit", "Most jobs run at once")?,
             worker_reclaims: counter_vec(
                 r,
                 "conveyor_worker_reclaims_total",
                 "Entries taken over from dead consumers",
                 &["queue"],
-            ),
-            stream_length: gauge_vec(r, "conveyor_stream_length", "Entries in the queue's stream", &["queue"]),
+            )?,
+            stream_length: gauge_vec(r, "conveyor_stream_length", "Entries in the queue's stream", &["queue"])?,
             stream_pending_entries: gauge_vec(
                 r,
                 "conveyor_stream_pending_entries",
                 "Entries delivered and not yet acknowledged",
                 &["queue"],
-            ),
-            stream_group_lag: gauge_vec(r, "conveyor_stream_group_lag", "Entries not yet delivered", &["queue"]),
+            )?,
+            stream_group_lag: gauge_vec(r, "conveyor_stream_group_lag", "Entries not yet delivered", &["queue"])?,
             registry,
-        }
+        })
     }
 
     /// Names this process's role (`api`, `dispatcher`, `worker`, `maintenance`, `all`) in `conveyor_build_info`.

@@ -11,7 +11,7 @@
 
 #[path = "../tests/api/common/mod.rs"]
 mod common;
-#[path = "../../benches/kit/report.rs"]
+#[path = "../../tests/kit/report.rs"]
 mod report;
 
 use std::collections::HashMap;

@@ -1,5 +1,6 @@
-//! `conveyor migrate` (and [`migrate`], the same from a program): applies `migrations/` as the owner role, then grants
-//! each role what it needs and no more, after checking that it is neither superuser, `BYPASSRLS`, the owner nor a
+//! Conveyor's schema. [`migrate`] applies it as the role of a service's pool, which then does everything (one role).
+//! [`run`] (`migrate_with`, what `conveyor migrate` does) is the multi-tenant mode: it applies `migrations/` as the
+//! owner role, then grants each role what it needs and no more, after checking that it is neither superuser, `BYPASSRLS`, the owner nor a
 //! member of the owner, any of which would walk through row-level security:
 //!
 //! - the application role (`CONVEYOR_DATABASE_URL`: the API, job handlers): DML on Conveyor's tables (`job_kinds`,
@@ -229,25 +230,51 @@ pub(crate) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// Applies Conveyor's migrations to the database at `owner_url` (as its owner role) and grants the application role
-/// of `app_url` and the runtime role of `runtime_url` what each needs and no more, after checking that row-level
-/// security applies to both. Safe to run again; what `conveyor migrate` does. The audit trail's retention floor is
-/// the default, 90 days ([`run`] with a [`MigrateConfig`] sets another).
+/// Applies Conveyor's schema to the database of `pool`, whose role owns it (a service's own role, as most have) and is
+/// then the one role Conveyor uses: requests, job handlers, the dispatcher, the worker's bookkeeping and maintenance
+/// all work through `pool`. Safe to run again, and from several processes at once (sqlx's migrator takes an advisory
+/// lock). The retentions of the audit trail and of dead letters are the defaults (90 and 30 days).
 ///
-/// The application role is the one of your requests and of the job handlers' transactions; the runtime role is the
-/// one of the [`Dispatcher`](crate::Dispatcher)'s pool and of the worker's bookkeeping
-/// ([`WorkerBuilder::runtime_pool`](crate::WorkerBuilder::runtime_pool)): it alone may call the functions that work
-/// on several workspaces at once.
-pub async fn migrate(owner_url: &str, app_url: &str, runtime_url: &str) -> Result<(), crate::Error> {
-    let config = MigrateConfig {
-        migration_database_url: Secret::new(owner_url.to_owned()),
-        database_url: Secret::new(app_url.to_owned()),
-        runtime_database_url: Secret::new(runtime_url.to_owned()),
-        operator_database_url: None,
-        audit_retention: None,
-        dead_letter_retention: None,
-    };
-    run(&config).await.map(drop)
+/// This is the single-role mode. Jobs still carry a workspace (a service without tenants uses
+/// [`WorkspaceId::DEFAULT`](crate::WorkspaceId::DEFAULT), through [`begin`](crate::begin)), which fairness, pauses
+/// and limits go by, but workspaces are no wall: the one role reads every workspace's jobs. for the multi-tenant wall, where requests and handlers run as a role that row-level security confines
+/// to its workspace, migrate with [`migrate_with`](crate::migrate_with) and the roles it names instead.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://app:secret@127.0.0.1/app").await?;
+/// conveyor_jobs::migrate(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub async fn migrate(pool: &PgPool) -> Result<(), crate::Error> {
+    migrate_single(pool).await.public()
+}
+
+async fn migrate_single(pool: &PgPool) -> anyhow::Result<()> {
+    let mut conn = pool.acquire().await.context("Failed to connect to PostgreSQL")?;
+    let migrator = migrator();
+    adopt(&mut conn, &migrator).await.context("Failed to adopt the objects an earlier release kept in public")?;
+    migrator.run(&mut *conn).await.context("Failed to apply migrations")?;
+    let mut tx = conn.begin().await?;
+    record_retentions(&mut tx, DEFAULT_AUDIT_RETENTION, DEFAULT_DEAD_LETTER_RETENTION).await?;
+    tx.commit().await?;
+    tracing::info!("Migrations applied (one role)");
+    Ok(())
+}
+
+impl MigrateConfig {
+    /// The multi-tenant setup: the owner's URL and the URLs of the application and runtime roles (no operator role),
+    /// with the default retentions.
+    pub fn new(owner_url: &str, app_url: &str, runtime_url: &str) -> Self {
+        Self {
+            migration_database_url: Secret::new(owner_url.to_owned()),
+            database_url: Secret::new(app_url.to_owned()),
+            runtime_database_url: Secret::new(runtime_url.to_owned()),
+            operator_database_url: None,
+            audit_retention: None,
+            dead_letter_retention: None,
+        }
+    }
 }
 
 /// The roles [`run`] checked and granted: a product crate that keeps tables beside the platform's grants them its own.
@@ -440,8 +467,25 @@ async fn run_inner(
             .await
             .context("Failed to grant the application, runtime and operator roles")?;
     }
-    // The retentions of the audit trail and of dead letters, where no role but the owner reads or writes them: the
-    // floors of their purges.
+    record_retentions(&mut tx, audit_retention, dead_letter_retention).await?;
+    tx.commit().await?;
+    tracing::info!(
+        role = %app_role,
+        runtime = %runtime_role,
+        operator = operator_role.as_deref().unwrap_or("none"),
+        tables = tables.len(),
+        "Migrations applied and roles granted"
+    );
+    Ok(Roles { application: app_role, runtime: runtime_role, operator: operator_role })
+}
+
+/// Writes the retentions of the audit trail and of dead letters where no role but the owner reads or writes them: the
+/// floors of their purges.
+async fn record_retentions(
+    tx: &mut PgConnection,
+    audit_retention: std::time::Duration,
+    dead_letter_retention: std::time::Duration,
+) -> anyhow::Result<()> {
     for (setting, retention, variable) in [
         ("audit_retention", audit_retention, "CONVEYOR_AUDIT_RETENTION"),
         ("dead_letter_retention", dead_letter_retention, "CONVEYOR_DEAD_LETTER_RETENTION"),
@@ -456,15 +500,7 @@ async fn run_inner(
         .await
         .with_context(|| format!("Failed to record {variable}"))?;
     }
-    tx.commit().await?;
-    tracing::info!(
-        role = %app_role,
-        runtime = %runtime_role,
-        operator = operator_role.as_deref().unwrap_or("none"),
-        tables = tables.len(),
-        "Migrations applied and roles granted"
-    );
-    Ok(Roles { application: app_role, runtime: runtime_role, operator: operator_role })
+    Ok(())
 }
 
 /// Refuses `role` (the `what` of `variable`) unless it exists and row-level security applies to it: not a superuser,

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::handler::{JobContext, JobError, Registered};
+use super::handler::{Backing, JobContext, JobError, Registered};
 use super::runtime::{Cancellation, Done, Outcome, Queue, Running, Tracker, WorkerSettings};
 use crate::backoff::Backoff;
 use crate::ids::{JobId, WorkspaceId};
@@ -194,8 +194,7 @@ impl Executor {
             enqueued_at: d.enqueued_at_ms.and_then(chrono::DateTime::from_timestamp_millis),
             cancel: cancellation.token.clone(),
             tx: None,
-            pool: pool.clone(),
-            control: self.control.clone(),
+            backing: Backing::Pools { pool: pool.clone(), control: self.control.clone() },
             ended: false,
             operation_ended: false,
             ended_canceled: false,

@@ -89,6 +89,16 @@ impl From<sqlx::Error> for JobError {
     }
 }
 
+/// Where a [`JobContext`] opens its transaction and records progress.
+pub(crate) enum Backing {
+    /// A worker's run: the transaction opens on `pool`; progress goes through `control`, connections of their own, so
+    /// that jobs holding every connection of `pool` cannot starve it.
+    Pools { pool: PgPool, control: PgPool },
+    /// A test's run ([`crate::testing::work`]): the transaction is the test's, progress is noted here.
+    #[cfg(feature = "testing")]
+    Test { progress: std::sync::Mutex<Vec<serde_json::Value>> },
+}
+
 /// What a running job knows about itself, and its way to PostgreSQL.
 pub struct JobContext {
     pub(crate) id: JobId,
@@ -100,9 +110,7 @@ pub struct JobContext {
     pub(crate) enqueued_at: Option<DateTime<Utc>>,
     pub(crate) cancel: CancellationToken,
     pub(crate) tx: Option<WorkspaceTx>,
-    pub(crate) pool: PgPool,
-    /// Connections of their own for progress, so that jobs holding every connection of `pool` cannot starve it.
-    pub(crate) control: PgPool,
+    pub(crate) backing: Backing,
     /// Set when [`JobContext::tx`] found, once it held the job's lock, that the job had ended meanwhile (another
     /// delivery ran it): the run is skipped.
     pub(crate) ended: bool,
@@ -178,7 +186,14 @@ impl JobContext {
     /// the job is canceled, it rolls back.
     pub async fn tx(&mut self) -> Result<&mut WorkspaceTx, sqlx::Error> {
         if self.tx.is_none() {
-            let mut tx = crate::db::begin_workspace(&self.pool, self.workspace).await?;
+            let pool = match &self.backing {
+                Backing::Pools { pool, .. } => pool,
+                #[cfg(feature = "testing")]
+                Backing::Test { .. } => {
+                    return Err(sqlx::Error::Protocol("the test's transaction has been taken".into()));
+                }
+            };
+            let mut tx = crate::db::begin_workspace(pool, self.workspace).await?;
             transitions::lock_job_tx(&mut tx, self.id.0).await?;
             let state = transitions::job_state_tx(&mut tx, self.id.0, self.operation).await?;
             self.operation_ended = self.operation.is_some() && state.operation_ended;
@@ -196,7 +211,16 @@ impl JobContext {
     /// Records progress, visible at once (outside the job's transaction): on the operation when the job has one,
     /// else on the job. Answers [`JobError::Canceled`] once the job has been canceled: return it to stop.
     pub async fn progress(&self, progress: serde_json::Value) -> Result<(), JobError> {
-        let live = transitions::progress(&self.control, self.workspace, self.id.0, self.operation, &progress).await?;
+        let live = match &self.backing {
+            Backing::Pools { control, .. } => {
+                transitions::progress(control, self.workspace, self.id.0, self.operation, &progress).await?
+            }
+            #[cfg(feature = "testing")]
+            Backing::Test { progress: noted } => {
+                noted.lock().expect("progress lock").push(progress);
+                true
+            }
+        };
         if !live || self.is_canceled() {
             return Err(JobError::Canceled);
         }

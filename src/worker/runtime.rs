@@ -314,11 +314,12 @@ impl WorkerBuilder {
         self
     }
 
-    /// The runtime role's pool (`CONVEYOR_RUNTIME_DATABASE_URL`, granted by `conveyor migrate`), required: the
-    /// worker's bookkeeping checks and records the ends of many jobs of several workspaces in one statement (a skip
-    /// check before a batch of jobs runs, the ends of jobs that ran without a transaction, the job of an entry Redis
-    /// lost) and registers its kinds, which the application role may not. The jobs themselves run in transactions of
-    /// the builder's pool, in their workspace.
+    /// The runtime role's pool, in the multi-tenant mode ([`migrate_with`](crate::migrate_with)): the worker's
+    /// bookkeeping checks and records the ends of many jobs of several workspaces in one statement (a skip check
+    /// before a batch of jobs runs, the ends of jobs that ran without a transaction, the job of an entry Redis lost)
+    /// and registers its kinds, which the application role may not. The jobs themselves run in transactions of the
+    /// builder's pool, in their workspace. Without it the bookkeeping uses the builder's pool, as the single-role mode
+    /// ([`migrate`](crate::migrate)) wants; an application role of the multi-tenant mode is refused it by PostgreSQL.
     pub fn runtime_pool(mut self, pool: PgPool) -> Self {
         self.runtime = Some(pool);
         self
@@ -331,20 +332,15 @@ impl WorkerBuilder {
         self
     }
 
-    /// The worker. Fails without handlers or a runtime pool, on a kind registered twice or with an invalid name, and
-    /// on settings it cannot run with.
+    /// The worker. Fails without handlers, on a kind registered twice or with an invalid name, and on settings it
+    /// cannot run with.
     pub fn build(self) -> Result<Worker, crate::Error> {
         self.build_inner().map_err(crate::Error::invalid)
     }
 
     fn build_inner(self) -> anyhow::Result<Worker> {
         anyhow::ensure!(!self.handlers.is_empty(), "a worker needs at least one handler");
-        let Some(runtime) = self.runtime else {
-            anyhow::bail!(
-                "a worker needs the runtime role's pool (WorkerBuilder::runtime_pool, CONVEYOR_RUNTIME_DATABASE_URL) \
-                 for its bookkeeping across workspaces"
-            );
-        };
+        let runtime = self.runtime.unwrap_or_else(|| self.pool.clone());
         anyhow::ensure!(self.settings.concurrency > 0, "concurrency must be at least 1");
         anyhow::ensure!(!self.settings.keepalive.is_zero(), "the operation keep-alive must be longer than zero");
         let mut handlers = HashMap::new();

@@ -648,7 +648,13 @@ async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
     let under = MigrateConfig { audit_retention: Some(std::time::Duration::from_secs(3600)), ..migrate };
     let err = conveyor_jobs::migrate_with(&under).await.unwrap_err();
     assert!(format!("{err:#}").contains("CONVEYOR_AUDIT_RETENTION"), "{err:#}");
-    conveyor_jobs::migrate(&app.db.owner_url, &app.db.app_url, &app.db.runtime_url).await.unwrap();
+    conveyor_jobs::migrate_with(&conveyor_jobs::MigrateConfig::new(
+        &app.db.owner_url,
+        &app.db.app_url,
+        &app.db.runtime_url,
+    ))
+    .await
+    .unwrap();
     let (floor,): (String,) =
         sqlx::query_as("SELECT value FROM conveyor.conveyor_settings WHERE name = 'audit_retention'")
             .fetch_one(&mut owner)

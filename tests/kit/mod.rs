@@ -1,9 +1,11 @@
-//! The platform benchmarks' kit: a migrated database of the run's own on the shared PostgreSQL (the roles
-//! `scripts/services.sh` creates, read from the tests' `CONVEYOR_TEST_*_URL` variables), a Redis key prefix of its own,
-//! a dispatcher and a worker built from the platform's public API alone. No HTTP, no product: the end-to-end
-//! benchmarks of the shipped processes are the server's (`server/benches`).
+//! The kit of the platform's integration tests (`tests/platform`) and benchmarks (`benches/`): a migrated database of
+//! the run's own on the shared PostgreSQL (the roles `scripts/services.sh` creates, read from the tests'
+//! `CONVEYOR_TEST_*_URL` variables), in the multi-tenant mode ([`Platform::new`]) or the single-role one
+//! ([`Platform::single_role`]), a Redis key prefix of its own, a dispatcher and a worker built from the platform's
+//! public API alone. No HTTP, no product: the end-to-end tests and benchmarks of the shipped processes are the
+//! server's.
 
-#![allow(dead_code)] // Each benchmark uses part of the kit.
+#![allow(dead_code)] // Each test binary and benchmark uses part of the kit.
 
 pub mod report;
 
@@ -60,7 +62,42 @@ pub struct Platform {
     pub prefix: String,
 }
 
+/// A database of one test's own, created by the owner role of `scripts/services.sh` (which then owns it), with nothing
+/// in it yet; its URL as that owner.
+pub async fn empty_database() -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let name = format!("conveyor_test_{now}_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let owner = env_or("CONVEYOR_TEST_OWNER_URL", "postgres://conveyor_owner:conveyor_owner@127.0.0.1:5432/conveyor");
+    let mut admin = PgConnection::connect(&owner).await.expect("connect as the owner role: run scripts/services.sh");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .expect("create the test's database");
+    with_database(&owner, &name)
+}
+
+/// A fresh Redis key prefix.
+pub fn prefix() -> String {
+    format!("test:{}", &Uuid::new_v4().simple().to_string()[..12])
+}
+
 impl Platform {
+    /// The single-role mode: a fresh database whose one role owns it (and everything), migrated by
+    /// `conveyor_jobs::migrate(&pool)`; every pool of the platform is that role's.
+    pub async fn single_role() -> Self {
+        let url = empty_database().await;
+        let pool = conveyor_jobs::connect_postgres(&url, 16).await.expect("connect as the database's owner");
+        conveyor_jobs::migrate(&pool).await.expect("the migrations apply with one role");
+        Self {
+            owner_url: url.clone(),
+            app_url: url.clone(),
+            runtime_url: url,
+            runtime_pool: pool.clone(),
+            pool,
+            prefix: prefix(),
+        }
+    }
+
     /// Creates a database (named like the tests', so that their harness drops it when it is stale), migrates it as
     /// `conveyor_jobs::migrate_with` does and opens pools of `max_connections` for the application role.
     pub async fn new(max_connections: u32) -> Self {
