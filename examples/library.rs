@@ -1,64 +1,45 @@
-//! Conveyor's quick start: a job kind and its handler, the schema applied, one order written with its receipt's job
-//! in one transaction, the job run in-process and awaited. One PostgreSQL URL (a role that owns its database) and
-//! one Redis URL: `DATABASE_URL=postgres://… REDIS_URL=redis://… cargo run --example library`.
+//! Conveyor's quick start: a job kind, its handler, one job enqueued, run in-process and awaited.
 
-use std::env;
-use std::time::Duration;
+use std::{env, time::Duration};
 
-use conveyor_jobs::{Conveyor, EnqueueOptions, Handler, JobContext, JobError, JobKind};
+use conveyor_jobs::{Conveyor, EnqueueOptions, Handler, JobContext, JobError, JobKind, JobStatus};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Serialize, Deserialize)]
-struct SendReceipt {
-    order_id: i64,
+struct Greet {
+    name: String,
 }
 
-impl JobKind for SendReceipt {
-    const KIND: &'static str = "example.send_receipt";
-    const QUEUE: &'static str = "emails";
+impl JobKind for Greet {
+    const KIND: &'static str = "greet";
+    const QUEUE: &'static str = "greetings";
 }
 
-struct Receipts;
+struct Greeter;
 
-impl Handler<SendReceipt> for Receipts {
-    async fn handle(&self, job: SendReceipt, cx: &mut JobContext) -> Result<Value, JobError> {
-        // What the handler writes in `cx.tx()` commits with the job's end: once, however often it is delivered.
-        sqlx::query("UPDATE orders SET receipt_sent = true WHERE id = $1")
-            .bind(job.order_id)
-            .execute(&mut **cx.tx().await?)
-            .await?;
-        Ok(json!({ "sent": job.order_id }))
+impl Handler<Greet> for Greeter {
+    async fn handle(&self, job: Greet, _cx: &mut JobContext) -> Result<serde_json::Value, JobError> {
+        Ok(format!("hello, {}", job.name).into())
     }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = sqlx::PgPool::connect(&env::var("DATABASE_URL")?).await?;
-    conveyor_jobs::migrate(&pool).await?; // the schema `conveyor`; safe to run again
-    sqlx::query("CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, receipt_sent bool NOT NULL DEFAULT false)")
-        .execute(&pool)
-        .await?;
+    conveyor_jobs::migrate(&pool).await?; // Conveyor's schema; safe to run again
     let conveyor = Conveyor::connect(pool, &env::var("REDIS_URL")?).await?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let worker = conveyor.worker().handle::<SendReceipt>(Receipts).build()?;
-    let running = tokio::spawn(conveyor.clone().run(worker, shutdown.clone())); // dispatcher, worker, maintenance
+    let shutdown = CancellationToken::new();
+    let worker = conveyor.worker().handle::<Greet>(Greeter).build()?;
+    let running = tokio::spawn(conveyor.clone().run(worker, shutdown.clone())); // worker, dispatcher, maintenance
 
-    // The order and its job commit together, or not at all.
-    let mut tx = conveyor.begin().await?;
-    let order_id: i64 =
-        sqlx::query_scalar("INSERT INTO orders (id) SELECT coalesce(max(id), 0) + 1 FROM orders RETURNING id")
-            .fetch_one(&mut *tx)
-            .await?;
-    let job = conveyor_jobs::enqueue_tx(&mut tx, &SendReceipt { order_id }, EnqueueOptions::new()).await?;
-    tx.commit().await?;
-
+    let job = conveyor.enqueue(&Greet { name: "Ada".into() }, EnqueueOptions::new()).await?;
     let done = conveyor.wait_for_job(job.id, Duration::from_secs(30)).await?;
-    println!("job {} {:?}: {:?}", done.id, done.status, done.result);
-    if done.status != conveyor_jobs::JobStatus::Succeeded {
-        return Err(format!("the job ended {:?}: {:?}", done.status, done.last_error).into());
-    }
+    println!("{:?}: {:?}", done.status, done.result);
     shutdown.cancel();
     running.await??;
+    if done.status != JobStatus::Succeeded {
+        return Err(format!("the job ended {:?}", done.status).into());
+    }
     Ok(())
 }

@@ -19,7 +19,7 @@
 //! ([`Dispatcher`]), control it ([`get_job`], [`cancel_job`], [`wait_for_job`], [`subscribe`]), hold it back
 //! ([`pause`], [`set_workspace_weight`], [`set_key_limit`]), repeat it on a cron
 //! or fixed schedule ([`upsert_schedule_tx`], [`ScheduleSpec`]), and apply Conveyor's schema to a database
-//! ([`migrate`]: everything in the schema `conveyor`). The README's library section holds a complete program.
+//! ([`migrate`]: everything in the schema `conveyor`). The README's quick start is a complete program; `docs/library.md` is the guide.
 //!
 //! Below the list, for services that run Conveyor's parts themselves and for the operator tools: user-visible
 //! operations ([`create_operation_tx`], [`get_operation_tx`], [`list_operations_tx`]), the operator surface
@@ -64,6 +64,14 @@ mod test_db;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod worker;
+
+/// The guides' Rust blocks (`docs/*.md`), compiled and run as doctests: a guide's example that no longer compiles
+/// fails `cargo test --doc`.
+#[cfg(doctest)]
+mod guides {
+    #[doc = include_str!("../docs/library.md")]
+    struct Library;
+}
 
 pub use backoff::Backoff;
 pub use client::{Conveyor, ConveyorBuilder, DEFAULT_MAINTENANCE_INTERVAL, DEFAULT_RECONCILE_AFTER};

@@ -139,9 +139,9 @@ impl Collector for PoolCollector {
         self.max.reset();
         for (name, pool) in pools.iter() {
             let (open, idle) = (i64::from(pool.size()), pool.num_idle() as i64);
-            self.connections.with_label_values(&[name, "idle"]).set(idle);
-            self.connections.with_label_values(&[name, "in_use"]).set((open - idle).max(0));
-            self.max.with_label_values(&[name]).set(i64::from(pool.options().get_max_connections()));
+            self.connections.with_label_values(&[*name, "idle"]).set(idle);
+            self.connections.with_label_values(&[*name, "in_use"]).set((open - idle).max(0));
+            self.max.with_label_values(&[*name]).set(i64::from(pool.options().get_max_connections()));
         }
         let mut families = self.connections.collect();
         families.extend(self.max.collect());

@@ -32,12 +32,19 @@ fn crates_used(source: &str) -> BTreeSet<String> {
         let Some(path) = line.strip_prefix("use ") else { continue };
         let first = path.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or_default();
         crates.insert(first.to_owned());
-        // The last segment of a simple `use a::b::c;` can itself start a path (`env::var`).
-        if !path.contains('{') {
-            let last = path.trim_end_matches(';').rsplit("::").next().unwrap_or_default();
-            imported.insert(last.to_owned());
+        // The last segment of each name a `use` brings in can itself start a path (`env::var`), braces included
+        // (`use std::{env, time::Duration};`).
+        let names = match path.split_once('{') {
+            Some((_, inner)) => inner.trim_end_matches(';').trim_end_matches('}').split(',').collect(),
+            None => vec![path.trim_end_matches(';')],
+        };
+        for name in names {
+            imported.insert(name.trim().rsplit("::").next().unwrap_or_default().to_owned());
         }
     }
+    // Paths outside the `use` lines, which were read above.
+    let source: String = source.lines().filter(|l| !l.starts_with("use ")).collect::<Vec<_>>().join("\n");
+    let source = source.as_str();
     let bytes = source.as_bytes();
     for (i, _) in source.match_indices("::") {
         let start = source[..i].rfind(|c: char| !(c.is_alphanumeric() || c == '_')).map_or(0, |j| j + 1);
@@ -69,17 +76,17 @@ fn dependencies(toml: &str) -> BTreeSet<String> {
 
 #[test]
 fn the_readme_program_is_examples_library_rs_and_its_toml_names_every_crate_it_uses() {
-    let section = README.find("## Conveyor as a library").expect("the README has a library section");
+    let section = README.find("## Quick start").expect("the README has a quick start");
     let (rust_at, rust_end) = fenced_block(README, "rust", 0).expect("the README has a ```rust block");
     let first_rust = &README[rust_at..rust_end];
-    assert!(rust_at > section, "the first ```rust block of the README stands in its library section");
+    assert!(rust_at > section, "the first ```rust block of the README stands in its quick start");
     assert!(
         first_rust == EXAMPLE,
         "the README's first ```rust block differs from examples/library.rs: copy the file into the block, byte for \
          byte"
     );
 
-    let (toml_at, toml_end) = fenced_block(README, "toml", section).expect("a ```toml block in the library section");
+    let (toml_at, toml_end) = fenced_block(README, "toml", section).expect("a ```toml block in the quick start");
     let toml = &README[toml_at..toml_end];
     assert!(toml_end < rust_at, "the ```toml block comes before the program");
     assert!(toml.contains("[dependencies]"), "the ```toml block is a [dependencies] table");
@@ -95,8 +102,8 @@ fn the_readme_program_is_examples_library_rs_and_its_toml_names_every_crate_it_u
 
 #[test]
 fn the_crate_finder_reads_use_lines_and_paths() {
-    let source = "use std::env;\nuse anyhow::Context;\nuse tokio_util::sync::CancellationToken;\n\
-                  fn f() { env::var(\"X\"); sqlx::query(\"\"); conveyor_jobs::Dispatcher::connect; Foo::bar(); }\n\
+    let source = "use std::{fs, time::Duration};\nuse std::env;\nuse anyhow::Context;\nuse tokio_util::sync::CancellationToken;\n\
+                  fn f() { env::var(\"X\"); fs::read(\"\"); sqlx::query(\"\"); conveyor_jobs::Dispatcher::connect; Foo::bar(); }\n\
                   fn g() { w.handle::<K>(); }\n";
     let found: Vec<String> = crates_used(source).into_iter().collect();
     assert_eq!(found, ["anyhow", "conveyor_jobs", "sqlx", "tokio_util"]);

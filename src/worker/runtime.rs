@@ -636,8 +636,8 @@ mod tests {
         let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://127.0.0.1:1/none").unwrap();
         let client = || fred::prelude::Builder::default_centralized().build().unwrap();
         let bare = || Worker::builder(pool.clone(), Consumer::new(client(), client(), Keys::new("t"), "c".into()));
-        let no_runtime = bare().handle::<Ping>(Nothing).build().map(|_| ()).map_err(|e| e.to_string());
-        assert!(no_runtime.unwrap_err().contains("runtime_pool"), "the bookkeeping's pool is required");
+        // Without a runtime pool, the bookkeeping uses the main pool (the single-role mode).
+        assert!(bare().handle::<Ping>(Nothing).build().is_ok(), "a runtime pool is optional");
         let builder = || bare().runtime_pool(pool.clone());
         let build = |settings: WorkerSettings| {
             builder().handle::<Ping>(Nothing).settings(settings).build().map(|_| ()).map_err(|e| e.to_string())

@@ -10,8 +10,8 @@ use sqlx::Connection;
 
 /// The README's table: table name → (application, runtime, operator), each `read, write`, `read` or `—`.
 fn readme_table() -> BTreeMap<String, [String; 3]> {
-    let readme = include_str!("../../../README.md");
-    let start = readme.find("### What each role may do").expect("the README has the privilege table");
+    let readme = include_str!("../../../docs/security.md");
+    let start = readme.find("## What each role may do").expect("the README has the privilege table");
     let section = &readme[start..];
     let section = &section[..section[4..].find("\n#").map_or(section.len(), |i| i + 4)];
     section
