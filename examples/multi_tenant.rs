@@ -38,7 +38,8 @@ impl Handler<Report> for Reports {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (owner, app, runtime) = (env::var("OWNER_URL")?, env::var("APP_URL")?, env::var("RUNTIME_URL")?);
     // As the owner: the schema, then each role's grants, after checking that row-level security applies to them.
-    conveyor_jobs::migrate_with(&MigrateConfig::new(&owner, &app, &runtime)).await?;
+    let (app_role, runtime_role) = (MigrateConfig::role_of(&app)?, MigrateConfig::role_of(&runtime)?);
+    conveyor_jobs::migrate_with(&MigrateConfig::new(&owner, &app_role, &runtime_role)).await?;
     let app_pool = sqlx::PgPool::connect(&app).await?;
     let runtime_pool = sqlx::PgPool::connect(&runtime).await?;
     let conveyor = Conveyor::builder(app_pool, &env::var("REDIS_URL")?)

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::{EnqueueOptions, JobKind, MigrateConfig, Secret, WorkspaceId};
+use crate::{EnqueueOptions, JobKind, MigrateConfig, WorkspaceId};
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
@@ -65,14 +65,8 @@ impl TestDb {
             .expect("create a test database");
         let (owner_url, app_url, runtime_url) =
             (with_database(&owner, &name), with_database(&app, &name), with_database(&runtime, &name));
-        let config = MigrateConfig {
-            migration_database_url: Secret::new(owner_url.clone()),
-            database_url: Secret::new(app_url.clone()),
-            runtime_database_url: Secret::new(runtime_url.clone()),
-            operator_database_url: Some(Secret::new(with_database(&operator, &name))),
-            audit_retention: None,
-            dead_letter_retention: None,
-        };
+        let role = |url: &str| MigrateConfig::role_of(url).expect("a role's URL");
+        let config = MigrateConfig::new(&owner_url, &role(&app_url), &role(&runtime_url)).operator(&role(&operator));
         crate::migrate_with(&config).await.expect("the migrations apply");
         let pool = crate::connect_postgres(&app_url, 8).await.expect("connect as the application role");
         let runtime_pool = crate::connect_postgres(&runtime_url, 4).await.expect("connect as the runtime role");

@@ -829,14 +829,19 @@ pub use conveyor_jobs::MigrateConfig;
 
 /// Reads and validates the migration configuration (`conveyor migrate`) from any [`Source`].
 pub fn migrate_config(src: &dyn Source) -> Result<MigrateConfig, ConfigError> {
-    Ok(MigrateConfig {
-        migration_database_url: postgres_url(src, "CONVEYOR_MIGRATION_DATABASE_URL")?,
-        database_url: postgres_url(src, "CONVEYOR_DATABASE_URL")?,
-        runtime_database_url: runtime_database_url(src)?,
-        operator_database_url: operator_database_url(src)?,
-        audit_retention: Some(audit_retention(src)?),
-        dead_letter_retention: Some(dead_letter_retention(src)?),
-    })
+    // The roles are the users of the URLs the processes connect with: `migrate` grants them, by name.
+    let role = |url: &Secret<String>, name: &'static str| {
+        MigrateConfig::role_of(url.expose()).map_err(|e| invalid(name, e.to_string()))
+    };
+    let owner = postgres_url(src, "CONVEYOR_MIGRATION_DATABASE_URL")?;
+    let app = role(&postgres_url(src, "CONVEYOR_DATABASE_URL")?, "CONVEYOR_DATABASE_URL")?;
+    let runtime = role(&runtime_database_url(src)?, "CONVEYOR_RUNTIME_DATABASE_URL")?;
+    let mut config = MigrateConfig::new(owner.expose(), &app, &runtime)
+        .retentions(audit_retention(src)?, dead_letter_retention(src)?);
+    if let Some(operator) = operator_database_url(src)? {
+        config = config.operator(&role(&operator, "CONVEYOR_OPERATOR_DATABASE_URL")?);
+    }
+    Ok(config)
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ pub fn migrator() -> Migrator {
 pub async fn run(config: &MigrateConfig) -> anyhow::Result<MigratedRoles> {
     let roles = conveyor_jobs::migrate_with(config).await?;
     // The platform's reading of the URL (plain text unless `sslmode` says otherwise, as every Conveyor connection).
-    let options = conveyor_jobs::postgres_options(config.migration_database_url.expose())
+    let options = conveyor_jobs::postgres_options(config.owner_url.expose())
         .context("CONVEYOR_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
     let mut owner = PgConnection::connect_with(&options).await.context("Failed to connect as the owner role")?;
     conveyor_shop::migrate::run(&mut owner, &roles).await?;

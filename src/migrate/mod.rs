@@ -186,19 +186,22 @@ const RUNTIME_READ_ONLY_TABLES: &[&str] = &["workspace_weights", "dispatch_pause
 /// pauses that hold its jobs).
 const READ_ONLY_TABLES: &[&str] = &["job_kinds", "workspace_weights", "dispatch_pauses"];
 
-/// What `conveyor migrate` needs: the owner's URL, and the roles to grant.
+/// The multi-tenant mode's migration: the owner's URL, and the names of the roles to check and grant (each must
+/// exist; `migrate_with` never needs their passwords).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct MigrateConfig {
-    /// PostgreSQL URL of the owner role (`CONVEYOR_MIGRATION_DATABASE_URL`).
-    pub migration_database_url: Secret<String>,
-    /// PostgreSQL URL of the application role (`CONVEYOR_DATABASE_URL`); its user is granted DML rights.
-    pub database_url: Secret<String>,
-    /// PostgreSQL URL of the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`); its user is granted DML rights and the
-    /// functions that work across workspaces.
-    pub runtime_database_url: Secret<String>,
-    /// PostgreSQL URL of the operator role (`CONVEYOR_OPERATOR_DATABASE_URL`, optional); its user is granted the
-    /// audited `conveyor_admin_*` functions and nothing else.
-    pub operator_database_url: Option<Secret<String>>,
+    /// PostgreSQL URL of the owner role (`CONVEYOR_MIGRATION_DATABASE_URL`), which applies the schema.
+    pub owner_url: Secret<String>,
+    /// The application role (the user of `CONVEYOR_DATABASE_URL`): DML rights, the functions that stay in one
+    /// workspace.
+    pub application_role: String,
+    /// The runtime role (the user of `CONVEYOR_RUNTIME_DATABASE_URL`): DML rights and the functions that work across
+    /// workspaces.
+    pub runtime_role: String,
+    /// The operator role (the user of `CONVEYOR_OPERATOR_DATABASE_URL`), optional: the audited `conveyor_admin_*`
+    /// functions and nothing else.
+    pub operator_role: Option<String>,
     /// The audit trail's retention (`CONVEYOR_AUDIT_RETENTION`, at least 1d): written where only the owner can change
     /// it, as the floor of every purge; `None` writes the default, 90 days.
     pub audit_retention: Option<Duration>,
@@ -263,17 +266,39 @@ async fn migrate_single(pool: &PgPool) -> anyhow::Result<()> {
 }
 
 impl MigrateConfig {
-    /// The multi-tenant setup: the owner's URL and the URLs of the application and runtime roles (no operator role),
-    /// with the default retentions.
-    pub fn new(owner_url: &str, app_url: &str, runtime_url: &str) -> Self {
+    /// The multi-tenant setup: the owner's URL and the names of the application and runtime roles (no operator
+    /// role), with the default retentions.
+    pub fn new(owner_url: &str, application_role: &str, runtime_role: &str) -> Self {
         Self {
-            migration_database_url: Secret::new(owner_url.to_owned()),
-            database_url: Secret::new(app_url.to_owned()),
-            runtime_database_url: Secret::new(runtime_url.to_owned()),
-            operator_database_url: None,
+            owner_url: Secret::new(owner_url.to_owned()),
+            application_role: application_role.to_owned(),
+            runtime_role: runtime_role.to_owned(),
+            operator_role: None,
             audit_retention: None,
             dead_letter_retention: None,
         }
+    }
+
+    /// Grants the operator role `role` the audited operator functions too.
+    pub fn operator(mut self, role: &str) -> Self {
+        self.operator_role = Some(role.to_owned());
+        self
+    }
+
+    /// Keeps the audit trail `audit` and dead letters `dead_letters` (each at least a day), where the defaults are 90
+    /// and 30 days.
+    pub fn retentions(mut self, audit: Duration, dead_letters: Duration) -> Self {
+        self.audit_retention = Some(audit);
+        self.dead_letter_retention = Some(dead_letters);
+        self
+    }
+
+    /// The user a PostgreSQL URL connects as, for a caller that holds the roles' URLs.
+    pub fn role_of(url: &str) -> Result<String, crate::Error> {
+        let options: PgConnectOptions = url
+            .parse()
+            .map_err(|e: sqlx::Error| crate::Error::invalid(anyhow::anyhow!("not a PostgreSQL URL: {e}")))?;
+        Ok(options.get_username().to_owned())
     }
 }
 
@@ -314,51 +339,38 @@ async fn run_inner(
     audit_retention: std::time::Duration,
     dead_letter_retention: std::time::Duration,
 ) -> anyhow::Result<Roles> {
-    let owner_options: PgConnectOptions = crate::db::connect_options(config.migration_database_url.expose())
-        .context("CONVEYOR_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
-    let app_options: PgConnectOptions =
-        config.database_url.expose().parse().context("CONVEYOR_DATABASE_URL is not a valid PostgreSQL URL")?;
-    let app_role = app_options.get_username().to_owned();
+    let owner_options: PgConnectOptions = crate::db::connect_options(config.owner_url.expose())
+        .context("the owner's URL (CONVEYOR_MIGRATION_DATABASE_URL) is not a valid PostgreSQL URL")?;
+    let app_role = config.application_role.clone();
+    let runtime_role = config.runtime_role.clone();
 
     let mut conn = PgConnection::connect_with(&owner_options).await.context("Failed to connect as the owner role")?;
     let migrator = migrator();
     adopt(&mut conn, &migrator).await.context("Failed to adopt the objects an earlier release kept in public")?;
     migrator.run(&mut conn).await.context("Failed to apply migrations")?;
 
-    check_role(&mut conn, &app_role, "application role", "CONVEYOR_DATABASE_URL").await?;
-    let runtime_options: PgConnectOptions = config
-        .runtime_database_url
-        .expose()
-        .parse()
-        .context("CONVEYOR_RUNTIME_DATABASE_URL is not a valid PostgreSQL URL")?;
-    let runtime_role = runtime_options.get_username().to_owned();
+    check_role(&mut conn, &app_role, "application role").await?;
     if runtime_role == app_role {
         bail!(
-            "the runtime role `{runtime_role}` of CONVEYOR_RUNTIME_DATABASE_URL is the application role: the runtime's \
-             functions work across workspaces and must not be granted to the application"
+            "the runtime role `{runtime_role}` is the application role: the runtime's functions work across \
+             workspaces and must not be granted to the application"
         );
     }
-    check_role(&mut conn, &runtime_role, "runtime role", "CONVEYOR_RUNTIME_DATABASE_URL").await?;
-    let operator_role = match &config.operator_database_url {
+    check_role(&mut conn, &runtime_role, "runtime role").await?;
+    let operator_role = match &config.operator_role {
         None => None,
-        Some(url) => {
-            let options: PgConnectOptions =
-                url.expose().parse().context("CONVEYOR_OPERATOR_DATABASE_URL is not a valid PostgreSQL URL")?;
-            let role = options.get_username().to_owned();
-            if role == app_role {
+        Some(role) => {
+            if *role == app_role {
                 bail!(
-                    "the operator role `{role}` of CONVEYOR_OPERATOR_DATABASE_URL is the application role: the \
-                     operator's functions read across workspaces and must not be granted to the application"
+                    "the operator role `{role}` is the application role: the operator's functions read across \
+                     workspaces and must not be granted to the application"
                 );
             }
-            if role == runtime_role {
-                bail!(
-                    "the operator role `{role}` of CONVEYOR_OPERATOR_DATABASE_URL is the runtime role of \
-                     CONVEYOR_RUNTIME_DATABASE_URL: give each its own role"
-                );
+            if *role == runtime_role {
+                bail!("the operator role `{role}` is the runtime role: give each its own role");
             }
-            check_role(&mut conn, &role, "operator role", "CONVEYOR_OPERATOR_DATABASE_URL").await?;
-            Some(role)
+            check_role(&mut conn, role, "operator role").await?;
+            Some(role.clone())
         }
     };
 
@@ -503,9 +515,9 @@ async fn record_retentions(
     Ok(())
 }
 
-/// Refuses `role` (the `what` of `variable`) unless it exists and row-level security applies to it: not a superuser,
+/// Refuses `role` (the `what`) unless it exists and row-level security applies to it: not a superuser,
 /// no `BYPASSRLS`, neither the owner (the connected role) nor a member of it.
-async fn check_role(conn: &mut PgConnection, role: &str, what: &str, variable: &str) -> anyhow::Result<()> {
+async fn check_role(conn: &mut PgConnection, role: &str, what: &str) -> anyhow::Result<()> {
     let (owner, exists, superuser, bypass, member): (String, bool, bool, bool, bool) = sqlx::query_as(
         "SELECT current_user::text,
                 r.rolname IS NOT NULL,
@@ -519,7 +531,7 @@ async fn check_role(conn: &mut PgConnection, role: &str, what: &str, variable: &
     .await
     .with_context(|| format!("Failed to inspect the {what}"))?;
     if !exists {
-        bail!("the {what} `{role}` of {variable} does not exist; create it first");
+        bail!("the {what} `{role}` does not exist; create it first");
     }
     if superuser || bypass || member || owner == role {
         bail!(
@@ -540,7 +552,7 @@ async fn check_role(conn: &mut PgConnection, role: &str, what: &str, variable: &
             .with_context(|| format!("Failed to inspect the {what}'s rights on the schema {schema}"))?;
         if create {
             bail!(
-                "the {what} `{role}` of {variable} may create objects in the schema {schema}, where Conveyor's \
+                "the {what} `{role}` may create objects in the schema {schema}, where Conveyor's \
                  functions could find them: run `REVOKE CREATE ON SCHEMA {schema} FROM PUBLIC, {role}` as its owner \
                  (for public, the default since PostgreSQL 15)"
             );
@@ -565,14 +577,9 @@ mod retention_tests {
     #[tokio::test]
     async fn a_retention_under_a_day_is_refused_as_invalid_before_any_connection() {
         // Nothing listens on port 1: a call that connected would fail as a PostgreSQL error instead.
-        let nowhere = || Secret::new("postgres://nobody@127.0.0.1:1/none".to_owned());
-        let config = |audit: u64, dead: u64| MigrateConfig {
-            migration_database_url: nowhere(),
-            database_url: nowhere(),
-            runtime_database_url: nowhere(),
-            operator_database_url: None,
-            audit_retention: Some(std::time::Duration::from_secs(audit)),
-            dead_letter_retention: Some(std::time::Duration::from_secs(dead)),
+        let config = |audit: u64, dead: u64| {
+            MigrateConfig::new("postgres://nobody@127.0.0.1:1/none", "app", "runtime")
+                .retentions(std::time::Duration::from_secs(audit), std::time::Duration::from_secs(dead))
         };
         let day = 24 * 3600;
         let e = run(&config(3600, day)).await.unwrap_err();

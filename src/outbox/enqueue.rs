@@ -178,8 +178,12 @@ pub enum EnqueueError {
     /// The payload does not serialize to JSON.
     #[error("the job payload does not serialize: {0}")]
     Payload(#[from] serde_json::Error),
-    /// The transaction has no workspace set ([`crate::begin_workspace`] sets one).
-    #[error("the transaction has no workspace set; begin it with conveyor_jobs::begin_workspace")]
+    /// The transaction has no workspace set: [`crate::begin`] (a service without tenants), [`crate::Conveyor::begin`]
+    /// or [`crate::begin_workspace`] set one, a plain `pool.begin()` does not.
+    #[error(
+        "the transaction has no workspace set; begin it with conveyor_jobs::begin (no tenants), Conveyor::begin or \
+         conveyor_jobs::begin_workspace, not pool.begin()"
+    )]
     NoWorkspace,
     /// PostgreSQL failed; the caller's transaction is aborted.
     #[error("database: {0}")]

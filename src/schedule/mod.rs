@@ -60,7 +60,9 @@ pub enum ScheduleError {
     #[error("the job payload does not serialize: {0}")]
     Payload(#[from] serde_json::Error),
     /// The transaction has no workspace set ([`crate::begin_workspace`] sets one).
-    #[error("the transaction has no workspace set; begin it with conveyor_jobs::begin_workspace")]
+    #[error(
+        "the transaction has no workspace set; begin it with conveyor_jobs::begin (no tenants), Conveyor::begin or conveyor_jobs::begin_workspace"
+    )]
     NoWorkspace,
     /// PostgreSQL failed; the caller's transaction is aborted.
     #[error("database: {0}")]

@@ -12,7 +12,7 @@ pub mod report;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use conveyor_jobs::{
-    Consumer, Dispatcher, DispatcherSettings, JobKind, MigrateConfig, Producer, RedisClient, RedisKeys, Secret,
+    Consumer, Dispatcher, DispatcherSettings, JobKind, MigrateConfig, Producer, RedisClient, RedisKeys,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::{Connection, PgConnection, PgPool};
@@ -117,14 +117,8 @@ impl Platform {
             .expect("create the benchmark's database");
         let (owner_url, app_url, runtime_url) =
             (with_database(&owner, &name), with_database(&app, &name), with_database(&runtime, &name));
-        let config = MigrateConfig {
-            migration_database_url: Secret::new(owner_url.clone()),
-            database_url: Secret::new(app_url.clone()),
-            runtime_database_url: Secret::new(runtime_url.clone()),
-            operator_database_url: None,
-            audit_retention: None,
-            dead_letter_retention: None,
-        };
+        let role = |url: &str| MigrateConfig::role_of(url).expect("a role's URL");
+        let config = MigrateConfig::new(&owner_url, &role(&app_url), &role(&runtime_url));
         conveyor_jobs::migrate_with(&config).await.expect("the migrations apply");
         let pool = conveyor_jobs::connect_postgres(&app_url, max_connections).await.expect("connect as the app");
         let runtime_pool = conveyor_jobs::connect_postgres(&runtime_url, 8).await.expect("connect as the runtime");

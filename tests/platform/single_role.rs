@@ -141,6 +141,21 @@ async fn one_role_cancels_dead_letters_and_enqueues_without_a_transaction_of_its
 }
 
 #[tokio::test]
+async fn a_plain_transaction_without_a_workspace_is_refused_with_the_way_to_begin_one_and_writes_nothing() {
+    let platform = Platform::single_role().await;
+    let mut tx = platform.pool.begin().await.unwrap();
+    let err = conveyor_jobs::enqueue_tx(&mut tx, &SendReceipt { order_id: Uuid::new_v4() }, EnqueueOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, conveyor_jobs::EnqueueError::NoWorkspace), "{err}");
+    assert!(err.to_string().contains("conveyor_jobs::begin"), "{err}");
+    drop(tx);
+    let jobs: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM conveyor.outbox_events").fetch_one(&platform.pool).await.unwrap();
+    assert_eq!(jobs, 0);
+}
+
+#[tokio::test]
 async fn migrating_with_one_role_again_is_a_no_op_and_bad_settings_are_refused_before_connecting() {
     let platform = Platform::single_role().await;
     conveyor_jobs::migrate(&platform.pool).await.unwrap();

@@ -879,14 +879,7 @@ async fn pauses_and_schedules_are_listed_and_changed_through_the_api() {
 #[tokio::test]
 async fn migrate_refuses_an_operator_role_that_would_bypass_the_wall_or_is_the_application() {
     let db = common::TestDb::create().await;
-    let config = |operator: &str| conveyor_server::config::MigrateConfig {
-        migration_database_url: conveyor_server::config::Secret::new(db.owner_url.clone()),
-        database_url: conveyor_server::config::Secret::new(db.app_url.clone()),
-        runtime_database_url: conveyor_server::config::Secret::new(db.runtime_url.clone()),
-        operator_database_url: Some(conveyor_server::config::Secret::new(operator.to_owned())),
-        audit_retention: None,
-        dead_letter_retention: None,
-    };
+    let config = |operator: &str| common::migrate_config(&db.owner_url, &db.app_url, &db.runtime_url, Some(operator));
     let err = conveyor_jobs::migrate_with(&config(&db.owner_url)).await.unwrap_err();
     assert!(format!("{err:#}").contains("operator role `conveyor_owner` must not be"), "{err:#}");
     let err = conveyor_jobs::migrate_with(&config(&db.app_url)).await.unwrap_err();

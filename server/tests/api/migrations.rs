@@ -32,7 +32,7 @@ async fn versions(conn: &mut PgConnection, table: &str) -> Vec<i64> {
 #[tokio::test]
 async fn a_services_own_sqlx_migrations_and_conveyors_share_a_database_without_clashing() {
     let (owner, app, runtime) = empty_database().await;
-    conveyor_jobs::migrate_with(&conveyor_jobs::MigrateConfig::new(&owner, &app, &runtime)).await.unwrap();
+    conveyor_jobs::migrate_with(&common::migrate_config(&owner, &app, &runtime, None)).await.unwrap();
 
     // The service's own migrations, versions 1 and 2 as Conveyor's are: sqlx's default history table is theirs.
     let dir = std::env::temp_dir().join(format!("service-migrations-{}", Uuid::new_v4().simple()));
@@ -43,7 +43,7 @@ async fn a_services_own_sqlx_migrations_and_conveyors_share_a_database_without_c
     Migrator::new(dir.as_path()).await.unwrap().run(&mut conn).await.unwrap();
 
     // Both run again, in either order, and each keeps its own history.
-    conveyor_jobs::migrate_with(&conveyor_jobs::MigrateConfig::new(&owner, &app, &runtime)).await.unwrap();
+    conveyor_jobs::migrate_with(&common::migrate_config(&owner, &app, &runtime, None)).await.unwrap();
     Migrator::new(dir.as_path()).await.unwrap().run(&mut conn).await.unwrap();
     assert_eq!(versions(&mut conn, "_sqlx_migrations").await, [1, 2]);
     let ours: Vec<i64> = conveyor_jobs::migrator().iter().map(|m| m.version).collect();
@@ -98,7 +98,7 @@ async fn jobs_that_ran_before_job_ends_were_recorded_are_ended_by_the_upgrade_an
     .unwrap();
     tx.commit().await.unwrap();
 
-    conveyor_jobs::migrate_with(&conveyor_jobs::MigrateConfig::new(&owner, &app, &runtime)).await.unwrap();
+    conveyor_jobs::migrate_with(&common::migrate_config(&owner, &app, &runtime, None)).await.unwrap();
     let mut tx = conn.begin().await.unwrap();
     sqlx::query("SELECT set_config('app.workspace_id', $1, true)")
         .bind(ws.to_string())
@@ -479,8 +479,7 @@ async fn a_database_the_old_layout_left_part_way_is_refused_and_left_as_it_was()
         let mut conn = PgConnection::connect(&owner).await.unwrap();
         public_layout(history).run_to(version, &mut conn).await.unwrap();
         let before = public_objects(&mut conn).await;
-        let err =
-            conveyor_jobs::migrate_with(&conveyor_jobs::MigrateConfig::new(&owner, &app, &runtime)).await.unwrap_err();
+        let err = conveyor_jobs::migrate_with(&common::migrate_config(&owner, &app, &runtime, None)).await.unwrap_err();
         let message = format!("{err:#}");
         assert!(message.contains(&format!("{version} of the 37")) && message.contains("34f94ac"), "{message}");
         assert_eq!(public_objects(&mut conn).await, before, "{version}: nothing moved");

@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 
 use common::{TestApp, principal, store_body};
 
-use conveyor_server::config::{MigrateConfig, Secret};
 use reqwest::Method;
 use serde_json::{Value, json};
 use sqlx::{Connection, Row};
@@ -629,14 +628,9 @@ async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
     }
 
     // `conveyor migrate` with CONVEYOR_AUDIT_RETENTION=2d records a shorter floor; the purge then goes down to it.
-    let migrate = MigrateConfig {
-        migration_database_url: Secret::new(app.db.owner_url.clone()),
-        database_url: Secret::new(app.db.app_url.clone()),
-        runtime_database_url: Secret::new(app.db.runtime_url.clone()),
-        operator_database_url: Some(Secret::new(app.db.operator_url.clone())),
-        audit_retention: Some(std::time::Duration::from_secs(2 * 86400)),
-        dead_letter_retention: None,
-    };
+    let mut migrate =
+        common::migrate_config(&app.db.owner_url, &app.db.app_url, &app.db.runtime_url, Some(&app.db.operator_url));
+    migrate.audit_retention = Some(std::time::Duration::from_secs(2 * 86400));
     conveyor_jobs::migrate_with(&migrate).await.unwrap();
     let (purged,): (i64,) = sqlx::query_as("SELECT conveyor.conveyor_audit_purge(interval '1 day', 100)")
         .fetch_one(&app.db.runtime_pool)
@@ -645,16 +639,13 @@ async fn the_audit_purge_never_goes_below_the_retention_migrate_recorded() {
     assert_eq!(purged, 1, "the 10-day-old entry, under a 2-day retention");
     assert_eq!(actors(&mut owner).await, ["maintenance", "maintenance"]);
     // A retention under a day is refused by migrate itself; and `migrate()` records the default again.
-    let under = MigrateConfig { audit_retention: Some(std::time::Duration::from_secs(3600)), ..migrate };
+    let mut under = migrate.clone();
+    under.audit_retention = Some(std::time::Duration::from_secs(3600));
     let err = conveyor_jobs::migrate_with(&under).await.unwrap_err();
     assert!(format!("{err:#}").contains("CONVEYOR_AUDIT_RETENTION"), "{err:#}");
-    conveyor_jobs::migrate_with(&conveyor_jobs::MigrateConfig::new(
-        &app.db.owner_url,
-        &app.db.app_url,
-        &app.db.runtime_url,
-    ))
-    .await
-    .unwrap();
+    conveyor_jobs::migrate_with(&common::migrate_config(&app.db.owner_url, &app.db.app_url, &app.db.runtime_url, None))
+        .await
+        .unwrap();
     let (floor,): (String,) =
         sqlx::query_as("SELECT value FROM conveyor.conveyor_settings WHERE name = 'audit_retention'")
             .fetch_one(&mut owner)
@@ -673,13 +664,8 @@ async fn actors(owner: &mut sqlx::PgConnection) -> Vec<String> {
 #[tokio::test]
 async fn migrate_refuses_an_application_role_that_would_bypass_the_wall() {
     let db = common::TestDb::create().await;
-    let config = |app: &str, runtime: &str, operator: Option<&str>| MigrateConfig {
-        migration_database_url: Secret::new(db.owner_url.clone()),
-        database_url: Secret::new(app.to_owned()),
-        runtime_database_url: Secret::new(runtime.to_owned()),
-        operator_database_url: operator.map(|o| Secret::new(o.to_owned())),
-        audit_retention: None,
-        dead_letter_retention: None,
+    let config = |app: &str, runtime: &str, operator: Option<&str>| {
+        common::migrate_config(&db.owner_url, app, runtime, operator)
     };
     // The owner as "application role": it owns the tables, so it could turn RLS off; as runtime role likewise.
     let err = conveyor_jobs::migrate_with(&config(&db.owner_url, &db.runtime_url, None)).await.unwrap_err();

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use conveyor_jobs::Metrics;
 use conveyor_jobs::{UserId, WorkspaceId};
 use conveyor_server::auth::{Principal, TokenKeys};
-use conveyor_server::config::{Config, MigrateConfig, Secret};
+use conveyor_server::config::{Config, MigrateConfig};
 use conveyor_server::http::AppState;
 use conveyor_server::http::idempotent::ClaimHook;
 use sqlx::postgres::PgConnectOptions;
@@ -68,6 +68,16 @@ fn with_database(url: &str, database: &str) -> String {
     format!("{base}/{database}")
 }
 
+/// What `conveyor migrate` gets for the roles of these URLs (their users), the owner's URL as given.
+pub fn migrate_config(owner: &str, app: &str, runtime: &str, operator: Option<&str>) -> MigrateConfig {
+    let role = |url: &str| MigrateConfig::role_of(url).expect("a role's URL");
+    let config = MigrateConfig::new(owner, &role(app), &role(runtime));
+    match operator {
+        Some(operator) => config.operator(&role(operator)),
+        None => config,
+    }
+}
+
 /// A database of its own for one test, migrated, with the application role granted.
 pub struct TestDb {
     /// Its name.
@@ -109,14 +119,7 @@ impl TestDb {
         let operator_url = with_database(&operator_base_url(), &name);
         let runtime_url = with_database(&runtime_base_url(), &name);
         prepare(&owner_url).await;
-        let migrate = MigrateConfig {
-            migration_database_url: Secret::new(owner_url.clone()),
-            database_url: Secret::new(app_url.clone()),
-            runtime_database_url: Secret::new(runtime_url.clone()),
-            operator_database_url: Some(Secret::new(operator_url.clone())),
-            audit_retention: None,
-            dead_letter_retention: None,
-        };
+        let migrate = migrate_config(&owner_url, &app_url, &runtime_url, Some(&operator_url));
         conveyor_server::migrate::run(&migrate).await.expect("migrations apply");
         let pool = conveyor_jobs::connect_postgres(&app_url, 16).await.expect("connect as the application role");
         let runtime_pool = conveyor_jobs::connect_postgres(&runtime_url, 8).await.expect("connect as the runtime role");

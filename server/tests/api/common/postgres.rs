@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use conveyor_server::config::{MigrateConfig, Secret};
+use conveyor_server::config::MigrateConfig;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
@@ -142,14 +142,8 @@ impl TestPostgres {
         }
         pg.start_again().await;
         pg.create_roles().await;
-        let migrate = MigrateConfig {
-            migration_database_url: Secret::new(pg.url("conveyor_owner")),
-            database_url: Secret::new(pg.url("conveyor_app")),
-            runtime_database_url: Secret::new(pg.url("conveyor_runtime")),
-            operator_database_url: Some(Secret::new(pg.url("conveyor_operator"))),
-            audit_retention: None,
-            dead_letter_retention: None,
-        };
+        let migrate = MigrateConfig::new(&pg.url("conveyor_owner"), "conveyor_app", "conveyor_runtime")
+            .operator("conveyor_operator");
         conveyor_server::migrate::run(&migrate).await.expect("migrations apply to the test's own PostgreSQL");
         pg
     }
