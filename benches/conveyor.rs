@@ -329,6 +329,7 @@ async fn worker() {
     worker.ensure_groups().await.unwrap();
     backlog(&platform, 100, n / 100).await;
     let n = relay_all(&platform).await as usize;
+    assert_eq!(n, env("N", 100_000) as usize / 100 * 100, "the whole backlog was relayed");
     let shutdown = CancellationToken::new();
     let started = Instant::now();
     let cpu_before = process_cpu_seconds();
@@ -359,11 +360,12 @@ async fn latency() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let committed = steady_commits(&platform, rate, seconds).await;
     let total = committed.len();
-    kit::eventually(Duration::from_secs(60), || async {
+    let all = kit::eventually(Duration::from_secs(60), || async {
         let started = started.lock().unwrap();
         committed.iter().all(|(id, _, _)| started.contains_key(id)).then_some(())
     })
     .await;
+    assert!(all.is_some(), "every committed job started within a minute");
     shutdown.cancel();
     worker_thread.join().unwrap();
     dispatcher.join().unwrap();

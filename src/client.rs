@@ -30,6 +30,14 @@ pub const DEFAULT_RECONCILE_AFTER: Duration = Duration::from_secs(300);
 
 /// The platform in one value: enqueue, control, and run jobs over one PostgreSQL pool and one Redis.
 ///
+/// Size the pool for the worker's concurrency ([`crate::WorkerSettings::concurrency`], 16 by default: each running
+/// job may hold a connection for its transaction) plus about four: the dispatcher holds one for `LISTEN`, each
+/// [`Conveyor::wait_for_job`] one while it waits, and the relay and the worker's bookkeeping take one briefly. The
+/// worker opens two connections of its own for progress and cancellations. sqlx's `PgPool::connect` makes 10.
+///
+/// One worker per `Conveyor`: [`Conveyor::worker`] gives every worker the same blocking Redis client, on which their
+/// `XREADGROUP BLOCK` calls would wait behind each other. A second worker in one process takes a second `Conveyor`.
+///
 /// ```no_run
 /// # use conveyor_jobs::{Conveyor, EnqueueOptions, Handler, JobContext, JobError, JobKind};
 /// # #[derive(serde::Serialize, serde::Deserialize)] struct Ping;
@@ -272,8 +280,11 @@ impl Conveyor {
     }
 
     /// Runs `worker`, the dispatcher and maintenance in this process until `shutdown` (the worker finishes its
-    /// running jobs for up to 30 s), or until one of them fails: then the others are stopped too and its error is
-    /// returned. For only some of them, run [`Conveyor::dispatcher`], [`Conveyor::maintenance`] or a worker alone.
+    /// running jobs for up to 30 s), or until one of them fails: then the others are stopped too (with the same
+    /// grace) and its error is returned. A failed pass of the relay or of maintenance is logged and retried, not a
+    /// failure; what fails is what cannot run at all (a pool whose role may not do a part's work, a lost worker).
+    /// Dropping or aborting the future stops the three at once, without the grace. For only some of them, run
+    /// [`Conveyor::dispatcher`], [`Conveyor::maintenance`] or a worker alone.
     pub async fn run(self, worker: Worker, shutdown: CancellationToken) -> Result<(), Error> {
         let stop = shutdown.child_token();
         let mut parts = tokio::task::JoinSet::new();

@@ -211,6 +211,13 @@ impl Metrics {
     /// registry: clone it for every part, as [`Conveyor`](crate::Conveyor) does). The process's own metrics are the
     /// host's to register.
     pub fn registered_in(registry: &Registry) -> prometheus::Result<Self> {
+        // Every name checked before any is registered, so that a refusal leaves the host's registry as it was.
+        let ours = Self::build(Registry::new())?.registry.gather();
+        let theirs: std::collections::HashSet<String> =
+            registry.gather().iter().map(|family| family.name().to_owned()).collect();
+        if let Some(taken) = ours.iter().find(|family| theirs.contains(family.name())) {
+            return Err(prometheus::Error::Msg(format!("the registry already holds {}", taken.name())));
+        }
         Self::build(registry.clone())
     }
 

@@ -10,6 +10,9 @@
 //! # Ok(()) }
 //! ```
 
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -43,13 +46,14 @@ pub async fn drain(dispatcher: &Dispatcher, worker: &Worker) -> Result<Vec<Outco
 pub struct Worked {
     /// What the handler answered.
     pub result: Result<serde_json::Value, JobError>,
-    /// What a worker would record for it: [`Outcome::Succeeded`], [`Outcome::Retried`] (a retryable error before the
-    /// last attempt, or a rate limit), [`Outcome::DeadLettered`] (a permanent error, or a retryable one at the last
-    /// attempt) or [`Outcome::Canceled`].
+    /// What a worker would record for it: [`Outcome::Succeeded`], [`Outcome::Retried`] (a retryable error, a panic
+    /// or a time-out before the last attempt, or a rate limit) or [`Outcome::DeadLettered`] (a permanent error, or a
+    /// retryable one at the last attempt).
     pub outcome: Outcome,
     /// The progress it recorded ([`JobContext::progress`]), in order.
     pub progress: Vec<serde_json::Value>,
-    /// The test's transaction, with whatever the handler wrote in [`JobContext::tx`].
+    /// The test's transaction, with whatever the handler wrote in [`JobContext::tx`] when it succeeded (a failed run's
+    /// writes are undone, as a worker's are).
     pub tx: WorkspaceTx,
 }
 
@@ -74,16 +78,32 @@ pub async fn work<K: JobKind>(handler: &impl Handler<K>, tx: WorkspaceTx, job: K
     work_attempt(handler, tx, job, 1).await
 }
 
-/// [`work`] as attempt number `attempt` (from 1) of the handler's [`Handler::max_attempts`]: for the outcome of a
-/// failure at the last attempt, or a handler that reads [`JobContext::attempt`].
+/// [`work`] as attempt number `attempt` (from 1; 0 counts as 1) of the handler's [`Handler::max_attempts`]: for the
+/// outcome of a failure at the last attempt, or a handler that reads [`JobContext::attempt`].
+///
+/// As a worker does, it runs the handler within [`Handler::timeout`], counts a panic or a time-out as a retryable
+/// failure, and undoes the handler's writes when it fails (a savepoint of the test's transaction, rolled back to).
+/// Nothing cancels a job here, so a handler that answers [`JobError::Canceled`] fails like any other: so it does in a
+/// worker when nobody canceled its job. A job's own `max_attempts` ([`crate::EnqueueOptions::max_attempts`]) is not
+/// known here; the handler's is used.
+///
+/// # Panics
+///
+/// When the test's transaction cannot run a statement (Conveyor's schema not applied, the transaction aborted).
 pub async fn work_attempt<K: JobKind>(handler: &impl Handler<K>, mut tx: WorkspaceTx, job: K, attempt: u32) -> Worked {
-    // The workspace the test's transaction is in (begin / begin_workspace set it).
+    // The workspace the test's transaction is in (begin / begin_workspace set it), and a savepoint the handler's
+    // writes are undone to if it fails.
     let workspace = sqlx::query_scalar::<_, Option<Uuid>>("SELECT conveyor.conveyor_current_workspace()")
         .fetch_one(&mut *tx)
         .await
-        .ok()
-        .flatten()
+        .unwrap_or_else(|e| {
+            panic!(
+                "testing::work: the test's transaction cannot read its workspace ({e}): is Conveyor's schema applied?"
+            )
+        })
         .map_or(WorkspaceId::DEFAULT, WorkspaceId);
+    sqlx::query("SAVEPOINT conveyor_testing_work").execute(&mut *tx).await.expect("testing::work: a savepoint");
+    let attempt = attempt.max(1);
     let max_attempts = handler.max_attempts();
     let mut cx = JobContext {
         id: JobId(Uuid::now_v7()),
@@ -101,24 +121,32 @@ pub async fn work_attempt<K: JobKind>(handler: &impl Handler<K>, mut tx: Workspa
         ended_canceled: false,
     };
     let result = match serde_json::to_value(&job).and_then(serde_json::from_value::<K>) {
-        Ok(job) => handler.handle(job, &mut cx).await,
+        Ok(job) => {
+            let timeout = handler.timeout();
+            let run = AssertUnwindSafe(handler.handle(job, &mut cx)).catch_unwind();
+            match tokio::time::timeout(timeout, run).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(JobError::Retryable("the handler panicked".into())),
+                Err(_) => Err(JobError::Retryable(format!("timed out after {timeout:?}"))),
+            }
+        }
         Err(e) => Err(JobError::Permanent(format!("undecodable payload: {e}"))),
     };
     let outcome = match &result {
         Ok(_) => Outcome::Succeeded,
-        Err(JobError::Canceled) => Outcome::Canceled,
         Err(JobError::RateLimited { .. }) => Outcome::Retried,
         Err(JobError::Permanent(_)) => Outcome::DeadLettered,
         Err(_) if attempt >= max_attempts => Outcome::DeadLettered,
         Err(_) => Outcome::Retried,
     };
     let Backing::Test { progress } = cx.backing else { unreachable!("a test's context") };
-    Worked {
-        result,
-        outcome,
-        progress: progress.into_inner().expect("progress lock"),
-        tx: cx.tx.expect("the test's transaction stays in the context"),
-    }
+    let mut tx = cx.tx.expect("the test's transaction stays in the context");
+    let end = if result.is_ok() { "RELEASE SAVEPOINT" } else { "ROLLBACK TO SAVEPOINT" };
+    sqlx::query(sqlx::AssertSqlSafe(format!("{end} conveyor_testing_work")))
+        .execute(&mut *tx)
+        .await
+        .expect("testing::work: the savepoint's end");
+    Worked { result, outcome, progress: progress.into_inner().expect("progress lock"), tx }
 }
 
 /// The jobs of kind `K` that `tx` enqueued and that are still waiting (every pending job of its workspace of that

@@ -50,7 +50,7 @@ pub const SCHEMA: &str = "conveyor";
 pub const HISTORY_TABLE: &str = "conveyor._sqlx_migrations";
 
 /// The platform's migrations, unrun: they create the schema `conveyor` and record their history in
-/// [`HISTORY_TABLE`]. [`migrate`] runs them and grants the roles; a host that runs its own migrations can run these
+/// [`HISTORY_TABLE`]. [`migrate`] runs them (one role), [`run`] runs them and grants the roles; a host that runs its own migrations can run these
 /// with them (as the owner of its database), then grant what its roles need. They do not adopt a database of the old
 /// layout (everything in `public`): such a host calls [`adopt_old_layout`] on the same connection first.
 pub fn migrator() -> Migrator {
@@ -236,12 +236,15 @@ pub(crate) fn quote_ident(name: &str) -> String {
 /// Applies Conveyor's schema to the database of `pool`, whose role owns it (a service's own role, as most have) and is
 /// then the one role Conveyor uses: requests, job handlers, the dispatcher, the worker's bookkeeping and maintenance
 /// all work through `pool`. Safe to run again, and from several processes at once (sqlx's migrator takes an advisory
-/// lock). The retentions of the audit trail and of dead letters are the defaults (90 and 30 days).
+/// lock). The retentions of the audit trail and of dead letters are the defaults (90 and 30 days) where none is
+/// recorded yet. It grants no role: a database of the multi-tenant mode is migrated with
+/// [`migrate_with`](crate::migrate_with), which grants its roles what new migrations add.
 ///
 /// This is the single-role mode. Jobs still carry a workspace (a service without tenants uses
 /// [`WorkspaceId::DEFAULT`](crate::WorkspaceId::DEFAULT), through [`begin`](crate::begin)), which fairness, pauses
-/// and limits go by, but workspaces are no wall: the one role reads every workspace's jobs. for the multi-tenant wall, where requests and handlers run as a role that row-level security confines
-/// to its workspace, migrate with [`migrate_with`](crate::migrate_with) and the roles it names instead.
+/// and limits go by, but workspaces are no wall: the one role reads every workspace's jobs. For the multi-tenant
+/// wall, where requests and handlers run as a role that row-level security confines to its workspace, migrate with
+/// [`migrate_with`](crate::migrate_with) and the roles it names instead.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
@@ -259,7 +262,8 @@ async fn migrate_single(pool: &PgPool) -> anyhow::Result<()> {
     adopt(&mut conn, &migrator).await.context("Failed to adopt the objects an earlier release kept in public")?;
     migrator.run(&mut *conn).await.context("Failed to apply migrations")?;
     let mut tx = conn.begin().await?;
-    record_retentions(&mut tx, DEFAULT_AUDIT_RETENTION, DEFAULT_DEAD_LETTER_RETENTION).await?;
+    // The defaults where none is recorded: never lowers a floor `migrate_with` wrote.
+    record_retentions(&mut tx, DEFAULT_AUDIT_RETENTION, DEFAULT_DEAD_LETTER_RETENTION, false).await?;
     tx.commit().await?;
     tracing::info!("Migrations applied (one role)");
     Ok(())
@@ -479,7 +483,7 @@ async fn run_inner(
             .await
             .context("Failed to grant the application, runtime and operator roles")?;
     }
-    record_retentions(&mut tx, audit_retention, dead_letter_retention).await?;
+    record_retentions(&mut tx, audit_retention, dead_letter_retention, true).await?;
     tx.commit().await?;
     tracing::info!(
         role = %app_role,
@@ -492,20 +496,22 @@ async fn run_inner(
 }
 
 /// Writes the retentions of the audit trail and of dead letters where no role but the owner reads or writes them: the
-/// floors of their purges.
+/// floors of their purges. `replace`: over the recorded ones; else only where none is recorded.
 async fn record_retentions(
     tx: &mut PgConnection,
     audit_retention: std::time::Duration,
     dead_letter_retention: std::time::Duration,
+    replace: bool,
 ) -> anyhow::Result<()> {
+    let conflict = if replace { "DO UPDATE SET value = EXCLUDED.value, updated_at = now()" } else { "DO NOTHING" };
     for (setting, retention, variable) in [
         ("audit_retention", audit_retention, "CONVEYOR_AUDIT_RETENTION"),
         ("dead_letter_retention", dead_letter_retention, "CONVEYOR_DEAD_LETTER_RETENTION"),
     ] {
-        sqlx::query(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO conveyor.conveyor_settings (name, value) VALUES ($1, justify_hours(make_interval(secs => $2))::text)
-             ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()",
-        )
+             ON CONFLICT (name) {conflict}"
+        )))
         .bind(setting)
         .bind(retention.as_secs_f64())
         .execute(&mut *tx)

@@ -175,3 +175,46 @@ async fn migrating_with_one_role_again_is_a_no_op_and_bad_settings_are_refused_b
     let err = Conveyor::connect(platform.pool.clone(), "redis://127.0.0.1:1").await.err().expect("no Redis there");
     assert_eq!(err.kind(), conveyor_jobs::ErrorKind::Redis, "{err:#}");
 }
+
+#[tokio::test]
+async fn run_stops_every_part_and_says_why_when_one_cannot_run() {
+    // The multi-tenant mode's application role, given as the only pool: the dispatcher may not do its work as it.
+    let platform = Platform::new(8).await;
+    let conveyor =
+        Conveyor::builder(platform.pool.clone(), &kit::redis_url()).prefix(&platform.prefix).connect().await.unwrap();
+    let worker = conveyor
+        .worker()
+        .handle::<SendReceipt>(Receipts { failures: 0, runs: Arc::new(AtomicU32::new(0)) })
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let ran = tokio::time::timeout(Duration::from_secs(60), conveyor.run(worker, shutdown.clone())).await;
+    let err = ran.expect("run returned by itself, without the shutdown token").unwrap_err();
+    assert!(err.to_string().contains("runtime role's pool"), "{err:#}");
+    assert!(!shutdown.is_cancelled(), "the caller's token is the caller's");
+}
+
+#[tokio::test]
+async fn migrating_with_one_role_never_lowers_a_retention_floor_recorded_before() {
+    let platform = Platform::new(4).await;
+    let role = |url: &str| conveyor_jobs::MigrateConfig::role_of(url).unwrap();
+    let day = Duration::from_secs(86_400);
+    let config =
+        conveyor_jobs::MigrateConfig::new(&platform.owner_url, &role(&platform.app_url), &role(&platform.runtime_url))
+            .retentions(365 * day, 60 * day);
+    conveyor_jobs::migrate_with(&config).await.unwrap();
+    let owner = conveyor_jobs::connect_postgres(&platform.owner_url, 1).await.unwrap();
+    conveyor_jobs::migrate(&owner).await.unwrap();
+    let floors: Vec<(String, String)> =
+        sqlx::query_as("SELECT name, value FROM conveyor.conveyor_settings WHERE name LIKE '%retention' ORDER BY name")
+            .fetch_all(&owner)
+            .await
+            .unwrap();
+    assert_eq!(
+        floors,
+        [
+            ("audit_retention".to_owned(), "365 days".to_owned()),
+            ("dead_letter_retention".to_owned(), "60 days".to_owned())
+        ]
+    );
+}

@@ -21,8 +21,8 @@ impl JobKind for Charge {
     const MAX_ATTEMPTS: u32 = 3;
 }
 
-/// Writes the charge in the job's transaction, reports progress; refuses negative amounts for good and fails
-/// amounts over 1,000,000 cents as a retryable error.
+/// Writes the charge in the job's transaction, reports progress; refuses negative amounts for good, fails amounts over
+/// 1,000,000 cents as a retryable error after writing them, and panics at 13 cents.
 struct Charges;
 
 impl Handler<Charge> for Charges {
@@ -30,8 +30,8 @@ impl Handler<Charge> for Charges {
         if job.cents < 0 {
             return Err(JobError::permanent("a negative charge"));
         }
-        if job.cents > 1_000_000 {
-            return Err(JobError::retryable("the bank is slow for large amounts"));
+        if job.cents == 13 {
+            panic!("an unlucky amount");
         }
         cx.progress(json!({ "step": "charging" })).await?;
         sqlx::query("INSERT INTO public.charges (order_id, cents, workspace_id) VALUES ($1, $2, $3)")
@@ -40,6 +40,10 @@ impl Handler<Charge> for Charges {
             .bind(cx.workspace_id().0)
             .execute(&mut **cx.tx().await?)
             .await?;
+        // After its write: a failure must undo it.
+        if job.cents > 1_000_000 {
+            return Err(JobError::retryable("the bank is slow for large amounts"));
+        }
         Ok(json!({ "charged": job.cents, "attempt": cx.attempt() }))
     }
 }
@@ -86,7 +90,15 @@ async fn a_handlers_failures_map_to_what_the_worker_would_record() {
     assert_eq!(negative.outcome, Outcome::DeadLettered);
     assert!(matches!(negative.result, Err(JobError::Permanent(ref m)) if m == "a negative charge"));
     let large = Charge { order_id: Uuid::new_v4(), cents: 2_000_000 };
-    assert_eq!(work(&Charges, begin().await.unwrap(), large).await.outcome, Outcome::Retried);
+    let mut failed = work(&Charges, begin().await.unwrap(), large).await;
+    assert_eq!(failed.outcome, Outcome::Retried);
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM public.charges").fetch_one(&mut *failed.tx).await.unwrap();
+    assert_eq!(kept, 0, "a failed run's write is undone, as a worker undoes it");
+    // A panic is a retryable failure, as in a worker.
+    let unlucky = Charge { order_id: Uuid::new_v4(), cents: 13 };
+    let panicked = work(&Charges, begin().await.unwrap(), unlucky).await;
+    assert_eq!(panicked.outcome, Outcome::Retried);
+    assert!(matches!(panicked.result, Err(JobError::Retryable(ref m)) if m == "the handler panicked"));
     let large = Charge { order_id: Uuid::new_v4(), cents: 2_000_000 };
     // At the last of its three attempts, the same failure dead-letters.
     assert_eq!(work_attempt(&Charges, begin().await.unwrap(), large, 3).await.outcome, Outcome::DeadLettered);
