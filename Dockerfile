@@ -13,10 +13,14 @@ ARG RUST_VERSION=1
 FROM rust:${RUST_VERSION}-bookworm AS builder
 WORKDIR /src
 # Only what the build reads: the workspace's manifest and lock, the platform's sources and embedded migrations, the
-# shop and server crates (the server's bench targets included: Cargo refuses a manifest whose targets are missing).
+# shop and server crates, and the files of every target a manifest declares (the platform's benchmarks, examples and
+# integration tests, the server's benchmarks): Cargo refuses a manifest whose targets are missing.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY migrations ./migrations
+COPY benches ./benches
+COPY examples ./examples
+COPY tests ./tests
 COPY shop ./shop
 COPY server ./server
 # Stamped into conveyor_build_info{revision} (pass --build-arg CONVEYOR_GIT_REVISION=$(git rev-parse --short HEAD)).
