@@ -613,7 +613,7 @@ impl Config {
             Some("1" | "true") => true,
             Some(_) => return Err(invalid("CONVEYOR_LOG_JSON", "must be true or false")),
         };
-        let reconcile_after = duration(src, "CONVEYOR_RECONCILE_AFTER", Duration::from_secs(300))?;
+        let reconcile_after = duration(src, "CONVEYOR_RECONCILE_AFTER", conveyor_jobs::DEFAULT_RECONCILE_AFTER)?;
         let operation_keepalive = duration(src, "CONVEYOR_OPERATION_KEEPALIVE", Duration::from_secs(60))?;
         if operation_keepalive.is_zero() {
             return Err(invalid("CONVEYOR_OPERATION_KEEPALIVE", "must be more than zero"));
@@ -653,7 +653,11 @@ impl Config {
             worker_queue_concurrency: queue_concurrency(src)?,
             job_timeout: duration(src, "CONVEYOR_JOB_TIMEOUT", Duration::from_secs(60))?,
             job_max_attempts: positive(src, "CONVEYOR_JOB_MAX_ATTEMPTS", 5)?,
-            maintenance_interval: duration(src, "CONVEYOR_MAINTENANCE_INTERVAL", Duration::from_secs(30))?,
+            maintenance_interval: duration(
+                src,
+                "CONVEYOR_MAINTENANCE_INTERVAL",
+                conveyor_jobs::DEFAULT_MAINTENANCE_INTERVAL,
+            )?,
             reconcile_after,
             operation_keepalive,
             scenarios: ScenarioSettings::from_source(src)?,

@@ -101,28 +101,18 @@ impl Platform {
     /// Creates a database (named like the tests', so that their harness drops it when it is stale), migrates it as
     /// `conveyor_jobs::migrate_with` does and opens pools of `max_connections` for the application role.
     pub async fn new(max_connections: u32) -> Self {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
-        let id = Uuid::new_v4().simple().to_string();
-        let name = format!("conveyor_test_{now}_{}", &id[..12]);
-        let owner =
-            env_or("CONVEYOR_TEST_OWNER_URL", "postgres://conveyor_owner:conveyor_owner@127.0.0.1:5432/conveyor");
+        let owner_url = empty_database().await;
+        let database = owner_url.rsplit_once('/').expect("a database URL has a path").1.to_owned();
         let app = env_or("CONVEYOR_TEST_APP_URL", "postgres://conveyor_app:conveyor_app@127.0.0.1:5432/conveyor");
         let runtime =
             env_or("CONVEYOR_TEST_RUNTIME_URL", "postgres://conveyor_runtime:conveyor_runtime@127.0.0.1:5432/conveyor");
-        let mut admin =
-            PgConnection::connect(&owner).await.expect("connect as the owner role: run scripts/services.sh");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create the benchmark's database");
-        let (owner_url, app_url, runtime_url) =
-            (with_database(&owner, &name), with_database(&app, &name), with_database(&runtime, &name));
+        let (app_url, runtime_url) = (with_database(&app, &database), with_database(&runtime, &database));
         let role = |url: &str| MigrateConfig::role_of(url).expect("a role's URL");
         let config = MigrateConfig::new(&owner_url, &role(&app_url), &role(&runtime_url));
         conveyor_jobs::migrate_with(&config).await.expect("the migrations apply");
         let pool = conveyor_jobs::connect_postgres(&app_url, max_connections).await.expect("connect as the app");
         let runtime_pool = conveyor_jobs::connect_postgres(&runtime_url, 8).await.expect("connect as the runtime");
-        Self { owner_url, app_url, runtime_url, pool, runtime_pool, prefix: format!("bench:{}", &id[..12]) }
+        Self { owner_url, app_url, runtime_url, pool, runtime_pool, prefix: prefix() }
     }
 
     /// A connection of the owner role (reads across workspaces, `ANALYZE`).
