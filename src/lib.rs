@@ -41,6 +41,8 @@ pub(crate) use fail_point;
 mod admin;
 mod backoff;
 mod client;
+#[cfg(feature = "console")]
+pub mod console;
 mod db;
 mod dispatcher;
 mod error;

@@ -1,6 +1,6 @@
 //! The admin listener: `/healthz` (alive), `/readyz` (PostgreSQL reachable and migrations current; Redis reachable or
-//! failing within its grace, see [`super::readiness`]) and
-//! `/metrics` (Prometheus text format).
+//! failing within its grace, see [`super::readiness`]), `/metrics` (Prometheus text format), and the operator
+//! console ([`super::ui`]: the UI at `/ui/`, the admin API at `/admin/v1`).
 
 use std::time::Duration;
 
@@ -21,7 +21,6 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
         .merge(super::ui::router(&state))
-        .nest("/admin/v1", super::admin_api::router())
         .with_state(state)
 }
 

@@ -1,7 +1,6 @@
 //! The HTTP surface (axum): the public API router and the admin router. The only module that knows axum.
 
 mod admin;
-pub mod admin_api;
 mod ai_tasks;
 mod asset_transfers;
 mod auth;

@@ -1175,7 +1175,7 @@ const ADMIN_ROUTES: &[(&str, &str)] = &[
 #[tokio::test]
 async fn tenant_tokens_and_operator_jwts_signed_with_the_tenant_key_get_401_on_every_admin_route() {
     let app = TestApp::spawn().await;
-    let router_source = include_str!("../../src/http/admin_api.rs");
+    let router_source = include_str!("../../../src/console/api/mod.rs");
     assert_eq!(
         router_source.matches(".route(\"").count(),
         ADMIN_ROUTES.iter().map(|(_, path)| *path).collect::<std::collections::BTreeSet<_>>().len(),

@@ -169,9 +169,12 @@ async fn pages_need_a_session_and_only_operator_credentials_start_one() {
     let http = http();
 
     // No session: every page redirects to the login (returning to the page afterwards), a POST as well.
-    let home = http.get(ui(&app, "/ui/")).send().await.unwrap();
+    let home = http.get(ui(&app, "/ui")).send().await.unwrap();
     assert_eq!(home.status(), StatusCode::SEE_OTHER);
     assert_eq!(location(home.headers()), "/ui/login");
+    // `/ui/`, the overview's address before, leads to it.
+    let slash = http.get(ui(&app, "/ui/")).send().await.unwrap();
+    assert_eq!((slash.status(), location(slash.headers())), (StatusCode::PERMANENT_REDIRECT, "/ui"));
     let page = http.get(ui(&app, "/ui/dead-letters?queue=a")).send().await.unwrap();
     assert_eq!(page.status(), StatusCode::SEE_OTHER);
     assert_eq!(location(page.headers()), "/ui/login?next=%2Fui%2Fdead-letters%3Fqueue%3Da");
@@ -230,14 +233,14 @@ async fn pages_need_a_session_and_only_operator_credentials_start_one() {
 
     // Signed in, the login page moves on; a login never follows `next` off the UI.
     let again = http.get(ui(&app, "/ui/login")).header("cookie", &cookie).send().await.unwrap();
-    assert_eq!((again.status(), location(again.headers())), (StatusCode::SEE_OTHER, "/ui/"));
+    assert_eq!((again.status(), location(again.headers())), (StatusCode::SEE_OTHER, "/ui"));
     let away = http
         .post(ui(&app, "/ui/login"))
         .form(&[("credential", ADMIN_TOKEN), ("next", "//evil.example/ui/")])
         .send()
         .await
         .unwrap();
-    assert_eq!(location(away.headers()), "/ui/");
+    assert_eq!(location(away.headers()), "/ui");
 
     // A tampered cookie is no session.
     let (name, value) = cookie.split_once('=').unwrap();
@@ -360,7 +363,7 @@ async fn every_page_renders_and_its_forms_take_effect() {
     let short = |id: &str| id[20..].to_owned();
 
     // Pages and their filters.
-    let (status, home) = get("/ui/".into()).await;
+    let (status, home) = get("/ui".into()).await;
     assert_eq!(status, StatusCode::OK);
     assert!(home.contains(r#"<tr data-queue="ui-demo">"#) && home.contains("Nothing is paused."));
     let csrf = csrf_in(&home);
@@ -406,15 +409,15 @@ async fn every_page_renders_and_its_forms_take_effect() {
     let pauses = conveyor_jobs::list_pauses(&app.db.runtime_pool).await.unwrap();
     assert_eq!(pauses.len(), 1);
     assert_eq!(pauses[0].queue.as_deref(), Some("ui-demo"));
-    let (_, home) = get("/ui/".into()).await;
+    let (_, home) = get("/ui".into()).await;
     assert!(home.contains("maintenance &lt;b&gt;now&lt;/b&gt;") && home.contains("s-paused"));
     let to =
         post("/ui/pauses/resume", vec![("queue", "ui-demo".into()), ("kind", "".into()), ("workspace", "".into())])
             .await;
-    assert_eq!(to, "/ui/?notice=resumed");
+    assert_eq!(to, "/ui?notice=resumed");
     assert!(conveyor_jobs::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
     let to = post("/ui/pauses", vec![("kind", Flaky::KIND.into()), ("workspace", s.workspace.0.to_string())]).await;
-    assert_eq!(to, "/ui/?notice=paused");
+    assert_eq!(to, "/ui?notice=paused");
     assert_eq!(conveyor_jobs::list_pauses(&app.db.runtime_pool).await.unwrap()[0].workspace_id, Some(s.workspace.0));
 
     // Pause and resume the schedule.
@@ -518,7 +521,7 @@ async fn without_the_operator_role_the_ui_says_it_is_not_configured() {
     })
     .await;
     let cookie = login(&app, ADMIN_TOKEN).await.expect("the operator token still logs in");
-    for path in ["/ui/", "/ui/dead-letters", "/ui/queues/any"] {
+    for path in ["/ui", "/ui/dead-letters", "/ui/queues/any"] {
         let response = http().get(ui(&app, path)).header("cookie", &cookie).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
         assert!(response.text().await.unwrap().contains("CONVEYOR_OPERATOR_DATABASE_URL"), "{path}");
@@ -696,7 +699,7 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
     assert_eq!(cookie.http_only(), Some(true));
 
     // The overview: the queue with its counts by state.
-    browser.click("header nav a[href='/ui/']").await;
+    browser.click("header nav a[href='/ui']").await;
     let row = "#queues tr[data-queue='ui-demo']";
     let cells = browser.text(row).await;
     assert!(cells.starts_with("ui-demo"), "{cells}");

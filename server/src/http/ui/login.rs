@@ -1,17 +1,17 @@
 //! Logging in with the operator token or an operator JWT, and out.
 
 use axum::Form;
+use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::header::{LOCATION, SET_COOKIE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use maud::{Markup, html};
+use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 
-use super::guard::{safe_next, same_origin};
-use super::layout;
 use super::session::{self, Session};
 use crate::http::AppState;
+use conveyor_jobs::console::{CSRF_FIELD, check_same_origin};
 
 /// Where to go after logging in.
 #[derive(Deserialize)]
@@ -41,8 +41,9 @@ pub(super) async fn submit(
     headers: HeaderMap,
     Form(form): Form<Credentials>,
 ) -> Response {
-    if let Err(why) = same_origin(&headers) {
-        return (StatusCode::FORBIDDEN, layout::message_page("Refused", why)).into_response();
+    if let Err(why) = check_same_origin(&headers) {
+        return (StatusCode::FORBIDDEN, page("Refused", html! { div.notice.bad role="alert" { (why) } }))
+            .into_response();
     }
     let verified = state.operator_auth.verify_with_expiry(form.credential.trim()).ok();
     // A session lasts no longer than its credential: an operator JWT's expiry bounds it.
@@ -64,8 +65,20 @@ pub(super) async fn submit(
     }
 }
 
-/// `POST /ui/logout` (behind the guard: CSRF-checked): clears the cookie.
-pub(super) async fn logout(headers: HeaderMap) -> Response {
+/// `POST /ui/logout`: clears the cookie, when the form comes from the UI with the session's CSRF token (another site
+/// must not be able to log an operator out either).
+pub(super) async fn logout(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let token = url::form_urlencoded::parse(&body).find(|(k, _)| k == CSRF_FIELD).map(|(_, v)| v.into_owned());
+    let session = session::session_from_cookie(&state, &headers);
+    let refused = match &session {
+        _ if check_same_origin(&headers).is_err() => true,
+        Some(session) => !token.is_some_and(|t| session.csrf_matches(&state.ui_sessions, &t)),
+        None => false,
+    };
+    if refused {
+        let why = html! { div.notice.bad role="alert" { "The logout form is not this session's. Reload the page." } };
+        return (StatusCode::FORBIDDEN, page("Refused", why)).into_response();
+    }
     let mut response = see_other("/ui/login");
     if let Ok(value) = session::clear_cookie(&headers).parse() {
         response.headers_mut().insert(SET_COOKIE, value);
@@ -74,23 +87,42 @@ pub(super) async fn logout(headers: HeaderMap) -> Response {
 }
 
 fn target(next: Option<&str>) -> String {
-    next.filter(|n| safe_next(n)).unwrap_or("/ui/").to_owned()
+    next.filter(|n| safe_next(n)).unwrap_or("/ui").to_owned()
 }
 
 fn see_other(location: &str) -> Response {
     (StatusCode::SEE_OTHER, [(LOCATION, location.to_owned())]).into_response()
 }
 
+/// Whether `next` is a UI path to send the browser to after login (never another site: no `//`, no scheme).
+pub(super) fn safe_next(next: &str) -> bool {
+    next.starts_with("/ui/") && !next.contains("//") && !next.contains('\\') && !next.chars().any(char::is_control)
+}
+
+/// A page of the login's own, in the console's look (its stylesheet is the console's).
+fn page(title: &str, content: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · Conveyor" }
+                link rel="stylesheet" href="/ui/static/ui.css";
+            }
+            body {
+                header { span.brand { "Conveyor" } }
+                main.login { div.card { h1 { (title) } (content) } }
+            }
+        }
+    }
+}
+
 fn login_page(state: &AppState, next: Option<&str>, error: Option<&str>) -> Markup {
     let next = next.filter(|n| safe_next(n));
-    layout::frame(
-        "Log in",
-        html! {},
+    page(
+        "Operator log in",
         html! {
-            header { span.brand { "Conveyor" } }
-            main.login {
-                div.card {
-                    h1 { "Operator log in" }
                     @if state.admin.is_none() {
                         div.notice.bad { "The operator role is not configured (CONVEYOR_OPERATOR_DATABASE_URL): \
                                            pages will answer 503." }
@@ -104,8 +136,21 @@ fn login_page(state: &AppState, next: Option<&str>, error: Option<&str>) -> Mark
                     }
                     p.muted { "The session lasts 8 hours, or until the JWT you log in with expires if sooner; it \
                                names you, never the credential." }
-                }
-            }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_ui_paths_are_followed_after_login() {
+        assert!(safe_next("/ui/jobs/123?x=1"));
+        for bad in
+            ["//evil.example/ui/", "https://evil.example", "/ui//evil", "/admin/v1/queues", "/ui/\\evil", "/ui/\n"]
+        {
+            assert!(!safe_next(bad), "{bad:?}");
+        }
+    }
 }

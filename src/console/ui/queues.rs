@@ -8,9 +8,9 @@ use serde::Deserialize;
 
 use super::jobs::job_table;
 use super::layout::{self, Notice, Section, age, field, maybe, segment, url_with};
-use super::{Console, UiError};
-use conveyor_jobs::PauseScope;
-use conveyor_jobs::{JobFilter, QueueSummary};
+use super::{Page, UiError};
+use crate::PauseScope;
+use crate::{JobFilter, QueueSummary};
 
 /// The queue page's filters.
 #[derive(Deserialize)]
@@ -25,14 +25,14 @@ pub(super) struct PauseForm {
     reason: Option<String>,
 }
 
-/// `GET /ui/queues/{name}`.
+/// `GET /queues/{name}`.
 pub(super) async fn show(
-    console: Console,
+    page: Page,
     Path(name): Path<String>,
     Query(filters): Query<Filters>,
     Query(notice): Query<Notice>,
 ) -> Result<Markup, UiError> {
-    let Some(queue) = console.admin.queue(console.actor(), &name).await? else {
+    let Some(queue) = page.admin.queue(page.actor(), &name).await? else {
         return Err(UiError::NotFound(format!("No queue {name}: no kind or job names it.")));
     };
     let status = layout::status_field(&filters.status)?;
@@ -42,24 +42,24 @@ pub(super) async fn show(
         before: layout::uuid_field("before", &filters.before)?,
         ..JobFilter::default()
     };
-    let jobs = console.admin.jobs(console.actor(), &filter).await?;
-    let path = format!("/ui/queues/{}", segment(&name));
+    let jobs = page.admin.jobs(page.actor(), &filter).await?;
+    let path = page.at(&format!("/queues/{}", segment(&name)));
     let status_text = field(&filters.status);
     let body = html! {
         (counts(&queue))
         div.actions {
             @if queue.paused {
                 (layout::status_badge("paused"))
-                (layout::post_button(&format!("{path}/resume"), "Resume queue", &console.csrf, &[], "primary"))
+                (layout::post_button(&format!("{path}/resume"), "Resume queue", &page.csrf, &[], "primary"))
             } @else {
                 form.inline method="post" action=(format!("{path}/pause")) {
-                    (layout::csrf_field(&console.csrf))
+                    (layout::csrf_field(&page.csrf))
                     input name="reason" placeholder="reason (optional)";
                     " "
                     button.danger type="submit" { "Pause queue" }
                 }
             }
-            a href=(url_with("/ui/dead-letters", &[("queue", Some(name.as_str()))])) { "Dead letters of this queue →" }
+            a href=(url_with(&page.at("/dead-letters"), &[("queue", Some(name.as_str()))])) { "Dead letters of this queue →" }
         }
         h2 { "Jobs" }
         p {
@@ -73,10 +73,10 @@ pub(super) async fn show(
                 }
             }
         }
-        (job_table(&jobs.items, false))
+        (job_table(&page, &jobs.items, false))
         (layout::pager(jobs.next, &path, &[("status", status_text)]))
     };
-    Ok(layout::page(&format!("Queue {name}"), Section::Overview, &console.chrome(), notice.render(), body))
+    Ok(layout::page(&format!("Queue {name}"), Section::Overview, &page.chrome(), notice.render(), body))
 }
 
 fn counts(q: &QueueSummary) -> Markup {
@@ -104,20 +104,20 @@ fn counts(q: &QueueSummary) -> Markup {
     }
 }
 
-/// `POST /ui/queues/{name}/pause`.
+/// `POST /queues/{name}/pause`.
 pub(super) async fn pause(
-    console: Console,
+    page: Page,
     Path(name): Path<String>,
     Form(form): Form<PauseForm>,
 ) -> Result<Response, UiError> {
-    let new = console.admin.pause(console.actor(), &PauseScope::queue(name.as_str()), field(&form.reason)).await?;
-    let path = format!("/ui/queues/{}", segment(&name));
+    let new = page.admin.pause(page.actor(), &PauseScope::queue(name.as_str()), field(&form.reason)).await?;
+    let path = page.at(&format!("/queues/{}", segment(&name)));
     Ok(Redirect::to(&Notice::url(&path, if new { "paused" } else { "already-paused" }, None)).into_response())
 }
 
-/// `POST /ui/queues/{name}/resume`.
-pub(super) async fn resume(console: Console, Path(name): Path<String>) -> Result<Response, UiError> {
-    let lifted = console.admin.resume(console.actor(), &PauseScope::queue(name.as_str())).await?;
-    let path = format!("/ui/queues/{}", segment(&name));
+/// `POST /queues/{name}/resume`.
+pub(super) async fn resume(page: Page, Path(name): Path<String>) -> Result<Response, UiError> {
+    let lifted = page.admin.resume(page.actor(), &PauseScope::queue(name.as_str())).await?;
+    let path = page.at(&format!("/queues/{}", segment(&name)));
     Ok(Redirect::to(&Notice::url(&path, if lifted { "resumed" } else { "not-paused" }, None)).into_response())
 }

@@ -1,4 +1,4 @@
-//! The operator's JSON API on the admin listener, under `/admin/v1`: the HTTP face of [`conveyor_jobs::Admin`].
+//! The console's JSON API: the HTTP face of [`crate::Admin`].
 //!
 //! ```text
 //! GET    /queues, /queues/{name}                       counts by state, lag, throughput, oldest age, paused
@@ -14,22 +14,25 @@
 //! GET    /audit?limit
 //! ```
 //!
-//! Every call needs an operator ([`Operator`]: `Authorization: Bearer` with `CONVEYOR_ADMIN_TOKEN` or an operator
-//! JWT); without the operator database it answers 503 `ADMIN_NOT_CONFIGURED`. Every call, reads included, leaves a
-//! row in the audit trail; a change leaves its intent there before it runs (503 `SERVICE_UNAVAILABLE`, and nothing
-//! changes, when that cannot be written), then its outcome. Errors are problem+json: 400 names the parameter, 404 an
-//! unknown id, 409 a state that refuses the change.
+//! Every call needs an [`Operator`] (401 with `WWW-Authenticate: Bearer` without one); a change by an operator with
+//! a CSRF token must carry it in [`super::CSRF_HEADER`] (403 `CSRF_TOKEN_INVALID`). Without an operator role the
+//! console answers 503 `ADMIN_NOT_CONFIGURED`. Every call, reads included, leaves a row in the audit trail; a change
+//! leaves its intent there before it runs (503 `SERVICE_UNAVAILABLE`, and nothing changes, when that cannot be
+//! written), then its outcome. Errors are problem+json: 400 names the parameter, 404 an unknown id, 409 a state that
+//! refuses the change.
 
-mod operator;
 mod params;
 mod problem;
+
+use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query};
+use axum::extract::{FromRequestParts, Path, Query};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use chrono::{DateTime, Utc};
@@ -38,16 +41,17 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-pub use self::operator::{CSRF_HEADER, Operating, Operator, operator_of};
 use self::params::Params;
-pub use self::problem::AdminApiError;
-use super::AppState;
-use conveyor_jobs::PauseScope;
-use conveyor_jobs::{DeadLetterFilter, JobAction, JobFilter, OperationFilter, Replay};
-use conveyor_jobs::{JobId, WorkspaceId};
+use self::problem::ApiError;
+use super::{CSRF_HEADER, Operator, Settings};
+use crate::{Actor, Admin, PauseScope};
+use crate::{DeadLetterFilter, JobAction, JobFilter, OperationFilter, Replay};
+use crate::{JobId, WorkspaceId};
 
-/// The admin API's routes, to nest under `/admin/v1` in the admin router (which supplies the state).
-pub fn router() -> Router<AppState> {
+type State = Arc<Settings>;
+
+/// The API's routes.
+pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Router<S> {
     Router::new()
         .route("/queues", get(queues))
         .route("/queues/{name}", get(queue))
@@ -66,27 +70,51 @@ pub fn router() -> Router<AppState> {
         .route("/schedules/{workspace}/{name}/pause", post(pause_schedule))
         .route("/schedules/{workspace}/{name}/resume", post(resume_schedule))
         .route("/audit", get(audit))
-        .fallback(|| async { AdminApiError::NotFound("route") })
+        .fallback(|| async { ApiError::NotFound("route") })
+        .with_state(settings)
 }
 
-type Answer = Result<Response, AdminApiError>;
+/// The operator of a call and the operator module to act with: 401 before anything else (and 403 for a change
+/// without the operator's CSRF token), then 503 `ADMIN_NOT_CONFIGURED` when the host has no operator role.
+struct Operating {
+    actor: Actor,
+    admin: Admin,
+}
+
+impl FromRequestParts<State> for Operating {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, settings: &State) -> Result<Self, ApiError> {
+        let operator = parts.extensions.get::<Operator>().ok_or(ApiError::Unauthenticated)?;
+        if !parts.method.is_safe() {
+            let token = parts.headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
+            if !operator.csrf_allows(token) {
+                return Err(ApiError::CsrfRejected);
+            }
+        }
+        let admin = settings.admin.clone().ok_or_else(|| ApiError::NotConfigured(settings.unavailable.clone()))?;
+        Ok(Self { actor: operator.actor.clone(), admin })
+    }
+}
+
+type Answer = Result<Response, ApiError>;
 type RawQuery = Result<Query<Vec<(String, String)>>, QueryRejection>;
 
-fn params(query: RawQuery, allowed: &[&'static str]) -> Result<Params, AdminApiError> {
-    let Query(pairs) = query.map_err(|e| AdminApiError::Invalid(format!("the query string: {}", e.body_text())))?;
+fn params(query: RawQuery, allowed: &[&'static str]) -> Result<Params, ApiError> {
+    let Query(pairs) = query.map_err(|e| ApiError::Invalid(format!("the query string: {}", e.body_text())))?;
     Params::new(pairs, allowed)
 }
 
-fn id(raw: &str, parameter: &'static str) -> Result<Uuid, AdminApiError> {
-    raw.parse().map_err(|_| AdminApiError::BadParameter { parameter, detail: format!("`{raw}` is not a UUID") })
+fn id(raw: &str, parameter: &'static str) -> Result<Uuid, ApiError> {
+    raw.parse().map_err(|_| ApiError::BadParameter { parameter, detail: format!("`{raw}` is not a UUID") })
 }
 
 /// The JSON object of a request body, of the shape `T` (unknown fields refused).
-fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, AdminApiError> {
+fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(AdminApiError::BadBody("must be a JSON object ({} for none of its fields)".to_owned()));
+        return Err(ApiError::BadBody("must be a JSON object ({} for none of its fields)".to_owned()));
     }
-    serde_json::from_slice(bytes).map_err(|e| AdminApiError::BadBody(format!("is not what this endpoint takes: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| ApiError::BadBody(format!("is not what this endpoint takes: {e}")))
 }
 
 fn ok(value: impl serde::Serialize) -> Answer {
@@ -104,7 +132,7 @@ async fn queues(op: Operating) -> Answer {
 async fn queue(op: Operating, Path(name): Path<String>) -> Answer {
     match op.admin.queue(&op.actor, &name).await? {
         Some(queue) => ok(queue),
-        None => Err(AdminApiError::NotFound("queue")),
+        None => Err(ApiError::NotFound("queue")),
     }
 }
 
@@ -126,7 +154,7 @@ async fn jobs(op: Operating, query: RawQuery) -> Answer {
 async fn job(op: Operating, Path(raw): Path<String>) -> Answer {
     match op.admin.job(&op.actor, JobId(id(&raw, "id")?)).await? {
         Some(job) => ok(job),
-        None => Err(AdminApiError::NotFound("job")),
+        None => Err(ApiError::NotFound("job")),
     }
 }
 
@@ -134,23 +162,21 @@ async fn job(op: Operating, Path(raw): Path<String>) -> Answer {
 fn job_action(id: Uuid, action: JobAction, done: &'static str, refused: &'static str) -> Answer {
     match action {
         JobAction::Done => ok(json!({ "id": id, "outcome": done })),
-        JobAction::NotFound => Err(AdminApiError::NotFound("job")),
-        JobAction::NotAllowed => Err(AdminApiError::Conflict {
+        JobAction::NotFound => Err(ApiError::NotFound("job")),
+        JobAction::NotAllowed => Err(ApiError::Conflict {
             code: if done == "canceled" { "JOB_FINISHED" } else { "JOB_NOT_RETRYABLE" },
             detail: format!("job {id} {refused}"),
             named: None,
         }),
         JobAction::KeyHeld(live) => Err(key_held(id, live)),
-        JobAction::Held(why) => Err(AdminApiError::Conflict {
-            code: "JOB_HELD",
-            detail: format!("job {id} is not run now: {why}"),
-            named: None,
-        }),
+        JobAction::Held(why) => {
+            Err(ApiError::Conflict { code: "JOB_HELD", detail: format!("job {id} is not run now: {why}"), named: None })
+        }
     }
 }
 
-fn key_held(id: Uuid, live: Uuid) -> AdminApiError {
-    AdminApiError::Conflict {
+fn key_held(id: Uuid, live: Uuid) -> ApiError {
+    ApiError::Conflict {
         code: "DEDUP_KEY_HELD",
         detail: format!("job {id} is not run again: live job {live} holds its de-duplication key"),
         named: Some(("live_job_id", json!(live))),
@@ -202,7 +228,7 @@ async fn replay_dead_letter(op: Operating, Path(raw): Path<String>) -> Answer {
     let id = id(&raw, "id")?;
     match op.admin.replay_dead_letter(&op.actor, JobId(id)).await? {
         Replay::Replayed => ok(json!({ "id": id, "outcome": "replayed" })),
-        Replay::NotDeadLetter => Err(AdminApiError::NotFound("dead letter")),
+        Replay::NotDeadLetter => Err(ApiError::NotFound("dead letter")),
         Replay::KeyHeld(live) => Err(key_held(id, live)),
     }
 }
@@ -212,7 +238,7 @@ async fn discard_dead_letter(op: Operating, Path(raw): Path<String>) -> Answer {
     if op.admin.discard_dead_letter(&op.actor, JobId(id)).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
-        Err(AdminApiError::NotFound("dead letter"))
+        Err(ApiError::NotFound("dead letter"))
     }
 }
 
@@ -293,13 +319,13 @@ async fn resume(op: Operating, query: RawQuery, bytes: Bytes) -> Answer {
         (false, false) => {
             let body: PauseBody = body(&bytes)?;
             if body.reason.is_some() {
-                return Err(AdminApiError::BadBody("names a scope only (queue, kind, workspace), not a reason".into()));
+                return Err(ApiError::BadBody("names a scope only (queue, kind, workspace), not a reason".into()));
             }
             body.scope()
         }
-        (true, false) => return Err(AdminApiError::BadBody("and the query both name a scope: give one".to_owned())),
+        (true, false) => return Err(ApiError::BadBody("and the query both name a scope: give one".to_owned())),
         (false, true) => {
-            return Err(AdminApiError::Invalid(
+            return Err(ApiError::Invalid(
                 "name the pause's scope (queue, kind, workspace) in the query or a JSON body".to_owned(),
             ));
         }
@@ -307,7 +333,7 @@ async fn resume(op: Operating, query: RawQuery, bytes: Bytes) -> Answer {
     if op.admin.resume(&op.actor, &scope).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
-        Err(AdminApiError::NotFound("pause of exactly that scope"))
+        Err(ApiError::NotFound("pause of exactly that scope"))
     }
 }
 
@@ -330,7 +356,7 @@ async fn set_schedule_paused(op: Operating, workspace: &str, name: &str, paused:
     if op.admin.set_schedule_paused(&op.actor, workspace, name, paused).await? {
         ok(json!({ "workspace_id": workspace.0, "name": name, "paused": paused }))
     } else {
-        Err(AdminApiError::NotFound("schedule"))
+        Err(ApiError::NotFound("schedule"))
     }
 }
 

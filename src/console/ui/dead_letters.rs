@@ -14,8 +14,8 @@ use serde::Deserialize;
 
 use super::jobs::job_id;
 use super::layout::{self, Notice, Section, field, maybe, maybe_time, segment, short_id, url_with};
-use super::{Console, UiError};
-use conveyor_jobs::{DeadLetterFilter, Replay};
+use super::{Page, UiError};
+use crate::{DeadLetterFilter, Replay};
 
 /// Most dead letters one bulk action takes (the operator module's largest batch).
 const BULK_LIMIT: u32 = 500;
@@ -48,34 +48,34 @@ impl Filters {
     }
 
     /// The list with these filters (not the page cursor).
-    fn list_url(&self) -> String {
-        url_with("/ui/dead-letters", &self.kept())
+    fn list_url(&self, page: &Page) -> String {
+        url_with(&page.at("/dead-letters"), &self.kept())
     }
 }
 
-/// `GET /ui/dead-letters`.
+/// `GET /dead-letters`.
 pub(super) async fn list(
-    console: Console,
+    page: Page,
     Query(f): Query<Filters>,
     Query(notice): Query<Notice>,
 ) -> Result<Markup, UiError> {
-    let page = console.admin.dead_letters(console.actor(), &f.filter()?).await?;
-    let csrf = console.csrf.as_str();
+    let letters = page.admin.dead_letters(page.actor(), &f.filter()?).await?;
+    let csrf = page.csrf.as_str();
     let kept = f.kept();
-    let back = f.list_url();
+    let back = f.list_url(&page);
     let body = html! {
-        form.filters method="get" action="/ui/dead-letters" {
+        form.filters method="get" action=(page.at("/dead-letters")) {
             label { "Queue" input name="queue" value=(field(&f.queue).unwrap_or("")); }
             label { "Kind" input name="kind" value=(field(&f.kind).unwrap_or("")); }
             label { "Workspace" input name="workspace" size="38" value=(field(&f.workspace).unwrap_or("")); }
             button type="submit" { "Filter" }
         }
-        @if page.items.is_empty() {
+        @if letters.items.is_empty() {
             div.card.muted { "No dead letter matches." }
         } @else {
             div.actions {
-                (confirm_button(Bulk::Replay, &kept, "primary"))
-                (confirm_button(Bulk::Discard, &kept, "danger"))
+                (confirm_button(&page, Bulk::Replay, &kept, "primary"))
+                (confirm_button(&page, Bulk::Discard, &kept, "danger"))
             }
             table #dead-letters {
                 thead { tr {
@@ -83,12 +83,12 @@ pub(super) async fn list(
                     th { "Workspace" } th { "Operation" } th { "Dead since" } th { "" }
                 } }
                 tbody {
-                    @for d in &page.items {
-                        @let path = format!("/ui/dead-letters/{}", d.id);
+                    @for d in &letters.items {
+                        @let path = page.at(&format!("/dead-letters/{}", d.id));
                         tr data-job=(d.id) {
-                            td { a.open href=(format!("/ui/jobs/{}", d.id)) { (short_id(d.id)) } }
+                            td { a.open href=(page.at(&format!("/jobs/{}", d.id))) { (short_id(d.id)) } }
                             td { (d.event_type) }
-                            td { a href=(format!("/ui/queues/{}", segment(&d.queue))) { (d.queue) } }
+                            td { a href=(page.at(&format!("/queues/{}", segment(&d.queue)))) { (d.queue) } }
                             td { (maybe(d.failure_stage.as_deref())) }
                             td.num { (d.attempts) }
                             td.err { (layout::error_text(d.last_error.as_deref())) }
@@ -105,9 +105,9 @@ pub(super) async fn list(
                 }
             }
         }
-        (layout::pager(page.next, "/ui/dead-letters", &kept))
+        (layout::pager(letters.next, &page.at("/dead-letters"), &kept))
     };
-    Ok(layout::page("Dead letters", Section::DeadLetters, &console.chrome(), notice.render(), body))
+    Ok(layout::page("Dead letters", Section::DeadLetters, &page.chrome(), notice.render(), body))
 }
 
 /// Where a one-letter action returns: the list it was taken from.
@@ -117,39 +117,35 @@ pub(super) struct Back {
 }
 
 impl Back {
-    fn url(&self) -> &str {
+    /// The list to return to: the form's `back` when it is the console's own list, else the unfiltered list.
+    fn url(&self, page: &Page) -> String {
+        let list = page.at("/dead-letters");
         let ours = |b: &&str| {
-            b.strip_prefix("/ui/dead-letters").is_some_and(|rest| rest.is_empty() || rest.starts_with('?'))
+            b.strip_prefix(list.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with('?'))
                 && !b.chars().any(char::is_control)
         };
-        field(&self.back).filter(ours).unwrap_or("/ui/dead-letters")
+        field(&self.back).filter(ours).map_or_else(|| list.clone(), str::to_owned)
     }
 }
 
-/// `POST /ui/dead-letters/{id}/replay`.
-pub(super) async fn replay(
-    console: Console,
-    Path(id): Path<String>,
-    Form(back): Form<Back>,
-) -> Result<Response, UiError> {
+/// `POST /dead-letters/{id}/replay`.
+pub(super) async fn replay(page: Page, Path(id): Path<String>, Form(back): Form<Back>) -> Result<Response, UiError> {
     let id = job_id(&id)?;
-    let url = match console.admin.replay_dead_letter(console.actor(), id).await? {
-        Replay::Replayed => Notice::url(back.url(), "replayed", None),
-        Replay::NotDeadLetter => Notice::url(back.url(), "not-dead-letter", None),
-        Replay::KeyHeld(holder) => Notice::held_url(back.url(), holder),
+    let back = back.url(&page);
+    let url = match page.admin.replay_dead_letter(page.actor(), id).await? {
+        Replay::Replayed => Notice::url(&back, "replayed", None),
+        Replay::NotDeadLetter => Notice::url(&back, "not-dead-letter", None),
+        Replay::KeyHeld(holder) => Notice::held_url(&back, holder),
     };
     Ok(Redirect::to(&url).into_response())
 }
 
-/// `POST /ui/dead-letters/{id}/discard`.
-pub(super) async fn discard(
-    console: Console,
-    Path(id): Path<String>,
-    Form(back): Form<Back>,
-) -> Result<Response, UiError> {
+/// `POST /dead-letters/{id}/discard`.
+pub(super) async fn discard(page: Page, Path(id): Path<String>, Form(back): Form<Back>) -> Result<Response, UiError> {
     let id = job_id(&id)?;
-    let gone = console.admin.discard_dead_letter(console.actor(), id).await?;
-    Ok(Redirect::to(&Notice::url(back.url(), if gone { "discarded" } else { "not-dead-letter" }, None)).into_response())
+    let gone = page.admin.discard_dead_letter(page.actor(), id).await?;
+    Ok(Redirect::to(&Notice::url(&back.url(&page), if gone { "discarded" } else { "not-dead-letter" }, None))
+        .into_response())
 }
 
 /// A bulk action.
@@ -172,13 +168,13 @@ impl Bulk {
 }
 
 /// The list's button to a bulk action's confirmation page (a GET form: opening it changes nothing).
-fn confirm_button(action: Bulk, kept: &[(&'static str, Option<&str>)], class: &str) -> Markup {
+fn confirm_button(page: &Page, action: Bulk, kept: &[(&'static str, Option<&str>)], class: &str) -> Markup {
     let label = match action {
         Bulk::Replay => "Replay all matching…",
         Bulk::Discard => "Discard all matching…",
     };
     html! {
-        form.inline method="get" action="/ui/dead-letters/confirm" {
+        form.inline method="get" action=(page.at("/dead-letters/confirm")) {
             input type="hidden" name="action" value=(action.name());
             @for (name, value) in kept {
                 @if let Some(value) = value { input type="hidden" name=(name) value=(value); }
@@ -196,12 +192,12 @@ pub(super) struct ConfirmQuery {
     filters: Filters,
 }
 
-/// `GET /ui/dead-letters/confirm?action=replay|discard&queue&kind&workspace`: how many dead letters the action will
+/// `GET /dead-letters/confirm?action=replay|discard&queue&kind&workspace`: how many dead letters the action will
 /// take (those dead-lettered before now, the time it carries as `until`), a few of them, and the form that does it.
-pub(super) async fn confirm(console: Console, Query(q): Query<ConfirmQuery>) -> Result<Markup, UiError> {
+pub(super) async fn confirm(page: Page, Query(q): Query<ConfirmQuery>) -> Result<Markup, UiError> {
     let until = Utc::now();
     let filter = DeadLetterFilter { until: Some(until), limit: Some(BULK_LIMIT), before: None, ..q.filters.filter()? };
-    let matched = console.admin.dead_letters(console.actor(), &filter).await?.items;
+    let matched = page.admin.dead_letters(page.actor(), &filter).await?.items;
     let kept = q.filters.kept();
     let scoped = kept.iter().any(|(_, v)| v.is_some());
     let until_text = until.to_rfc3339_opts(SecondsFormat::Micros, true);
@@ -236,8 +232,8 @@ pub(super) async fn confirm(console: Console, Query(q): Query<ConfirmQuery>) -> 
                     }
                 }
                 @if n > PREVIEW { p.muted { "… and " (n - PREVIEW) " more." } }
-                form method="post" action=(format!("/ui/dead-letters/{}", q.action.name())) {
-                    (layout::csrf_field(&console.csrf))
+                form method="post" action=(page.at(&format!("/dead-letters/{}", q.action.name()))) {
+                    (layout::csrf_field(&page.csrf))
                     @for (name, value) in &kept {
                         @if let Some(value) = value { input type="hidden" name=(name) value=(value); }
                     }
@@ -247,14 +243,14 @@ pub(super) async fn confirm(console: Console, Query(q): Query<ConfirmQuery>) -> 
                         button class=(if q.action == Bulk::Discard { "danger" } else { "primary" }) type="submit" {
                             (match q.action { Bulk::Replay => "Replay ", Bulk::Discard => "Discard " }) (n)
                         }
-                        a href=(q.filters.list_url()) { "Cancel" }
+                        a href=(q.filters.list_url(&page)) { "Cancel" }
                     }
                 }
             }
         }
-        @if n == 0 { p { a href=(q.filters.list_url()) { "Back to the dead letters" } } }
+        @if n == 0 { p { a href=(q.filters.list_url(&page)) { "Back to the dead letters" } } }
     };
-    Ok(layout::page(title, Section::DeadLetters, &console.chrome(), None, body))
+    Ok(layout::page(title, Section::DeadLetters, &page.chrome(), None, body))
 }
 
 /// What a confirmed bulk form posts: the filters, the time its page was rendered, and `all` when it named none.
@@ -268,11 +264,11 @@ pub(super) struct BulkForm {
 
 /// Runs `action` on the dead letters the confirmed form names; without `until` (not confirmed), changes nothing and
 /// sends the browser to the confirmation page.
-async fn bulk(console: Console, action: Bulk, form: BulkForm) -> Result<Response, UiError> {
+async fn bulk(page: Page, action: Bulk, form: BulkForm) -> Result<Response, UiError> {
     let Some(until) = field(&form.until) else {
         let mut pairs = vec![("action", Some(action.name()))];
         pairs.extend(form.filters.kept());
-        return Ok(Redirect::to(&url_with("/ui/dead-letters/confirm", &pairs)).into_response());
+        return Ok(Redirect::to(&url_with(&page.at("/dead-letters/confirm"), &pairs)).into_response());
     };
     let until = DateTime::parse_from_rfc3339(until)
         .map_err(|_| UiError::Invalid(format!("until is not an RFC 3339 time: {until}")))?
@@ -284,20 +280,20 @@ async fn bulk(console: Console, action: Bulk, form: BulkForm) -> Result<Response
         ..form.filters.filter()?
     };
     let (outcome, code) = match action {
-        Bulk::Replay => (console.admin.replay_dead_letters(console.actor(), &filter).await?, "bulk-replayed"),
-        Bulk::Discard => (console.admin.discard_dead_letters(console.actor(), &filter).await?, "bulk-discarded"),
+        Bulk::Replay => (page.admin.replay_dead_letters(page.actor(), &filter).await?, "bulk-replayed"),
+        Bulk::Discard => (page.admin.discard_dead_letters(page.actor(), &filter).await?, "bulk-discarded"),
     };
-    Ok(Redirect::to(&Notice::url(&form.filters.list_url(), code, Some(&outcome))).into_response())
+    Ok(Redirect::to(&Notice::url(&form.filters.list_url(&page), code, Some(&outcome))).into_response())
 }
 
-/// `POST /ui/dead-letters/replay`: every dead letter matching the confirmed form's filters, dead-lettered before its
+/// `POST /dead-letters/replay`: every dead letter matching the confirmed form's filters, dead-lettered before its
 /// `until`.
-pub(super) async fn replay_matching(console: Console, Form(form): Form<BulkForm>) -> Result<Response, UiError> {
-    bulk(console, Bulk::Replay, form).await
+pub(super) async fn replay_matching(page: Page, Form(form): Form<BulkForm>) -> Result<Response, UiError> {
+    bulk(page, Bulk::Replay, form).await
 }
 
-/// `POST /ui/dead-letters/discard`: every dead letter matching the confirmed form's filters, dead-lettered before its
+/// `POST /dead-letters/discard`: every dead letter matching the confirmed form's filters, dead-lettered before its
 /// `until`.
-pub(super) async fn discard_matching(console: Console, Form(form): Form<BulkForm>) -> Result<Response, UiError> {
-    bulk(console, Bulk::Discard, form).await
+pub(super) async fn discard_matching(page: Page, Form(form): Form<BulkForm>) -> Result<Response, UiError> {
+    bulk(page, Bulk::Discard, form).await
 }

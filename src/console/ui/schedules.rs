@@ -7,8 +7,8 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::layout::{self, Notice, Section, field, maybe, maybe_time, short_id, url_with};
-use super::{Console, UiError};
-use conveyor_jobs::WorkspaceId;
+use super::{Page, UiError};
+use crate::WorkspaceId;
 
 /// The list's filter.
 #[derive(Deserialize)]
@@ -25,18 +25,18 @@ pub(super) struct Target {
     back_workspace: Option<String>,
 }
 
-/// `GET /ui/schedules`.
+/// `GET /schedules`.
 pub(super) async fn list(
-    console: Console,
+    page: Page,
     Query(f): Query<Filters>,
     Query(notice): Query<Notice>,
 ) -> Result<Markup, UiError> {
     let workspace = layout::uuid_field("workspace", &f.workspace)?.map(WorkspaceId);
-    let schedules = console.admin.schedules(console.actor(), workspace).await?;
-    let csrf = console.csrf.as_str();
+    let schedules = page.admin.schedules(page.actor(), workspace).await?;
+    let csrf = page.csrf.as_str();
     let back = field(&f.workspace).unwrap_or("");
     let body = html! {
-        form.filters method="get" action="/ui/schedules" {
+        form.filters method="get" action=(page.at("/schedules")) {
             label { "Workspace" input name="workspace" size="38" value=(back); }
             button type="submit" { "Filter" }
         }
@@ -61,8 +61,8 @@ pub(super) async fn list(
                             td { @if s.paused { (layout::status_badge("paused")) } @else { "active" } }
                             td { (layout::time(s.next_run_at)) } td { (maybe_time(s.last_tick_at)) }
                             td {
-                                @if s.paused { (layout::post_button("/ui/schedules/resume", "Resume", csrf, &target, "primary")) }
-                                @else { (layout::post_button("/ui/schedules/pause", "Pause", csrf, &target, "danger")) }
+                                @if s.paused { (layout::post_button(&page.at("/schedules/resume"), "Resume", csrf, &target, "primary")) }
+                                @else { (layout::post_button(&page.at("/schedules/pause"), "Pause", csrf, &target, "danger")) }
                             }
                         }
                     }
@@ -70,26 +70,26 @@ pub(super) async fn list(
             }
         }
     };
-    Ok(layout::page("Schedules", Section::Schedules, &console.chrome(), notice.render(), body))
+    Ok(layout::page("Schedules", Section::Schedules, &page.chrome(), notice.render(), body))
 }
 
-/// `POST /ui/schedules/pause`.
-pub(super) async fn pause(console: Console, Form(t): Form<Target>) -> Result<Response, UiError> {
-    set_paused(console, t, true).await
+/// `POST /schedules/pause`.
+pub(super) async fn pause(page: Page, Form(t): Form<Target>) -> Result<Response, UiError> {
+    set_paused(page, t, true).await
 }
 
-/// `POST /ui/schedules/resume`.
-pub(super) async fn resume(console: Console, Form(t): Form<Target>) -> Result<Response, UiError> {
-    set_paused(console, t, false).await
+/// `POST /schedules/resume`.
+pub(super) async fn resume(page: Page, Form(t): Form<Target>) -> Result<Response, UiError> {
+    set_paused(page, t, false).await
 }
 
-async fn set_paused(console: Console, t: Target, paused: bool) -> Result<Response, UiError> {
+async fn set_paused(page: Page, t: Target, paused: bool) -> Result<Response, UiError> {
     let workspace = layout::uuid_field("workspace", &t.workspace)?
         .ok_or_else(|| UiError::Invalid("workspace is required".to_owned()))?;
     let name = field(&t.name).ok_or_else(|| UiError::Invalid("name is required".to_owned()))?;
-    let found = console.admin.set_schedule_paused(console.actor(), WorkspaceId(workspace), name, paused).await?;
+    let found = page.admin.set_schedule_paused(page.actor(), WorkspaceId(workspace), name, paused).await?;
     let back_workspace = layout::uuid_field("back_workspace", &t.back_workspace)?.map(|w| w.to_string());
-    let back = url_with("/ui/schedules", &[("workspace", back_workspace.as_deref())]);
+    let back = url_with(&page.at("/schedules"), &[("workspace", back_workspace.as_deref())]);
     let code = match (found, paused) {
         (false, _) => "no-schedule",
         (true, true) => "paused",

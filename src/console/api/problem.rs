@@ -1,6 +1,6 @@
-//! The admin API's errors, rendered as the public API's are (RFC 9457 `application/problem+json` with a stable
-//! `code`), plus what only operators meet: `WWW-Authenticate` on 401, `ADMIN_NOT_CONFIGURED`, the parameter a 400
-//! names. 5xx answers log the cause and say nothing of it.
+//! The console API's errors: RFC 9457 `application/problem+json` with a stable `code` (as the e-commerce API's
+//! are), `WWW-Authenticate` on 401, `ADMIN_NOT_CONFIGURED`, the parameter a 400 names. 5xx answers log the cause and
+//! say nothing of it.
 
 use std::collections::BTreeMap;
 
@@ -8,20 +8,33 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use conveyor_jobs::AdminError;
+use crate::AdminError;
 
-/// Everything an admin API call can answer besides success.
+/// An RFC 9457 problem document, with the stable `code` and the members that name what it is about.
+#[derive(serde::Serialize)]
+struct Problem {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    code: &'static str,
+    #[serde(flatten)]
+    named: BTreeMap<&'static str, Value>,
+}
+
+/// Everything a console API call can answer besides success.
 #[derive(Debug, thiserror::Error)]
-pub enum AdminApiError {
-    /// No operator credential, or one that is not (a workspace user's token is not).
-    #[error("an operator credential is required: Authorization: Bearer <CONVEYOR_ADMIN_TOKEN or an operator JWT>")]
+pub(crate) enum ApiError {
+    /// No operator: the host's authentication found no operator credential, or one that is not.
+    #[error("an operator credential is required (Authorization: Bearer <an operator's token>)")]
     Unauthenticated,
-    /// A state-changing call authenticated by the UI's session cookie without its CSRF token.
+    /// A state-changing call by an operator with a CSRF token, without it.
     #[error("this call needs the session's CSRF token in the X-CSRF-Token header")]
     CsrfRejected,
-    /// The process has no operator database URL.
-    #[error("the admin API is off: CONVEYOR_OPERATOR_DATABASE_URL is not set")]
-    NotConfigured,
+    /// The host has no operator role; the text says what to configure.
+    #[error("the admin API is off: {0}")]
+    NotConfigured(String),
     /// A query or path parameter that cannot be.
     #[error("{parameter}: {detail}")]
     BadParameter {
@@ -57,7 +70,7 @@ pub enum AdminApiError {
     Internal(#[source] anyhow::Error),
 }
 
-impl From<AdminError> for AdminApiError {
+impl From<AdminError> for ApiError {
     fn from(e: AdminError) -> Self {
         if e.is_unavailable() {
             return Self::Unavailable("PostgreSQL is unavailable", e.into());
@@ -81,9 +94,9 @@ impl From<AdminError> for AdminApiError {
                 if matches!(d.code().as_deref(), Some("28P01" | "28000" | "3D000" | "42501")) =>
             {
                 // Wrong password, no such role or database, or no EXECUTE on the operator's functions: the
-                // deployment's operator role is not set up (`conveyor migrate` grants it).
+                // deployment's operator role is not set up (migrating grants it).
                 Self::Unavailable(
-                    "the operator role cannot read (check CONVEYOR_OPERATOR_DATABASE_URL and run conveyor migrate)",
+                    "the operator role cannot read (check its connection, and that the schema was migrated with it)",
                     anyhow::Error::new(sqlx::Error::Database(d)),
                 )
             }
@@ -92,13 +105,13 @@ impl From<AdminError> for AdminApiError {
     }
 }
 
-impl AdminApiError {
+impl ApiError {
     /// The HTTP status.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::CsrfRejected => StatusCode::FORBIDDEN,
-            Self::NotConfigured | Self::Unavailable(..) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NotConfigured(_) | Self::Unavailable(..) => StatusCode::SERVICE_UNAVAILABLE,
             Self::BadParameter { .. } | Self::BadBody(_) | Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict { .. } => StatusCode::CONFLICT,
@@ -107,11 +120,11 @@ impl AdminApiError {
     }
 
     /// The stable machine-readable code.
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             Self::Unauthenticated => "UNAUTHENTICATED",
             Self::CsrfRejected => "CSRF_TOKEN_INVALID",
-            Self::NotConfigured => "ADMIN_NOT_CONFIGURED",
+            Self::NotConfigured(_) => "ADMIN_NOT_CONFIGURED",
             Self::BadParameter { .. } | Self::Invalid(_) => "INVALID_PARAMETER",
             Self::BadBody(_) => "INVALID_BODY",
             Self::NotFound(_) => "NOT_FOUND",
@@ -122,7 +135,7 @@ impl AdminApiError {
     }
 }
 
-impl IntoResponse for AdminApiError {
+impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         match &self {
@@ -140,8 +153,18 @@ impl IntoResponse for AdminApiError {
             }
             _ => {}
         }
-        let mut response = crate::http::error::problem_response(status, self.to_string(), self.code(), named);
+        let problem = Problem {
+            kind: "about:blank",
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            detail: self.to_string(),
+            code: self.code(),
+            named,
+        };
+        let body = serde_json::to_vec(&problem).expect("a problem serializes");
+        let mut response = (status, body).into_response();
         let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         match self {
             Self::Unauthenticated => {

@@ -8,10 +8,10 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::layout::{self, Notice, Section, age, field, maybe, segment, url_with};
-use super::{Console, UiError};
-use conveyor_jobs::QueueSummary;
-use conveyor_jobs::WorkspaceId;
-use conveyor_jobs::{Pause, PauseScope};
+use super::{Page, UiError};
+use crate::QueueSummary;
+use crate::WorkspaceId;
+use crate::{Pause, PauseScope};
 
 /// The overview's options.
 #[derive(Deserialize)]
@@ -39,33 +39,33 @@ impl ScopeForm {
     }
 }
 
-/// `GET /ui/`.
+/// `GET /`.
 pub(super) async fn show(
-    console: Console,
+    page: Page,
     Query(view): Query<View>,
     Query(notice): Query<Notice>,
 ) -> Result<Markup, UiError> {
-    let queues = console.admin.queues(console.actor()).await?;
-    let pauses = console.admin.pauses(console.actor()).await?;
-    let mut chrome = console.chrome();
+    let queues = page.admin.queues(page.actor()).await?;
+    let pauses = page.admin.pauses(page.actor()).await?;
+    let mut chrome = page.chrome();
     chrome.refresh = view.refresh.and_then(|s| s.parse().ok()).filter(|s| (2..=300).contains(s));
     let body = html! {
         p.muted {
             @if let Some(seconds) = chrome.refresh {
-                "Reloading every " (seconds) " s. " a href="/ui/" { "Stop" }
+                "Reloading every " (seconds) " s. " a href=(page.at("/")) { "Stop" }
             } @else {
-                a href="/ui/?refresh=5" { "Reload every 5 s" }
+                a href=(page.at("/?refresh=5")) { "Reload every 5 s" }
             }
         }
-        (queue_table(&queues))
+        (queue_table(&page, &queues))
         h2 { "Pauses" }
-        (pause_table(&pauses, console.csrf.as_str()))
-        (pause_form(console.csrf.as_str()))
+        (pause_table(&page, &pauses))
+        (pause_form(&page))
     };
     Ok(layout::page("Overview", Section::Overview, &chrome, notice.render(), body))
 }
 
-fn queue_table(queues: &[QueueSummary]) -> Markup {
+fn queue_table(page: &Page, queues: &[QueueSummary]) -> Markup {
     html! {
         h2 { "Queues" }
         @if queues.is_empty() {
@@ -79,9 +79,9 @@ fn queue_table(queues: &[QueueSummary]) -> Markup {
                 } }
                 tbody {
                     @for q in queues {
-                        @let dead = url_with("/ui/dead-letters", &[("queue", Some(q.name.as_str()))]);
+                        @let dead = url_with(&page.at("/dead-letters"), &[("queue", Some(q.name.as_str()))]);
                         tr data-queue=(q.name) {
-                            td { a href=(format!("/ui/queues/{}", segment(&q.name))) { (q.name) } }
+                            td { a href=(page.at(&format!("/queues/{}", segment(&q.name)))) { (q.name) } }
                             td.num { (q.counts.queued) } td.num { (q.counts.delayed) } td.num { (q.counts.running) }
                             td.num { (q.counts.retrying) }
                             td.num { a.dead href=(dead) { (q.counts.dead) } }
@@ -98,7 +98,7 @@ fn queue_table(queues: &[QueueSummary]) -> Markup {
     }
 }
 
-fn pause_table(pauses: &[Pause], csrf: &str) -> Markup {
+fn pause_table(page: &Page, pauses: &[Pause]) -> Markup {
     html! {
         @if pauses.is_empty() {
             div.card.muted { "Nothing is paused." }
@@ -112,7 +112,7 @@ fn pause_table(pauses: &[Pause], csrf: &str) -> Markup {
                             td { (maybe(p.queue.as_deref())) } td { (maybe(p.kind.as_deref())) }
                             td.mono { (maybe(p.workspace_id)) } td { (maybe(p.reason.as_deref())) }
                             td { (layout::time(p.created_at)) }
-                            td { (layout::post_button("/ui/pauses/resume", "Resume", csrf, &[
+                            td { (layout::post_button(&page.at("/pauses/resume"), "Resume", &page.csrf, &[
                                 ("queue", p.queue.as_deref().unwrap_or("")),
                                 ("kind", p.kind.as_deref().unwrap_or("")),
                                 ("workspace", workspace.as_str()),
@@ -125,10 +125,10 @@ fn pause_table(pauses: &[Pause], csrf: &str) -> Markup {
     }
 }
 
-fn pause_form(csrf: &str) -> Markup {
+fn pause_form(page: &Page) -> Markup {
     html! {
-        form.filters method="post" action="/ui/pauses" {
-            (layout::csrf_field(csrf))
+        form.filters method="post" action=(page.at("/pauses")) {
+            (layout::csrf_field(&page.csrf))
             label { "Queue" input name="queue" placeholder="any"; }
             label { "Kind" input name="kind" placeholder="any"; }
             label { "Workspace" input name="workspace" placeholder="any" size="38"; }
@@ -138,16 +138,16 @@ fn pause_form(csrf: &str) -> Markup {
     }
 }
 
-/// `POST /ui/pauses`: pauses a scope.
-pub(super) async fn pause(console: Console, Form(form): Form<ScopeForm>) -> Result<Response, UiError> {
+/// `POST /pauses`: pauses a scope.
+pub(super) async fn pause(page: Page, Form(form): Form<ScopeForm>) -> Result<Response, UiError> {
     let scope = form.scope()?;
-    let new = console.admin.pause(console.actor(), &scope, field(&form.reason)).await?;
-    Ok(Redirect::to(&Notice::url("/ui/", if new { "paused" } else { "already-paused" }, None)).into_response())
+    let new = page.admin.pause(page.actor(), &scope, field(&form.reason)).await?;
+    Ok(Redirect::to(&Notice::url(&page.at("/"), if new { "paused" } else { "already-paused" }, None)).into_response())
 }
 
-/// `POST /ui/pauses/resume`: lifts the pause of exactly this scope.
-pub(super) async fn resume(console: Console, Form(form): Form<ScopeForm>) -> Result<Response, UiError> {
+/// `POST /pauses/resume`: lifts the pause of exactly this scope.
+pub(super) async fn resume(page: Page, Form(form): Form<ScopeForm>) -> Result<Response, UiError> {
     let scope = form.scope()?;
-    let lifted = console.admin.resume(console.actor(), &scope).await?;
-    Ok(Redirect::to(&Notice::url("/ui/", if lifted { "resumed" } else { "not-paused" }, None)).into_response())
+    let lifted = page.admin.resume(page.actor(), &scope).await?;
+    Ok(Redirect::to(&Notice::url(&page.at("/"), if lifted { "resumed" } else { "not-paused" }, None)).into_response())
 }

@@ -6,16 +6,21 @@ use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::guard::CSRF_FIELD;
-use conveyor_jobs::Actor;
-use conveyor_jobs::JobStatus;
+use super::guard::Base;
+use crate::Actor;
+use crate::JobStatus;
+use crate::console::CSRF_FIELD;
 
-/// What the frame of a signed-in page shows: who, and the token of the logout form.
+/// What the frame of a signed-in page shows: who, the prefix of its links, and the host's logout form.
 pub(super) struct Chrome<'a> {
     /// Who is signed in.
     pub actor: &'a Actor,
-    /// The session's CSRF token.
+    /// The operator's CSRF token (empty: none needed).
     pub csrf: &'a str,
+    /// The prefix the console is mounted under.
+    pub base: &'a Base,
+    /// The host's logout endpoint, if it has one.
+    pub logout: Option<&'a str>,
     /// Reload the page every this many seconds (2 to 300), without JavaScript.
     pub refresh: Option<u32>,
 }
@@ -31,29 +36,30 @@ pub(super) enum Section {
 }
 
 const SECTIONS: [(Section, &str, &str); 5] = [
-    (Section::Overview, "/ui/", "Overview"),
-    (Section::Jobs, "/ui/jobs", "Jobs"),
-    (Section::DeadLetters, "/ui/dead-letters", "Dead letters"),
-    (Section::Operations, "/ui/operations", "Operations"),
-    (Section::Schedules, "/ui/schedules", "Schedules"),
+    (Section::Overview, "/", "Overview"),
+    (Section::Jobs, "/jobs", "Jobs"),
+    (Section::DeadLetters, "/dead-letters", "Dead letters"),
+    (Section::Operations, "/operations", "Operations"),
+    (Section::Schedules, "/schedules", "Schedules"),
 ];
 
 /// A whole signed-in page.
 pub(super) fn page(title: &str, section: Section, chrome: &Chrome<'_>, notice: Option<Markup>, body: Markup) -> Markup {
     frame(
+        chrome.base,
         title,
         refresh(chrome.refresh),
         html! {
             header {
-                a.brand href="/ui/" { "Conveyor" }
+                a.brand href=(chrome.base.at("/")) { "Conveyor" }
                 nav {
                     @for (s, href, label) in SECTIONS {
-                        a.here[s == section] href=(href) { (label) }
+                        a.here[s == section] href=(chrome.base.at(href)) { (label) }
                     }
                 }
                 div.who {
                     span { "Signed in as " strong { (chrome.actor.0) } }
-                    (post_button("/ui/logout", "Log out", chrome.csrf, &[], ""))
+                    @if let Some(logout) = chrome.logout { (post_button(logout, "Log out", chrome.csrf, &[], "")) }
                 }
             }
             main {
@@ -66,14 +72,15 @@ pub(super) fn page(title: &str, section: Section, chrome: &Chrome<'_>, notice: O
 }
 
 /// A page with only a message (errors, refusals), with links back.
-pub(super) fn message_page(title: &str, text: &str) -> Markup {
+pub(super) fn message_page(base: &Base, title: &str, text: &str) -> Markup {
     frame(
+        base,
         title,
         html! {},
         html! {
             header {
-                a.brand href="/ui/" { "Conveyor" }
-                nav { a href="/ui/" { "Overview" } a href="/ui/login" { "Log in" } }
+                a.brand href=(base.at("/")) { "Conveyor" }
+                nav { a href=(base.at("/")) { "Overview" } }
             }
             main { h1 { (title) } div.card { p { (text) } } }
         },
@@ -81,7 +88,7 @@ pub(super) fn message_page(title: &str, text: &str) -> Markup {
 }
 
 /// The document around `content`, with `head` added to its head.
-pub(super) fn frame(title: &str, head: Markup, content: Markup) -> Markup {
+fn frame(base: &Base, title: &str, head: Markup, content: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -89,7 +96,7 @@ pub(super) fn frame(title: &str, head: Markup, content: Markup) -> Markup {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · Conveyor" }
-                link rel="stylesheet" href="/ui/static/ui.css";
+                link rel="stylesheet" href=(base.at("/static/ui.css"));
                 (head)
             }
             body { (content) }
@@ -101,16 +108,16 @@ pub(super) fn frame(title: &str, head: Markup, content: Markup) -> Markup {
 pub(super) fn post_button(action: &str, label: &str, csrf: &str, hidden: &[(&str, &str)], class: &str) -> Markup {
     html! {
         form.inline method="post" action=(action) {
-            input type="hidden" name=(CSRF_FIELD) value=(csrf);
+            (csrf_field(csrf))
             @for (name, value) in hidden { input type="hidden" name=(name) value=(value); }
             button class=(class) type="submit" { (label) }
         }
     }
 }
 
-/// The CSRF field of a form written by hand.
+/// The CSRF field of a form written by hand (none when the operator needs no token).
 pub(super) fn csrf_field(csrf: &str) -> Markup {
-    html! { input type="hidden" name=(CSRF_FIELD) value=(csrf); }
+    html! { @if !csrf.is_empty() { input type="hidden" name=(CSRF_FIELD) value=(csrf); } }
 }
 
 /// A job status as a coloured badge.
@@ -194,7 +201,7 @@ pub(super) fn json_block(value: &serde_json::Value) -> Markup {
 /// An error text as stored (already redacted), redacted once more for display.
 pub(super) fn error_text(text: Option<&str>) -> Markup {
     match text {
-        Some(t) => html! { (conveyor_jobs::redact(t)) },
+        Some(t) => html! { (crate::redact(t)) },
         None => html! { span.muted { "—" } },
     }
 }
@@ -251,7 +258,7 @@ pub(super) struct Notice {
 
 impl Notice {
     /// The redirect target `path` with the notice `code` (and bulk counts) in its query.
-    pub(super) fn url(path: &str, code: &str, counts: Option<&conveyor_jobs::BulkOutcome>) -> String {
+    pub(super) fn url(path: &str, code: &str, counts: Option<&crate::BulkOutcome>) -> String {
         let (m, d, s) = counts.map_or((None, None, None), |c| {
             (Some(c.matched.to_string()), Some(c.done.to_string()), Some(c.skipped.to_string()))
         });

@@ -8,10 +8,10 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::layout::{self, Notice, Section, field, maybe, maybe_time, segment, short_id, url_with};
-use super::{Console, UiError};
-use conveyor_jobs::JobId;
-use conveyor_jobs::JobStatus;
-use conveyor_jobs::{JobAction, JobDetail, JobFilter, JobSummary};
+use super::{Page, UiError};
+use crate::JobId;
+use crate::JobStatus;
+use crate::{JobAction, JobDetail, JobFilter, JobSummary};
 
 /// The search's filters, as the form sends them.
 #[derive(Deserialize)]
@@ -23,8 +23,8 @@ pub(super) struct Filters {
     before: Option<String>,
 }
 
-/// `GET /ui/jobs`.
-pub(super) async fn search(console: Console, Query(f): Query<Filters>) -> Result<Markup, UiError> {
+/// `GET /jobs`.
+pub(super) async fn search(page: Page, Query(f): Query<Filters>) -> Result<Markup, UiError> {
     let filter = JobFilter {
         queue: field(&f.queue).map(str::to_owned),
         kind: field(&f.kind).map(str::to_owned),
@@ -33,7 +33,7 @@ pub(super) async fn search(console: Console, Query(f): Query<Filters>) -> Result
         before: layout::uuid_field("before", &f.before)?,
         ..JobFilter::default()
     };
-    let jobs = console.admin.jobs(console.actor(), &filter).await?;
+    let jobs = page.admin.jobs(page.actor(), &filter).await?;
     let kept = [
         ("queue", field(&f.queue)),
         ("kind", field(&f.kind)),
@@ -41,7 +41,7 @@ pub(super) async fn search(console: Console, Query(f): Query<Filters>) -> Result
         ("workspace", field(&f.workspace)),
     ];
     let body = html! {
-        form.filters method="get" action="/ui/jobs" {
+        form.filters method="get" action=(page.at("/jobs")) {
             label { "Queue" input name="queue" value=(field(&f.queue).unwrap_or("")); }
             label { "Kind" input name="kind" value=(field(&f.kind).unwrap_or("")); }
             label { "Status"
@@ -56,14 +56,14 @@ pub(super) async fn search(console: Console, Query(f): Query<Filters>) -> Result
             label { "Workspace" input name="workspace" size="38" value=(field(&f.workspace).unwrap_or("")); }
             button type="submit" { "Search" }
         }
-        (job_table(&jobs.items, true))
-        (layout::pager(jobs.next, "/ui/jobs", &kept))
+        (job_table(&page, &jobs.items, true))
+        (layout::pager(jobs.next, &page.at("/jobs"), &kept))
     };
-    Ok(layout::page("Jobs", Section::Jobs, &console.chrome(), None, body))
+    Ok(layout::page("Jobs", Section::Jobs, &page.chrome(), None, body))
 }
 
 /// A table of jobs, each linking to its page.
-pub(super) fn job_table(jobs: &[JobSummary], with_queue: bool) -> Markup {
+pub(super) fn job_table(page: &Page, jobs: &[JobSummary], with_queue: bool) -> Markup {
     html! {
         @if jobs.is_empty() {
             div.card.muted { "No job matches." }
@@ -77,9 +77,9 @@ pub(super) fn job_table(jobs: &[JobSummary], with_queue: bool) -> Markup {
                     @for j in jobs {
                         @let status = layout::status_name(j.status);
                         tr data-job=(j.id) data-status=(status) {
-                            td { a href=(format!("/ui/jobs/{}", j.id)) { (short_id(j.id)) } }
+                            td { a href=(page.at(&format!("/jobs/{}", j.id))) { (short_id(j.id)) } }
                             td { (j.kind) }
-                            @if with_queue { td { a href=(format!("/ui/queues/{}", segment(&j.queue))) { (j.queue) } } }
+                            @if with_queue { td { a href=(page.at(&format!("/queues/{}", segment(&j.queue)))) { (j.queue) } } }
                             td { (layout::status_badge(status)) }
                             td.num { (j.failed_runs) }
                             td.err { (layout::error_text(j.last_error.as_deref())) }
@@ -94,24 +94,21 @@ pub(super) fn job_table(jobs: &[JobSummary], with_queue: bool) -> Markup {
     }
 }
 
-/// `GET /ui/jobs/{id}`.
-pub(super) async fn show(
-    console: Console,
-    Path(id): Path<String>,
-    Query(notice): Query<Notice>,
-) -> Result<Markup, UiError> {
+/// `GET /jobs/{id}`.
+pub(super) async fn show(page: Page, Path(id): Path<String>, Query(notice): Query<Notice>) -> Result<Markup, UiError> {
     let id = job_id(&id)?;
-    let Some(job) = console.admin.job(console.actor(), id).await? else {
+    let Some(job) = page.admin.job(page.actor(), id).await? else {
         return Err(UiError::NotFound(format!("No job {}.", id.0)));
     };
     let title = format!("Job {}", job.job.id);
-    Ok(layout::page(&title, Section::Jobs, &console.chrome(), notice.render(), detail(&job, &console.csrf)))
+    Ok(layout::page(&title, Section::Jobs, &page.chrome(), notice.render(), detail(&page, &job)))
 }
 
-fn detail(d: &JobDetail, csrf: &str) -> Markup {
+fn detail(page: &Page, d: &JobDetail) -> Markup {
     let j = &d.job;
+    let csrf = page.csrf.as_str();
     let status = layout::status_name(j.status);
-    let path = format!("/ui/jobs/{}", j.id);
+    let path = page.at(&format!("/jobs/{}", j.id));
     html! {
         div.actions {
             span #status data-status=(status) { (layout::status_badge(status)) }
@@ -129,9 +126,9 @@ fn detail(d: &JobDetail, csrf: &str) -> Markup {
             dl.facts {
                 dt { "Id" } dd.mono { (j.id) }
                 dt { "Kind" } dd { (j.kind) }
-                dt { "Queue" } dd { a href=(format!("/ui/queues/{}", segment(&j.queue))) { (j.queue) } }
+                dt { "Queue" } dd { a href=(page.at(&format!("/queues/{}", segment(&j.queue)))) { (j.queue) } }
                 dt { "Workspace" } dd.mono {
-                    a href=(url_with("/ui/jobs", &[("workspace", Some(j.workspace_id.to_string().as_str()))])) { (j.workspace_id) }
+                    a href=(url_with(&page.at("/jobs"), &[("workspace", Some(j.workspace_id.to_string().as_str()))])) { (j.workspace_id) }
                 }
                 dt { "Operation" } dd.mono { (maybe(j.operation_id)) }
                 dt { "Priority" } dd { (match d.priority { 0 => "high", 1 => "normal", 2 => "low", _ => "other" }) }
@@ -170,22 +167,22 @@ pub(super) fn job_id(text: &str) -> Result<JobId, UiError> {
     text.parse::<Uuid>().map(JobId).map_err(|_| UiError::Invalid(format!("job id is not a UUID: {text}")))
 }
 
-/// `POST /ui/jobs/{id}/cancel`.
-pub(super) async fn cancel(console: Console, Path(id): Path<String>) -> Result<Response, UiError> {
+/// `POST /jobs/{id}/cancel`.
+pub(super) async fn cancel(page: Page, Path(id): Path<String>) -> Result<Response, UiError> {
     let id = job_id(&id)?;
-    let action = console.admin.cancel_job(console.actor(), id).await?;
-    Ok(after(id, action, "canceled"))
+    let action = page.admin.cancel_job(page.actor(), id).await?;
+    Ok(after(&page, id, action, "canceled"))
 }
 
-/// `POST /ui/jobs/{id}/retry`: a dead letter is replayed from its first attempt; a retrying or delayed job runs now.
-pub(super) async fn retry(console: Console, Path(id): Path<String>) -> Result<Response, UiError> {
+/// `POST /jobs/{id}/retry`: a dead letter is replayed from its first attempt; a retrying or delayed job runs now.
+pub(super) async fn retry(page: Page, Path(id): Path<String>) -> Result<Response, UiError> {
     let id = job_id(&id)?;
-    let action = console.admin.retry_job(console.actor(), id).await?;
-    Ok(after(id, action, "retried"))
+    let action = page.admin.retry_job(page.actor(), id).await?;
+    Ok(after(&page, id, action, "retried"))
 }
 
-fn after(id: JobId, action: JobAction, done: &str) -> Response {
-    let path = format!("/ui/jobs/{}", id.0);
+fn after(page: &Page, id: JobId, action: JobAction, done: &str) -> Response {
+    let path = page.at(&format!("/jobs/{}", id.0));
     let url = match action {
         JobAction::Done => Notice::url(&path, done, None),
         JobAction::NotFound => Notice::url(&path, "not-found", None),

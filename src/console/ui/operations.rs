@@ -5,8 +5,8 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::layout::{self, Section, field, maybe_time, short_id};
-use super::{Console, UiError};
-use conveyor_jobs::OperationFilter;
+use super::{Page, UiError};
+use crate::OperationFilter;
 
 /// The statuses an operation has.
 const STATUSES: [&str; 5] = ["queued", "running", "succeeded", "failed", "canceled"];
@@ -20,8 +20,8 @@ pub(super) struct Filters {
     before: Option<String>,
 }
 
-/// `GET /ui/operations`.
-pub(super) async fn search(console: Console, Query(f): Query<Filters>) -> Result<Markup, UiError> {
+/// `GET /operations`.
+pub(super) async fn search(page: Page, Query(f): Query<Filters>) -> Result<Markup, UiError> {
     let status = field(&f.status);
     if let Some(status) = status.filter(|s| !STATUSES.contains(s)) {
         return Err(UiError::Invalid(format!("status must be one of {}, not {status}", STATUSES.join(", "))));
@@ -33,10 +33,10 @@ pub(super) async fn search(console: Console, Query(f): Query<Filters>) -> Result
         before: layout::uuid_field("before", &f.before)?,
         ..OperationFilter::default()
     };
-    let page = console.admin.operations(console.actor(), &filter).await?;
+    let operations = page.admin.operations(page.actor(), &filter).await?;
     let kept = [("kind", field(&f.kind)), ("status", status), ("workspace", field(&f.workspace))];
     let body = html! {
-        form.filters method="get" action="/ui/operations" {
+        form.filters method="get" action=(page.at("/operations")) {
             label { "Kind" input name="kind" value=(field(&f.kind).unwrap_or("")); }
             label { "Status"
                 select name="status" {
@@ -47,7 +47,7 @@ pub(super) async fn search(console: Console, Query(f): Query<Filters>) -> Result
             label { "Workspace" input name="workspace" size="38" value=(field(&f.workspace).unwrap_or("")); }
             button type="submit" { "Search" }
         }
-        @if page.items.is_empty() {
+        @if operations.items.is_empty() {
             div.card.muted { "No operation matches." }
         } @else {
             table #operations {
@@ -56,7 +56,7 @@ pub(super) async fn search(console: Console, Query(f): Query<Filters>) -> Result
                     th { "Subject" } th { "Workspace" } th { "Created" } th { "Updated" } th { "Ended" }
                 } }
                 tbody {
-                    @for o in &page.items {
+                    @for o in &operations.items {
                         tr data-operation=(o.id) {
                             td { (short_id(o.id)) } td { (o.kind) } td { (layout::status_badge(&o.status)) }
                             td.num { (o.attempt) } td.err { (layout::error_text(o.error.as_deref())) }
@@ -68,7 +68,7 @@ pub(super) async fn search(console: Console, Query(f): Query<Filters>) -> Result
                 }
             }
         }
-        (layout::pager(page.next, "/ui/operations", &kept))
+        (layout::pager(operations.next, &page.at("/operations"), &kept))
     };
-    Ok(layout::page("Operations", Section::Operations, &console.chrome(), None, body))
+    Ok(layout::page("Operations", Section::Operations, &page.chrome(), None, body))
 }

@@ -4,23 +4,23 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::problem::AdminApiError;
-use conveyor_jobs::JobStatus;
+use super::problem::ApiError;
+use crate::JobStatus;
 
 /// The query parameters of one request.
 pub(super) struct Params(Vec<(String, String)>);
 
-fn bad(parameter: &'static str, detail: impl Into<String>) -> AdminApiError {
-    AdminApiError::BadParameter { parameter, detail: detail.into() }
+fn bad(parameter: &'static str, detail: impl Into<String>) -> ApiError {
+    ApiError::BadParameter { parameter, detail: detail.into() }
 }
 
 impl Params {
     /// `pairs`, when each names one of `allowed` at most once.
-    pub(super) fn new(pairs: Vec<(String, String)>, allowed: &[&'static str]) -> Result<Self, AdminApiError> {
+    pub(super) fn new(pairs: Vec<(String, String)>, allowed: &[&'static str]) -> Result<Self, ApiError> {
         for (i, (name, _)) in pairs.iter().enumerate() {
             let Some(known) = allowed.iter().find(|a| **a == name) else {
                 let names = allowed.join(", ");
-                return Err(AdminApiError::Invalid(format!(
+                return Err(ApiError::Invalid(format!(
                     "unknown query parameter `{name}` (this endpoint takes {})",
                     if names.is_empty() { "none" } else { &names }
                 )));
@@ -42,12 +42,12 @@ impl Params {
     }
 
     /// A UUID.
-    pub(super) fn uuid(&self, name: &'static str) -> Result<Option<Uuid>, AdminApiError> {
+    pub(super) fn uuid(&self, name: &'static str) -> Result<Option<Uuid>, ApiError> {
         self.raw(name).map(|v| v.parse().map_err(|_| bad(name, format!("`{v}` is not a UUID")))).transpose()
     }
 
     /// An RFC 3339 time.
-    pub(super) fn time(&self, name: &'static str) -> Result<Option<DateTime<Utc>>, AdminApiError> {
+    pub(super) fn time(&self, name: &'static str) -> Result<Option<DateTime<Utc>>, ApiError> {
         self.raw(name)
             .map(|v| {
                 DateTime::parse_from_rfc3339(v)
@@ -58,7 +58,7 @@ impl Params {
     }
 
     /// A whole number of 1 to 500.
-    pub(super) fn limit(&self, name: &'static str) -> Result<Option<u32>, AdminApiError> {
+    pub(super) fn limit(&self, name: &'static str) -> Result<Option<u32>, ApiError> {
         self.raw(name)
             .map(|v| match v.parse::<u32>() {
                 Ok(n) if (1..=500).contains(&n) => Ok(n),
@@ -68,7 +68,7 @@ impl Params {
     }
 
     /// A job state.
-    pub(super) fn status(&self, name: &'static str) -> Result<Option<JobStatus>, AdminApiError> {
+    pub(super) fn status(&self, name: &'static str) -> Result<Option<JobStatus>, ApiError> {
         self.raw(name)
             .map(|v| {
                 let states = "scheduled, queued, retrying, active, succeeded, failed, canceled";
@@ -83,7 +83,7 @@ impl Params {
 mod tests {
     use super::*;
 
-    fn params(query: &[(&str, &str)], allowed: &[&'static str]) -> Result<Params, AdminApiError> {
+    fn params(query: &[(&str, &str)], allowed: &[&'static str]) -> Result<Params, ApiError> {
         Params::new(query.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(), allowed)
     }
 
@@ -101,7 +101,7 @@ mod tests {
             (p.status("status").map(|_| ()), "status"),
         ] {
             match got {
-                Err(AdminApiError::BadParameter { parameter, .. }) => assert_eq!(parameter, name),
+                Err(ApiError::BadParameter { parameter, .. }) => assert_eq!(parameter, name),
                 other => panic!("{name}: {other:?}"),
             }
         }
@@ -109,10 +109,10 @@ mod tests {
 
     #[test]
     fn unknown_repeated_and_empty_parameters() {
-        assert!(matches!(params(&[("color", "red")], &["queue"]), Err(AdminApiError::Invalid(_))));
+        assert!(matches!(params(&[("color", "red")], &["queue"]), Err(ApiError::Invalid(_))));
         assert!(matches!(
             params(&[("queue", "a"), ("queue", "b")], &["queue"]),
-            Err(AdminApiError::BadParameter { parameter: "queue", .. })
+            Err(ApiError::BadParameter { parameter: "queue", .. })
         ));
         let p = params(&[("queue", ""), ("limit", "")], &["queue", "limit"]).unwrap();
         assert_eq!(p.text("queue"), None);
