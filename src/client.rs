@@ -7,6 +7,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::Admin;
 use crate::dispatcher::{Dispatcher, DispatcherSettings};
 use crate::ids::{JobId, WorkspaceId};
 use crate::kind::JobKind;
@@ -244,6 +245,15 @@ impl Conveyor {
     /// Waits until the job `id` ends, at most `timeout` ([`crate::wait_for_job`]).
     pub async fn wait_for_job(&self, id: JobId, timeout: Duration) -> Result<JobInfo, WaitError> {
         crate::wait_for_job(&self.pool, self.workspace, id, timeout).await
+    }
+
+    /// The operator module over its pool and Redis, for the single-role mode, where the pool's role owns the schema
+    /// and may do what an operator does: list and change jobs, dead letters, pauses and schedules across workspaces,
+    /// every call audited. Mount it in the host's router with the feature `console`
+    /// (`conveyor_jobs::console::Console::new(conveyor.admin())`). In the multi-tenant mode, build
+    /// [`Admin::new`] over a pool of the operator role instead.
+    pub fn admin(&self) -> Admin {
+        Admin::new(self.pool.clone(), self.pool.clone(), self.redis.clone(), self.keys.clone())
     }
 
     /// A worker builder over its pools, Redis and metrics: add handlers, then `build()`.

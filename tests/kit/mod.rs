@@ -7,6 +7,7 @@
 
 #![allow(dead_code)] // Each test binary and benchmark uses part of the kit.
 
+pub mod browser;
 pub mod report;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -6,6 +6,7 @@
 #[path = "../kit/mod.rs"]
 mod kit;
 
+mod console;
 mod metrics;
 mod single_role;
 mod testing;

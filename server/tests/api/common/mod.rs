@@ -2,6 +2,8 @@
 //! role granted), a unique Redis key prefix per test, the API served in-process or as a real child process.
 #![allow(dead_code)]
 
+#[path = "../../../../tests/kit/browser.rs"]
+pub mod browser;
 pub mod cluster;
 pub mod pki;
 pub mod postgres;
