@@ -73,6 +73,10 @@ mod worker;
 mod guides {
     #[doc = include_str!("../docs/library.md")]
     struct Library;
+
+    #[cfg(feature = "console")]
+    #[doc = include_str!("../docs/console.md")]
+    struct Console;
 }
 
 pub use backoff::Backoff;
