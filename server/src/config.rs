@@ -10,6 +10,7 @@ use std::time::Duration;
 use base64::Engine as _;
 
 pub mod check;
+pub mod reference;
 pub mod variables;
 
 /// Shortest idempotency retention the seed allows, whatever the setting says.

@@ -172,6 +172,8 @@ enum ConfigCommand {
         #[arg(long, value_enum, default_value = "all")]
         role: CheckedRole,
     },
+    /// Print every variable as the Markdown table of the configuration reference (docs/configuration.md).
+    Reference,
 }
 
 fn parse_status(raw: &str) -> Result<conveyor_jobs::JobStatus, String> {
@@ -492,6 +494,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Queues { json } => queues(json).await,
         Command::Jobs { command } => jobs(command).await,
         Command::Config { command: ConfigCommand::Check { role } } => config_check(role),
+        Command::Config { command: ConfigCommand::Reference } => {
+            print!("{}", conveyor_server::config::reference::markdown());
+            Ok(())
+        }
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "conveyor", &mut std::io::stdout());
