@@ -19,8 +19,12 @@
 //! - `delay-lateness`: at idle, JOBS jobs enqueued one at a time over SECONDS, each with a delay of 200 to 1000 ms;
 //!   lateness (handler start minus due time, due = the enqueue transaction's `now()` plus the delay) p50/p99/max.
 //!
-//! Environment: N (default 100000), CONC (100), RATE (1000), SECONDS (10), JOBS (300), WORKSPACES (`burst`, 1), and
-//! the tests' database and Redis variables (`CONVEYOR_TEST_*_URL`).
+//! `commit` and `latency` also say what the callers' COMMITs waited on (`commit_waits`: the share of each
+//! `pg_stat_activity` wait event among COMMITs seen running, sampled every 5 ms through CONVEYOR_BENCH_MONITOR_URL).
+//!
+//! Environment: N (default 100000), CONC (100), RATE (1000), SECONDS (10), JOBS (300), WORKSPACES (`burst`, 1),
+//! DISPATCH_POLL_MS (the dispatcher's sweep interval), and the tests' database and Redis variables
+//! (`CONVEYOR_TEST_*_URL`).
 
 #[path = "../tests/kit/mod.rs"]
 mod kit;
@@ -91,6 +95,9 @@ fn bench_settings(window: Option<i32>) -> impl FnOnce(&mut conveyor_jobs::Dispat
         if let Ok(c) = std::env::var("DISPATCH_CONCURRENCY") {
             s.concurrency = c.parse().expect("DISPATCH_CONCURRENCY is a number");
         }
+        if let Ok(p) = std::env::var("DISPATCH_POLL_MS") {
+            s.poll_interval = Duration::from_millis(p.parse().unwrap());
+        }
         if let Ok(b) = std::env::var("DISPATCH_BATCH") {
             s.batch_size = b.parse().expect("DISPATCH_BATCH is a number");
         }
@@ -129,6 +136,45 @@ async fn dispatch() {
 /// `WARMUP_SECONDS` (default 2) at the same rate whose jobs are not counted: a running service has its connections
 /// open and its pages in memory, while a fresh database starts cold. Returns, per measured job, its id, the wall-clock
 /// time (ms since the epoch) at which its COMMIT was sent, and the time at which it returned.
+/// What the callers' COMMITs wait on while `stop` is not cancelled: `pg_stat_activity` sampled every 5 ms for the
+/// sessions of `platform`'s database that run `COMMIT`, as the share of those sightings per wait event (`CPU` when
+/// it waits on nothing). Reading other roles' wait events needs a superuser or `pg_monitor`:
+/// `CONVEYOR_BENCH_MONITOR_URL` (default the local `postgres`); `null`, with the reason, when it cannot connect.
+fn sample_commit_waits(platform: &Platform, stop: CancellationToken) -> tokio::task::JoinHandle<serde_json::Value> {
+    let database = platform.owner_url.rsplit_once('/').expect("a database URL").1.to_owned();
+    let url = std::env::var("CONVEYOR_BENCH_MONITOR_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    tokio::spawn(async move {
+        use sqlx::Connection;
+        let mut monitor = match sqlx::PgConnection::connect(&url).await {
+            Ok(c) => c,
+            Err(e) => return json!({ "unavailable": format!("CONVEYOR_BENCH_MONITOR_URL: {e}") }),
+        };
+        let mut seen: HashMap<String, u64> = HashMap::new();
+        let mut total = 0u64;
+        while !stop.is_cancelled() {
+            let waits: Vec<String> = sqlx::query_scalar(
+                "SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity
+                 WHERE datname = $1 AND state = 'active' AND query = 'COMMIT'",
+            )
+            .bind(&database)
+            .fetch_all(&mut monitor)
+            .await
+            .unwrap_or_default();
+            for wait in waits {
+                total += 1;
+                *seen.entry(wait).or_default() += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut shares: Vec<(String, u64)> = seen.into_iter().collect();
+        shares.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        let top: serde_json::Map<String, serde_json::Value> =
+            shares.into_iter().take(6).map(|(k, n)| (k, json!(round(n as f64 / total.max(1) as f64)))).collect();
+        json!({ "sightings": total, "share": top })
+    })
+}
+
 async fn steady_commits(platform: &Platform, rate: u64, seconds: u64) -> Vec<(Uuid, f64, f64)> {
     let workspaces: Vec<WorkspaceId> = (0..10).map(|_| WorkspaceId(Uuid::new_v4())).collect();
     let pool = conveyor_jobs::connect_postgres(&platform.app_url, 32).await.unwrap();
@@ -358,7 +404,11 @@ async fn latency() {
     let worker_thread = spawn_worker(&platform, conc, handler, shutdown.clone());
     let dispatcher = spawn_dispatcher(&platform, shutdown.clone(), None);
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let sampling = CancellationToken::new();
+    let waits = sample_commit_waits(&platform, sampling.clone());
     let committed = steady_commits(&platform, rate, seconds).await;
+    sampling.cancel();
+    let commit_waits = waits.await.unwrap();
     let total = committed.len();
     let all = kit::eventually(Duration::from_secs(60), || async {
         let started = started.lock().unwrap();
@@ -400,20 +450,24 @@ async fn latency() {
         "committed_to_start_p50_ms": percentile(&from_commit, 50.0).map(round),
         "committed_to_start_p99_ms": percentile(&from_commit, 99.0).map(round),
         "received": ms.len(), "p50_ms": percentile(&ms, 50.0).map(round), "p99_ms": percentile(&ms, 99.0).map(round),
-        "max_ms": ms.last().copied().map(round),
+        "max_ms": ms.last().copied().map(round), "commit_waits": commit_waits,
     }));
 }
 
 async fn commit() {
     let (rate, seconds) = (env("RATE", 1000), env("SECONDS", 10));
     let platform = Platform::new(8).await;
+    let sampling = CancellationToken::new();
+    let waits = sample_commit_waits(&platform, sampling.clone());
     let committed = steady_commits(&platform, rate, seconds).await;
+    sampling.cancel();
     let mut commit: Vec<f64> = committed.iter().map(|(_, sent, done)| done - sent).collect();
     commit.sort_by(f64::total_cmp);
     emit(json!({
         "scenario": "commit", "rate_per_s": rate, "seconds": seconds, "warmup_s": env("WARMUP_SECONDS", 2),
         "sent": commit.len(), "commit_p50_ms": percentile(&commit, 50.0).map(round),
         "commit_p99_ms": percentile(&commit, 99.0).map(round), "max_ms": commit.last().copied().map(round),
+        "commit_waits": waits.await.unwrap(),
     }));
 }
 
