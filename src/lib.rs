@@ -150,6 +150,7 @@ pub use migrate::{
 pub use outbox::transitions::relay::purge_finished as purge_finished_jobs;
 pub use redact::redact;
 pub use telemetry::{
-    exporting as trace_exporting, is_valid_traceparent, new_traceparent, request_traceparent,
-    set_exporting as set_trace_export, set_parent as set_span_parent, traceparent_of,
+    TraceContext, exporting as trace_exporting, is_valid_traceparent, is_valid_tracestate, new_traceparent,
+    request_traceparent, set_exporting as set_trace_export, set_parent as set_span_parent,
+    set_parent_with_state as set_span_parent_with_state, traceparent_of, tracestate_of,
 };

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rand::RngCore;
 
-pub use propagation::{request_traceparent, set_parent, traceparent_of};
+pub use propagation::{request_traceparent, set_parent, set_parent_with_state, traceparent_of, tracestate_of};
 
 /// Whether spans are exported (an OTLP exporter is installed). Read on hot paths before any tracing work that only
 /// the export needs.
@@ -62,6 +62,65 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Whether `state` can travel as a W3C `tracestate`: 1 to 512 printable ASCII characters (what the header's list of
+/// `key=value` entries is made of). Its entries are kept as they came, not parsed.
+pub fn is_valid_tracestate(state: &str) -> bool {
+    !state.trim().is_empty() && state.len() <= 512 && state.bytes().all(|b| (0x20..=0x7e).contains(&b))
+}
+
+/// A job's W3C trace context: the `traceparent`, and the `tracestate` that came with it (vendors' entries, kept as
+/// they are). It travels from the enqueueing request through the outbox row and the stream entry to the handler
+/// ([`crate::JobContext::trace`]) and the calls the handler makes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceContext {
+    /// The W3C `traceparent`.
+    pub traceparent: String,
+    /// The W3C `tracestate`, when there is one.
+    pub tracestate: Option<String>,
+}
+
+impl TraceContext {
+    /// The context of a request's headers: a well-formed `traceparent` (version 00) is kept, with a valid
+    /// `tracestate`; otherwise a new trace, without the state (which belongs to the trace it came with).
+    pub fn from_headers(traceparent: Option<&str>, tracestate: Option<&str>) -> Self {
+        match traceparent {
+            Some(tp) if is_valid_traceparent(tp) => Self {
+                traceparent: tp.to_ascii_lowercase(),
+                tracestate: tracestate.filter(|s| is_valid_tracestate(s)).map(|s| s.trim().to_owned()),
+            },
+            _ => Self { traceparent: new_traceparent(), tracestate: None },
+        }
+    }
+
+    /// The context a job enqueued by the current request carries: the request span's own (its id, and the state it
+    /// inherited) while traces are exported; otherwise the caller's headers as [`TraceContext::from_headers`] keeps
+    /// them.
+    pub fn of_request(traceparent: Option<&str>, tracestate: Option<&str>) -> Self {
+        let span = tracing::Span::current();
+        match traceparent_of(&span) {
+            Some(own) => Self { traceparent: own, tracestate: tracestate_of(&span) },
+            None => Self::from_headers(traceparent, tracestate),
+        }
+    }
+}
+
+/// The `traceparent` column's value for a job: its `traceparent`, then a newline and its `tracestate` when it has
+/// one (neither can hold a newline).
+pub(crate) fn stored(traceparent: &str, tracestate: Option<&str>) -> String {
+    match tracestate {
+        Some(state) => format!("{traceparent}\n{state}"),
+        None => traceparent.to_owned(),
+    }
+}
+
+/// A `traceparent` column's value read back: the `traceparent` and the `tracestate`, if any.
+pub(crate) fn from_stored(value: &str) -> (&str, Option<&str>) {
+    match value.split_once('\n') {
+        Some((parent, state)) => (parent, Some(state)),
+        None => (value, None),
+    }
+}
+
 /// Whether `tp` is a W3C `traceparent` of version 00 with non-zero ids.
 pub fn is_valid_traceparent(tp: &str) -> bool {
     let parts: Vec<&str> = tp.split('-').collect();
@@ -87,5 +146,19 @@ mod tests {
         assert!(is_valid_traceparent(&fresh));
         assert_ne!(fresh, tp);
         assert!(is_valid_traceparent(&traceparent_or_new(None)));
+    }
+
+    #[test]
+    fn a_tracestate_is_kept_with_its_traceparent_and_stored_beside_it() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let kept = TraceContext::from_headers(Some(tp), Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"));
+        assert_eq!(kept.tracestate.as_deref(), Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"));
+        // A state without a valid parent belongs to no trace of ours; a malformed state is dropped.
+        assert_eq!(TraceContext::from_headers(Some("garbage"), Some("a=b")).tracestate, None);
+        assert_eq!(TraceContext::from_headers(Some(tp), Some("a=b\nc")).tracestate, None);
+        assert_eq!(TraceContext::from_headers(Some(tp), Some(&"a".repeat(513))).tracestate, None);
+        let value = stored(tp, Some("a=b"));
+        assert_eq!(from_stored(&value), (tp, Some("a=b")));
+        assert_eq!(from_stored(tp), (tp, None));
     }
 }

@@ -112,6 +112,7 @@ pub async fn work_attempt<K: JobKind>(handler: &impl Handler<K>, mut tx: Workspa
         attempt,
         max_attempts,
         traceparent: crate::telemetry::new_traceparent(),
+        tracestate: None,
         enqueued_at: Some(chrono::Utc::now()),
         cancel: CancellationToken::new(),
         tx: Some(tx),

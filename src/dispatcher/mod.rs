@@ -54,8 +54,9 @@ fn relay_span(event: &ClaimedEvent) -> tracing::Span {
         job.queue = %event.queue,
         job.attempt = event.job_attempts + 1,
     );
-    if let Some(traceparent) = &event.traceparent {
-        telemetry::set_parent(&span, traceparent);
+    if let Some(stored) = &event.traceparent {
+        let (traceparent, tracestate) = telemetry::from_stored(stored);
+        telemetry::set_parent_with_state(&span, traceparent, tracestate);
     }
     span
 }
@@ -191,7 +192,15 @@ impl Dispatcher {
             attempt: event.job_attempts + 1,
             enqueued_at_ms: event.created_at.timestamp_millis(),
             due_at_ms: (event.next_attempt_at > event.created_at).then(|| event.next_attempt_at.timestamp_millis()),
-            traceparent: event.traceparent.clone().unwrap_or_else(telemetry::new_traceparent),
+            traceparent: event
+                .traceparent
+                .as_deref()
+                .map_or_else(telemetry::new_traceparent, |stored| telemetry::from_stored(stored).0.to_owned()),
+            tracestate: event
+                .traceparent
+                .as_deref()
+                .and_then(|stored| telemetry::from_stored(stored).1)
+                .map(str::to_owned),
             redrive: event.redrive_count,
             class: event.workspace_class.clone(),
             options: JobOptions {
@@ -257,6 +266,7 @@ impl Dispatcher {
         for (message, span) in messages.iter_mut().zip(&spans) {
             if let Some(traceparent) = telemetry::traceparent_of(span) {
                 message.traceparent = traceparent;
+                message.tracestate = telemetry::tracestate_of(span);
             }
         }
         let t1 = std::time::Instant::now();

@@ -38,6 +38,7 @@ pub struct EnqueueOptions {
     backoff: Option<Backoff>,
     operation: Option<Uuid>,
     traceparent: Option<String>,
+    tracestate: Option<String>,
 }
 
 impl EnqueueOptions {
@@ -113,6 +114,22 @@ impl EnqueueOptions {
         self
     }
 
+    /// W3C `tracestate` that came with the `traceparent` (vendors' entries, kept as they are), carried to the worker
+    /// beside it. Needs a [`EnqueueOptions::traceparent`].
+    pub fn tracestate(mut self, tracestate: impl Into<String>) -> Self {
+        self.tracestate = Some(tracestate.into());
+        self
+    }
+
+    /// The request's whole trace context: its `traceparent` and, when it has one, its `tracestate`.
+    pub fn trace(self, trace: crate::TraceContext) -> Self {
+        let with_parent = self.traceparent(trace.traceparent);
+        match trace.tracestate {
+            Some(state) => with_parent.tracestate(state),
+            None => with_parent,
+        }
+    }
+
     /// Checks every option, naming the first that is out of range.
     fn validate(&self) -> Result<(), EnqueueError> {
         let invalid = |m: &str| Err(EnqueueError::InvalidOptions(m.to_owned()));
@@ -143,8 +160,16 @@ impl EnqueueOptions {
                 "backoff base must be at most 24 h, its cap at most 7 days, and the base not above the cap",
             );
         }
-        if self.traceparent.as_ref().is_some_and(|t| t.len() > 128 || !t.is_ascii()) {
-            return invalid("traceparent must be ASCII, at most 128 characters");
+        if self.traceparent.as_ref().is_some_and(|t| t.len() > 128 || !t.is_ascii() || t.contains('\n')) {
+            return invalid("traceparent must be ASCII, at most 128 characters, on one line");
+        }
+        if let Some(state) = &self.tracestate {
+            if self.traceparent.is_none() {
+                return invalid("tracestate needs the traceparent it came with");
+            }
+            if !crate::telemetry::is_valid_tracestate(state) {
+                return invalid("tracestate must be printable ASCII, 1 to 512 characters");
+            }
         }
         Ok(())
     }
@@ -214,6 +239,7 @@ struct Row {
     backoff_ms: Option<i64>,
     backoff_max_ms: Option<i64>,
     operation: Option<Uuid>,
+    /// The job's trace context as the `traceparent` column holds it ([`crate::telemetry::stored`]).
     traceparent: Option<String>,
 }
 
@@ -234,7 +260,9 @@ impl Row {
             backoff_ms: options.backoff.map(|b| ms(b.base)),
             backoff_max_ms: options.backoff.map(|b| ms(b.max)),
             operation: options.operation,
-            traceparent: options.traceparent,
+            traceparent: options
+                .traceparent
+                .map(|parent| crate::telemetry::stored(&parent, options.tracestate.as_deref())),
         })
     }
 }

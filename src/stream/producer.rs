@@ -74,6 +74,8 @@ pub struct Message {
     pub due_at_ms: Option<i64>,
     /// W3C trace context.
     pub traceparent: String,
+    /// The W3C `tracestate` that came with it, if any: the entry's `tracestate` field when set.
+    pub tracestate: Option<String>,
     /// Re-drive generation (0 until the reconciler re-drives it).
     pub redrive: i32,
     /// Its workspace's fair-share class when the relay claimed it (`light` or `backlogged`): the worker's queue-wait
@@ -148,6 +150,9 @@ impl Producer {
         ];
         if let Some(due) = m.due_at_ms {
             fields.extend(["due_at".to_owned(), due.to_string()]);
+        }
+        if let Some(state) = &m.tracestate {
+            fields.extend(["tracestate".to_owned(), state.clone()]);
         }
         if !m.class.is_empty() {
             fields.extend(["class".to_owned(), m.class.clone()]);

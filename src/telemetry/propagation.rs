@@ -12,9 +12,10 @@ use super::traceparent_or_new;
 #[cfg(feature = "otel")]
 use super::{exporting, is_valid_traceparent};
 
-/// The remote span context a `traceparent` names; `None` when it is not a valid version-00 header.
+/// The remote span context a `traceparent` names, with its `tracestate` (empty when absent or unreadable); `None`
+/// when the `traceparent` is not a valid version-00 header.
 #[cfg(feature = "otel")]
-fn remote_context(traceparent: &str) -> Option<SpanContext> {
+fn remote_context(traceparent: &str, tracestate: Option<&str>) -> Option<SpanContext> {
     if !is_valid_traceparent(traceparent) {
         return None;
     }
@@ -27,22 +28,42 @@ fn remote_context(traceparent: &str) -> Option<SpanContext> {
         span_id,
         TraceFlags::new(flags & TraceFlags::SAMPLED.to_u8()),
         true,
-        TraceState::NONE,
+        tracestate.and_then(|s| s.parse::<TraceState>().ok()).unwrap_or(TraceState::NONE),
     ))
 }
 
 /// Makes the span `traceparent` names the parent of `span`, which must not have been entered yet. Ignored while
 /// traces are off, without the feature `otel`, for a malformed `traceparent`, and for a span the exporter does not see.
 pub fn set_parent(span: &Span, traceparent: &str) {
+    set_parent_with_state(span, traceparent, None);
+}
+
+/// [`set_parent`] with the `tracestate` that came with the `traceparent`: `span` and its children carry it on (a
+/// malformed one is dropped).
+pub fn set_parent_with_state(span: &Span, traceparent: &str, tracestate: Option<&str>) {
     #[cfg(feature = "otel")]
     if exporting()
         && !span.is_disabled()
-        && let Some(remote) = remote_context(traceparent)
+        && let Some(remote) = remote_context(traceparent, tracestate)
     {
         let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
     }
     #[cfg(not(feature = "otel"))]
-    let _ = (span, traceparent);
+    let _ = (span, traceparent, tracestate);
+}
+
+/// The `tracestate` of `span` (what its parent passed on), to send beside [`traceparent_of`]; `None` when empty,
+/// while traces are off, without the feature `otel`, or for a span the exporter does not see.
+pub fn tracestate_of(span: &Span) -> Option<String> {
+    #[cfg(feature = "otel")]
+    if exporting() && !span.is_disabled() {
+        let cx = span.context();
+        let state = cx.span().span_context().trace_state().header();
+        return (!state.is_empty()).then_some(state);
+    }
+    #[cfg(not(feature = "otel"))]
+    let _ = span;
+    None
 }
 
 /// The `traceparent` of `span` itself (its trace id and its own span id), to hand to whatever runs on its behalf
@@ -75,14 +96,17 @@ mod tests {
 
     #[test]
     fn a_traceparent_reads_as_a_remote_sampled_context() {
-        let context = remote_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let context =
+            remote_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Some("congo=t61rcWkgMzE"))
+                .unwrap();
         assert_eq!(context.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(context.span_id().to_string(), "00f067aa0ba902b7");
         assert!(context.is_sampled() && context.is_remote());
-        let unsampled = remote_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").unwrap();
+        assert_eq!(context.trace_state().header(), "congo=t61rcWkgMzE");
+        let unsampled = remote_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", None).unwrap();
         assert!(!unsampled.is_sampled());
-        assert!(remote_context("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01").is_none());
-        assert!(remote_context("not a traceparent").is_none());
+        assert!(remote_context("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", None).is_none());
+        assert!(remote_context("not a traceparent", None).is_none());
     }
 
     #[test]

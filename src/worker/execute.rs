@@ -36,6 +36,8 @@ pub(super) struct Delivery {
     /// When it fell due, where later than its commit (a delayed job, a retry): its queue wait starts there.
     pub(super) due_at_ms: Option<i64>,
     pub(super) traceparent: Text,
+    /// The `tracestate` that came with it, if the entry has one.
+    pub(super) tracestate: Option<Text>,
     /// The job's own options, where it set them.
     pub(super) max_attempts: Option<u32>,
     pub(super) timeout: Option<Duration>,
@@ -68,6 +70,7 @@ impl Delivery {
             event_type: f.take("type").unwrap_or_default(),
             payload: f.take("payload").unwrap_or_default(),
             traceparent: f.take("traceparent").unwrap_or_default(),
+            tracestate: f.take("tracestate"),
             taken_over: false,
         })
     }
@@ -119,7 +122,8 @@ impl Executor {
                     let span = tracing::info_span!("job", event_id = %delivery.event_id,
                         r#type = %delivery.event_type, attempt = delivery.attempt, traceparent = %delivery.traceparent,
                         otel.name = format!("job {}", &*delivery.event_type), otel.kind = "consumer");
-                    crate::telemetry::set_parent(&span, &delivery.traceparent);
+                    let state = delivery.tracestate.as_deref();
+                    crate::telemetry::set_parent_with_state(&span, &delivery.traceparent, state);
                     span
                 } else {
                     tracing::info_span!("job", event_id = %delivery.event_id, r#type = %delivery.event_type,
@@ -191,6 +195,7 @@ impl Executor {
             attempt: d.attempt,
             max_attempts,
             traceparent: d.traceparent.to_string(),
+            tracestate: d.tracestate.as_deref().map(str::to_owned),
             enqueued_at: d.enqueued_at_ms.and_then(chrono::DateTime::from_timestamp_millis),
             cancel: cancellation.token.clone(),
             tx: None,

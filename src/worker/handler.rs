@@ -107,6 +107,7 @@ pub struct JobContext {
     pub(crate) attempt: u32,
     pub(crate) max_attempts: u32,
     pub(crate) traceparent: String,
+    pub(crate) tracestate: Option<String>,
     pub(crate) enqueued_at: Option<DateTime<Utc>>,
     pub(crate) cancel: CancellationToken,
     pub(crate) tx: Option<WorkspaceTx>,
@@ -157,9 +158,20 @@ impl JobContext {
         self.operation.unwrap_or(self.id.0).to_string()
     }
 
-    /// W3C trace context of the request that caused the job.
+    /// W3C `traceparent` of the request that caused the job (the dispatcher's hand-off span's, while traces are
+    /// exported).
     pub fn traceparent(&self) -> &str {
         &self.traceparent
+    }
+
+    /// The W3C `tracestate` that came with [`JobContext::traceparent`], if any.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.tracestate.as_deref()
+    }
+
+    /// Both, to enqueue follow-up jobs in the same trace ([`crate::EnqueueOptions::trace`]).
+    pub fn trace(&self) -> crate::TraceContext {
+        crate::TraceContext { traceparent: self.traceparent.clone(), tracestate: self.tracestate.clone() }
     }
 
     /// When the job was committed, if its entry says.

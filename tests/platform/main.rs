@@ -10,3 +10,4 @@ mod console;
 mod metrics;
 mod single_role;
 mod testing;
+mod trace_context;

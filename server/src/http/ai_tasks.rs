@@ -48,12 +48,12 @@ impl From<CreateError> for ApiError {
 async fn create(State(state): State<AppState>, request: Idempotent<CreateAiTask>) -> Result<Response, ApiError> {
     let body = &request.body;
     let new = NewAiTask::parse(&body.kind, body.input.clone(), body.listing_id)?;
-    let (principal, traceparent) = (request.principal, request.traceparent.clone());
+    let (principal, trace) = (request.principal, request.trace.clone());
     let credits_limit = state.scenarios.ai_credits_per_workspace;
     request
         .run(&state, |tx| {
             Box::pin(async move {
-                let created = ai_tasks::create_tx(tx, &principal, new, credits_limit, Some(traceparent)).await?;
+                let created = ai_tasks::create_tx(tx, &principal, new, credits_limit, Some(trace)).await?;
                 Ok(Reply::accepted(&created, created.operation.id))
             })
         })

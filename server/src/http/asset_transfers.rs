@@ -34,11 +34,11 @@ async fn create(State(state): State<AppState>, request: Idempotent<CreateTransfe
         NewTransferError::Invalid(e) => ApiError::from(e),
         NewTransferError::Forbidden(detail) => ApiError::Refused { code: "SOURCE_FORBIDDEN", detail },
     })?;
-    let (principal, traceparent) = (request.principal, request.traceparent.clone());
+    let (principal, trace) = (request.principal, request.trace.clone());
     request
         .run(&state, |tx| {
             Box::pin(async move {
-                let created = asset_transfers::create_tx(tx, &principal, new, Some(traceparent)).await?;
+                let created = asset_transfers::create_tx(tx, &principal, new, Some(trace)).await?;
                 Ok(Reply::accepted(&created, created.operation.id))
             })
         })

@@ -57,11 +57,11 @@ async fn start(
     request: Idempotent<StartSync>,
 ) -> Result<Response, ApiError> {
     let store_id = Uuid::parse_str(&store_id).map_err(|_| ApiError::NotFound("store"))?;
-    let (principal, traceparent) = (request.principal, request.traceparent.clone());
+    let (principal, trace) = (request.principal, request.trace.clone());
     request
         .run(&state, |tx| {
             Box::pin(async move {
-                let started = catalog::start_tx(tx, &principal, store_id, Some(traceparent)).await?;
+                let started = catalog::start_tx(tx, &principal, store_id, Some(trace)).await?;
                 Ok(Reply::accepted(&started, started.operation.id))
             })
         })

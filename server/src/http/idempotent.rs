@@ -86,9 +86,9 @@ pub struct Idempotent<T> {
     pub principal: Principal,
     /// The parsed body.
     pub body: T,
-    /// The `traceparent` of the jobs this request enqueues: the request span's own while traces are exported (a
-    /// child of the incoming one), else the incoming one, or a new one.
-    pub traceparent: String,
+    /// The trace context of the jobs this request enqueues: the request span's own while traces are exported (a
+    /// child of the incoming one, with the incoming `tracestate`), else the incoming one, or a new one.
+    pub trace: conveyor_jobs::TraceContext,
     scope: Scope,
     canonical: String,
 }
@@ -130,7 +130,8 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for Idempotent<T> {
         });
         let body: T = serde_json::from_value(json)
             .map_err(|e| parse_json::<T>(&raw).err().unwrap_or(ApiError::Validation(e.to_string())))?;
-        let traceparent = conveyor_jobs::request_traceparent(headers.get("traceparent").and_then(|v| v.to_str().ok()));
+        let header = |name| headers.get(name).and_then(|v: &axum::http::HeaderValue| v.to_str().ok());
+        let trace = conveyor_jobs::TraceContext::of_request(header("traceparent"), header("tracestate"));
         let scope = Scope {
             workspace_id: principal.workspace_id,
             user_id: principal.user_id,
@@ -138,7 +139,7 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for Idempotent<T> {
             path: normalize_path(&path),
             key,
         };
-        Ok(Self { principal, body, traceparent, scope, canonical })
+        Ok(Self { principal, body, trace, scope, canonical })
     }
 }
 

@@ -120,11 +120,11 @@ async fn publish(
     request: Idempotent<Publish>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let (principal, traceparent) = (request.principal, request.traceparent.clone());
+    let (principal, trace) = (request.principal, request.trace.clone());
     request
         .run(&state, |tx| {
             Box::pin(async move {
-                let publication = listings::publish_tx(tx, &principal, id, Some(traceparent)).await?;
+                let publication = listings::publish_tx(tx, &principal, id, Some(trace)).await?;
                 Ok(Reply::accepted(&publication, publication.operation.id))
             })
         })

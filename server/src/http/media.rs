@@ -193,21 +193,20 @@ async fn complete(
     request: Idempotent<CompleteMedia>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let (principal, traceparent) = (request.principal, request.traceparent.clone());
+    let (principal, trace) = (request.principal, request.trace.clone());
     request
         .run(&state, |tx| {
             Box::pin(async move {
-                let completion =
-                    media::complete_tx(tx, principal.workspace_id, principal.user_id, id, Some(traceparent))
-                        .await
-                        .map_err(|e| match e {
-                            CompleteError::NotFound => ApiError::NotFound("media"),
-                            CompleteError::NotUploaded => {
-                                ApiError::Conflict { code: "MEDIA_NOT_UPLOADED", detail: e.to_string(), named: None }
-                            }
-                            CompleteError::AlreadyCompleted(operation_id) => already_completed(operation_id),
-                            CompleteError::Database(e) => ApiError::from(e),
-                        })?;
+                let completion = media::complete_tx(tx, principal.workspace_id, principal.user_id, id, Some(trace))
+                    .await
+                    .map_err(|e| match e {
+                        CompleteError::NotFound => ApiError::NotFound("media"),
+                        CompleteError::NotUploaded => {
+                            ApiError::Conflict { code: "MEDIA_NOT_UPLOADED", detail: e.to_string(), named: None }
+                        }
+                        CompleteError::AlreadyCompleted(operation_id) => already_completed(operation_id),
+                        CompleteError::Database(e) => ApiError::from(e),
+                    })?;
                 Ok(Reply::accepted(&completion, completion.operation.id))
             })
         })

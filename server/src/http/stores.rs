@@ -44,12 +44,12 @@ async fn create(State(state): State<AppState>, request: Idempotent<CreateStore>)
     let new =
         NewStore { name: body.name.clone(), platform: body.platform.clone(), credentials: body.credentials.clone() };
     new.validate()?;
-    let (principal, traceparent) = (request.principal, request.traceparent.clone());
+    let (principal, trace) = (request.principal, request.trace.clone());
     let sealer = state.sealer.clone();
     request
         .run(&state, |tx| {
             Box::pin(async move {
-                let created = stores::create_tx(tx, &principal, &sealer, new, Some(traceparent)).await?;
+                let created = stores::create_tx(tx, &principal, &sealer, new, Some(trace)).await?;
                 Ok(Reply::accepted(&created, created.operation.id))
             })
         })
@@ -64,15 +64,14 @@ async fn replace_authorization(
     let id = parse_id(&id)?;
     let credentials = request.body.credentials.clone();
     credentials.validate()?;
-    let (principal, traceparent) = (request.principal, request.traceparent.clone());
+    let (principal, trace) = (request.principal, request.trace.clone());
     let sealer = state.sealer.clone();
     request
         .run(&state, |tx| {
             Box::pin(async move {
-                let replaced =
-                    stores::replace_credentials_tx(tx, &principal, &sealer, id, credentials, Some(traceparent))
-                        .await?
-                        .ok_or(ApiError::NotFound("store"))?;
+                let replaced = stores::replace_credentials_tx(tx, &principal, &sealer, id, credentials, Some(trace))
+                    .await?
+                    .ok_or(ApiError::NotFound("store"))?;
                 Ok(Reply::accepted(&replaced, replaced.operation.id))
             })
         })

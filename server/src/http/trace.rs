@@ -32,8 +32,9 @@ pub(super) fn request_span<B>(request: &Request<B>) -> Span {
     let span = span!(info_span);
     if !span.is_disabled() {
         span.record("otel.name", format!("{} {route}", request.method()));
-        if let Some(incoming) = request.headers().get("traceparent").and_then(|v| v.to_str().ok()) {
-            conveyor_jobs::set_span_parent(&span, incoming);
+        let header = |name| request.headers().get(name).and_then(|v| v.to_str().ok());
+        if let Some(incoming) = header("traceparent") {
+            conveyor_jobs::set_span_parent_with_state(&span, incoming, header("tracestate"));
         }
     }
     span

@@ -485,6 +485,7 @@ mod partitions {
             enqueued_at_ms: created_ms,
             due_at_ms: None,
             traceparent: String::new(),
+            tracestate: None,
             redrive: 0,
             class: String::new(),
             options: JobOptions::default(),

@@ -86,6 +86,7 @@ async fn publish(producer: &Producer, n: usize) {
             enqueued_at_ms: 0,
             due_at_ms: None,
             traceparent: String::new(),
+            tracestate: None,
             redrive: 0,
             class: String::new(),
             options: JobOptions::default(),

@@ -132,6 +132,7 @@ async fn one_store_verification_is_one_trace_from_the_request_to_the_marketplace
             .bearer_auth(app.token(who))
             .header("idempotency-key", uuid::Uuid::new_v4().to_string())
             .header("traceparent", format!("00-{caller_trace}-{caller_span}-01"))
+            .header("tracestate", "congo=t61rcWkgMzE")
             .json(&store_body("traced"))
             .send()
             .await
@@ -146,7 +147,10 @@ async fn one_store_verification_is_one_trace_from_the_request_to_the_marketplace
     assert!(done.is_some(), "verified; worker log:\n{}\ndispatcher log:\n{}", worker.log(), dispatcher.log());
     // The job's traceparent in the outbox is the API request span's, in the caller's trace.
     let event = &app.db.rows("outbox_events", who.workspace_id).await[0];
-    let stored = event["traceparent"].as_str().unwrap().to_owned();
+    // The column holds the traceparent, then on a line of its own the tracestate that came with it.
+    let (stored, state) = event["traceparent"].as_str().unwrap().split_once('\n').expect("a tracestate stored");
+    let stored = stored.to_owned();
+    assert_eq!(state, "congo=t61rcWkgMzE");
     assert!(stored.starts_with(&format!("00-{caller_trace}-")), "{stored}");
     assert!(!stored.contains(caller_span), "the request span is a child of the caller's, not the caller's: {stored}");
 
@@ -182,6 +186,8 @@ async fn one_store_verification_is_one_trace_from_the_request_to_the_marketplace
 
     // The marketplace got the call span's own context.
     assert_eq!(sandbox.traceparents(), vec![format!("00-{caller_trace}-{}-01", call.span_id)]);
+    // And the caller's tracestate, carried through the request, the outbox row, the stream entry and the run.
+    assert_eq!(sandbox.tracestates(), vec!["congo=t61rcWkgMzE".to_owned()]);
 }
 
 #[tokio::test]

@@ -156,11 +156,14 @@ fn call_span(operation: &'static str, path: &'static str) -> Span {
     )
 }
 
-/// Sends `request` in `span`, with a `traceparent` header naming the span when traces are exported, and records the
-/// answer's status on it.
+/// Sends `request` in `span`, with a `traceparent` header naming the span (and the `tracestate` it carries on) when
+/// traces are exported, and records the answer's status on it.
 async fn send_traced(request: reqwest::RequestBuilder, span: Span) -> reqwest::Result<reqwest::Response> {
     let request = match conveyor_jobs::traceparent_of(&span) {
-        Some(traceparent) => request.header("traceparent", traceparent),
+        Some(traceparent) => match conveyor_jobs::tracestate_of(&span) {
+            Some(state) => request.header("traceparent", traceparent).header("tracestate", state),
+            None => request.header("traceparent", traceparent),
+        },
         None => request,
     };
     let sent = request.send().instrument(span.clone()).await;

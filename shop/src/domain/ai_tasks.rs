@@ -343,7 +343,7 @@ pub async fn create_tx(
     principal: &Principal,
     new: NewAiTask,
     credits_limit: u32,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<Created, CreateError> {
     if let Some(listing_id) = new.listing_id {
         let found: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM conveyor_shop.listings WHERE id = $1")
@@ -376,8 +376,8 @@ pub async fn create_tx(
     .execute(&mut **tx)
     .await?;
     let mut options = EnqueueOptions::new().operation(operation.id);
-    if let Some(traceparent) = traceparent {
-        options = options.traceparent(traceparent);
+    if let Some(trace) = trace {
+        options = options.trace(trace);
     }
     conveyor_jobs::enqueue_tx(tx, &GenerateAi { task_id: id }, options).await.map_err(|e| match e {
         EnqueueError::Database(e) => e,

@@ -194,7 +194,7 @@ pub async fn create_tx(
     tx: &mut WorkspaceTx,
     principal: &Principal,
     new: NewTransfer,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<Created, sqlx::Error> {
     let id = Uuid::now_v7();
     let asset_transfer = sqlx::query_as::<_, Row>(concat!(
@@ -214,8 +214,8 @@ pub async fn create_tx(
         conveyor_jobs::create_operation_tx(tx, principal.workspace_id, principal.user_id, TRANSFER_KIND, Some(id))
             .await?;
     let mut options = EnqueueOptions::new().operation(operation.id);
-    if let Some(traceparent) = traceparent {
-        options = options.traceparent(traceparent);
+    if let Some(trace) = trace {
+        options = options.trace(trace);
     }
     conveyor_jobs::enqueue_tx(tx, &TransferAsset { asset_transfer_id: id }, options).await.map_err(|e| match e {
         EnqueueError::Database(e) => e,
@@ -376,7 +376,7 @@ pub async fn complete_tx(
     size: u64,
     sha256: &str,
     object: &ObjectKey,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<Option<Uuid>, sqlx::Error> {
     let live: Option<(Uuid,)> = sqlx::query_as(
         "SELECT id FROM conveyor_shop.asset_transfers WHERE id = $1 AND status = 'transferring' FOR UPDATE",
@@ -388,17 +388,9 @@ pub async fn complete_tx(
         return Ok(None);
     }
     let content_type = job.progress.content_type.as_deref().unwrap_or("application/octet-stream");
-    let (media, _operation) = super::media::adopt_object_tx(
-        tx,
-        workspace,
-        job.created_by,
-        &job.filename,
-        content_type,
-        size,
-        object,
-        traceparent,
-    )
-    .await?;
+    let (media, _operation) =
+        super::media::adopt_object_tx(tx, workspace, job.created_by, &job.filename, content_type, size, object, trace)
+            .await?;
     sqlx::query(
         "UPDATE conveyor_shop.asset_transfers
          SET status = 'completed', sha256 = $2, media_id = $3, bytes_done = $4, bytes_total = $4,

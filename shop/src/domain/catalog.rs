@@ -90,7 +90,7 @@ pub async fn start_tx(
     tx: &mut WorkspaceTx,
     principal: &Principal,
     store_id: Uuid,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<Started, StartError> {
     // The store row is locked (shared) so a credentials change cannot slip between this check and the commit.
     let status: Option<(String,)> = sqlx::query_as("SELECT status FROM conveyor_shop.stores WHERE id = $1 FOR SHARE")
@@ -136,8 +136,8 @@ pub async fn start_tx(
         }
     }
     let mut options = EnqueueOptions::new().operation(operation.id);
-    if let Some(traceparent) = traceparent {
-        options = options.traceparent(traceparent);
+    if let Some(trace) = trace {
+        options = options.trace(trace);
     }
     conveyor_jobs::enqueue_tx(tx, &SyncCatalog { sync_id }, options).await.map_err(|e| match e {
         EnqueueError::Database(e) => StartError::Database(e),

@@ -409,7 +409,7 @@ pub async fn publish_tx(
     tx: &mut WorkspaceTx,
     principal: &Principal,
     id: Uuid,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<Publication, PublishError> {
     // Concurrent publishes of the listing queue up here; each later one reads the operation the first one set. An
     // operation that ended `failed` or `canceled` stays so (only a dead-letter replay revives one, and its job then
@@ -461,8 +461,8 @@ pub async fn publish_tx(
     // The store is the marketplace's unit of quota: its publications share a limit key, so an operator's limit on it
     // (`set_key_limit`) and a rate limit the marketplace answers for it hold back this store's jobs only.
     let mut options = EnqueueOptions::new().operation(operation.id).limit_key(store_limit_key(store_id));
-    if let Some(traceparent) = traceparent {
-        options = options.traceparent(traceparent);
+    if let Some(trace) = trace {
+        options = options.trace(trace);
     }
     conveyor_jobs::enqueue_tx(tx, &PublishListing { listing_id: id }, options).await.map_err(|e| match e {
         EnqueueError::Database(e) => e,

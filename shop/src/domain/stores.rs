@@ -149,14 +149,14 @@ async fn queue_verification_tx(
     principal: &Principal,
     store_id: Uuid,
     credentials_version: i32,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<Operation, sqlx::Error> {
     let operation =
         conveyor_jobs::create_operation_tx(tx, principal.workspace_id, principal.user_id, VERIFY_KIND, Some(store_id))
             .await?;
     let mut options = EnqueueOptions::new().operation(operation.id);
-    if let Some(traceparent) = traceparent {
-        options = options.traceparent(traceparent);
+    if let Some(trace) = trace {
+        options = options.trace(trace);
     }
     conveyor_jobs::enqueue_tx(tx, &VerifyCredentials { store_id, credentials_version }, options).await.map_err(
         |e| match e {
@@ -174,7 +174,7 @@ pub async fn create_tx(
     principal: &Principal,
     sealer: &Sealer,
     new: NewStore,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<Authorization, sqlx::Error> {
     let id = Uuid::now_v7();
     let store = sqlx::query_as::<_, Store>(concat!(
@@ -199,7 +199,7 @@ pub async fn create_tx(
     .bind(&sealed.ciphertext)
     .execute(&mut **tx)
     .await?;
-    let operation = queue_verification_tx(tx, principal, id, 1, traceparent).await?;
+    let operation = queue_verification_tx(tx, principal, id, 1, trace).await?;
     Ok(Authorization { store, operation })
 }
 
@@ -210,7 +210,7 @@ pub async fn replace_credentials_tx(
     sealer: &Sealer,
     store_id: Uuid,
     credentials: Credentials,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<Option<Authorization>, sqlx::Error> {
     let store = sqlx::query_as::<_, Store>(concat!(
         "UPDATE conveyor_shop.stores SET status = 'pending_verification', status_detail = NULL, updated_at = now()
@@ -232,7 +232,7 @@ pub async fn replace_credentials_tx(
     .bind(&sealed.ciphertext)
     .fetch_one(&mut **tx)
     .await?;
-    let operation = queue_verification_tx(tx, principal, store_id, version, traceparent).await?;
+    let operation = queue_verification_tx(tx, principal, store_id, version, trace).await?;
     Ok(Some(Authorization { store, operation }))
 }
 

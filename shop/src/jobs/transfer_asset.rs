@@ -129,7 +129,7 @@ impl Handler<TransferAsset> for TransferAssetHandler {
             tracing::warn!(asset_transfer_id = %id, size, bytes_done = progress.bytes_done, "Stored size differs");
             return Err(JobError::Retryable(format!("stored {size} bytes, downloaded {}", progress.bytes_done)));
         }
-        let traceparent = Some(cx.traceparent().to_owned());
+        let trace = Some(cx.trace());
         let completed = asset_transfers::complete_tx(
             cx.tx().await?,
             workspace,
@@ -138,7 +138,7 @@ impl Handler<TransferAsset> for TransferAssetHandler {
             size,
             &sha256,
             &object,
-            traceparent,
+            trace,
         )
         .await?;
         for index in 0..stored_parts {

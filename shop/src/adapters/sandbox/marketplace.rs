@@ -43,6 +43,9 @@ async fn verify(State(sandbox): State<Sandbox>, headers: HeaderMap, Json(body): 
     if let Some(traceparent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
         inner.traceparents.push(traceparent.to_owned());
     }
+    if let Some(tracestate) = headers.get("tracestate").and_then(|v| v.to_str().ok()) {
+        inner.tracestates.push(tracestate.to_owned());
+    }
     inner.stats.calls += 1;
     *inner.stats.calls_by_key.entry(key.clone()).or_default() += 1;
     if fail {
@@ -95,6 +98,9 @@ async fn create_product(
         let mut inner = sandbox.0.lock().expect("sandbox lock");
         if let Some(traceparent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
             inner.traceparents.push(traceparent.to_owned());
+        }
+        if let Some(tracestate) = headers.get("tracestate").and_then(|v| v.to_str().ok()) {
+            inner.tracestates.push(tracestate.to_owned());
         }
         inner.stats.product_calls += 1;
         inner.stats.product_calls_in_flight += 1;

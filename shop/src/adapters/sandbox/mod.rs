@@ -104,6 +104,8 @@ pub(crate) struct Inner {
     pub(crate) ai_results: HashMap<String, serde_json::Value>,
     /// The `traceparent` headers of marketplace calls, in the order received.
     pub(crate) traceparents: Vec<String>,
+    /// The `tracestate` headers of marketplace calls, in the order received.
+    pub(crate) tracestates: Vec<String>,
 }
 
 /// A running sandbox's shared state (also readable in-process).
@@ -124,6 +126,11 @@ impl Sandbox {
     /// The `traceparent` headers the marketplace calls carried, in the order received (calls without one: none).
     pub fn traceparents(&self) -> Vec<String> {
         self.0.lock().expect("sandbox lock").traceparents.clone()
+    }
+
+    /// The `tracestate` headers the marketplace calls carried, in the order received (calls without one: none).
+    pub fn tracestates(&self) -> Vec<String> {
+        self.0.lock().expect("sandbox lock").tracestates.clone()
     }
 
     /// The id of the product made for idempotency key `key`, if any.

@@ -402,13 +402,13 @@ async fn queue_processing_tx(
     workspace_id: WorkspaceId,
     created_by: UserId,
     media_id: Uuid,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<Operation, sqlx::Error> {
     let operation =
         conveyor_jobs::create_operation_tx(tx, workspace_id, created_by, PROCESS_KIND, Some(media_id)).await?;
     let mut options = EnqueueOptions::new().operation(operation.id);
-    if let Some(traceparent) = traceparent {
-        options = options.traceparent(traceparent);
+    if let Some(trace) = trace {
+        options = options.trace(trace);
     }
     conveyor_jobs::enqueue_tx(tx, &ProcessMedia { media_id }, options).await.map_err(|e| match e {
         EnqueueError::Database(e) => e,
@@ -430,9 +430,9 @@ pub async fn complete_tx(
     workspace_id: WorkspaceId,
     created_by: UserId,
     id: Uuid,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<Completion, CompleteError> {
-    let operation = queue_processing_tx(tx, workspace_id, created_by, id, traceparent).await?;
+    let operation = queue_processing_tx(tx, workspace_id, created_by, id, trace).await?;
     let completed = sqlx::query(
         "UPDATE conveyor_shop.media SET status = 'processing', operation_id = $2, updated_at = now()
          WHERE id = $1
@@ -468,13 +468,13 @@ pub async fn adopt_object_tx(
     content_type: &str,
     size_bytes: u64,
     object: &ObjectKey,
-    traceparent: Option<String>,
+    trace: Option<conveyor_jobs::TraceContext>,
 ) -> Result<(Media, Operation), sqlx::Error> {
     let id = Uuid::now_v7();
     // A name the API would refuse still makes a media (the job decides on the bytes); keep it within the column's
     // rule.
     let filename = if validate_filename(filename).is_ok() { filename.to_owned() } else { format!("{id}") };
-    let operation = queue_processing_tx(tx, workspace_id, created_by, id, traceparent).await?;
+    let operation = queue_processing_tx(tx, workspace_id, created_by, id, trace).await?;
     sqlx::query(
         "INSERT INTO conveyor_shop.media (id, workspace_id, filename, content_type, declared_size, status, object_key,
                             uploaded_size, operation_id, created_by)
