@@ -14,14 +14,15 @@
 //! use conveyor_jobs::Actor;
 //! use conveyor_jobs::console::{Console, Operator};
 //!
-//! /// The host's own authentication: here, a proxy that has already checked who is calling.
+//! /// The host's own authentication: here, an operator token the caller sends in `Authorization` (a script, a CLI).
 //! async fn authenticate(mut req: Request, next: Next) -> axum::response::Response {
-//!     let user = req.headers().get("x-authenticated-user").and_then(|v| v.to_str().ok()).map(str::to_owned);
-//!     if let Some(user) = user {
+//!     let bearer = req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+//!     if let Some(user) = bearer.and_then(verify_operator_token) {
 //!         req.extensions_mut().insert(Operator::bearer(Actor(user)));
 //!     }
 //!     next.run(req).await
 //! }
+//! # fn verify_operator_token(_: &str) -> Option<String> { None }
 //!
 //! let app: axum::Router = axum::Router::new()
 //!     .nest("/ops/jobs", Console::new(admin).router())
@@ -78,20 +79,24 @@ pub struct Operator {
     /// Who acts, as the audit trail records it.
     pub actor: Actor,
     /// The token a state-changing request must carry (the UI's forms carry it on their own), when the operator was
-    /// authenticated by a credential the browser attaches by itself (a cookie). `None` when the request carries its
-    /// own credential (a bearer token, a client certificate), which no other site can make a browser send.
+    /// authenticated by a credential the browser attaches by itself: a cookie, including the session cookie of an
+    /// authenticating proxy (oauth2-proxy, IAP) whose header the host reads. `None` only when the request carries
+    /// its own credential (an `Authorization` bearer token, a client certificate), which no other site can make a
+    /// browser send. Whatever it is, every change must also come from the console's own origin.
     pub csrf: Option<String>,
 }
 
 impl Operator {
-    /// An operator authenticated by a credential the request carries itself (`Authorization: Bearer`, mTLS, a
-    /// trusted proxy's header): no CSRF token is needed.
+    /// An operator authenticated by a credential the request carries itself (`Authorization: Bearer`, a client
+    /// certificate): no CSRF token is needed. Not for a proxy's header set from the proxy's own cookie: that is
+    /// [`Operator::session`], with a token.
     pub fn bearer(actor: Actor) -> Self {
         Self { actor, csrf: None }
     }
 
     /// An operator authenticated by a session cookie, with the session's CSRF token (an unguessable value bound to
-    /// the session, e.g. an HMAC of its id): every change must carry it.
+    /// the session, e.g. an HMAC of its id): every change must carry it. An empty token matches nothing: every change
+    /// is refused.
     pub fn session(actor: Actor, csrf: impl Into<String>) -> Self {
         Self { actor, csrf: Some(csrf.into()) }
     }
@@ -100,7 +105,9 @@ impl Operator {
     fn csrf_allows(&self, token: Option<&str>) -> bool {
         match (&self.csrf, token) {
             (None, _) => true,
-            (Some(expected), Some(token)) => constant_time_eq(expected.as_bytes(), token.as_bytes()),
+            (Some(expected), Some(token)) => {
+                !expected.is_empty() && constant_time_eq(expected.as_bytes(), token.as_bytes())
+            }
             (Some(_), None) => false,
         }
     }
@@ -182,6 +189,12 @@ impl Console {
 /// may be absent (older browsers, scripts). The console checks every UI form with it; a host's own login form should
 /// too. The error says why, for the page that refuses.
 pub fn check_same_origin(headers: &HeaderMap) -> Result<(), &'static str> {
+    same_origin(headers, None)
+}
+
+/// [`check_same_origin`], also accepting an `Origin` that names `authority`, the request URI's (where HTTP/2 puts the
+/// host, with no `Host` header).
+pub(crate) fn same_origin(headers: &HeaderMap, authority: Option<&str>) -> Result<(), &'static str> {
     if headers.get("sec-fetch-site").is_some_and(|site| site.as_bytes() != b"same-origin") {
         return Err("The form was sent from another site.");
     }
@@ -194,7 +207,10 @@ pub fn check_same_origin(headers: &HeaderMap) -> Result<(), &'static str> {
             .and_then(|v: &HeaderValue| v.to_str().ok())
             .is_some_and(|host| host.split(',').next().is_some_and(|h| h.trim().eq_ignore_ascii_case(origin_host)))
     };
-    if matches(header::HOST.as_str()) || matches("x-forwarded-host") {
+    if matches(header::HOST.as_str())
+        || matches("x-forwarded-host")
+        || authority.is_some_and(|a| a.eq_ignore_ascii_case(origin_host))
+    {
         Ok(())
     } else {
         Err("The form's Origin is not this site.")
@@ -204,7 +220,15 @@ pub fn check_same_origin(headers: &HeaderMap) -> Result<(), &'static str> {
 /// The path prefix the console is mounted under (`/ops/jobs`; empty at the root): the request's original path less
 /// the path the nested router sees.
 fn mount_prefix(original: &str, seen: &str) -> String {
-    let prefix = original.strip_suffix(seen).unwrap_or(original);
+    let prefix = match original.strip_suffix(seen) {
+        Some(prefix) => prefix,
+        None if seen == "/" => original,
+        None => {
+            // A layer of the host rewrote the path inside the router: no prefix can be told, links start at the root.
+            tracing::warn!(original, seen, "The console cannot tell the prefix it is mounted under");
+            ""
+        }
+    };
     prefix.trim_end_matches('/').to_owned()
 }
 
@@ -235,6 +259,7 @@ mod tests {
             ]))
             .is_ok()
         );
+        assert!(same_origin(&headers(&[("origin", "https://ops.example")]), Some("ops.example")).is_ok(), "HTTP/2");
         for bad in [
             &[("host", "127.0.0.1:9000"), ("origin", "http://evil.example")][..],
             &[("host", "127.0.0.1:9000"), ("origin", "null")],
@@ -253,6 +278,7 @@ mod tests {
         assert_eq!(mount_prefix("/ops/jobs", "/"), "/ops/jobs");
         assert_eq!(mount_prefix("/jobs", "/jobs"), "");
         assert_eq!(mount_prefix("/", "/"), "");
+        assert_eq!(mount_prefix("/rewritten/x", "/jobs"), "", "an original path the nested one does not end");
     }
 
     #[test]
@@ -264,5 +290,8 @@ mod tests {
         for wrong in [None, Some(""), Some("t0ke"), Some("t0ken!"), Some("T0KEN")] {
             assert!(!session.csrf_allows(wrong), "{wrong:?}");
         }
+        // A host that hands an empty token refuses every change rather than letting an empty form through.
+        let empty = Operator::session(Actor("alice".into()), "");
+        assert!(!empty.csrf_allows(Some("")) && !empty.csrf_allows(None));
     }
 }

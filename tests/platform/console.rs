@@ -61,9 +61,15 @@ fn session_of(sessions: &Sessions, headers: &HeaderMap) -> Option<(String, Strin
     sessions.lock().unwrap().get(id).cloned()
 }
 
-/// The host's authentication layer: its session cookie makes the request an operator's.
+/// The token a script of the host's sends in `Authorization: Bearer`.
+const SCRIPT_TOKEN: &str = "the-hosts-script-token";
+
+/// The host's authentication layer: its bearer token, else its session cookie, makes the request an operator's.
 async fn authenticate(State(sessions): State<Sessions>, mut req: Request, next: Next) -> Response {
-    if let Some((user, csrf)) = session_of(&sessions, req.headers()) {
+    let bearer = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    if bearer.as_deref() == Some(&format!("Bearer {SCRIPT_TOKEN}")) {
+        req.extensions_mut().insert(Operator::bearer(Actor("host:script".into())));
+    } else if let Some((user, csrf)) = session_of(&sessions, req.headers()) {
         req.extensions_mut().insert(Operator::session(Actor(format!("host:{user}")), csrf));
     }
     next.run(req).await
@@ -96,17 +102,28 @@ async fn login(State(sessions): State<Sessions>, Form(form): Form<Login>) -> Res
     }
     let (id, csrf) = (Uuid::new_v4().simple().to_string(), Uuid::new_v4().simple().to_string());
     sessions.lock().unwrap().insert(id.clone(), (form.user, csrf));
-    let next =
-        if form.next.starts_with("/ops/jobs") && !form.next.contains("//") { form.next } else { "/ops/jobs".into() };
+    let ours = form.next.starts_with("/ops/jobs") && !form.next.contains("//") && !form.next.contains('\\');
+    let next = if ours { form.next } else { "/ops/jobs".into() };
     let cookie = format!("host_session={id}; Path=/; HttpOnly; SameSite=Strict");
     (StatusCode::SEE_OTHER, [(header::SET_COOKIE, cookie), (header::LOCATION, next)]).into_response()
 }
 
-async fn logout(State(sessions): State<Sessions>, headers: HeaderMap) -> Redirect {
-    if let Some((user, _)) = session_of(&sessions, &headers) {
-        sessions.lock().unwrap().retain(|_, (u, _)| *u != user);
+#[derive(Deserialize)]
+struct Logout {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// Ends the session, when the console's logout button (which carries the session's CSRF token) sent it.
+async fn logout(State(sessions): State<Sessions>, headers: HeaderMap, Form(form): Form<Logout>) -> Response {
+    match session_of(&sessions, &headers) {
+        Some((user, csrf)) if csrf == form.csrf => {
+            sessions.lock().unwrap().retain(|_, (u, _)| *u != user);
+            Redirect::to("/login").into_response()
+        }
+        Some(_) => (StatusCode::FORBIDDEN, "not this session's logout").into_response(),
+        None => Redirect::to("/login").into_response(),
     }
-    Redirect::to("/login")
 }
 
 /// A host on the single-role platform with the console at `/ops/jobs`, a worker and the dispatcher running, one job
@@ -140,6 +157,9 @@ impl Host {
             .route("/logout", post(logout))
             .route("/", get(|| async { "the host's own home" }))
             .nest("/ops/jobs", console.router())
+            // Without a login path, and without an operator role.
+            .nest("/bare", Console::new(conveyor.admin()).router())
+            .nest("/off", Console::unavailable("configure the operator role").router())
             .layer(middleware::from_fn_with_state(sessions.clone(), authenticate))
             .with_state(sessions.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -285,6 +305,42 @@ async fn under_the_hosts_prefix_the_api_and_the_forms_need_the_hosts_operator_an
     let done = post(vec![("csrf", csrf.clone())], &same).await.unwrap();
     assert_eq!(done.status(), StatusCode::SEE_OTHER);
     assert_eq!(done.headers()[LOCATION], "/ops/jobs/dead-letters?notice=replayed");
+
+    // The API refuses a change a browser sends from another site, the session's token or not.
+    let cross = pause().header("x-csrf-token", &csrf).header("origin", "http://evil.example").send().await.unwrap();
+    assert_eq!(cross.status(), StatusCode::FORBIDDEN);
+    assert_eq!(cross.json::<Value>().await.unwrap()["code"], "CROSS_SITE_REFUSED");
+    // A script's bearer token needs no CSRF token, but still no other site's origin.
+    let script = || {
+        http.post(host.at("/ops/jobs/api/v1/pauses"))
+            .bearer_auth(SCRIPT_TOKEN)
+            .json(&json!({ "queue": "y", "reason": "by script" }))
+    };
+    assert_eq!(script().header("origin", "http://evil.example").send().await.unwrap().status(), StatusCode::FORBIDDEN);
+    assert_eq!(script().send().await.unwrap().status(), StatusCode::CREATED);
+    let pauses: Value = http
+        .get(host.at("/ops/jobs/api/v1/pauses"))
+        .bearer_auth(SCRIPT_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let queues: Vec<&str> = pauses["items"].as_array().unwrap().iter().filter_map(|p| p["queue"].as_str()).collect();
+    assert_eq!(queues.len(), 2, "the session's pause and the script's: {pauses}");
+
+    // A console without a login path answers 401 to a visitor; one without an operator role, 503 to an operator.
+    let bare = http.get(host.at("/bare/jobs")).send().await.unwrap();
+    assert_eq!(bare.status(), StatusCode::UNAUTHORIZED);
+    assert!(bare.text().await.unwrap().contains("Not signed in"));
+    let off = http.get(host.at("/off")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(off.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(off.text().await.unwrap().contains("configure the operator role"));
+    let off_api = http.get(host.at("/off/api/v1/queues")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(off_api.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(off_api.json::<Value>().await.unwrap()["code"], "ADMIN_NOT_CONFIGURED");
+    assert_eq!(http.get(host.at("/off/api/v1/queues")).send().await.unwrap().status(), StatusCode::UNAUTHORIZED);
 
     // The pages' links, the stylesheet and the error pages are under the prefix; the host's own routes are its own.
     let home = http.get(host.at("/ops/jobs")).header("cookie", &cookie).send().await.unwrap();

@@ -30,7 +30,10 @@ const DETAILS: &[(&str, &str)] = &[
     ),
     ("CONVEYOR_REDIS_PREFIX", "prefix of every Redis key"),
     ("CONVEYOR_HTTP_ADDR", "API listen address"),
-    ("CONVEYOR_ADMIN_ADDR", "`/metrics`, `/healthz`, `/readyz`"),
+    (
+        "CONVEYOR_ADMIN_ADDR",
+        "the admin listener: `/metrics`, `/healthz`, `/readyz`, and for the `api` role the operator UI (`/ui`) and the admin API (`/admin/v1`)",
+    ),
     (
         "CONVEYOR_JWT_SECRET",
         "HS256 secret of the workspace bearer tokens, at least 32 bytes; read by the `api` role alone (the other roles verify no token and drop it)",
@@ -151,6 +154,16 @@ const DETAILS: &[(&str, &str)] = &[
     ("CONVEYOR_AI_PROVIDER_URL", "base URL of the AI provider"),
 ];
 
+/// What a variable without a literal default does when unset, where that is something (the table's default column).
+const UNSET: &[(&str, &str)] = &[
+    ("CONVEYOR_REDIS_CA_FILE", "the system's roots"),
+    ("CONVEYOR_OBJECT_STORE_URL", "`file://<data dir>/objects`"),
+    ("CONVEYOR_MEDIA_DECODE_PERMITS", "one per core"),
+    ("CONVEYOR_ASSET_ALLOWED_PORTS", "empty: 80 and 443 only"),
+    ("CONVEYOR_AI_PROVIDER_URL", "`CONVEYOR_MARKETPLACE_URL`"),
+    ("OTEL_SERVICE_NAME", "`conveyor-<role>`"),
+];
+
 /// The roles of a mask, as the commands name them.
 fn roles(mask: u8) -> String {
     let names = [
@@ -173,13 +186,21 @@ fn meaning(v: &Variable) -> &'static str {
 pub fn markdown() -> String {
     let mut table = String::from("| variable | meaning | read by | default |\n|---|---|---|---|\n");
     for v in VARIABLES {
+        let unset = UNSET.iter().find(|(name, _)| *name == v.name).map(|(_, text)| *text);
         let default = match (v.required, v.default) {
             (0, Some(value)) => format!("`{value}`"),
-            (0, None) => "—".to_owned(),
+            (0, None) => unset.unwrap_or("—").to_owned(),
             (required, _) => format!("required by {}", roles(required)),
         };
         let secret = if v.secret { " (a secret: never printed)" } else { "" };
-        table.push_str(&format!("| `{}` | {}{secret} | {} | {default} |\n", v.name, meaning(v), roles(v.roles)));
+        let cell = |text: &str| text.replace('|', "\\|");
+        table.push_str(&format!(
+            "| `{}` | {}{secret} | {} | {} |\n",
+            v.name,
+            cell(meaning(v)),
+            roles(v.roles),
+            cell(&default)
+        ));
     }
     table
 }
@@ -206,7 +227,7 @@ mod tests {
 
     #[test]
     fn every_detail_names_a_variable_of_the_table() {
-        for (name, _) in DETAILS {
+        for (name, _) in DETAILS.iter().chain(UNSET) {
             assert!(VARIABLES.iter().any(|v| v.name == *name), "{name} is not a variable");
         }
     }

@@ -174,6 +174,8 @@ async fn pages_need_a_session_and_only_operator_credentials_start_one() {
     // `/ui/`, the overview's address before, leads to it.
     let slash = http.get(ui(&app, "/ui/")).send().await.unwrap();
     assert_eq!((slash.status(), location(slash.headers())), (StatusCode::PERMANENT_REDIRECT, "/ui"));
+    let refreshing = http.get(ui(&app, "/ui/?refresh=5")).send().await.unwrap();
+    assert_eq!(location(refreshing.headers()), "/ui?refresh=5", "the query is kept");
     let page = http.get(ui(&app, "/ui/dead-letters?queue=a")).send().await.unwrap();
     assert_eq!(page.status(), StatusCode::SEE_OTHER);
     assert_eq!(location(page.headers()), "/ui/login?next=%2Fui%2Fdead-letters%3Fqueue%3Da");

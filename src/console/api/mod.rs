@@ -87,6 +87,11 @@ impl FromRequestParts<State> for Operating {
     async fn from_request_parts(parts: &mut Parts, settings: &State) -> Result<Self, ApiError> {
         let operator = parts.extensions.get::<Operator>().ok_or(ApiError::Unauthenticated)?;
         if !parts.method.is_safe() {
+            // Whatever the credential, a change a browser sends from another site is refused (scripts send no Origin).
+            let authority = parts.uri.authority().map(|a| a.as_str());
+            if let Err(why) = super::same_origin(&parts.headers, authority) {
+                return Err(ApiError::CrossSite(why));
+            }
             let token = parts.headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
             if !operator.csrf_allows(token) {
                 return Err(ApiError::CsrfRejected);

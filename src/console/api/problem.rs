@@ -32,6 +32,9 @@ pub(crate) enum ApiError {
     /// A state-changing call by an operator with a CSRF token, without it.
     #[error("this call needs the session's CSRF token in the X-CSRF-Token header")]
     CsrfRejected,
+    /// A change sent by a browser from another site (`Origin`, `Sec-Fetch-Site`).
+    #[error("refused: {0}")]
+    CrossSite(&'static str),
     /// The host has no operator role; the text says what to configure.
     #[error("the admin API is off: {0}")]
     NotConfigured(String),
@@ -110,7 +113,7 @@ impl ApiError {
     pub(crate) fn status(&self) -> StatusCode {
         match self {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
-            Self::CsrfRejected => StatusCode::FORBIDDEN,
+            Self::CsrfRejected | Self::CrossSite(_) => StatusCode::FORBIDDEN,
             Self::NotConfigured(_) | Self::Unavailable(..) => StatusCode::SERVICE_UNAVAILABLE,
             Self::BadParameter { .. } | Self::BadBody(_) | Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
@@ -124,6 +127,7 @@ impl ApiError {
         match self {
             Self::Unauthenticated => "UNAUTHENTICATED",
             Self::CsrfRejected => "CSRF_TOKEN_INVALID",
+            Self::CrossSite(_) => "CROSS_SITE_REFUSED",
             Self::NotConfigured(_) => "ADMIN_NOT_CONFIGURED",
             Self::BadParameter { .. } | Self::Invalid(_) => "INVALID_PARAMETER",
             Self::BadBody(_) => "INVALID_BODY",

@@ -15,7 +15,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 
 use super::{Message, State as Settings, layout};
-use crate::console::{CSRF_FIELD, Operator, check_same_origin, mount_prefix};
+use crate::console::{CSRF_FIELD, Operator, mount_prefix, same_origin};
 
 /// No script at all, styles from the UI itself, forms posting only to it, never framed.
 const CSP: &str = "default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self' data:; object-src 'none'; \
@@ -32,6 +32,7 @@ impl Base {
     /// The console's own `path` (`/jobs`; `/` or `/?query` for the overview) under the prefix. The overview under a
     /// prefix is the prefix itself (`/ops/jobs`): axum's `nest("/ops/jobs", ...)` routes that, not `/ops/jobs/`.
     pub(super) fn at(&self, path: &str) -> String {
+        debug_assert!(path.starts_with('/'), "a console path starts with /: {path}");
         match path.strip_prefix('/') {
             Some(rest) if !self.0.is_empty() && (rest.is_empty() || rest.starts_with('?')) => {
                 format!("{}{rest}", self.0)
@@ -89,7 +90,7 @@ pub(super) async fn require_operator(State(settings): State<Settings>, req: Requ
     if req.method() == Method::GET || req.method() == Method::HEAD {
         return next.run(req).await;
     }
-    if let Err(why) = check_same_origin(req.headers()) {
+    if let Err(why) = same_origin(req.headers(), req.uri().authority().map(|a| a.as_str())) {
         return forbidden(why);
     }
     let (parts, body) = req.into_parts();
@@ -115,7 +116,7 @@ fn login_url(login: &str, req: &Request) -> String {
     let original = req.extensions().get::<OriginalUri>().map(|uri| &uri.0).unwrap_or(req.uri());
     match original.path_and_query() {
         Some(target) if req.method() == Method::GET && seen != "/" => {
-            layout::url_with(login, &[("next", Some(target.as_str()))])
+            layout::append(login, &[("next", Some(target.as_str()))])
         }
         _ => login.to_owned(),
     }

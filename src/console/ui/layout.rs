@@ -219,7 +219,7 @@ pub(super) fn url_with(path: &str, pairs: &[(&str, Option<&str>)]) -> String {
 }
 
 /// `path`, which may have a query already, with `pairs` (empty values left out) added to it.
-fn append(path: &str, pairs: &[(&str, Option<&str>)]) -> String {
+pub(super) fn append(path: &str, pairs: &[(&str, Option<&str>)]) -> String {
     let query = url_with("", pairs);
     let query = query.trim_start_matches('?');
     let separator = if path.contains('?') { '&' } else { '?' };

@@ -39,7 +39,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
     .logout_path("/ui/logout");
     let login = Router::new()
         // The overview is `/ui` (what `nest` routes); `/ui/`, its address before, leads there.
-        .route("/ui/", get(|| async { Redirect::permanent("/ui") }))
+        .route("/ui/", get(|uri: axum::http::Uri| async move { Redirect::permanent(&slashless(&uri)) }))
         .route("/ui/login", get(login::form).post(login::submit))
         .route("/ui/logout", axum::routing::post(login::logout))
         .layer(middleware::from_fn(console::security_headers));
@@ -47,6 +47,14 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .nest("/ui", console.ui())
         .nest("/admin/v1", console.api())
         .layer(middleware::from_fn_with_state(state.clone(), attach_operator))
+}
+
+/// `/ui/?query` as `/ui?query`: the overview's address, the query kept (`?refresh=5`).
+fn slashless(uri: &axum::http::Uri) -> String {
+    match uri.query() {
+        Some(query) => format!("/ui?{query}"),
+        None => "/ui".to_owned(),
+    }
 }
 
 /// Puts the request's [`Operator`] in its extensions when it has one: by its bearer credential (a wrong one is no
