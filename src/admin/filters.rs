@@ -75,31 +75,14 @@ fn range(since: Option<DateTime<Utc>>, until: Option<DateTime<Utc>>) -> Result<(
     }
 }
 
-/// A job state as the SQL functions name it (`conveyor_job_state`, the serde name of [`JobStatus`]).
+/// A job state as the SQL functions name it (`conveyor_job_state`).
 pub(super) fn state_name(status: JobStatus) -> &'static str {
-    match status {
-        JobStatus::Scheduled => "scheduled",
-        JobStatus::Queued => "queued",
-        JobStatus::Retrying => "retrying",
-        JobStatus::Active => "active",
-        JobStatus::Succeeded => "succeeded",
-        JobStatus::Failed => "failed",
-        JobStatus::Canceled => "canceled",
-    }
+    status.as_str()
 }
 
 /// The [`JobStatus`] a SQL function named.
 pub(super) fn parse_state(name: &str) -> Result<JobStatus, sqlx::Error> {
-    Ok(match name {
-        "scheduled" => JobStatus::Scheduled,
-        "queued" => JobStatus::Queued,
-        "retrying" => JobStatus::Retrying,
-        "active" => JobStatus::Active,
-        "succeeded" => JobStatus::Succeeded,
-        "failed" => JobStatus::Failed,
-        "canceled" => JobStatus::Canceled,
-        other => return Err(sqlx::Error::Decode(format!("unknown job state `{other}`").into())),
-    })
+    JobStatus::from_name(name).ok_or_else(|| sqlx::Error::Decode(format!("unknown job state `{name}`").into()))
 }
 
 /// Checks a job search; returns its page size.

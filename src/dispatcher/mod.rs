@@ -182,6 +182,8 @@ impl Dispatcher {
     }
 
     fn message(event: &ClaimedEvent) -> Message {
+        let (traceparent, tracestate) = event.traceparent.as_deref().map(telemetry::from_stored).unzip();
+        let tracestate = tracestate.flatten();
         Message {
             queue: event.queue.clone(),
             event_id: event.id,
@@ -192,15 +194,8 @@ impl Dispatcher {
             attempt: event.job_attempts + 1,
             enqueued_at_ms: event.created_at.timestamp_millis(),
             due_at_ms: (event.next_attempt_at > event.created_at).then(|| event.next_attempt_at.timestamp_millis()),
-            traceparent: event
-                .traceparent
-                .as_deref()
-                .map_or_else(telemetry::new_traceparent, |stored| telemetry::from_stored(stored).0.to_owned()),
-            tracestate: event
-                .traceparent
-                .as_deref()
-                .and_then(|stored| telemetry::from_stored(stored).1)
-                .map(str::to_owned),
+            traceparent: traceparent.map_or_else(telemetry::new_traceparent, str::to_owned),
+            tracestate: tracestate.map(str::to_owned),
             redrive: event.redrive_count,
             class: event.workspace_class.clone(),
             options: JobOptions {

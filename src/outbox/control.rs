@@ -37,6 +37,28 @@ pub enum JobStatus {
 }
 
 impl JobStatus {
+    /// Every status, in the order of a job's life.
+    pub const ALL: [JobStatus; 7] =
+        [Self::Scheduled, Self::Queued, Self::Active, Self::Retrying, Self::Succeeded, Self::Failed, Self::Canceled];
+
+    /// Its name, as JSON, URLs and the SQL functions write it (`failed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduled => "scheduled",
+            Self::Queued => "queued",
+            Self::Retrying => "retrying",
+            Self::Active => "active",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+        }
+    }
+
+    /// The status named `name` ([`JobStatus::as_str`]), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
     /// Whether the job has ended (succeeded, failed or canceled): it will not run again unless replayed.
     pub fn is_finished(self) -> bool {
         matches!(self, Self::Succeeded | Self::Failed | Self::Canceled)

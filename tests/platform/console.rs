@@ -181,6 +181,12 @@ impl Host {
         format!("{}{path}", self.url)
     }
 
+    /// `path`'s JSON, fetched with `cookie`.
+    async fn json(&self, path: &str, cookie: &str) -> Value {
+        let answer = reqwest::Client::new().get(self.at(path)).header("cookie", cookie).send().await.unwrap();
+        answer.json().await.unwrap()
+    }
+
     /// A session of the host's, as its login would start it: (cookie, CSRF token).
     fn session(&self) -> (String, String) {
         let (id, csrf) = ("test-session".to_owned(), "test-csrf-token".to_owned());
@@ -235,15 +241,7 @@ async fn an_operator_logs_in_to_the_host_sees_the_queue_and_replays_a_dead_lette
     let status = browser.element("#status").await;
     assert_eq!(status.attr("data-status").await.unwrap().as_deref(), Some("succeeded"));
     let (cookie, _) = host.session();
-    let audit: Value = reqwest::Client::new()
-        .get(host.at("/ops/jobs/api/v1/audit"))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let audit = host.json("/ops/jobs/api/v1/audit", &cookie).await;
     let replay = audit["items"].as_array().unwrap().iter().find(|e| e["action"] == "replay_dead_letter");
     assert_eq!(replay.map(|e| e["actor"].clone()), Some(json!("host:grace")), "{audit}");
 
@@ -274,15 +272,7 @@ async fn under_the_hosts_prefix_the_api_and_the_forms_need_the_hosts_operator_an
     assert_eq!((form.status(), &form.headers()[LOCATION]), (StatusCode::SEE_OTHER, &"/login".parse().unwrap()));
 
     // With it: the API lists the queue; a change without the session's CSRF token is refused, with it done.
-    let queues: Value = http
-        .get(host.at("/ops/jobs/api/v1/queues"))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let queues = host.json("/ops/jobs/api/v1/queues", &cookie).await;
     let deliveries = queues["items"].as_array().unwrap().iter().find(|q| q["name"] == "deliveries").cloned();
     assert_eq!(deliveries.map(|q| q["counts"]["dead"].clone()), Some(json!(1)), "{queues}");
     let pause =

@@ -72,8 +72,7 @@ impl Params {
         self.raw(name)
             .map(|v| {
                 let states = "scheduled, queued, retrying, active, succeeded, failed, canceled";
-                serde_json::from_value(serde_json::Value::from(v))
-                    .map_err(|_| bad(name, format!("`{v}` is not a job state ({states})")))
+                JobStatus::from_name(v).ok_or_else(|| bad(name, format!("`{v}` is not a job state ({states})")))
             })
             .transpose()
     }

@@ -47,8 +47,8 @@ pub(super) async fn search(page: Page, Query(f): Query<Filters>) -> Result<Marku
             label { "Status"
                 select name="status" {
                     option value="" { "any" }
-                    @for s in layout::JOB_STATUSES {
-                        @let s = layout::status_name(s);
+                    @for s in JobStatus::ALL {
+                        @let s = s.as_str();
                         option value=(s) selected[field(&f.status) == Some(s)] { (s) }
                     }
                 }
@@ -75,7 +75,7 @@ pub(super) fn job_table(page: &Page, jobs: &[JobSummary], with_queue: bool) -> M
                 } }
                 tbody {
                     @for j in jobs {
-                        @let status = layout::status_name(j.status);
+                        @let status = j.status.as_str();
                         tr data-job=(j.id) data-status=(status) {
                             td { a href=(page.at(&format!("/jobs/{}", j.id))) { (short_id(j.id)) } }
                             td { (j.kind) }
@@ -107,7 +107,7 @@ pub(super) async fn show(page: Page, Path(id): Path<String>, Query(notice): Quer
 fn detail(page: &Page, d: &JobDetail) -> Markup {
     let j = &d.job;
     let csrf = page.csrf.as_str();
-    let status = layout::status_name(j.status);
+    let status = j.status.as_str();
     let path = page.at(&format!("/jobs/{}", j.id));
     html! {
         div.actions {

@@ -125,30 +125,6 @@ pub(super) fn status_badge(status: &str) -> Markup {
     html! { span class=(format!("badge s-{status}")) { (status) } }
 }
 
-/// The name a job status has in URLs and badges.
-pub(super) fn status_name(status: JobStatus) -> &'static str {
-    match status {
-        JobStatus::Scheduled => "scheduled",
-        JobStatus::Queued => "queued",
-        JobStatus::Retrying => "retrying",
-        JobStatus::Active => "active",
-        JobStatus::Succeeded => "succeeded",
-        JobStatus::Failed => "failed",
-        JobStatus::Canceled => "canceled",
-    }
-}
-
-/// Every job status, in the order of a job's life.
-pub(super) const JOB_STATUSES: [JobStatus; 7] = [
-    JobStatus::Scheduled,
-    JobStatus::Queued,
-    JobStatus::Active,
-    JobStatus::Retrying,
-    JobStatus::Succeeded,
-    JobStatus::Failed,
-    JobStatus::Canceled,
-];
-
 /// A time in UTC, to the second.
 pub(super) fn time(at: DateTime<Utc>) -> Markup {
     html! { time datetime=(at.to_rfc3339()) { (at.format("%Y-%m-%d %H:%M:%S")) } }
@@ -334,8 +310,8 @@ pub(super) fn uuid_field(name: &str, value: &Option<String>) -> Result<Option<Uu
 /// A form's optional job status, or an error listing the valid ones.
 pub(super) fn status_field(value: &Option<String>) -> Result<Option<JobStatus>, super::UiError> {
     let Some(value) = field(value) else { return Ok(None) };
-    JOB_STATUSES.into_iter().find(|s| status_name(*s) == value).map(Some).ok_or_else(|| {
-        let names: Vec<&str> = JOB_STATUSES.into_iter().map(status_name).collect();
+    JobStatus::from_name(value).map(Some).ok_or_else(|| {
+        let names: Vec<&str> = JobStatus::ALL.into_iter().map(JobStatus::as_str).collect();
         super::UiError::Invalid(format!("status must be one of {}, not {value}", names.join(", ")))
     })
 }

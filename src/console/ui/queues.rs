@@ -9,8 +9,8 @@ use serde::Deserialize;
 use super::jobs::job_table;
 use super::layout::{self, Notice, Section, age, field, maybe, segment, url_with};
 use super::{Page, UiError};
-use crate::PauseScope;
 use crate::{JobFilter, QueueSummary};
+use crate::{JobStatus, PauseScope};
 
 /// The queue page's filters.
 #[derive(Deserialize)]
@@ -65,8 +65,8 @@ pub(super) async fn show(
         p {
             "Status: "
             a href=(path) { @if status.is_none() { strong { "all" } } @else { "all" } }
-            @for s in layout::JOB_STATUSES {
-                @let s = layout::status_name(s);
+            @for s in JobStatus::ALL {
+                @let s = s.as_str();
                 " · "
                 a href=(url_with(&path, &[("status", Some(s))])) {
                     @if status_text == Some(s) { strong { (s) } } @else { (s) }
