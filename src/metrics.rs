@@ -23,8 +23,8 @@ pub(crate) const JOB_DEAD_LETTER_REASONS: [&str; 5] =
 /// The reasons of `conveyor_outbox_dispatch_errors_total` (the relay's failures).
 pub(crate) const DISPATCH_ERROR_REASONS: [&str; 3] = ["database", "redis_unavailable", "redis_error"];
 /// The passes of `conveyor_outbox_relay_passes_total`: a sweep looks up every workspace with due jobs, a named pass
-/// relays the workspaces that notifications named.
-pub(crate) const RELAY_PASSES: [&str; 2] = ["sweep", "named"];
+/// relays the workspaces that notifications named, a tick is an awake dispatcher's look for new jobs (migration 0039).
+pub(crate) const RELAY_PASSES: [&str; 3] = ["sweep", "named", "tick"];
 
 /// The source revision this binary was built from (`CONVEYOR_GIT_REVISION` at build time), or `unknown`.
 pub(crate) const REVISION: &str = match option_env!("CONVEYOR_GIT_REVISION") {
@@ -47,8 +47,9 @@ pub struct Metrics {
     pub outbox_dispatch_latency: HistogramVec,
     /// `conveyor_outbox_batch_size`: events per claimed batch (one claim, of one or more workspaces).
     pub outbox_batch_size: Histogram,
-    /// `conveyor_outbox_relay_passes_total{pass}`: the relay's passes by `sweep` and `named`. Sweeps come every poll
-    /// interval and while a backlog lasts; at a steady trickle the named passes carry the traffic.
+    /// `conveyor_outbox_relay_passes_total{pass}`: the relay's passes by `sweep`, `named` and `tick`. Sweeps come
+    /// every poll interval and while a backlog lasts; while jobs flow, an awake dispatcher's ticks carry them (enqueues
+    /// skip their notification), and after a quiet spell the first notification names its workspace.
     pub outbox_relay_passes: IntCounterVec,
     /// `conveyor_outbox_events{queue, status}`: jobs by state (`due`, `held` by a pause, `delayed`, `dispatching`,
     /// `dispatched` to the workers and not ended, `dead_letter`; migration 0029).

@@ -7,7 +7,10 @@
 //! events), then mark the delivered ones `dispatched` with their stream entry id, fenced by the lease, and return the
 //! failed ones to `pending` with exponential back-off, or `dead_letter` past the maximum. The loop
 //! ([`Dispatcher::run`]) relays the workspaces named by notifications as they come, with no lookup, and sweeps every
-//! workspace at start, every poll interval and while a backlog lasts.
+//! workspace at start, every poll interval and while a backlog lasts. While it sees work it is awake
+//! (`dispatchers_awake`, migration 0039): enqueues skip their notification, whose commit lock queued every enqueueing
+//! COMMIT behind the others, and it ticks instead, a look-up of the workspaces with due jobs every
+//! [`DispatcherSettings::tick`].
 //!
 //! Guarantees: an event committed is delivered at least once, whatever process dies when; the stream holds it once
 //! (the de-dup key), however often it is handed off. Several dispatchers cooperate through `SKIP LOCKED` and leases,
@@ -207,8 +210,8 @@ impl Dispatcher {
     }
 
     /// Claims, publishes and records one batch of each of `workspaces`. With `background`, the recording (the mark)
-    /// goes to the background [`Recorder`] and the [`Settled`] returned counts the full batches only, so that the
-    /// caller can go on to the next batch at once. Safe for the leases: a batch being recorded stays leased, so no
+    /// goes to the background [`Recorder`] and the [`Settled`] returned counts the full batches and the events handed
+    /// off only (their marks are still to come), so that the caller can go on to the next batch at once. Safe for the leases: a batch being recorded stays leased, so no
     /// claim takes it. Safe for order: the batch's `XADD` is done before the next claim.
     async fn dispatch_group(
         &self,
@@ -222,9 +225,9 @@ impl Dispatcher {
         match background {
             None => batch.record(&self.pool, &self.producer, &self.id, &self.settings).await,
             Some(recorder) => {
-                let full = batch.full;
+                let (full, dispatched) = (batch.full, batch.delivered.len() as u64);
                 recorder.send(batch).await;
-                Ok(Settled { full, ..Settled::default() })
+                Ok(Settled { full, dispatched, ..Settled::default() })
             }
         }
     }
@@ -345,7 +348,9 @@ impl Dispatcher {
     /// connection) and right after any pass that left more behind (a full batch). The marks of named
     /// passes are recorded in the background, several passes together, while the next passes run (the relay's latency
     /// path is claim and `XADD` only); every batch handed off is recorded, and so its leases settled, before `run`
-    /// returns. Between passes it sleeps until the next poll, or until the earliest delayed job is due if sooner.
+    /// returns. Awake (it saw work in the last second, and for [`AWAKE_GRACE`] after), it ticks instead of waiting
+    /// for notifications, which enqueues then skip. Between passes it sleeps until the next tick while awake, else
+    /// until the next poll, or until the earliest delayed job is due if sooner.
     /// The `LISTEN` holds one connection of the dispatcher's pool for as long as it runs.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), crate::Error> {
         self.run_inner(shutdown).await.public()
@@ -383,6 +388,7 @@ impl Dispatcher {
         let mut next_due: Option<DateTime<Utc>> = None;
         // Named passes are the latency path: their marks are recorded in the background, while the next pass runs.
         let recorder = Recorder::start(&self);
+        let mut awake = Awake::new(self.settings.tick);
         while !shutdown.is_cancelled() {
             if last_backlog.elapsed() >= Duration::from_secs(5) {
                 if let Err(e) = self.observe_backlog().await {
@@ -419,11 +425,17 @@ impl Dispatcher {
                 };
                 next_due = crate::schedule::sooner(next_due, next_tick);
                 pass
+            } else if awake.ticking() {
+                // Awake, enqueues notify nobody: every workspace with due jobs is looked up, and relayed as named ones
+                // are.
+                self.metrics.outbox_relay_passes.with_label_values(&["tick"]).inc();
+                self.tick(&mut awake, &mut named, &recorder).await
             } else {
                 // Named workspaces are a trickle (an event or a few each): as few statements as can be.
                 self.metrics.outbox_relay_passes.with_label_values(&["named"]).inc();
                 self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM, &HashSet::new(), Some(&recorder)).await
             };
+            let mut saw_work = matches!(&pass, Ok(DispatchOutcome::Worked(s)) if s.dispatched > 0 || s.full > 0);
             match pass {
                 // A lost lease leaves nothing due now: the job ended or asked for a retry before its hand-off was
                 // recorded (routine for a fast job), or another dispatcher took the lease over. Only a lease that
@@ -435,7 +447,15 @@ impl Dispatcher {
             }
             // Notifications that arrived during the pass.
             while let Ok(w) = wake.try_recv() {
+                saw_work |= w.workspace.is_some();
                 w.note(&mut named, &mut sweep, &mut next_due);
+            }
+            if saw_work {
+                awake.saw_work(&self.pool).await;
+            }
+            if awake.fell_asleep() {
+                // Delayed jobs written while it was awake notified nobody: the sweep's look ahead sets the timer.
+                sweep = true;
             }
             if sweep || !named.is_empty() {
                 continue;
@@ -443,6 +463,9 @@ impl Dispatcher {
             let mut until = poll.saturating_sub(last_sweep.elapsed());
             if let Some(due) = next_due {
                 until = until.min((due - Utc::now()).to_std().unwrap_or_default());
+            }
+            if awake.ticking() {
+                until = until.min(awake.interval());
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -454,6 +477,93 @@ impl Dispatcher {
         recorder.finish().await;
         tracing::info!(id = %self.id, "Dispatcher stopped");
         Ok(())
+    }
+}
+
+impl Dispatcher {
+    /// One tick of an awake dispatcher: looks up the workspaces with due jobs (as a sweep does, with no schedules and
+    /// no look ahead) and relays them with the named ones, their marks recorded in the background.
+    async fn tick(
+        &self,
+        awake: &mut Awake,
+        named: &mut HashSet<WorkspaceId>,
+        recorder: &Recorder,
+    ) -> anyhow::Result<DispatchOutcome> {
+        let started = std::time::Instant::now();
+        let due = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
+            .await
+            .context("Failed to list workspaces with due events")?;
+        awake.looked_up_in(started.elapsed());
+        let expired: HashSet<WorkspaceId> = due.iter().filter(|d| d.expired_leases).map(|d| d.workspace).collect();
+        let mut workspaces: Vec<WorkspaceId> = due.into_iter().map(|d| d.workspace).collect();
+        workspaces.extend(named.drain().filter(|w| !workspaces.contains(w)).collect::<Vec<_>>());
+        self.relay(workspaces, WORKSPACES_PER_CLAIM, &expired, Some(recorder)).await
+    }
+}
+
+/// How long a dispatcher that sees work says it is awake (`dispatchers_awake`, migration 0039): until then enqueues
+/// notify nobody. It says so again when less than half is left and it still sees work.
+const AWAKE_FOR: Duration = Duration::from_secs(1);
+
+/// How long a dispatcher goes on ticking after its mark lapsed: for the transactions that read the mark, skipped their
+/// notification and commit later. One that commits later still (or after its dispatcher died) waits for a sweep.
+const AWAKE_GRACE: Duration = Duration::from_secs(2);
+
+/// A tick's look-up may cost at most this share of the time between ticks: under a long-held snapshot the look-up
+/// walks every row version the snapshot keeps, and ticks then come further apart instead of taking a core.
+const TICK_SHARE: u32 = 4;
+
+/// Whether this dispatcher is awake: it keeps its mark ahead while it sees work, and ticks (looks for new jobs
+/// unnotified) until [`AWAKE_GRACE`] after its mark lapsed.
+struct Awake {
+    tick: Duration,
+    /// When the mark this dispatcher wrote lapses, by its own clock (taken after the write, so never before
+    /// PostgreSQL's).
+    until: Option<tokio::time::Instant>,
+    /// The last tick's look-up.
+    lookup: Duration,
+    /// Whether it ticked at the last look.
+    was_ticking: bool,
+}
+
+impl Awake {
+    fn new(tick: Duration) -> Self {
+        Self { tick, until: None, lookup: Duration::ZERO, was_ticking: false }
+    }
+
+    /// Work was seen (a notification, or jobs handed off): keeps the mark ahead. Off (a zero tick), never marks.
+    async fn saw_work(&mut self, pool: &PgPool) {
+        let now = tokio::time::Instant::now();
+        if self.tick.is_zero() || self.until.is_some_and(|until| until > now + AWAKE_FOR / 2) {
+            return;
+        }
+        match claim::mark_awake(pool, AWAKE_FOR).await {
+            Ok(()) => self.until = Some(tokio::time::Instant::now() + AWAKE_FOR),
+            // Enqueues go on notifying: nothing is late.
+            Err(e) => tracing::warn!(error = %redact(&e.to_string()), "Could not mark the dispatcher awake"),
+        }
+    }
+
+    /// Whether it ticks now.
+    fn ticking(&self) -> bool {
+        self.until.is_some_and(|until| tokio::time::Instant::now() < until + AWAKE_GRACE)
+    }
+
+    /// Whether it stopped ticking since the last call.
+    fn fell_asleep(&mut self) -> bool {
+        let ticking = self.ticking();
+        let fell = self.was_ticking && !ticking;
+        self.was_ticking = ticking;
+        fell
+    }
+
+    fn looked_up_in(&mut self, lookup: Duration) {
+        self.lookup = lookup;
+    }
+
+    /// The time between ticks: the setting, or longer when look-ups are slow.
+    fn interval(&self) -> Duration {
+        self.tick.max(self.lookup * TICK_SHARE)
     }
 }
 

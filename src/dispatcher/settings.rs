@@ -37,6 +37,11 @@ pub struct DispatcherSettings {
     /// Jobs of one workspace handed to the workers and not yet ended, at most, times the workspace's weight
     /// (`CONVEYOR_DISPATCH_WINDOW`, default 256; 0 turns the window, and with it fairness, off).
     pub window: i32,
+    /// While it relays, how often the dispatcher looks for new jobs without being told (`CONVEYOR_DISPATCH_TICK`,
+    /// default 2ms; 0 turns it off). A dispatcher that saw work in the last second says it is awake, and enqueues
+    /// then skip their `NOTIFY`, whose commit lock made every enqueueing COMMIT wait for the others' (migration
+    /// 0039); at idle it sleeps, and the first enqueue's notification wakes it. Off, every enqueue notifies.
+    pub tick: Duration,
 }
 
 impl Default for DispatcherSettings {
@@ -53,6 +58,7 @@ impl Default for DispatcherSettings {
             dedup_ttl_recorded: Duration::from_secs(15 * 60),
             retention: Duration::from_secs(7 * 24 * 3600),
             window: 256,
+            tick: Duration::from_millis(2),
         }
     }
 }
@@ -63,6 +69,9 @@ impl DispatcherSettings {
         let fail = |setting, reason: &str| Err(SettingsError::new(setting, reason));
         if !(0..=100_000).contains(&self.window) {
             return fail("window", "must be between 0 (off) and 100000");
+        }
+        if self.tick > Duration::from_millis(100) {
+            return fail("tick", "must be at most 100ms (0 turns it off)");
         }
         if !(1..=10_000).contains(&self.batch_size) {
             return fail("batch_size", "must be between 1 and 10000");

@@ -4,7 +4,7 @@
 //! member of the owner, any of which would walk through row-level security:
 //!
 //! - the application role (`CONVEYOR_DATABASE_URL`: the API, job handlers): DML on Conveyor's tables (`job_kinds`,
-//!   `workspace_weights` and `dispatch_pauses` read only: [`READ_ONLY_TABLES`]) and `EXECUTE` on the functions of
+//!   `workspace_weights`, `dispatch_pauses` and `dispatchers_awake` read only: [`READ_ONLY_TABLES`]) and `EXECUTE` on the functions of
 //!   [`APPLICATION_FUNCTIONS`] alone, each proven to stay in the caller's workspace;
 //! - the runtime role (`CONVEYOR_RUNTIME_DATABASE_URL`: dispatcher, maintenance, the worker's bookkeeping): DML on
 //!   the platform's tables alone ([`RUNTIME_TABLES`], never a business table; the operator's weights and pauses it
@@ -118,7 +118,8 @@ pub async fn adopt_old_layout(conn: &mut PgConnection) -> Result<bool, crate::Er
 }
 
 async fn adopt(conn: &mut PgConnection, migrator: &Migrator) -> anyhow::Result<bool> {
-    let tables: Vec<&str> = TABLES.iter().chain(OWNER_TABLES).copied().collect();
+    let tables: Vec<&str> =
+        TABLES.iter().chain(OWNER_TABLES).copied().filter(|t| !TABLES_SINCE_THE_MOVE.contains(t)).collect();
     let layout = PublicLayout {
         schema: SCHEMA,
         search_path: SCHEMA,
@@ -143,7 +144,11 @@ const TABLES: &[&str] = &[
     "job_schedules",
     "job_schedule_runs",
     "job_failures",
+    "dispatchers_awake",
 ];
+
+/// Tables created after the move into `conveyor` (0038): a database of the old layout has none of them.
+const TABLES_SINCE_THE_MOVE: &[&str] = &["dispatchers_awake"];
 
 /// The tables the runtime role works on (DML): the platform's own. A product's tables are never the runtime's: the
 /// dispatcher, maintenance and the worker's bookkeeping read and write jobs, operations, limits and schedules only (a
@@ -157,6 +162,7 @@ const RUNTIME_TABLES: &[&str] = &[
     "job_schedules",
     "job_schedule_runs",
     "job_failures",
+    "dispatchers_awake",
 ];
 
 /// The operator's functions (`LIKE` pattern): granted to the operator role only, never to the application role.
@@ -174,6 +180,8 @@ pub const APPLICATION_FUNCTIONS: &[&str] = &[
     "conveyor_job_state",
     // Enqueues in the caller's workspace, refused without one (SECURITY INVOKER, under row-level security).
     "conveyor_enqueue",
+    // Notifies the dispatchers unless one is awake (migration 0039): reads one row of no workspace's.
+    "conveyor_wake_dispatchers",
 ];
 
 /// The tables the runtime role only reads: the operator's weights and pauses (the relay's claim reads them; only the
@@ -183,8 +191,9 @@ const RUNTIME_READ_ONLY_TABLES: &[&str] = &["workspace_weights", "dispatch_pause
 /// The tables the application role only reads: the kinds (the worker's bookkeeping, as the runtime role, registers
 /// them), and the operator's data, weights and pauses (migration 0035: changed through the audited
 /// `conveyor_admin_pause`, `conveyor_admin_resume` and `conveyor_admin_set_weight`; the application role reads the
-/// pauses that hold its jobs).
-const READ_ONLY_TABLES: &[&str] = &["job_kinds", "workspace_weights", "dispatch_pauses"];
+/// pauses that hold its jobs), and the dispatchers' mark (migration 0039: an enqueue reads it; only the runtime role
+/// writes it).
+const READ_ONLY_TABLES: &[&str] = &["job_kinds", "workspace_weights", "dispatch_pauses", "dispatchers_awake"];
 
 /// The multi-tenant mode's migration: the owner's URL, and the names of the roles to check and grant (each must
 /// exist; `migrate_with` never needs their passwords).

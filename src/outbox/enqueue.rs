@@ -5,7 +5,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::NOTIFY_CHANNEL;
 use crate::backoff::Backoff;
 use crate::db::WorkspaceTx;
 use crate::ids::JobId;
@@ -283,7 +282,8 @@ fn no_workspace(e: sqlx::Error) -> EnqueueError {
 }
 
 /// Writes a job of kind `K` inside the caller's transaction, in the workspace the transaction was begun for, and tells
-/// the dispatchers at commit.
+/// the dispatchers at commit, unless one of them is awake (relaying, it looks for new jobs every few milliseconds):
+/// then the commit notifies nobody, and waits for no other commit's notification (migration 0039).
 ///
 /// Call it in the transaction that writes the business rows the job belongs to: if that transaction rolls back, the
 /// job never existed; once it commits, the job runs at least once even if this process dies the next instant. Nothing
@@ -316,14 +316,14 @@ pub async fn enqueue_tx<K: JobKind>(
 /// only when nothing was written.
 async fn insert_row<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -> Result<Enqueued, EnqueueError> {
     for _ in 0..3 {
-        // The notification rides in the insert's round trip.
+        // The notification (when one is needed) rides in the insert's round trip.
         let inserted: Option<(Uuid,)> = sqlx::query_as(
             "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                                         next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
                                         backoff_max_ms, limit_key)
              SELECT $1, conveyor.conveyor_current_workspace(), $2, $3, $4, $5, $6,
-                    coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14, $17
-             FROM (SELECT pg_notify($15, conveyor.conveyor_current_workspace()::text || $16)) AS notified
+                    coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14, $16
+             FROM conveyor.conveyor_wake_dispatchers(conveyor.conveyor_current_workspace()::text || $15) AS notified
              WHERE $5::uuid IS NULL
                 OR EXISTS (SELECT 1 FROM conveyor.operations o WHERE o.id = $5 AND o.status IN ('queued', 'running'))
              ON CONFLICT (workspace_id, event_type, dedup_key)
@@ -345,7 +345,6 @@ async fn insert_row<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -
         .bind(row.timeout_ms)
         .bind(row.backoff_ms)
         .bind(row.backoff_max_ms)
-        .bind(NOTIFY_CHANNEL)
         .bind(suffix)
         .bind(&row.limit_key)
         .fetch_optional(&mut **tx)
@@ -433,9 +432,9 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
          SELECT v.id, conveyor.conveyor_current_workspace(), $1, $2, v.payload, v.operation_id, v.traceparent,
                 coalesce(v.run_at, now() + make_interval(secs => v.delay)), v.dedup_key, v.priority, v.max_attempts,
                 v.timeout_ms, v.backoff_ms, v.backoff_max_ms, v.limit_key
-         FROM (SELECT pg_notify($3, conveyor.conveyor_current_workspace()::text || $4)) AS notified
-         CROSS JOIN unnest($5::uuid[], $6::jsonb[], $7::uuid[], $8::text[], $9::timestamptz[], $10::float8[],
-                           $11::text[], $12::int2[], $13::int4[], $14::int8[], $15::int8[], $16::int8[], $17::text[])
+         FROM conveyor.conveyor_wake_dispatchers(conveyor.conveyor_current_workspace()::text || $3) AS notified
+         CROSS JOIN unnest($4::uuid[], $5::jsonb[], $6::uuid[], $7::text[], $8::timestamptz[], $9::float8[],
+                           $10::text[], $11::int2[], $12::int4[], $13::int8[], $14::int8[], $15::int8[], $16::text[])
                     WITH ORDINALITY AS v(id, payload, operation_id, traceparent, run_at, delay, dedup_key, priority,
                                          max_attempts, timeout_ms, backoff_ms, backoff_max_ms, limit_key, n)
          ORDER BY v.n
@@ -446,7 +445,6 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     )
     .bind(K::QUEUE)
     .bind(K::KIND)
-    .bind(NOTIFY_CHANNEL)
     .bind(notification_suffix(due))
     .bind(&ids)
     .bind(column(&rows, |r| r.payload.clone()))

@@ -11,8 +11,9 @@ use crate::db::WorkspaceTx;
 use crate::ids::WorkspaceId;
 pub use enqueue::{EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enqueue_tx};
 
-/// The channel the dispatcher `LISTEN`s on; a commit that wrote events notifies it. The payload is the workspace,
-/// followed by `@<ms since the epoch>` when the earliest job written is due later.
+/// The channel the dispatcher `LISTEN`s on; a commit that wrote events notifies it when no dispatcher is awake
+/// (`conveyor_wake_dispatchers`, migration 0039). The payload is the workspace, followed by `@<ms since the epoch>`
+/// when the earliest job written is due later.
 pub(crate) const NOTIFY_CHANNEL: &str = "conveyor_outbox";
 
 /// The channel a job's end (completed, failed, canceled) is announced on; the payload is its workspace.

@@ -11,3 +11,4 @@ mod metrics;
 mod single_role;
 mod testing;
 mod trace_context;
+mod wake;

@@ -73,6 +73,10 @@ const DETAILS: &[(&str, &str)] = &[
         "sweep of every workspace beside LISTEN/NOTIFY (retries backing off, lost notifications)",
     ),
     (
+        "CONVEYOR_DISPATCH_TICK",
+        "while a dispatcher relays, how often it looks for new jobs without a notification; enqueues skip their `NOTIFY` (and its commit lock) while one is awake. `0`: off, every enqueue notifies",
+    ),
+    (
         "CONVEYOR_DISPATCH_CONCURRENCY",
         "groups of workspaces relayed at once (each group: one claim, one pipeline, one mark)",
     ),

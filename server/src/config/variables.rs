@@ -121,6 +121,12 @@ pub const VARIABLES: &[Variable] = &[
     var("CONVEYOR_DISPATCH_BACKOFF_BASE", DISPATCHER, Some("1s"), "first back-off of a failed hand-off"),
     var("CONVEYOR_DISPATCH_BACKOFF_MAX", DISPATCHER, Some("10m"), "largest back-off of a failed hand-off"),
     var("CONVEYOR_DISPATCH_POLL", DISPATCHER, Some("1s"), "interval of the sweep beside notifications"),
+    var(
+        "CONVEYOR_DISPATCH_TICK",
+        DISPATCHER,
+        Some("2ms"),
+        "while relaying, how often to look for new jobs unnotified (0: off, every enqueue notifies)",
+    ),
     var("CONVEYOR_DISPATCH_CONCURRENCY", DISPATCHER, Some("4"), "groups of workspaces relayed at once"),
     var("CONVEYOR_DISPATCH_DEDUP_TTL", DISPATCHER, Some("24h"), "life of an event's de-dup key in Redis"),
     var(

@@ -527,7 +527,7 @@ async fn relay_passes(admin_addr: &str, pass: &str) -> Option<u64> {
 /// a sweep that relayed anything was followed by another while a job committed within the last second was pending, so
 /// a trickle of commits during slow sweeps kept the relay sweeping without pause.
 #[tokio::test]
-async fn at_a_steady_trickle_the_named_passes_relay_and_the_dispatcher_sweeps_once_a_poll_interval() {
+async fn at_a_steady_trickle_named_passes_and_ticks_relay_and_the_dispatcher_sweeps_once_a_poll_interval() {
     let app = TestApp::spawn().await;
     let redis = common::redis_url();
     let (_sandbox, market) = common::sandbox(Default::default()).await;
@@ -561,11 +561,14 @@ async fn at_a_steady_trickle_the_named_passes_relay_and_the_dispatcher_sweeps_on
     })
     .await;
     let sweeps = relay_passes(&admin, "sweep").await.unwrap() - sweeps_before;
-    let (elapsed, named) = (started.elapsed(), relay_passes(&admin, "named").await.unwrap());
+    let (elapsed, named) = (
+        started.elapsed(),
+        relay_passes(&admin, "named").await.unwrap() + relay_passes(&admin, "tick").await.unwrap_or(0),
+    );
     shutdown.cancel();
     working.await.unwrap().unwrap();
     assert!(done.is_some(), "every job ran; log:\n{}", dispatcher.log());
-    assert!(named >= 20, "the named passes carried the trickle: {named} of them");
+    assert!(named >= 20, "the named passes and ticks carried the trickle: {named} of them");
     // One a poll interval, and one more for a partial interval at each end.
     assert!(
         sweeps as f64 <= elapsed.as_secs_f64() + 2.0,
@@ -644,11 +647,76 @@ async fn a_commit_wakes_the_dispatcher_long_before_its_poll_and_a_silent_insert_
     expected.push(silent);
     assert_stream_holds_each_once(&app, &redis, &expected).await;
 
+    // Awake (it relayed a moment ago), the dispatcher ticks: a silent event is found without a notification.
     let other = WorkspaceId(Uuid::new_v4());
     insert_without_notification(&app, other).await;
+    let ticked = common::eventually(Duration::from_secs(20), || async {
+        (count_status(&app, &[other], "dispatched").await == 1).then_some(())
+    })
+    .await;
+    assert!(ticked.is_some(), "the awake dispatcher's tick relayed the silent event");
+    // Asleep after a quiet spell (a second's mark, two seconds' grace), it waits for a notification or the poll.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let last = WorkspaceId(Uuid::new_v4());
+    insert_without_notification(&app, last).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(count_status(&app, &[other], "pending").await, 1, "no notification, no poll yet: still pending");
+    assert_eq!(count_status(&app, &[last], "pending").await, 1, "no notification, no poll yet: still pending");
     shutdown.cancel();
+}
+
+/// The dangerous moment of migration 0039: the only awake dispatcher is SIGKILLed with its mark fresh, so the next
+/// enqueue notifies nobody. Another dispatcher, asleep (its ticks off, as an older release's), relays the job at its
+/// poll: sweeps never depended on notifications, and the dead one's mark lapses within a second.
+#[tokio::test]
+async fn an_awake_dispatcher_killed_leaves_the_jobs_that_skipped_their_notification_to_the_next_sweep() {
+    let app = TestApp::spawn().await;
+    let redis = common::redis_url();
+    let mut awake_vars = process_vars(&app, &redis);
+    awake_vars.insert("CONVEYOR_DISPATCH_POLL".into(), "1h".into());
+    let mut awake = Process::spawn(&["dispatcher"], &awake_vars);
+    let mut sleeper_vars = process_vars(&app, &redis);
+    sleeper_vars.insert("CONVEYOR_DISPATCH_POLL".into(), "1s".into());
+    sleeper_vars.insert("CONVEYOR_DISPATCH_TICK".into(), "0".into());
+    let mut sleeper = Process::spawn(&["dispatcher"], &sleeper_vars);
+    let ws = WorkspaceId(Uuid::new_v4());
+    // A job wakes the awake one, which marks itself awake.
+    let up = common::eventually(Duration::from_secs(30), || async {
+        enqueue(&app, ws, 1).await;
+        let marked: Option<bool> =
+            sqlx::query_scalar("SELECT until > clock_timestamp() + interval '100 ms' FROM conveyor.dispatchers_awake")
+                .fetch_optional(&mut app.db.owner().await)
+                .await
+                .unwrap();
+        marked.filter(|m| *m)
+    })
+    .await;
+    assert!(up.is_some(), "a dispatcher marked itself awake; log:\n{}", awake.log());
+    awake.kill();
+    let mut listener = sqlx::postgres::PgListener::connect_with(&app.db.pool).await.unwrap();
+    listener.listen_all(["conveyor_outbox", "test_marker"]).await.unwrap();
+    let skipped = enqueue(&app, ws, 1).await[0];
+    sqlx::query("SELECT pg_notify('test_marker', '')").execute(&app.db.pool).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
+    assert_eq!(first.channel(), "test_marker", "the dead dispatcher's mark made the enqueue skip its notification");
+    let relayed = common::eventually(Duration::from_secs(20), || async {
+        let (status,): (String,) = sqlx::query_as("SELECT status FROM conveyor.outbox_events WHERE id = $1")
+            .bind(skipped)
+            .fetch_one(&mut app.db.owner().await)
+            .await
+            .unwrap();
+        (status == "dispatched").then_some(())
+    })
+    .await;
+    assert!(relayed.is_some(), "the other dispatcher's sweep relayed it; log:\n{}", sleeper.log());
+    sleeper.stop().await;
+    assert_stream_holds_each_once_of(&app, &redis, skipped).await;
+}
+
+/// The stream holds `id` once.
+async fn assert_stream_holds_each_once_of(app: &TestApp, redis_url: &str, id: Uuid) {
+    let client = common::redis_client(redis_url).await;
+    let ids = common::stream_event_ids(&client, &stream_key(app)).await;
+    assert_eq!(ids.iter().filter(|i| **i == id.to_string()).count(), 1, "{id} once in {ids:?}");
 }
 
 /// Writes a pending event of `workspace` with no notification.

@@ -16,7 +16,7 @@ const JOB_DEAD_LETTER_REASONS: [&str; 5] = ["no_handler", "undecodable", "perman
 /// `conveyor_outbox_dispatch_errors_total{reason}`.
 const DISPATCH_ERROR_REASONS: [&str; 3] = ["database", "redis_unavailable", "redis_error"];
 /// `conveyor_outbox_relay_passes_total{pass}`.
-const RELAY_PASSES: [&str; 2] = ["sweep", "named"];
+const RELAY_PASSES: [&str; 3] = ["sweep", "named", "tick"];
 /// `conveyor_idempotency_requests_total{outcome}`.
 const IDEMPOTENCY_OUTCOMES: [&str; 5] = ["executed", "replayed", "key_reused", "in_progress", "rejected"];
 /// `conveyor_media_derivations_total{result}`.

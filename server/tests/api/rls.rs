@@ -171,6 +171,10 @@ const PROVEN: &[(&str, &str)] = &[
         "conveyor_enqueue",
         "SECURITY INVOKER: refused without a workspace, writes the caller's under RLS (checked below)",
     ),
+    (
+        "conveyor_wake_dispatchers",
+        "SECURITY INVOKER: reads the one row of dispatchers_awake (no workspace's) and may NOTIFY; writes nothing",
+    ),
     ("conveyor_listing_publication_is_final", "trigger: PostgreSQL calls it only for a row the caller writes"),
     ("conveyor_catalog_sync_ended", "trigger: PostgreSQL calls it only for a row the caller writes"),
     ("conveyor_catalog_sync_replayed", "trigger: PostgreSQL calls it only for a row the caller writes"),
@@ -183,6 +187,8 @@ const GLOBAL_READABLE: &[&str] = &[
     "conveyor_shop._sqlx_migrations",
     "conveyor_server._sqlx_migrations",
     "conveyor.job_kinds",
+    // Whether a dispatcher is awake (migration 0039): one time, no workspace's.
+    "conveyor.dispatchers_awake",
 ];
 
 /// What the role of `conn` may do that the wall does not allow: functions it can execute that are not [`PROVEN`] (in

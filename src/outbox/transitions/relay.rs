@@ -85,6 +85,16 @@ pub(crate) async fn next_due_after(pool: &PgPool, since: Duration) -> Result<Opt
         .await
 }
 
+/// Tells enqueues that a dispatcher is awake for `for_how_long` from now (PostgreSQL's clock), or longer if another
+/// said so: until then they skip their notification (migration 0039). The table is unlogged: no WAL, no flush.
+pub(crate) async fn mark_awake(pool: &PgPool, for_how_long: Duration) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT conveyor.conveyor_dispatcher_awake($1 * interval '1 microsecond')")
+        .bind(i64::try_from(for_how_long.as_micros()).unwrap_or(i64::MAX))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// The dispatcher's own transactions skip the wait for their WAL flush. Safe: a claim or a mark lost in a PostgreSQL
 /// crash only sends the event through the relay again, where its de-dup key finds it already in the stream. The
 /// business transaction that wrote the event stays fully synchronous.
