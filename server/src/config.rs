@@ -791,7 +791,7 @@ pub fn admin_token(src: &dyn Source) -> Result<Option<Secret<String>>, ConfigErr
 /// Reads the dispatcher's settings (`CONVEYOR_DISPATCH_*`, `CONVEYOR_OUTBOX_RETENTION`) over the platform's defaults
 /// and checks them together ([`DispatcherSettings::validate`]); an error names the variable.
 pub fn dispatcher_settings(src: &dyn Source) -> Result<DispatcherSettings, ConfigError> {
-    const VARIABLES: [(&str, &str); 12] = [
+    const VARIABLES: [(&str, &str); 13] = [
         ("batch_size", "CONVEYOR_DISPATCH_BATCH"),
         ("lease", "CONVEYOR_DISPATCH_LEASE"),
         ("max_attempts", "CONVEYOR_DISPATCH_MAX_ATTEMPTS"),
@@ -804,6 +804,7 @@ pub fn dispatcher_settings(src: &dyn Source) -> Result<DispatcherSettings, Confi
         ("retention", "CONVEYOR_OUTBOX_RETENTION"),
         ("window", "CONVEYOR_DISPATCH_WINDOW"),
         ("tick", "CONVEYOR_DISPATCH_TICK"),
+        ("queue_wait", "CONVEYOR_DISPATCH_QUEUE_WAIT"),
     ];
     let d = DispatcherSettings::default();
     let mut settings = DispatcherSettings::default();
@@ -821,6 +822,7 @@ pub fn dispatcher_settings(src: &dyn Source) -> Result<DispatcherSettings, Confi
     settings.retention = duration(src, "CONVEYOR_OUTBOX_RETENTION", d.retention)?;
     settings.window = number(src, "CONVEYOR_DISPATCH_WINDOW", d.window)?;
     settings.tick = duration(src, "CONVEYOR_DISPATCH_TICK", d.tick)?;
+    settings.queue_wait = duration(src, "CONVEYOR_DISPATCH_QUEUE_WAIT", d.queue_wait)?;
     settings.validate().map_err(|e| {
         let variable = |field: &str| VARIABLES.iter().find(|(f, _)| *f == field).map_or("?", |(_, v)| *v);
         let mut reason = e.reason.clone();

@@ -41,9 +41,11 @@ use crate::stream::producer::{JobOptions, Message, Producer};
 use crate::telemetry;
 use claim::{ClaimedEvent, Delivered, Failure, Settled};
 
+mod gate;
 mod listen;
 mod settings;
 
+pub(crate) use gate::QueueLoad;
 pub use settings::DispatcherSettings;
 
 /// The span of one job's hand-off to its stream (a producer span), a child of the job's `traceparent`.
@@ -87,6 +89,11 @@ pub struct Dispatcher {
     settings: DispatcherSettings,
     metrics: Metrics,
     id: String,
+    /// Each queue's room in its streams (see [`gate`]).
+    gate: std::sync::Arc<gate::Gate>,
+    /// Workspaces whose last claim left due jobs behind: the others go first to a claim, and so to a gated queue's
+    /// room.
+    backlogged: std::sync::Mutex<HashSet<WorkspaceId>>,
 }
 
 impl Dispatcher {
@@ -109,7 +116,10 @@ impl Dispatcher {
     /// `locked_by`).
     pub fn new(pool: PgPool, producer: Producer, settings: DispatcherSettings, metrics: Metrics, id: String) -> Self {
         metrics.init_dispatcher();
-        Self { pool, producer, settings, metrics, id }
+        // The gate shares the window's job: off with it.
+        let queue_wait = if settings.window > 0 { settings.queue_wait } else { Duration::ZERO };
+        let gate = std::sync::Arc::new(gate::Gate::new(queue_wait));
+        Self { pool, producer, settings, metrics, id, gate, backlogged: Default::default() }
     }
 
     /// One pass over every workspace with due events (a sweep): the workspaces come from the `SECURITY DEFINER`
@@ -236,17 +246,41 @@ impl Dispatcher {
     /// nothing was due.
     async fn hand_off(&self, workspaces: &[WorkspaceId], expired: &[WorkspaceId]) -> anyhow::Result<Option<HandedOff>> {
         let t0 = std::time::Instant::now();
+        let gated = self.gate.rooms();
+        // The light workspaces first: the claim shares a gated queue's room in this order.
+        let mut workspaces = workspaces.to_vec();
+        {
+            let backlogged = self.backlogged.lock().expect("backlogged lock");
+            workspaces.sort_by_key(|w| backlogged.contains(w));
+        }
         let events = claim::claim(
             &self.pool,
-            workspaces,
+            &workspaces,
             expired,
             &self.id,
             self.settings.lease,
             self.settings.batch_size,
             self.settings.window,
+            &gated,
         )
         .await
         .context("Failed to claim events")?;
+        {
+            let mut backlogged = self.backlogged.lock().expect("backlogged lock");
+            for w in &workspaces {
+                backlogged.remove(w);
+            }
+            backlogged.extend(
+                events.iter().filter(|e| e.workspace_class == "backlogged").map(|e| WorkspaceId(e.workspace_id)),
+            );
+        }
+        let mut per_queue: HashMap<&str, u64> = HashMap::new();
+        for event in &events {
+            *per_queue.entry(event.queue.as_str()).or_default() += 1;
+        }
+        for (queue, count) in per_queue {
+            self.gate.relayed(queue, count);
+        }
         if events.is_empty() {
             return Ok(None);
         }
@@ -378,6 +412,7 @@ impl Dispatcher {
         let (wake_tx, mut wake) = mpsc::unbounded_channel::<Wake>();
         let poll = self.settings.poll_interval;
         let listening = tokio::spawn(listen::listen(self.pool.clone(), channels, wake_tx, shutdown.clone()));
+        let measuring = tokio::spawn(measure(self.gate.clone(), self.producer.clone(), shutdown.clone()));
         tracing::info!(id = %self.id, "Dispatcher started");
         let mut last_backlog = tokio::time::Instant::now() - Duration::from_secs(60);
         let mut last_sweep = tokio::time::Instant::now();
@@ -435,7 +470,9 @@ impl Dispatcher {
                 self.metrics.outbox_relay_passes.with_label_values(&["named"]).inc();
                 self.relay(named.drain().collect(), WORKSPACES_PER_CLAIM, &HashSet::new(), Some(&recorder)).await
             };
-            let mut saw_work = matches!(&pass, Ok(DispatchOutcome::Worked(s)) if s.dispatched > 0 || s.full > 0);
+            // Jobs the gate holds back come in as the workers take the queue's entries: still work.
+            let mut saw_work =
+                matches!(&pass, Ok(DispatchOutcome::Worked(s)) if s.dispatched > 0 || s.full > 0) || self.gate.busy();
             match pass {
                 // A lost lease leaves nothing due now: the job ended or asked for a retry before its hand-off was
                 // recorded (routine for a fast job), or another dispatcher took the lease over. Only a lease that
@@ -474,6 +511,7 @@ impl Dispatcher {
             }
         }
         listening.abort();
+        measuring.abort();
         recorder.finish().await;
         tracing::info!(id = %self.id, "Dispatcher stopped");
         Ok(())
@@ -498,6 +536,23 @@ impl Dispatcher {
         let mut workspaces: Vec<WorkspaceId> = due.into_iter().map(|d| d.workspace).collect();
         workspaces.extend(named.drain().filter(|w| !workspaces.contains(w)).collect::<Vec<_>>());
         self.relay(workspaces, WORKSPACES_PER_CLAIM, &expired, Some(recorder)).await
+    }
+}
+
+/// Looks at every queue the dispatcher relays into, every [`gate::MEASURE_EVERY`], for the gate.
+async fn measure(gate: std::sync::Arc<gate::Gate>, producer: Producer, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(gate::MEASURE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !shutdown.is_cancelled() {
+        every.tick().await;
+        for queue in gate.active() {
+            let at = std::time::Instant::now();
+            match producer.queue_load(&queue).await {
+                Ok(load) => gate.observe(&queue, at, load),
+                // The queue keeps its last room, which only shrinks as jobs are relayed: a Redis away gates more.
+                Err(e) => tracing::debug!(queue = %queue, error = %redact(&e.to_string()), "Could not measure a queue"),
+            }
+        }
     }
 }
 

@@ -42,6 +42,11 @@ pub struct DispatcherSettings {
     /// then skip their `NOTIFY`, whose commit lock made every enqueueing COMMIT wait for the others' (migration
     /// 0039); at idle it sleeps, and the first enqueue's notification wakes it. Off, every enqueue notifies.
     pub tick: Duration,
+    /// How long, at most, a job should wait in its queue's stream for a worker, at the workers' measured pace
+    /// (`CONVEYOR_DISPATCH_QUEUE_WAIT`, default 50ms; 0 turns the gate off). A dispatcher relays into a queue only as
+    /// many jobs as its workers take in that time (at least 4 waiting): a flood waits in PostgreSQL, where the
+    /// window and the light workspaces' turn apply, not in the stream in front of everyone. Off with the window too.
+    pub queue_wait: Duration,
 }
 
 impl Default for DispatcherSettings {
@@ -59,6 +64,7 @@ impl Default for DispatcherSettings {
             retention: Duration::from_secs(7 * 24 * 3600),
             window: 256,
             tick: Duration::from_millis(2),
+            queue_wait: Duration::from_millis(50),
         }
     }
 }
@@ -69,6 +75,9 @@ impl DispatcherSettings {
         let fail = |setting, reason: &str| Err(SettingsError::new(setting, reason));
         if !(0..=100_000).contains(&self.window) {
             return fail("window", "must be between 0 (off) and 100000");
+        }
+        if self.queue_wait > Duration::from_secs(60) {
+            return fail("queue_wait", "must be at most 60s (0 turns the gate off)");
         }
         if self.tick > Duration::from_millis(100) {
             return fail("tick", "must be at most 100ms (0 turns it off)");

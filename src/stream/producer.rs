@@ -45,6 +45,28 @@ end
 return ids
 "#;
 
+// KEYS[1] = a stream, ARGV[1] = its group. Entries ever added to the stream, and of those in it, the ones the group
+// has not read yet (its length less the group's pending entries: the worker deletes what it acknowledges). No stream:
+// nothing. The dispatcher's gate reads it (see `crate::dispatcher`).
+const LOAD_SCRIPT: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0} end
+local length = redis.call('XLEN', KEYS[1])
+local added = 0
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+for i = 1, #info, 2 do
+  if info[i] == 'entries-added' then added = info[i + 1] end
+end
+local pending = 0
+for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local name, count
+  for i = 1, #group, 2 do
+    if group[i] == 'name' then name = group[i + 1] elseif group[i] == 'pending' then count = group[i + 1] end
+  end
+  if name == ARGV[1] then pending = count end
+end
+return {added, math.max(length - pending, 0)}
+"#;
+
 // KEYS = de-dup keys of one queue, ARGV[1] = their new time to live (ms).
 // LT: a key is only ever shortened (Redis 7.0+).
 const EXPIRE_SCRIPT: &str = "for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1], 'LT') end return #KEYS";
@@ -338,6 +360,27 @@ impl Producer {
             }
         }
         unknown
+    }
+
+    /// What waits in `queue`'s streams (every stream the layout names), and how many entries they were ever given:
+    /// one script call per stream, in one pipeline.
+    pub(crate) async fn queue_load(&self, queue: &str) -> Result<crate::dispatcher::QueueLoad, RedisError> {
+        let layout = self.layout.get().await.map_err(RedisError::fred)?;
+        let group = self.keys.group(queue);
+        let pipeline = self.client.pipeline();
+        for partition in layout.streams(1) {
+            let stream = self.keys.partition_stream(queue, partition);
+            let eval = CustomCommand::new("EVAL", routed_by(&stream), false);
+            let args = vec![LOAD_SCRIPT.to_owned(), "1".to_owned(), stream, group.clone()];
+            pipeline.custom::<Value, _>(eval, args).await.map_err(RedisError::fred)?;
+        }
+        let mut load = crate::dispatcher::QueueLoad::default();
+        for reply in pipeline.try_all::<Vec<u64>>().await {
+            let reply = reply.watched(&self.client).map_err(RedisError::fred)?;
+            load.added += reply.first().copied().unwrap_or(0);
+            load.waiting += reply.get(1).copied().unwrap_or(0);
+        }
+        Ok(load)
     }
 
     /// The partition layout jobs are routed by, read (and raised to this producer's partitions) if the copy is a

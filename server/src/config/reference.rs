@@ -77,6 +77,10 @@ const DETAILS: &[(&str, &str)] = &[
         "while a dispatcher relays, how often it looks for new jobs without a notification; enqueues skip their `NOTIFY` (and its commit lock) while one is awake. `0`: off, every enqueue notifies",
     ),
     (
+        "CONVEYOR_DISPATCH_QUEUE_WAIT",
+        "how long a job should wait in its queue's stream for a worker, at most: a dispatcher relays into a queue only as many jobs as its workers take in that time at their measured pace (at least 4 waiting), so a flood waits in PostgreSQL, behind the light workspaces, not in the stream in front of everyone. `0`: no gate (the window alone)",
+    ),
+    (
         "CONVEYOR_DISPATCH_CONCURRENCY",
         "groups of workspaces relayed at once (each group: one claim, one pipeline, one mark)",
     ),

@@ -127,6 +127,12 @@ pub const VARIABLES: &[Variable] = &[
         Some("2ms"),
         "while relaying, how often to look for new jobs unnotified (0: off, every enqueue notifies)",
     ),
+    var(
+        "CONVEYOR_DISPATCH_QUEUE_WAIT",
+        DISPATCHER,
+        Some("50ms"),
+        "longest wait in a queue's stream, at the workers' measured pace (0: no gate)",
+    ),
     var("CONVEYOR_DISPATCH_CONCURRENCY", DISPATCHER, Some("4"), "groups of workspaces relayed at once"),
     var("CONVEYOR_DISPATCH_DEDUP_TTL", DISPATCHER, Some("24h"), "life of an event's de-dup key in Redis"),
     var(

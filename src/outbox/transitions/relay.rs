@@ -114,8 +114,9 @@ const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 ///
 /// With a `window` (> 0), a workspace gets only as many as keep its jobs handed to workers and not yet ended within
 /// `window ×` its weight (`workspace_weights`), and none that a pause holds (`dispatch_pauses`): migration 0021. Key
-/// limits, blocks and rates, and kind limits hold back their jobs too (migrations 0023 and 0024). The statement is
-/// migration 0030's.
+/// limits, blocks and rates, and kind limits hold back their jobs too (migrations 0023 and 0024). Each of
+/// `gated_queues` takes at most its `gated_room` in all (the gate, migration 0040), shared between the workspaces in
+/// their order. The statement is migration 0040's.
 pub(crate) async fn claim(
     pool: &PgPool,
     workspaces: &[WorkspaceId],
@@ -124,6 +125,7 @@ pub(crate) async fn claim(
     lease: Duration,
     per_workspace: i64,
     window: i32,
+    (gated_queues, gated_room): &(Vec<String>, Vec<i32>),
 ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
     let ids: Vec<Uuid> = workspaces.iter().map(|w| w.0).collect();
     let expired: Vec<Uuid> = expired.iter().map(|w| w.0).collect();
@@ -131,7 +133,7 @@ pub(crate) async fn claim(
         "SELECT tid::text AS tid, id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                 attempt_count, job_attempts, redrive_count, created_at, next_attempt_at, priority, max_attempts,
                 timeout_ms, backoff_ms, backoff_max_ms, workspace_class
-         FROM conveyor.conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6)",
+         FROM conveyor.conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(&ids)
     .bind(me)
@@ -139,6 +141,8 @@ pub(crate) async fn claim(
     .bind(i32::try_from(per_workspace).unwrap_or(i32::MAX))
     .bind(window)
     .bind(&expired)
+    .bind(gated_queues)
+    .bind(gated_room)
     .fetch_all(pool)
     .await?;
     events.sort_by_key(|e| (e.priority, e.next_attempt_at, e.id));

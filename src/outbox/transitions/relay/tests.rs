@@ -15,7 +15,8 @@ async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leave
     let (a, b, c) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
     let (in_a, in_b, in_c) = (db.enqueue(a, 3).await, db.enqueue(b, 5).await, db.enqueue(c, 2).await);
 
-    let claimed = claim(&db.runtime_pool, &[a, b], &[], "me", Duration::from_secs(30), 4, 0).await.unwrap();
+    let claimed =
+        claim(&db.runtime_pool, &[a, b], &[], "me", Duration::from_secs(30), 4, 0, &Default::default()).await.unwrap();
     let of =
         |ws: WorkspaceId| -> Vec<Uuid> { claimed.iter().filter(|e| e.workspace_id == ws.0).map(|e| e.id).collect() };
     assert_eq!(of(a), in_a, "all of a's, in the order written");
@@ -54,14 +55,14 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = db.enqueue(ws, 2).await;
     let pool = &db.runtime_pool;
-    let first = claim(pool, &[ws], &[], "dead", Duration::from_millis(1), 10, 0).await.unwrap();
+    let first = claim(pool, &[ws], &[], "dead", Duration::from_millis(1), 10, 0, &Default::default()).await.unwrap();
     assert_eq!(first.len(), 2);
     tokio::time::sleep(Duration::from_millis(20)).await;
     // A claim of the workspace by name (a notification's) leaves expired leases to the sweeps: it never scans for them.
-    let named = claim(pool, &[ws], &[], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
+    let named = claim(pool, &[ws], &[], "alive", Duration::from_secs(30), 10, 0, &Default::default()).await.unwrap();
     assert!(named.is_empty(), "a named claim takes no expired lease: {named:?}");
     assert_eq!(db.count_status(&[ws], "dispatching").await, 2);
-    let second = claim(pool, &[ws], &[ws], "alive", Duration::from_secs(30), 10, 0).await.unwrap();
+    let second = claim(pool, &[ws], &[ws], "alive", Duration::from_secs(30), 10, 0, &Default::default()).await.unwrap();
     assert_eq!(second.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "the expired leases, taken over");
     let delivered = |events: &[ClaimedEvent]| -> Vec<Delivered> {
         events.iter().map(|e| Delivered::new(e, "1-1".into())).collect()
@@ -77,7 +78,8 @@ async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatcher
     let db = TestDb::create().await;
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = db.enqueue(ws, 1).await;
-    let claimed = claim(&db.runtime_pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0).await.unwrap();
+    let claimed =
+        claim(&db.runtime_pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0, &Default::default()).await.unwrap();
     assert_eq!((claimed.len(), claimed[0].redrive_count), (1, 0));
     // Meanwhile its job ran and asked for a retry (generation 1), and this dispatcher claimed that generation too.
     let mut tx = db::begin_workspace(&db.pool, ws).await.unwrap();
@@ -130,7 +132,7 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     // One connection, so that its cached plans are the ones under test: made on an empty table, then reused.
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.runtime_url).await.unwrap();
     for _ in 0..8 {
-        let events = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0).await.unwrap();
+        let events = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0, &Default::default()).await.unwrap();
         assert!(events.is_empty());
         settle(&pool, "me", &[], &[], 10).await.unwrap();
     }
@@ -150,7 +152,8 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     let before = seq_scans().await;
     let mut relayed = 0;
     loop {
-        let events = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 100, 0).await.unwrap();
+        let events =
+            claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 100, 0, &Default::default()).await.unwrap();
         if events.is_empty() {
             break;
         }
@@ -173,7 +176,7 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
     let jobs = [Ping { n: 0 }, Ping { n: 1 }, Ping { n: 2 }];
     crate::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, crate::EnqueueOptions::new()))).await.unwrap();
     tx.commit().await.unwrap();
-    let claimed = claim(pool, &[ws], &[], "me", Duration::from_secs(60), 10, 0).await.unwrap();
+    let claimed = claim(pool, &[ws], &[], "me", Duration::from_secs(60), 10, 0, &Default::default()).await.unwrap();
     let [a, c, x] = [0, 1, 2].map(|i| &claimed[i]);
     assert!(a.id < c.id && c.id < x.id);
 
@@ -230,4 +233,49 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
         [(a.id, "completed".into()), (c.id, "dispatched".into()), (x.id, "completed".into())],
         "the mark went first, then the ends"
     );
+}
+
+#[tokio::test]
+async fn a_gated_queue_gives_each_workspace_of_a_claim_its_share_of_the_room_in_the_order_named() {
+    let db = TestDb::create().await;
+    let (light, a, b) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    db.enqueue(light, 1).await;
+    let (in_a, in_b) = (db.enqueue(a, 10).await, db.enqueue(b, 10).await);
+    let pool = &db.runtime_pool;
+    let gate = |room: i32| (vec![Ping::QUEUE.to_owned()], vec![room]);
+    let lease = Duration::from_secs(30);
+
+    // Room 6 over three workspaces: at most 2 each, from what the ones before left.
+    let claimed = claim(pool, &[light, a, b], &[], "me", lease, 10, 256, &gate(6)).await.unwrap();
+    let of = |ws: WorkspaceId| -> Vec<&ClaimedEvent> { claimed.iter().filter(|e| e.workspace_id == ws.0).collect() };
+    assert_eq!(of(light).len(), 1);
+    assert_eq!(of(a).iter().map(|e| e.id).collect::<Vec<_>>(), in_a[..2].to_vec(), "a's first two, in due order");
+    assert_eq!(of(b).iter().map(|e| e.id).collect::<Vec<_>>(), in_b[..2].to_vec());
+    assert_eq!(of(light)[0].workspace_class, "light", "all of its due jobs were taken");
+    assert!(of(a).iter().all(|e| e.workspace_class == "backlogged"), "the gate left some of a's behind");
+
+    // Room 1: the first workspace named takes it; no room: the queue is held for everyone.
+    let claimed = claim(pool, &[b, a], &[], "me", lease, 10, 256, &gate(1)).await.unwrap();
+    assert_eq!(claimed.iter().map(|e| e.id).collect::<Vec<_>>(), vec![in_b[2]]);
+    let claimed = claim(pool, &[a, b], &[], "me", lease, 10, 256, &gate(0)).await.unwrap();
+    assert!(claimed.is_empty(), "a gated queue without room is held");
+    assert_eq!(db.count_status(&[a], "pending").await + db.count_status(&[b], "pending").await, 15);
+
+    // Ungated (another queue's gate, or none), the window and the batch alone bound the claim.
+    let other = (vec!["another-queue".to_owned()], vec![0]);
+    let claimed = claim(pool, &[a], &[], "me", lease, 5, 256, &other).await.unwrap();
+    assert_eq!(claimed.iter().map(|e| e.id).collect::<Vec<_>>(), in_a[2..7].to_vec());
+    let claimed = claim(pool, &[b], &[], "me", lease, 100, 256, &Default::default()).await.unwrap();
+    assert_eq!(claimed.len(), 7);
+
+    // The previous release's six-argument form claims ungated.
+    let c = WorkspaceId(Uuid::new_v4());
+    db.enqueue(c, 3).await;
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM conveyor.conveyor_claim_jobs_fair($1, 'old', 30, 10, 256, '{}')")
+            .bind(vec![c.0])
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(n, 3);
 }

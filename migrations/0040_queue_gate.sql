@@ -1,0 +1,347 @@
+-- Fairness in time, not only in jobs (issue 28). A workspace's window bounds its jobs in the workers' hands; it did not
+-- bound how long another workspace's job waits in a queue's stream behind them. With 16 slots and handlers of 200 ms,
+-- a flood's window of 256 is 3 s of work ahead of every job relayed after it: a light workspace's jobs started 1.9 s
+-- (median) after their commit.
+--
+-- The gate: a dispatcher measures, per queue, the part of its streams that waits for a worker (entries not yet read by
+-- the group) and how fast the workers take entries, and relays into a queue only as many as keep that part within
+-- what the workers take in CONVEYOR_DISPATCH_QUEUE_WAIT (Little's law: waiting jobs = rate x wait). It passes each
+-- gated queue's room to the claim, which shares it between the call's workspaces: each gets at most its fair part of
+-- the room the call started with, from what the workspaces before it left; a gated queue with nothing left is held
+-- for the workspace, as a pause holds it. The dispatcher puts the light workspaces first. The window stays: it shares
+-- the workers between backlogged workspaces; the gate keeps what waits in front of everyone short in time.
+--
+-- In a workspace with key or kind limits the gate only holds a queue with no room left (the limits' statement is not
+-- capped per queue). The six-argument form stays, ungated, for dispatchers of the previous release.
+SET LOCAL search_path = conveyor;
+
+CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_secs double precision,
+                                         per_workspace integer, fair_window integer,
+                                         expired_in uuid[], gated_queues text[], gated_room integer[])
+    RETURNS TABLE (tid tid, id uuid, workspace_id uuid, queue text, event_type text, event_payload jsonb,
+                   operation_id uuid, traceparent text, attempt_count integer, job_attempts integer,
+                   redrive_count integer, created_at timestamptz, next_attempt_at timestamptz, priority smallint,
+                   max_attempts integer, timeout_ms bigint, backoff_ms bigint, backoff_max_ms bigint,
+                   workspace_class text)
+    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+    SET search_path = pg_catalog, conveyor, pg_temp
+    SET enable_seqscan = off
+    SET jit = off
+    SET enable_bitmapscan = off
+    SET max_parallel_workers_per_gather = 0
+    AS $$
+    #variable_conflict use_column
+    DECLARE
+        ws uuid;
+        room integer;
+        any_pause boolean;
+        held_queues text[];
+        held_kinds text[];
+        restricted text[];
+        limited text[];
+        key_room integer[];
+        rated text[];
+        restricted_kinds text[];
+        limited_kinds text[];
+        kind_room integer[];
+        due_count integer;
+        ws_class text;
+        lease_ctids tid[];
+        due_ctids tid[];
+        gate_left integer[] := coalesce(gated_room, '{}');
+        share integer[];
+        gated boolean := coalesce(cardinality(gated_queues), 0) > 0;
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        SELECT EXISTS (SELECT 1 FROM conveyor.dispatch_pauses) INTO any_pause;
+        FOREACH ws IN ARRAY workspaces LOOP
+            IF any_pause THEN
+                IF EXISTS (SELECT 1 FROM conveyor.dispatch_pauses p
+                           WHERE p.workspace_id = ws AND p.queue IS NULL AND p.kind IS NULL) THEN
+                    CONTINUE;
+                END IF;
+                SELECT coalesce(array_agg(p.queue) FILTER (WHERE p.queue IS NOT NULL AND p.kind IS NULL), '{}'),
+                       coalesce(array_agg(p.kind) FILTER (WHERE p.kind IS NOT NULL), '{}')
+                INTO held_queues, held_kinds
+                FROM conveyor.dispatch_pauses p
+                WHERE p.workspace_id IS NULL OR p.workspace_id = ws;
+            ELSE
+                held_queues := '{}';
+                held_kinds := '{}';
+            END IF;
+            PERFORM set_config('app.workspace_id', ws::text, true);
+            room := per_workspace;
+            IF fair_window > 0 THEN
+                -- The window is counted and taken under one lock: another relay claiming this workspace now would
+                -- not see the jobs this one takes, and both would fill the room. Skipped this round instead of
+                -- waited for, as a limited key another relay holds is (the other relay serves the workspace).
+                IF NOT pg_catalog.pg_try_advisory_xact_lock(
+                           pg_catalog.hashtextextended('conveyor-window:' || ws::text, 0)) THEN
+                    CONTINUE;
+                END IF;
+                SELECT least(per_workspace,
+                             fair_window * coalesce((SELECT w.weight FROM conveyor.workspace_weights w
+                                                     WHERE w.workspace_id = ws), 1)
+                             - (SELECT count(*) FROM conveyor.outbox_events f
+                                WHERE f.status IN ('dispatching', 'dispatched')
+                                  AND NOT (f.status = 'dispatching' AND f.locked_until <= now())))::integer
+                INTO room;
+            END IF;
+            -- Expired leases only where the caller found some (a sweep): their index is the whole outbox's, and under a
+            -- long-held snapshot it holds every lease of the snapshot's lifetime, so a scan per workspace and claim
+            -- grew with it.
+            lease_ctids := '{}';
+            IF ws = ANY (expired_in) THEN
+                lease_ctids := ARRAY(SELECT d.ctid FROM conveyor.outbox_events d
+                                     WHERE d.status = 'dispatching' AND d.locked_until <= now()
+                                     ORDER BY d.locked_until
+                                     LIMIT per_workspace
+                                     FOR UPDATE SKIP LOCKED);
+            END IF;
+            -- The gate: of what is left of each gated queue's room in this call, this workspace's share (a fair part
+            -- of the room the call started with: the workspaces after it get theirs). A gated queue with no share is
+            -- held for this workspace; the others' jobs come in due order beside the ungated queues', up to the share.
+            IF gated THEN
+                share := ARRAY(SELECT least(g.left_over, ceil(g.total::numeric / cardinality(workspaces))::integer)
+                               FROM unnest(gate_left, gated_room) WITH ORDINALITY AS g(left_over, total, i)
+                               ORDER BY g.i);
+                held_queues := held_queues || ARRAY(SELECT s.q FROM unnest(gated_queues, share) AS s(q, n)
+                                                    WHERE s.n <= 0);
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM conveyor.job_key_limits l WHERE l.workspace_id = ws)
+               AND NOT EXISTS (SELECT 1 FROM conveyor.job_kind_limits k WHERE k.workspace_id = ws) THEN
+                -- Neither key nor kind limits in this workspace: 0024's statement in two steps. The due jobs are
+                -- locked first (by priority, then in due order); the class counts due jobs only when they filled the
+                -- room (fewer than room means all of them were taken: light).
+                due_ctids := '{}';
+                IF room > 0 AND gated THEN
+                    -- Ungated queues as below; each gated queue up to the workspace's share, by priority then due
+                    -- order; all of them together up to room.
+                    due_ctids := ARRAY(
+                        SELECT c.ctid
+                        FROM (SELECT due.ctid, level.p AS priority, due.next_attempt_at, due.id
+                              FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
+                              CROSS JOIN LATERAL (
+                                  SELECT d.ctid, d.next_attempt_at, d.id FROM conveyor.outbox_events d
+                                  WHERE d.status = 'pending' AND d.priority = level.p AND d.next_attempt_at <= now()
+                                    AND d.queue <> ALL (held_queues) AND d.queue <> ALL (gated_queues)
+                                    AND d.event_type <> ALL (held_kinds)
+                                  ORDER BY d.next_attempt_at, d.id
+                                  LIMIT room
+                                  FOR UPDATE SKIP LOCKED) AS due
+                              UNION ALL
+                              SELECT g.ctid, g.priority, g.next_attempt_at, g.id
+                              FROM (SELECT gd.ctid, gd.priority, gd.next_attempt_at, gd.id, s.n,
+                                           row_number() OVER (PARTITION BY s.q
+                                                              ORDER BY gd.priority, gd.next_attempt_at, gd.id) AS nth
+                                    FROM unnest(gated_queues, share) AS s(q, n)
+                                    CROSS JOIN unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
+                                    CROSS JOIN LATERAL (
+                                        SELECT d.ctid, d.priority, d.next_attempt_at, d.id
+                                        FROM conveyor.outbox_events d
+                                        WHERE d.status = 'pending' AND d.priority = level.p
+                                          AND d.next_attempt_at <= now() AND d.queue = s.q
+                                          AND d.event_type <> ALL (held_kinds)
+                                        ORDER BY d.next_attempt_at, d.id
+                                        LIMIT least(s.n, room)
+                                        FOR UPDATE SKIP LOCKED) AS gd
+                                    WHERE s.n > 0) AS g
+                              WHERE g.nth <= g.n) AS c
+                        ORDER BY c.priority, c.next_attempt_at, c.id
+                        LIMIT room);
+                    -- What this workspace took of each gated queue is gone from the call's room.
+                    gate_left := ARRAY(SELECT g.left_over
+                                              - (SELECT count(*) FROM conveyor.outbox_events e
+                                                 WHERE e.ctid = ANY (due_ctids) AND e.queue = g.q)::integer
+                                       FROM unnest(gated_queues, gate_left) WITH ORDINALITY AS g(q, left_over, i)
+                                       ORDER BY g.i);
+                ELSIF room > 0 THEN
+                    due_ctids := ARRAY(
+                        SELECT due.ctid
+                        FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
+                        CROSS JOIN LATERAL (
+                            SELECT d.ctid FROM conveyor.outbox_events d
+                            WHERE d.status = 'pending' AND d.priority = level.p AND d.next_attempt_at <= now()
+                              AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                            ORDER BY d.next_attempt_at, d.id
+                            LIMIT room
+                            FOR UPDATE SKIP LOCKED) AS due
+                        LIMIT room);
+                END IF;
+                IF room <= 0 THEN
+                    ws_class := 'backlogged';
+                ELSIF cardinality(due_ctids) < room AND NOT gated THEN
+                    ws_class := 'light';
+                ELSE
+                    -- The jobs just locked are still pending to this statement: more than were taken means some stay
+                    -- (held back by the window, or by the gate).
+                    SELECT count(*)::integer INTO due_count
+                    FROM (SELECT 1 FROM conveyor.outbox_events d
+                          WHERE d.workspace_id = ws AND d.status = 'pending' AND d.next_attempt_at <= now()
+                            AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                          LIMIT room::bigint + 1) AS due;
+                    ws_class := CASE WHEN due_count > cardinality(due_ctids) THEN 'backlogged' ELSE 'light' END;
+                END IF;
+                RETURN QUERY
+                    UPDATE conveyor.outbox_events e
+                    SET status = 'dispatching', locked_by = holder,
+                        locked_until = now() + make_interval(secs => lease_secs)
+                    WHERE e.ctid = ANY (lease_ctids) OR e.ctid = ANY (due_ctids)
+                    RETURNING e.ctid, e.id, e.workspace_id, e.queue, e.event_type, e.event_payload, e.operation_id,
+                              e.traceparent, e.attempt_count, e.job_attempts, e.redrive_count, e.created_at,
+                              e.next_attempt_at, e.priority, e.max_attempts, e.timeout_ms, e.backoff_ms,
+                              e.backoff_max_ms, ws_class;
+                CONTINUE;
+            END IF;
+            -- The workspace's class at this claim: held back by its window, or not (0024's rule).
+            IF room <= 0 THEN
+                ws_class := 'backlogged';
+            ELSE
+                SELECT count(*)::integer INTO due_count
+                FROM (SELECT 1 FROM conveyor.outbox_events d
+                      WHERE d.workspace_id = ws AND d.status = 'pending' AND d.next_attempt_at <= now()
+                        AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                      LIMIT room::bigint + 1) AS due;
+                ws_class := CASE WHEN due_count > room THEN 'backlogged' ELSE 'light' END;
+            END IF;
+            -- Keys the other parts leave alone: blocked ones, and limited ones (concurrency or rate).
+            SELECT coalesce(array_agg(l.key), '{}') INTO restricted
+            FROM conveyor.job_key_limits l
+            WHERE l.workspace_id = ws
+              AND (l.max_in_flight IS NOT NULL OR l.max_per_interval IS NOT NULL OR l.blocked_until > now());
+            -- Limited keys not blocked, locked (a key another relay is claiming is skipped this round); then, in a
+            -- statement of its own (whose snapshot sees what that relay claimed), the room each has left.
+            limited := ARRAY(SELECT l.key FROM conveyor.job_key_limits l
+                             WHERE l.workspace_id = ws
+                               AND (l.max_in_flight IS NOT NULL OR l.max_per_interval IS NOT NULL)
+                               AND (l.blocked_until IS NULL OR l.blocked_until <= now())
+                             ORDER BY l.key
+                             FOR UPDATE SKIP LOCKED);
+            SELECT coalesce(array_agg(k.key), '{}'), coalesce(array_agg(k.left_over), '{}'),
+                   coalesce(array_agg(k.key) FILTER (WHERE k.rated), '{}')
+            INTO limited, key_room, rated
+            FROM (SELECT l.key, l.max_per_interval IS NOT NULL AS rated,
+                         least(coalesce(l.max_in_flight
+                                        - (SELECT count(*) FROM conveyor.outbox_events f
+                                           WHERE f.workspace_id = ws AND f.limit_key = l.key
+                                             AND f.status IN ('dispatching', 'dispatched')), 2147483647),
+                               coalesce(l.max_per_interval
+                                        - (SELECT count(*) FROM unnest(l.handed_out) AS h(at)
+                                           WHERE h.at > now() - l.interval_ms * interval '1 millisecond'),
+                                        2147483647))::integer AS left_over
+                  FROM conveyor.job_key_limits l
+                  WHERE l.workspace_id = ws AND l.key = ANY (limited)) AS k
+            WHERE k.left_over > 0;
+            -- Limited kinds: all of them restricted; those not locked by another relay, with their room.
+            SELECT coalesce(array_agg(k.kind), '{}') INTO restricted_kinds
+            FROM conveyor.job_kind_limits k WHERE k.workspace_id = ws;
+            limited_kinds := ARRAY(SELECT k.kind FROM conveyor.job_kind_limits k
+                                   WHERE k.workspace_id = ws ORDER BY k.kind FOR UPDATE SKIP LOCKED);
+            SELECT coalesce(array_agg(k.kind), '{}'), coalesce(array_agg(k.left_over), '{}')
+            INTO limited_kinds, kind_room
+            FROM (SELECT k.kind,
+                         (k.max_in_flight - (SELECT count(*) FROM conveyor.outbox_events f
+                                             WHERE f.workspace_id = ws AND f.event_type = k.kind
+                                               AND f.status IN ('dispatching', 'dispatched')))::integer AS left_over
+                  FROM conveyor.job_kind_limits k
+                  WHERE k.workspace_id = ws AND k.kind = ANY (limited_kinds)) AS k
+            WHERE k.left_over > 0;
+            RETURN QUERY
+                WITH claimed AS (
+                    UPDATE conveyor.outbox_events e
+                    SET status = 'dispatching', locked_by = holder,
+                        locked_until = now() + make_interval(secs => lease_secs)
+                    WHERE e.ctid = ANY (lease_ctids)
+                       OR (room > 0 AND e.ctid = ANY(ARRAY(
+                              SELECT c.ctid
+                              FROM (SELECT c.ctid, c.priority, c.next_attempt_at, c.id, c.event_type,
+                                           row_number() OVER (PARTITION BY c.event_type
+                                                              ORDER BY c.priority, c.next_attempt_at, c.id) AS nth
+                                    FROM (SELECT due.ctid, level.p AS priority, due.next_attempt_at, due.id,
+                                                 due.event_type
+                                          FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
+                                          CROSS JOIN LATERAL (
+                                              SELECT d.ctid, d.next_attempt_at, d.id, d.event_type
+                                              FROM conveyor.outbox_events d
+                                              WHERE d.status = 'pending' AND d.priority = level.p
+                                                AND d.next_attempt_at <= now()
+                                                AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                                                AND d.event_type <> ALL (restricted_kinds)
+                                                AND (d.limit_key IS NULL OR d.limit_key <> ALL (restricted))
+                                              ORDER BY d.next_attempt_at, d.id
+                                              LIMIT room
+                                              FOR UPDATE SKIP LOCKED) AS due
+                                          UNION ALL
+                                          SELECT kd.ctid, kd.priority, kd.next_attempt_at, kd.id, kd.event_type
+                                          FROM unnest(limited, key_room) AS k(key, left_over)
+                                          CROSS JOIN LATERAL (
+                                              SELECT d.ctid, d.priority, d.next_attempt_at, d.id, d.event_type
+                                              FROM conveyor.outbox_events d
+                                              WHERE d.workspace_id = ws AND d.limit_key = k.key
+                                                AND d.status = 'pending' AND d.next_attempt_at <= now()
+                                                AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                                                AND (d.event_type <> ALL (restricted_kinds)
+                                                     OR d.event_type = ANY (limited_kinds))
+                                              ORDER BY d.priority, d.next_attempt_at, d.id
+                                              LIMIT least(k.left_over, room)
+                                              FOR UPDATE SKIP LOCKED) AS kd
+                                          UNION ALL
+                                          SELECT td.ctid, td.priority, td.next_attempt_at, td.id, td.event_type
+                                          FROM unnest(limited_kinds, kind_room) AS t(kind, left_over)
+                                          CROSS JOIN LATERAL (
+                                              SELECT d.ctid, d.priority, d.next_attempt_at, d.id, d.event_type
+                                              FROM conveyor.outbox_events d
+                                              WHERE d.workspace_id = ws AND d.event_type = t.kind
+                                                AND d.status = 'pending' AND d.next_attempt_at <= now()
+                                                AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
+                                                AND (d.limit_key IS NULL OR d.limit_key <> ALL (restricted))
+                                              ORDER BY d.priority, d.next_attempt_at, d.id
+                                              LIMIT least(t.left_over, room)
+                                              FOR UPDATE SKIP LOCKED) AS td) AS c) AS c
+                              LEFT JOIN unnest(limited_kinds, kind_room) AS t(kind, left_over)
+                                     ON t.kind = c.event_type
+                              WHERE t.kind IS NULL OR c.nth <= t.left_over
+                              ORDER BY c.priority, c.next_attempt_at, c.id
+                              LIMIT room)))
+                    RETURNING e.ctid, e.id, e.workspace_id, e.queue, e.event_type, e.event_payload, e.operation_id,
+                              e.traceparent, e.attempt_count, e.job_attempts, e.redrive_count, e.created_at,
+                              e.next_attempt_at, e.priority, e.max_attempts, e.timeout_ms, e.backoff_ms,
+                              e.backoff_max_ms, e.limit_key),
+                rates AS (
+                    -- Each rated key's hand-outs, in its sliding log (those older than its interval forgotten).
+                    UPDATE conveyor.job_key_limits l
+                    SET handed_out = ARRAY(SELECT h.at FROM unnest(l.handed_out) AS h(at)
+                                           WHERE h.at > now() - l.interval_ms * interval '1 millisecond'
+                                           UNION ALL
+                                           SELECT now() FROM generate_series(1, n.taken)
+                                           ORDER BY 1)
+                    FROM (SELECT c.limit_key, count(*)::integer AS taken FROM claimed c
+                          WHERE c.limit_key = ANY (rated) GROUP BY c.limit_key) AS n
+                    WHERE l.workspace_id = ws AND l.key = n.limit_key)
+                SELECT c.ctid, c.id, c.workspace_id, c.queue, c.event_type, c.event_payload, c.operation_id,
+                       c.traceparent, c.attempt_count, c.job_attempts, c.redrive_count, c.created_at,
+                       c.next_attempt_at, c.priority, c.max_attempts, c.timeout_ms, c.backoff_ms, c.backoff_max_ms,
+                       ws_class
+                FROM claimed c;
+        END LOOP;
+        PERFORM set_config('app.workspace_id', '', true);
+    END
+    $$;
+
+CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_secs double precision,
+                                         per_workspace integer, fair_window integer,
+                                         expired_in uuid[])
+    RETURNS TABLE (tid tid, id uuid, workspace_id uuid, queue text, event_type text, event_payload jsonb,
+                   operation_id uuid, traceparent text, attempt_count integer, job_attempts integer,
+                   redrive_count integer, created_at timestamptz, next_attempt_at timestamptz, priority smallint,
+                   max_attempts integer, timeout_ms bigint, backoff_ms bigint, backoff_max_ms bigint,
+                   workspace_class text)
+    LANGUAGE sql VOLATILE SECURITY INVOKER
+    SET search_path = pg_catalog, conveyor, pg_temp
+    AS $$
+    SELECT * FROM conveyor.conveyor_claim_jobs_fair(workspaces, holder, lease_secs, per_workspace, fair_window,
+                                                     expired_in, '{}'::text[], '{}'::integer[])
+    $$;
+
+REVOKE ALL ON FUNCTION conveyor_claim_jobs_fair(uuid[], text, double precision, integer, integer, uuid[], text[],
+                                                integer[]) FROM PUBLIC;
