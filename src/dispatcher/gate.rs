@@ -5,15 +5,17 @@
 //! the stream is time: 256 jobs are 50 ms of work for a hundred slots of 5 ms handlers and 3 s for sixteen slots of
 //! 200 ms ones. So the dispatcher measures each queue it relays into every [`MEASURE_EVERY`]: the entries its streams
 //! hold that no worker has read yet (`XLEN` less the group's pending entries: an acknowledged entry is deleted), and
-//! how many the workers took since the last look (entries added less the growth of that waiting part). The workers'
-//! pace is the larger of the last interval's and a moving average (a ramp shows at once, a lull is forgotten
-//! slowly), and a queue's budget of waiting entries is that pace times `queue_wait` (Little's law), at least
-//! [`FLOOR`]. Its room is the budget less what waited at the last look and what this dispatcher relayed since.
+//! how many the workers took since the last look (entries added less the growth of that waiting part). While entries
+//! wait, the workers are busy and their pace (a moving average) is what they can do: a queue's budget of waiting
+//! entries is that pace times `queue_wait` (Little's law), at least [`FLOOR`]. When they took all that was relayed
+//! since the last look, nothing says how much more they could take: the budget doubles, as a slow start does. Its
+//! room is the budget less what waited at the last look and what this dispatcher relayed since.
 //!
 //! The claim shares each gated queue's room between the workspaces of the call (migration 0040), the light ones first.
-//! A queue not measured yet (new to this dispatcher) is not gated: the window bounds it. Several dispatchers, or
-//! concurrent claims of one, may each fill the same room before the next look: the waiting part can exceed the budget
-//! by that much, never grow without bound.
+//! A queue not measured yet has the budget of an idle one, [`FLOOR`]: the queues this dispatcher has not relayed into
+//! share that room in a claim, so a flood into a fresh queue is not relayed whole before the first look. Several
+//! dispatchers, or concurrent claims of one, may each fill the same room before the next look: the waiting part can
+//! exceed the budget by that much, never grow without bound.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -32,6 +34,18 @@ pub(crate) const FLOOR: u64 = 4;
 /// Weight of the newest interval in the moving average of the workers' pace.
 const SMOOTHING: f64 = 0.25;
 
+/// The largest budget: a claim's room is an `integer`.
+const CEILING: u64 = 1_000_000;
+
+/// What the gate lets a claim take: each known queue's room, and the room the queues not named share (`None`: no
+/// gate).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Rooms {
+    pub(crate) queues: Vec<String>,
+    pub(crate) rooms: Vec<i32>,
+    pub(crate) others: Option<i32>,
+}
+
 /// What a look at a queue's streams found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct QueueLoad {
@@ -47,8 +61,8 @@ struct QueueGate {
     relayed_at: Instant,
     /// The last look, and when.
     last: Option<(Instant, QueueLoad)>,
-    /// Jobs the workers take per second (moving average).
-    pace: f64,
+    /// Jobs the workers take per second (moving average; `None` before two looks).
+    pace: Option<f64>,
     /// Entries waiting that the queue may hold.
     budget: u64,
     /// Relayed by this dispatcher since the last look.
@@ -72,19 +86,21 @@ impl Gate {
         self.queues.lock().expect("gate lock")
     }
 
-    /// The room of each measured queue, for a claim: (queues, rooms), each room at least 0. Empty when off.
-    pub(crate) fn rooms(&self) -> (Vec<String>, Vec<i32>) {
+    /// The room of each queue this dispatcher knows, for a claim, and the room the others share (`None`: off).
+    pub(crate) fn rooms(&self) -> Rooms {
         if self.queue_wait.is_zero() {
-            return (Vec::new(), Vec::new());
+            return Rooms::default();
         }
-        self.queues()
+        let (queues, rooms) = self
+            .queues()
             .iter()
-            .filter_map(|(queue, gate)| {
-                let (_, load) = gate.last?;
-                let room = gate.budget.saturating_sub(load.waiting + gate.relayed_since);
-                Some((queue.clone(), i32::try_from(room).unwrap_or(i32::MAX)))
+            .map(|(queue, gate)| {
+                let waiting = gate.last.map_or(0, |(_, load)| load.waiting);
+                let room = gate.budget.saturating_sub(waiting + gate.relayed_since);
+                (queue.clone(), i32::try_from(room).unwrap_or(i32::MAX))
             })
-            .unzip()
+            .unzip();
+        Rooms { queues, rooms, others: Some(FLOOR as i32) }
     }
 
     /// A claim took `count` jobs of `queue`.
@@ -100,16 +116,19 @@ impl Gate {
                 gate.relayed_since += count;
             }
             None => {
-                let gate = QueueGate { relayed_at: now, last: None, pace: 0.0, budget: FLOOR, relayed_since: count };
+                let gate = QueueGate { relayed_at: now, last: None, pace: None, budget: FLOOR, relayed_since: count };
                 queues.insert(queue.to_owned(), gate);
             }
         }
     }
 
-    /// The queues to look at now (relayed into lately); those relayed into long ago are forgotten.
+    /// The queues to look at now. A queue not relayed into lately is forgotten once nothing waits in it (it has the
+    /// room of one never seen); one where jobs still wait is looked at until they are taken.
     pub(crate) fn active(&self) -> Vec<String> {
         let mut queues = self.queues();
-        queues.retain(|_, gate| gate.relayed_at.elapsed() < ACTIVE_FOR);
+        queues.retain(|_, gate| {
+            gate.relayed_at.elapsed() < ACTIVE_FOR || gate.last.is_none_or(|(_, load)| load.waiting > 0)
+        });
         queues.keys().cloned().collect()
     }
 
@@ -125,10 +144,16 @@ impl Gate {
                     - (load.waiting as f64 - before.waiting as f64))
                     .max(0.0);
                 let now = taken / seconds;
-                gate.pace = now.max(gate.pace * (1.0 - SMOOTHING) + now * SMOOTHING);
+                gate.pace = Some(gate.pace.map_or(now, |pace| pace * (1.0 - SMOOTHING) + now * SMOOTHING));
             }
         }
-        gate.budget = FLOOR.max((gate.pace * self.queue_wait.as_secs_f64()).ceil() as u64);
+        let paced = FLOOR.max((gate.pace.unwrap_or(0.0) * self.queue_wait.as_secs_f64()).ceil() as u64);
+        gate.budget = if load.waiting == 0 && gate.relayed_since > 0 {
+            // The workers took all that came: they may take more than their pace so far showed.
+            CEILING.min(paced.max(gate.budget * 2))
+        } else {
+            paced
+        };
         gate.last = Some((at, load));
         gate.relayed_since = 0;
     }
@@ -155,16 +180,18 @@ mod tests {
     #[test]
     fn a_queue_is_gated_from_its_first_look_and_its_room_is_the_budget_less_what_waits_and_what_was_relayed() {
         let gate = Gate::new(Duration::from_millis(100));
-        assert_eq!(gate.rooms(), (vec![], vec![]), "nothing relayed, nothing gated");
-        gate.relayed("q", 10);
-        assert_eq!(gate.rooms(), (vec![], vec![]), "not measured yet: only the window bounds it");
+        let others = Some(FLOOR as i32);
+        assert_eq!(gate.rooms(), Rooms { others, ..Rooms::default() }, "queues never seen share the floor's room");
+        gate.relayed("q", 3);
+        let q = vec!["q".to_owned()];
+        assert_eq!(gate.rooms(), Rooms { queues: q.clone(), rooms: vec![FLOOR as i32 - 3], others });
         let t0 = Instant::now();
         look(&gate, t0, 10, 1);
-        assert_eq!(gate.rooms(), (vec!["q".to_owned()], vec![FLOOR as i32 - 1]));
+        assert_eq!(gate.rooms(), Rooms { queues: q, rooms: vec![FLOOR as i32 - 1], others });
         gate.relayed("q", 2);
-        assert_eq!(gate.rooms().1, vec![FLOOR as i32 - 3]);
+        assert_eq!(gate.rooms().rooms, vec![FLOOR as i32 - 3]);
         gate.relayed("q", 5);
-        assert_eq!(gate.rooms().1, vec![0], "never below 0");
+        assert_eq!(gate.rooms().rooms, vec![0], "never below 0");
     }
 
     #[test]
@@ -176,7 +203,7 @@ mod tests {
         // 1,000 added in a second, 100 more waiting than before: the workers took 900 a second.
         look(&gate, t0 + Duration::from_secs(1), 1_000, 100);
         assert_eq!(gate.budget("q"), 90);
-        assert_eq!(gate.rooms().1, vec![0], "100 wait, the budget is 90");
+        assert_eq!(gate.rooms().rooms, vec![0], "100 wait, the budget is 90");
         // Slow handlers: 16 slots of 200 ms take 80 a second, whatever waits.
         let gate = Gate::new(Duration::from_millis(100));
         gate.relayed("q", 1);
@@ -186,19 +213,33 @@ mod tests {
     }
 
     #[test]
-    fn a_ramp_shows_at_once_and_a_lull_is_forgotten_slowly() {
+    fn workers_that_take_all_that_comes_double_the_budget_and_a_lull_brings_it_back_to_their_pace() {
         let gate = Gate::new(Duration::from_millis(100));
-        gate.relayed("q", 1);
         let t0 = Instant::now();
-        look(&gate, t0, 0, 0);
-        look(&gate, t0 + Duration::from_secs(1), 10_000, 0);
-        assert_eq!(gate.budget("q"), 1_000);
-        look(&gate, t0 + Duration::from_secs(2), 10_000, 0);
-        assert_eq!(gate.budget("q"), 750, "a quarter of the pace goes per idle interval");
-        for s in 3..60 {
-            look(&gate, t0 + Duration::from_secs(s), 10_000, 0);
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        gate.relayed("q", 4);
+        look(&gate, at(0), 4, 0);
+        assert_eq!(gate.budget("q"), 2 * FLOOR, "all 4 taken");
+        gate.relayed("q", 8);
+        look(&gate, at(20), 12, 0);
+        assert_eq!(gate.budget("q"), 40, "8 in 20 ms: the pace times the wait is more than the doubling");
+        let mut added = 12;
+        for n in 1..40 {
+            added += 16;
+            gate.relayed("q", 16);
+            look(&gate, at(20 + 40 * n), added, 0);
         }
-        assert_eq!(gate.budget("q"), FLOOR, "never below the floor");
+        assert_eq!(gate.budget("q"), CEILING, "never above the ceiling");
+        // Busy (entries wait): the pace alone, whatever the budget was: 400 a second so far, none taken in the last
+        // 100 ms.
+        added += 100;
+        look(&gate, at(1_700), added, 100);
+        assert_eq!(gate.budget("q"), 30, "(0.75 x 400/s + 0.25 x 0) x 100 ms");
+        // Idle (nothing relayed, nothing waits): the pace fades, never below the floor.
+        for n in 1..60 {
+            look(&gate, at(1_700 + 100 * n), added, 0);
+        }
+        assert_eq!(gate.budget("q"), FLOOR);
     }
 
     #[test]
@@ -206,12 +247,16 @@ mod tests {
         let gate = Gate::new(Duration::ZERO);
         gate.relayed("q", 1);
         assert!(gate.active().is_empty());
-        assert_eq!(gate.rooms(), (vec![], vec![]));
+        assert_eq!(gate.rooms(), Rooms::default());
         let gate = Gate::new(Duration::from_millis(100));
         gate.relayed("q", 1);
         assert_eq!(gate.active(), vec!["q".to_owned()]);
+        look(&gate, Instant::now(), 1, 1);
         gate.queues().get_mut("q").unwrap().relayed_at = Instant::now() - ACTIVE_FOR;
-        assert!(gate.active().is_empty());
+        assert_eq!(gate.active(), vec!["q".to_owned()], "looked at while a job waits in it");
+        assert!(gate.busy());
+        look(&gate, Instant::now(), 1, 0);
+        assert!(gate.active().is_empty(), "then forgotten");
         assert!(!gate.busy());
     }
 }

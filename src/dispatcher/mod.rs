@@ -45,7 +45,7 @@ mod gate;
 mod listen;
 mod settings;
 
-pub(crate) use gate::QueueLoad;
+pub(crate) use gate::{QueueLoad, Rooms};
 pub use settings::DispatcherSettings;
 
 /// The span of one job's hand-off to its stream (a producer span), a child of the job's `traceparent`.
@@ -259,9 +259,7 @@ impl Dispatcher {
             expired,
             &self.id,
             self.settings.lease,
-            self.settings.batch_size,
-            self.settings.window,
-            &gated,
+            &claim::Bounds { gated, ..claim::Bounds::new(self.settings.batch_size, self.settings.window) },
         )
         .await
         .context("Failed to claim events")?;

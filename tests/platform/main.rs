@@ -7,6 +7,7 @@
 mod kit;
 
 mod console;
+mod gate;
 mod metrics;
 mod single_role;
 mod testing;

@@ -98,11 +98,11 @@ async fn an_enqueue_notifies_the_dispatchers_only_while_none_is_awake() {
 
     // No dispatcher awake: each enqueue (one, many, the SQL function) notifies, naming its workspace.
     enqueue_one(&platform, workspace).await;
-    assert_eq!(notified(&platform, &mut listener).await, [me.clone()]);
+    assert_eq!(notified(&platform, &mut listener).await, std::slice::from_ref(&me));
     enqueue_many(&platform, workspace).await;
-    assert_eq!(notified(&platform, &mut listener).await, [me.clone()]);
+    assert_eq!(notified(&platform, &mut listener).await, std::slice::from_ref(&me));
     enqueue_in_sql(&platform, workspace).await;
-    assert_eq!(notified(&platform, &mut listener).await, [me.clone()]);
+    assert_eq!(notified(&platform, &mut listener).await, std::slice::from_ref(&me));
 
     // Awake: none notifies.
     mark(&platform, "1 hour").await;

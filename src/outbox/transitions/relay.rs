@@ -100,7 +100,23 @@ pub(crate) async fn mark_awake(pool: &PgPool, for_how_long: Duration) -> Result<
 /// business transaction that wrote the event stays fully synchronous.
 const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 
-/// For each of `workspaces`, claims up to `per_workspace` due events by priority, then in due order
+/// What bounds a claim of each workspace: the batch, the window (0: none), and the gate's room per queue.
+#[derive(Debug, Default)]
+pub(crate) struct Bounds {
+    pub(crate) per_workspace: i64,
+    pub(crate) window: i32,
+    /// The gate's room per queue, and for the queues it does not name (see `crate::dispatcher`'s gate).
+    pub(crate) gated: crate::dispatcher::Rooms,
+}
+
+impl Bounds {
+    /// At most `per_workspace` per workspace, within `window`, ungated.
+    pub(crate) fn new(per_workspace: i64, window: i32) -> Self {
+        Self { per_workspace, window, gated: Default::default() }
+    }
+}
+
+/// For each of `workspaces`, claims up to `bounds.per_workspace` due events by priority, then in due order
 /// (`next_attempt_at`, then id: for fresh events, the order they were written), skipping rows another dispatcher has locked, and leases them to `me`
 /// for `lease`. Events whose lease expired (their dispatcher died) become due again first, in the workspaces of
 /// `expired` only (a sweep's lookup says which have any; a claim of the workspaces that notifications named passes
@@ -115,34 +131,34 @@ const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 /// With a `window` (> 0), a workspace gets only as many as keep its jobs handed to workers and not yet ended within
 /// `window ×` its weight (`workspace_weights`), and none that a pause holds (`dispatch_pauses`): migration 0021. Key
 /// limits, blocks and rates, and kind limits hold back their jobs too (migrations 0023 and 0024). Each of
-/// `gated_queues` takes at most its `gated_room` in all (the gate, migration 0040), shared between the workspaces in
-/// their order. The statement is migration 0040's.
+/// the gate's queues takes at most its room in all, and the queues it does not name share its `others` room (migration
+/// 0040), each shared between the workspaces in their order. The statement is migration 0040's.
 pub(crate) async fn claim(
     pool: &PgPool,
     workspaces: &[WorkspaceId],
     expired: &[WorkspaceId],
     me: &str,
     lease: Duration,
-    per_workspace: i64,
-    window: i32,
-    (gated_queues, gated_room): &(Vec<String>, Vec<i32>),
+    bounds: &Bounds,
 ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
+    let Bounds { per_workspace, window, gated } = bounds;
     let ids: Vec<Uuid> = workspaces.iter().map(|w| w.0).collect();
     let expired: Vec<Uuid> = expired.iter().map(|w| w.0).collect();
     let mut events = sqlx::query_as::<_, ClaimedEvent>(
         "SELECT tid::text AS tid, id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                 attempt_count, job_attempts, redrive_count, created_at, next_attempt_at, priority, max_attempts,
                 timeout_ms, backoff_ms, backoff_max_ms, workspace_class
-         FROM conveyor.conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6, $7, $8)",
+         FROM conveyor.conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(&ids)
     .bind(me)
     .bind(lease.as_secs_f64())
-    .bind(i32::try_from(per_workspace).unwrap_or(i32::MAX))
+    .bind(i32::try_from(*per_workspace).unwrap_or(i32::MAX))
     .bind(window)
     .bind(&expired)
-    .bind(gated_queues)
-    .bind(gated_room)
+    .bind(&gated.queues)
+    .bind(&gated.rooms)
+    .bind(gated.others)
     .fetch_all(pool)
     .await?;
     events.sort_by_key(|e| (e.priority, e.next_attempt_at, e.id));

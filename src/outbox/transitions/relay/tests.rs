@@ -16,7 +16,7 @@ async fn one_claim_of_several_workspaces_confines_each_to_its_own_rows_and_leave
     let (in_a, in_b, in_c) = (db.enqueue(a, 3).await, db.enqueue(b, 5).await, db.enqueue(c, 2).await);
 
     let claimed =
-        claim(&db.runtime_pool, &[a, b], &[], "me", Duration::from_secs(30), 4, 0, &Default::default()).await.unwrap();
+        claim(&db.runtime_pool, &[a, b], &[], "me", Duration::from_secs(30), &Bounds::new(4, 0)).await.unwrap();
     let of =
         |ws: WorkspaceId| -> Vec<Uuid> { claimed.iter().filter(|e| e.workspace_id == ws.0).map(|e| e.id).collect() };
     assert_eq!(of(a), in_a, "all of a's, in the order written");
@@ -55,14 +55,14 @@ async fn an_expired_lease_is_leased_again_and_its_old_holder_can_no_longer_mark_
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = db.enqueue(ws, 2).await;
     let pool = &db.runtime_pool;
-    let first = claim(pool, &[ws], &[], "dead", Duration::from_millis(1), 10, 0, &Default::default()).await.unwrap();
+    let first = claim(pool, &[ws], &[], "dead", Duration::from_millis(1), &Bounds::new(10, 0)).await.unwrap();
     assert_eq!(first.len(), 2);
     tokio::time::sleep(Duration::from_millis(20)).await;
     // A claim of the workspace by name (a notification's) leaves expired leases to the sweeps: it never scans for them.
-    let named = claim(pool, &[ws], &[], "alive", Duration::from_secs(30), 10, 0, &Default::default()).await.unwrap();
+    let named = claim(pool, &[ws], &[], "alive", Duration::from_secs(30), &Bounds::new(10, 0)).await.unwrap();
     assert!(named.is_empty(), "a named claim takes no expired lease: {named:?}");
     assert_eq!(db.count_status(&[ws], "dispatching").await, 2);
-    let second = claim(pool, &[ws], &[ws], "alive", Duration::from_secs(30), 10, 0, &Default::default()).await.unwrap();
+    let second = claim(pool, &[ws], &[ws], "alive", Duration::from_secs(30), &Bounds::new(10, 0)).await.unwrap();
     assert_eq!(second.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "the expired leases, taken over");
     let delivered = |events: &[ClaimedEvent]| -> Vec<Delivered> {
         events.iter().map(|e| Delivered::new(e, "1-1".into())).collect()
@@ -79,7 +79,7 @@ async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatcher
     let ws = WorkspaceId(Uuid::new_v4());
     let ids = db.enqueue(ws, 1).await;
     let claimed =
-        claim(&db.runtime_pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0, &Default::default()).await.unwrap();
+        claim(&db.runtime_pool, &[ws], &[], "me", Duration::from_secs(30), &Bounds::new(10, 0)).await.unwrap();
     assert_eq!((claimed.len(), claimed[0].redrive_count), (1, 0));
     // Meanwhile its job ran and asked for a retry (generation 1), and this dispatcher claimed that generation too.
     let mut tx = db::begin_workspace(&db.pool, ws).await.unwrap();
@@ -132,7 +132,7 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     // One connection, so that its cached plans are the ones under test: made on an empty table, then reused.
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.runtime_url).await.unwrap();
     for _ in 0..8 {
-        let events = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 10, 0, &Default::default()).await.unwrap();
+        let events = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), &Bounds::new(10, 0)).await.unwrap();
         assert!(events.is_empty());
         settle(&pool, "me", &[], &[], 10).await.unwrap();
     }
@@ -152,8 +152,7 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     let before = seq_scans().await;
     let mut relayed = 0;
     loop {
-        let events =
-            claim(&pool, &[ws], &[], "me", Duration::from_secs(30), 100, 0, &Default::default()).await.unwrap();
+        let events = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), &Bounds::new(100, 0)).await.unwrap();
         if events.is_empty() {
             break;
         }
@@ -176,7 +175,7 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
     let jobs = [Ping { n: 0 }, Ping { n: 1 }, Ping { n: 2 }];
     crate::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, crate::EnqueueOptions::new()))).await.unwrap();
     tx.commit().await.unwrap();
-    let claimed = claim(pool, &[ws], &[], "me", Duration::from_secs(60), 10, 0, &Default::default()).await.unwrap();
+    let claimed = claim(pool, &[ws], &[], "me", Duration::from_secs(60), &Bounds::new(10, 0)).await.unwrap();
     let [a, c, x] = [0, 1, 2].map(|i| &claimed[i]);
     assert!(a.id < c.id && c.id < x.id);
 
@@ -242,11 +241,16 @@ async fn a_gated_queue_gives_each_workspace_of_a_claim_its_share_of_the_room_in_
     db.enqueue(light, 1).await;
     let (in_a, in_b) = (db.enqueue(a, 10).await, db.enqueue(b, 10).await);
     let pool = &db.runtime_pool;
-    let gate = |room: i32| (vec![Ping::QUEUE.to_owned()], vec![room]);
+    let rooms = |queues: &[&str], rooms: Vec<i32>, others: Option<i32>| crate::dispatcher::Rooms {
+        queues: queues.iter().map(|q| q.to_string()).collect(),
+        rooms,
+        others,
+    };
+    let gate = |room: i32| Bounds { gated: rooms(&[Ping::QUEUE], vec![room], None), ..Bounds::new(10, 256) };
     let lease = Duration::from_secs(30);
 
     // Room 6 over three workspaces: at most 2 each, from what the ones before left.
-    let claimed = claim(pool, &[light, a, b], &[], "me", lease, 10, 256, &gate(6)).await.unwrap();
+    let claimed = claim(pool, &[light, a, b], &[], "me", lease, &gate(6)).await.unwrap();
     let of = |ws: WorkspaceId| -> Vec<&ClaimedEvent> { claimed.iter().filter(|e| e.workspace_id == ws.0).collect() };
     assert_eq!(of(light).len(), 1);
     assert_eq!(of(a).iter().map(|e| e.id).collect::<Vec<_>>(), in_a[..2].to_vec(), "a's first two, in due order");
@@ -255,18 +259,23 @@ async fn a_gated_queue_gives_each_workspace_of_a_claim_its_share_of_the_room_in_
     assert!(of(a).iter().all(|e| e.workspace_class == "backlogged"), "the gate left some of a's behind");
 
     // Room 1: the first workspace named takes it; no room: the queue is held for everyone.
-    let claimed = claim(pool, &[b, a], &[], "me", lease, 10, 256, &gate(1)).await.unwrap();
+    let claimed = claim(pool, &[b, a], &[], "me", lease, &gate(1)).await.unwrap();
     assert_eq!(claimed.iter().map(|e| e.id).collect::<Vec<_>>(), vec![in_b[2]]);
-    let claimed = claim(pool, &[a, b], &[], "me", lease, 10, 256, &gate(0)).await.unwrap();
+    let claimed = claim(pool, &[a, b], &[], "me", lease, &gate(0)).await.unwrap();
     assert!(claimed.is_empty(), "a gated queue without room is held");
     assert_eq!(db.count_status(&[a], "pending").await + db.count_status(&[b], "pending").await, 15);
 
     // Ungated (another queue's gate, or none), the window and the batch alone bound the claim.
-    let other = (vec!["another-queue".to_owned()], vec![0]);
-    let claimed = claim(pool, &[a], &[], "me", lease, 5, 256, &other).await.unwrap();
+    let other = Bounds { gated: rooms(&["another-queue"], vec![0], None), ..Bounds::new(5, 256) };
+    let claimed = claim(pool, &[a], &[], "me", lease, &other).await.unwrap();
     assert_eq!(claimed.iter().map(|e| e.id).collect::<Vec<_>>(), in_a[2..7].to_vec());
-    let claimed = claim(pool, &[b], &[], "me", lease, 100, 256, &Default::default()).await.unwrap();
-    assert_eq!(claimed.len(), 7);
+    // A queue the gate does not name shares the others' room: 3 over two workspaces, 2 at most each.
+    let unnamed = Bounds { gated: rooms(&["another-queue"], vec![0], Some(3)), ..Bounds::new(100, 256) };
+    let claimed = claim(pool, &[b, a], &[], "me", lease, &unnamed).await.unwrap();
+    let ids: Vec<Uuid> = claimed.iter().map(|e| e.id).collect();
+    assert_eq!(ids, [&in_a[7..8], &in_b[3..5]].concat(), "b's two, then a's one; returned in due order");
+    let claimed = claim(pool, &[b], &[], "me", lease, &Bounds::new(100, 256)).await.unwrap();
+    assert_eq!(claimed.len(), 5);
 
     // The previous release's six-argument form claims ungated.
     let c = WorkspaceId(Uuid::new_v4());
