@@ -4,7 +4,10 @@
 //! waiting: the worst tenant's share of dequeues against its fair share (target >= 0.95) and Jain's index over the
 //! tenants' dequeues (>= 0.99); each tenant's p50/p99 wait (commit -> handler start); and the drain rate with the
 //! window against the same run without it (>= 90%). Then a light workspace's commit -> start p99 while another
-//! floods 100,000 jobs (`FLOOD`; target <= 250 ms). One JSON line per scenario.
+//! floods 100,000 jobs (`FLOOD`; target <= 250 ms). Then the same beside a flood of slow jobs, with default settings
+//! (`fairness-slow`): 3,000 jobs of 200 ms (`SLOW_FLOOD`, `SLOW_MS`) on 16 slots (`SLOW_CONC`), and 20 light jobs
+//! committed 250 ms apart once the flood runs: the worst light job's commit -> start (target <= 250 ms), beside the
+//! same run with the queue gate off. One JSON line per scenario.
 
 #[path = "../tests/kit/mod.rs"]
 mod kit;
@@ -54,13 +57,27 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
 /// A dispatcher with `window` and a worker, over a fresh database; the jobs are enqueued before either starts.
 async fn run_platform(platform: &Platform, window: u64, starts: &Starts, shutdown: &CancellationToken) {
     let dispatcher = platform.dispatcher(|s| s.window = window as i32).await;
+    let (cost, concurrency) = (Duration::from_millis(env("COST_MS", 5)), env("CONC", 32) as usize);
+    start_worker(platform, dispatcher, cost, concurrency, starts, shutdown).await;
+}
+
+/// Starts `dispatcher` and a worker of `concurrency` slots whose handler takes `cost`.
+async fn start_worker(
+    platform: &Platform,
+    dispatcher: conveyor_jobs::Dispatcher,
+    cost: Duration,
+    concurrency: usize,
+    starts: &Starts,
+    shutdown: &CancellationToken,
+) {
     let worker = Worker::builder(platform.pool.clone(), platform.consumer("bench").await)
         .runtime_pool(platform.runtime_pool.clone())
-        .handle::<Job>(Fixed { starts: starts.clone(), cost: Duration::from_millis(env("COST_MS", 5)) })
-        .settings(WorkerSettings { concurrency: env("CONC", 32) as usize, ..WorkerSettings::default() })
+        .handle::<Job>(Fixed { starts: starts.clone(), cost })
+        .settings(WorkerSettings { concurrency, ..WorkerSettings::default() })
         .build()
         .unwrap();
     worker.ensure_groups().await.unwrap();
+    worker.register_kinds().await.unwrap();
     tokio::spawn(dispatcher.run(shutdown.clone()));
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
 }
@@ -153,18 +170,70 @@ async fn flood_latency(window: u64) -> Value {
     })
 }
 
+/// A light workspace beside a flood of slow jobs, default settings but `queue_wait`: the light jobs' commit -> start.
+async fn slow_flood(queue_wait: Option<Duration>) -> Value {
+    let (flood_n, cost) = (env("SLOW_FLOOD", 3_000) as usize, Duration::from_millis(env("SLOW_MS", 200)));
+    let concurrency = env("SLOW_CONC", 16) as usize;
+    let platform = Platform::new(48).await;
+    let (flood, light) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    enqueue(&platform.pool, flood, 0, flood_n).await;
+    let starts: Starts = Arc::default();
+    let shutdown = CancellationToken::new();
+    let dispatcher = platform
+        .dispatcher(|s| {
+            if let Some(wait) = queue_wait {
+                s.queue_wait = wait;
+            }
+        })
+        .await;
+    start_worker(&platform, dispatcher, cost, concurrency, &starts, &shutdown).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for _ in 0..20 {
+        enqueue(&platform.pool, light, 1, 1).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while starts.lock().unwrap().iter().filter(|(t, _)| *t == 1).count() < 20 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    let mut waits: Vec<f64> = starts.lock().unwrap().iter().filter(|(t, _)| *t == 1).map(|(_, w)| *w).collect();
+    let worst = waits.iter().cloned().fold(0.0, f64::max);
+    json!({
+        "queue_wait_ms": queue_wait.unwrap_or(conveyor_jobs::DispatcherSettings::default().queue_wait).as_millis() as u64,
+        "flood": flood_n, "handler_ms": cost.as_millis() as u64, "concurrency": concurrency,
+        "light_jobs_started": waits.len(),
+        "light_wait_ms": {"p50": percentile(&mut waits, 0.5).round(), "max": worst.round()},
+        "target_max_ms": 250, "met": waits.len() == 20 && worst <= 250.0,
+    })
+}
+
 fn main() {
+    // Scenarios to run (`skew`, `flood`, `slow`; all by default), as the first argument: `-- slow`.
+    let which = std::env::args().skip(1).find(|a| !a.starts_with("--")).unwrap_or_else(|| "skew,flood,slow".into());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let window = env("WINDOW", 256);
-        let fair = skewed(window).await;
-        let unfair = skewed(0).await;
-        let ratio = fair["drain_per_s"].as_f64().unwrap() / unfair["drain_per_s"].as_f64().unwrap();
-        println!(
-            "{}",
-            json!({"scenario": "fairness-skew", "with_window": fair, "without_window": unfair,
-            "drain_with_vs_without": (ratio * 1000.0).round() / 1000.0})
-        );
-        println!("{}", json!({"scenario": "fairness-flood", "result": flood_latency(window).await}));
+        for scenario in which.split(',') {
+            match scenario {
+                "skew" => {
+                    let fair = skewed(window).await;
+                    let unfair = skewed(0).await;
+                    let ratio = fair["drain_per_s"].as_f64().unwrap() / unfair["drain_per_s"].as_f64().unwrap();
+                    println!(
+                        "{}",
+                        json!({"scenario": "fairness-skew", "with_window": fair, "without_window": unfair,
+                        "drain_with_vs_without": (ratio * 1000.0).round() / 1000.0})
+                    );
+                }
+                "flood" => println!("{}", json!({"scenario": "fairness-flood", "result": flood_latency(window).await})),
+                "slow" => println!(
+                    "{}",
+                    json!({"scenario": "fairness-slow", "default": slow_flood(None).await,
+                           "without_gate": slow_flood(Some(Duration::ZERO)).await})
+                ),
+                other => panic!("unknown scenario {other}"),
+            }
+        }
     });
 }

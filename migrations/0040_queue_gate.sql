@@ -11,8 +11,8 @@
 -- for the workspace, as a pause holds it. The dispatcher puts the light workspaces first. The window stays: it shares
 -- the workers between backlogged workspaces; the gate keeps what waits in front of everyone short in time.
 --
--- Queues the dispatcher has not measured yet (the first jobs of a queue new to it) share `other_room` the same way, so
--- that a flood into a fresh queue is not relayed whole before the first look. In a workspace with key or kind limits
+-- The queues a call does not name share `other_room` the same way (NULL: not gated; the dispatcher gates only the
+-- queues it knows workers for, and passes NULL). In a workspace with key or kind limits
 -- the gate only holds a queue with no room left (the limits' statement is not capped per queue). The six-argument
 -- form stays, ungated, for dispatchers of the previous release.
 SET LOCAL search_path = conveyor;

@@ -11,11 +11,16 @@
 //! since the last look, nothing says how much more they could take: the budget doubles, as a slow start does. Its
 //! room is the budget less what waited at the last look and what this dispatcher relayed since.
 //!
-//! The claim shares each gated queue's room between the workspaces of the call (migration 0040), the light ones first.
-//! A queue not measured yet has the budget of an idle one, [`FLOOR`]: the queues this dispatcher has not relayed into
-//! share that room in a claim, so a flood into a fresh queue is not relayed whole before the first look. Several
-//! dispatchers, or concurrent claims of one, may each fill the same room before the next look: the waiting part can
-//! exceed the budget by that much, never grow without bound.
+//! The gate paces the relay to the workers, so it gates only what it can pace: nothing before [`Gate::start`] (a
+//! dispatcher that is not running its loop, such as one driven by `dispatch_once`, is never measured), and no queue
+//! whose group has no consumer (no pace to follow: the window alone bounds it, as without the gate).
+//!
+//! The gate knows the queues workers registered (`job_kinds`, read at start and every few seconds) and those it
+//! relayed into; one it knows but has not looked at yet has the budget of an idle one, [`FLOOR`], so a flood into a
+//! queue whose workers just started is not relayed whole before the first look. A queue no worker registered is not
+//! gated (nobody to pace by). The claim shares each gated queue's room between the workspaces of the call (migration
+//! 0040), the light ones first. Several dispatchers, or concurrent claims of one, may each fill the same room before
+//! the next look: the waiting part can exceed the budget by that much, never grow without bound.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -53,6 +58,8 @@ pub(crate) struct QueueLoad {
     pub(crate) added: u64,
     /// Entries in them that no worker has read yet.
     pub(crate) waiting: u64,
+    /// Consumers of the queue's group, summed over its streams.
+    pub(crate) consumers: u64,
 }
 
 #[derive(Debug)]
@@ -73,13 +80,20 @@ struct QueueGate {
 #[derive(Debug)]
 pub(crate) struct Gate {
     queue_wait: Duration,
+    /// Whether its looks have begun ([`Gate::start`]).
+    started: std::sync::atomic::AtomicBool,
     queues: Mutex<HashMap<String, QueueGate>>,
 }
 
 impl Gate {
     /// A gate keeping each queue's waiting part within `queue_wait` of its workers' pace; zero: no gate.
     pub(crate) fn new(queue_wait: Duration) -> Self {
-        Self { queue_wait, queues: Mutex::default() }
+        Self { queue_wait, started: Default::default(), queues: Mutex::default() }
+    }
+
+    /// Its looks begin (the dispatcher's loop measures the queues): from now on it gates.
+    pub(crate) fn start(&self) {
+        self.started.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn queues(&self) -> std::sync::MutexGuard<'_, HashMap<String, QueueGate>> {
@@ -88,19 +102,40 @@ impl Gate {
 
     /// The room of each queue this dispatcher knows, for a claim, and the room the others share (`None`: off).
     pub(crate) fn rooms(&self) -> Rooms {
-        if self.queue_wait.is_zero() {
+        if self.queue_wait.is_zero() || !self.started.load(std::sync::atomic::Ordering::Relaxed) {
             return Rooms::default();
         }
         let (queues, rooms) = self
             .queues()
             .iter()
             .map(|(queue, gate)| {
-                let waiting = gate.last.map_or(0, |(_, load)| load.waiting);
-                let room = gate.budget.saturating_sub(waiting + gate.relayed_since);
+                let room = match gate.last {
+                    // Nobody reads it: nothing to pace by.
+                    Some((_, load)) if load.consumers == 0 => u64::MAX,
+                    last => gate.budget.saturating_sub(last.map_or(0, |(_, load)| load.waiting) + gate.relayed_since),
+                };
                 (queue.clone(), i32::try_from(room).unwrap_or(i32::MAX))
             })
             .unzip();
-        Rooms { queues, rooms, others: Some(FLOOR as i32) }
+        Rooms { queues, rooms, others: None }
+    }
+
+    /// Queues that have workers: looked at from now on, gated from the first look (and until then, at the floor).
+    pub(crate) fn know(&self, queues: &[String]) {
+        if self.queue_wait.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut known = self.queues();
+        for queue in queues {
+            known.entry(queue.clone()).or_insert(QueueGate {
+                relayed_at: now,
+                last: None,
+                pace: None,
+                budget: FLOOR,
+                relayed_since: 0,
+            });
+        }
     }
 
     /// A claim took `count` jobs of `queue`.
@@ -158,9 +193,13 @@ impl Gate {
         gate.relayed_since = 0;
     }
 
-    /// Whether some gated queue still has entries waiting for a worker: the relay has work coming.
+    /// Whether the gate may be holding jobs back: a queue relayed into in the last second still has entries waiting
+    /// for its workers. The relay has work coming as they take them.
     pub(crate) fn busy(&self) -> bool {
-        self.queues().values().any(|gate| gate.last.is_some_and(|(_, load)| load.waiting > 0))
+        self.queues().values().any(|gate| {
+            gate.relayed_at.elapsed() < Duration::from_secs(1)
+                && gate.last.is_some_and(|(_, load)| load.waiting > 0 && load.consumers > 0)
+        })
     }
 
     #[cfg(test)]
@@ -174,14 +213,22 @@ mod tests {
     use super::*;
 
     fn look(gate: &Gate, at: Instant, added: u64, waiting: u64) {
-        gate.observe("q", at, QueueLoad { added, waiting });
+        gate.observe("q", at, QueueLoad { added, waiting, consumers: 1 });
+    }
+
+    fn started(queue_wait: Duration) -> Gate {
+        let gate = Gate::new(queue_wait);
+        gate.start();
+        gate
     }
 
     #[test]
     fn a_queue_is_gated_from_its_first_look_and_its_room_is_the_budget_less_what_waits_and_what_was_relayed() {
-        let gate = Gate::new(Duration::from_millis(100));
-        let others = Some(FLOOR as i32);
-        assert_eq!(gate.rooms(), Rooms { others, ..Rooms::default() }, "queues never seen share the floor's room");
+        let gate = started(Duration::from_millis(100));
+        let others = None;
+        assert_eq!(gate.rooms(), Rooms::default(), "queues it does not know are not gated");
+        gate.know(&["q".to_owned()]);
+        assert_eq!(gate.rooms().rooms, vec![FLOOR as i32], "known, not looked at yet: the floor");
         gate.relayed("q", 3);
         let q = vec!["q".to_owned()];
         assert_eq!(gate.rooms(), Rooms { queues: q.clone(), rooms: vec![FLOOR as i32 - 3], others });
@@ -192,11 +239,22 @@ mod tests {
         assert_eq!(gate.rooms().rooms, vec![FLOOR as i32 - 3]);
         gate.relayed("q", 5);
         assert_eq!(gate.rooms().rooms, vec![0], "never below 0");
+        gate.observe("q", t0, QueueLoad { added: 10, waiting: 10, consumers: 0 });
+        assert_eq!(gate.rooms().rooms, vec![i32::MAX], "a queue nobody reads is not gated");
+    }
+
+    #[test]
+    fn a_gate_whose_looks_have_not_begun_gates_nothing() {
+        let gate = Gate::new(Duration::from_millis(100));
+        gate.relayed("q", 100);
+        assert_eq!(gate.rooms(), Rooms::default());
+        gate.start();
+        assert_eq!(gate.rooms().rooms, vec![0]);
     }
 
     #[test]
     fn the_budget_is_the_workers_pace_times_the_wait() {
-        let gate = Gate::new(Duration::from_millis(100));
+        let gate = started(Duration::from_millis(100));
         gate.relayed("q", 1);
         let t0 = Instant::now();
         look(&gate, t0, 0, 0);
@@ -205,7 +263,7 @@ mod tests {
         assert_eq!(gate.budget("q"), 90);
         assert_eq!(gate.rooms().rooms, vec![0], "100 wait, the budget is 90");
         // Slow handlers: 16 slots of 200 ms take 80 a second, whatever waits.
-        let gate = Gate::new(Duration::from_millis(100));
+        let gate = started(Duration::from_millis(100));
         gate.relayed("q", 1);
         look(&gate, t0, 5_000, 200);
         look(&gate, t0 + Duration::from_secs(1), 5_080, 200);
@@ -214,7 +272,7 @@ mod tests {
 
     #[test]
     fn workers_that_take_all_that_comes_double_the_budget_and_a_lull_brings_it_back_to_their_pace() {
-        let gate = Gate::new(Duration::from_millis(100));
+        let gate = started(Duration::from_millis(100));
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         gate.relayed("q", 4);
@@ -244,17 +302,18 @@ mod tests {
 
     #[test]
     fn off_gates_nothing_and_queues_not_relayed_into_lately_are_forgotten() {
-        let gate = Gate::new(Duration::ZERO);
+        let gate = started(Duration::ZERO);
         gate.relayed("q", 1);
         assert!(gate.active().is_empty());
         assert_eq!(gate.rooms(), Rooms::default());
-        let gate = Gate::new(Duration::from_millis(100));
+        let gate = started(Duration::from_millis(100));
         gate.relayed("q", 1);
         assert_eq!(gate.active(), vec!["q".to_owned()]);
         look(&gate, Instant::now(), 1, 1);
+        assert!(gate.busy(), "relayed into lately, and a job waits");
         gate.queues().get_mut("q").unwrap().relayed_at = Instant::now() - ACTIVE_FOR;
         assert_eq!(gate.active(), vec!["q".to_owned()], "looked at while a job waits in it");
-        assert!(gate.busy());
+        assert!(!gate.busy(), "not relayed into lately: jobs wait for stuck workers, not for the gate");
         look(&gate, Instant::now(), 1, 0);
         assert!(gate.active().is_empty(), "then forgotten");
         assert!(!gate.busy());

@@ -361,6 +361,8 @@ impl Dispatcher {
         let registered: Vec<String> =
             sqlx::query_scalar("SELECT DISTINCT queue FROM conveyor.job_kinds").fetch_all(&self.pool).await?;
         self.metrics.init_queues(registered.iter().chain(rows.iter().map(|row| &row.0)).map(String::as_str));
+        // Queues with workers: the gate looks at them before their first jobs come.
+        self.gate.know(&registered);
         self.metrics.outbox_events.reset();
         self.metrics.outbox_oldest_pending_age.reset();
         for (queue, state, jobs, oldest_due) in rows {
@@ -410,6 +412,7 @@ impl Dispatcher {
         let (wake_tx, mut wake) = mpsc::unbounded_channel::<Wake>();
         let poll = self.settings.poll_interval;
         let listening = tokio::spawn(listen::listen(self.pool.clone(), channels, wake_tx, shutdown.clone()));
+        self.gate.start();
         let measuring = tokio::spawn(measure(self.gate.clone(), self.producer.clone(), shutdown.clone()));
         tracing::info!(id = %self.id, "Dispatcher started");
         let mut last_backlog = tokio::time::Instant::now() - Duration::from_secs(60);

@@ -49,7 +49,9 @@ async fn flood_jobs_ahead_of_a_light_one(queue_wait: Duration) -> usize {
         .settings(WorkerSettings { concurrency: SLOTS, ..WorkerSettings::default() })
         .build()
         .unwrap();
+    // The workers are there before the flood is relayed: the dispatcher's gate knows their queue from the start.
     worker.ensure_groups().await.unwrap();
+    worker.register_kinds().await.unwrap();
     tokio::spawn(dispatcher.run(shutdown.clone()));
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
 
