@@ -6,9 +6,9 @@
 -- The gate: a dispatcher measures, per queue, the part of its streams that waits for a worker (entries not yet read by
 -- the group) and how fast the workers take entries, and relays into a queue only as many as keep that part within
 -- what the workers take in CONVEYOR_DISPATCH_QUEUE_WAIT (Little's law: waiting jobs = rate x wait). It passes each
--- gated queue's room to the claim, which shares it between the call's workspaces: each gets at most its fair part of
--- the room the call started with, from what the workspaces before it left; a gated queue with nothing left is held
--- for the workspace, as a pause holds it. The dispatcher puts the light workspaces first. The window stays: it shares
+-- gated queue's room to the claim, which shares it between the call's workspaces: the first `light_first` (the light
+-- ones, which the dispatcher names first) may take all that is left, each of the others at most its fair part of the
+-- room the call started with; a gated queue with nothing left is held for the workspace, as a pause holds it. The window stays: it shares
 -- the workers between backlogged workspaces; the gate keeps what waits in front of everyone short in time.
 --
 -- The queues a call does not name share `other_room` the same way (NULL: not gated; the dispatcher gates only the
@@ -20,7 +20,7 @@ SET LOCAL search_path = conveyor;
 CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_secs double precision,
                                          per_workspace integer, fair_window integer,
                                          expired_in uuid[], gated_queues text[], gated_room integer[],
-                                         other_room integer)
+                                         other_room integer, light_first integer)
     RETURNS TABLE (tid tid, id uuid, workspace_id uuid, queue text, event_type text, event_payload jsonb,
                    operation_id uuid, traceparent text, attempt_count integer, job_attempts integer,
                    redrive_count integer, created_at timestamptz, next_attempt_at timestamptz, priority smallint,
@@ -52,6 +52,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
         lease_ctids tid[];
         due_ctids tid[];
         gate_left integer[] := coalesce(gated_room, '{}');
+        nth integer := 0;
         share integer[];
         other_left integer := other_room;
         other_share integer;
@@ -76,6 +77,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                 held_kinds := '{}';
             END IF;
             PERFORM set_config('app.workspace_id', ws::text, true);
+            nth := nth + 1;
             room := per_workspace;
             IF fair_window > 0 THEN
                 -- The window is counted and taken under one lock: another relay claiming this workspace now would
@@ -108,13 +110,17 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
             -- of the room the call started with: the workspaces after it get theirs). A gated queue with no share is
             -- held for this workspace; the others' jobs come in due order beside the ungated queues', up to the share.
             IF gated THEN
-                share := ARRAY(SELECT least(g.left_over, ceil(g.total::numeric / cardinality(workspaces))::integer)
+                share := ARRAY(SELECT CASE WHEN nth <= coalesce(light_first, 0) THEN g.left_over
+                                           ELSE least(g.left_over, ceil(g.total::numeric / cardinality(workspaces))::integer)
+                                      END
                                FROM unnest(gate_left, gated_room) WITH ORDINALITY AS g(left_over, total, i)
                                ORDER BY g.i);
                 held_queues := held_queues || ARRAY(SELECT s.q FROM unnest(gated_queues, share) AS s(q, n)
                                                     WHERE s.n <= 0);
                 -- The queues not named (none measured yet) share `other_room` alike; NULL: they are not gated.
-                other_share := least(other_left, ceil(other_room::numeric / cardinality(workspaces))::integer);
+                other_share := CASE WHEN nth <= coalesce(light_first, 0) THEN other_left
+                                    ELSE least(other_left, ceil(other_room::numeric / cardinality(workspaces))::integer)
+                               END;
                 others_held := coalesce(other_share <= 0, false);
             END IF;
             IF NOT EXISTS (SELECT 1 FROM conveyor.job_key_limits l WHERE l.workspace_id = ws)
@@ -355,8 +361,8 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
     SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
     SELECT * FROM conveyor.conveyor_claim_jobs_fair(workspaces, holder, lease_secs, per_workspace, fair_window,
-                                                     expired_in, '{}'::text[], '{}'::integer[], NULL)
+                                                     expired_in, '{}'::text[], '{}'::integer[], NULL, 0)
     $$;
 
 REVOKE ALL ON FUNCTION conveyor_claim_jobs_fair(uuid[], text, double precision, integer, integer, uuid[], text[],
-                                                integer[], integer) FROM PUBLIC;
+                                                integer[], integer, integer) FROM PUBLIC;

@@ -12,13 +12,11 @@
 //! room is the budget less what waited at the last look and what this dispatcher relayed since.
 //!
 //! The gate paces the relay to the workers, so it gates only what it can pace: nothing before [`Gate::start`] (a
-//! dispatcher that is not running its loop, such as one driven by `dispatch_once`, is never measured), and no queue
-//! whose group has no consumer (no pace to follow: the window alone bounds it, as without the gate).
-//!
-//! The gate knows the queues workers registered (`job_kinds`, read at start and every few seconds) and those it
-//! relayed into; one it knows but has not looked at yet has the budget of an idle one, [`FLOOR`], so a flood into a
-//! queue whose workers just started is not relayed whole before the first look. A queue no worker registered is not
-//! gated (nobody to pace by). The claim shares each gated queue's room between the workspaces of the call (migration
+//! dispatcher that is not running its loop, such as one driven by `dispatch_once`, is never measured), and only the
+//! queues that workers registered (`job_kinds`, read at start and every few seconds): a queue no worker registered
+//! has nobody to pace by, and the window alone bounds it, as without the gate. A registered queue not looked at yet
+//! has the budget of an idle one, [`FLOOR`], so a flood into a queue whose workers just started is not relayed whole
+//! before the first look. The claim shares each gated queue's room between the workspaces of the call (migration
 //! 0040), the light ones first. Several dispatchers, or concurrent claims of one, may each fill the same room before
 //! the next look: the waiting part can exceed the budget by that much, never grow without bound.
 
@@ -29,8 +27,11 @@ use std::time::{Duration, Instant};
 /// How often the gate looks at the queues it relays into.
 pub(crate) const MEASURE_EVERY: Duration = Duration::from_millis(20);
 
-/// A queue is looked at while this dispatcher relayed into it this recently.
+/// A queue is looked at every [`MEASURE_EVERY`] while this dispatcher relayed into it this recently.
 const ACTIVE_FOR: Duration = Duration::from_secs(10);
+
+/// An idle queue is looked at this often.
+const IDLE_LOOK: Duration = Duration::from_secs(1);
 
 /// A queue's budget is at least this many waiting entries: a pace measured over a few jobs is noisy, and with a few
 /// entries waiting a slot that frees finds one.
@@ -49,6 +50,8 @@ pub(crate) struct Rooms {
     pub(crate) queues: Vec<String>,
     pub(crate) rooms: Vec<i32>,
     pub(crate) others: Option<i32>,
+    /// How many workspaces at the head of the claim are light: they may take all the room left.
+    pub(crate) light_first: usize,
 }
 
 /// What a look at a queue's streams found.
@@ -109,15 +112,12 @@ impl Gate {
             .queues()
             .iter()
             .map(|(queue, gate)| {
-                let room = match gate.last {
-                    // Nobody reads it: nothing to pace by.
-                    Some((_, load)) if load.consumers == 0 => u64::MAX,
-                    last => gate.budget.saturating_sub(last.map_or(0, |(_, load)| load.waiting) + gate.relayed_since),
-                };
+                let waiting = gate.last.map_or(0, |(_, load)| load.waiting);
+                let room = gate.budget.saturating_sub(waiting + gate.relayed_since);
                 (queue.clone(), i32::try_from(room).unwrap_or(i32::MAX))
             })
             .unzip();
-        Rooms { queues, rooms, others: None }
+        Rooms { queues, rooms, others: None, light_first: 0 }
     }
 
     /// Queues that have workers: looked at from now on, gated from the first look (and until then, at the floor).
@@ -138,33 +138,27 @@ impl Gate {
         }
     }
 
-    /// A claim took `count` jobs of `queue`.
+    /// A claim took `count` jobs of `queue` (a registered queue's room shrinks by as much).
     pub(crate) fn relayed(&self, queue: &str, count: u64) {
-        if self.queue_wait.is_zero() {
-            return;
-        }
-        let now = Instant::now();
-        let mut queues = self.queues();
-        match queues.get_mut(queue) {
-            Some(gate) => {
-                gate.relayed_at = now;
-                gate.relayed_since += count;
-            }
-            None => {
-                let gate = QueueGate { relayed_at: now, last: None, pace: None, budget: FLOOR, relayed_since: count };
-                queues.insert(queue.to_owned(), gate);
-            }
+        if let Some(gate) = self.queues().get_mut(queue) {
+            gate.relayed_at = Instant::now();
+            gate.relayed_since += count;
         }
     }
 
-    /// The queues to look at now. A queue not relayed into lately is forgotten once nothing waits in it (it has the
-    /// room of one never seen); one where jobs still wait is looked at until they are taken.
+    /// The queues to look at now: every [`MEASURE_EVERY`] those relayed into lately or where jobs wait, the idle
+    /// ones once every [`IDLE_LOOK`].
     pub(crate) fn active(&self) -> Vec<String> {
-        let mut queues = self.queues();
-        queues.retain(|_, gate| {
-            gate.relayed_at.elapsed() < ACTIVE_FOR || gate.last.is_none_or(|(_, load)| load.waiting > 0)
-        });
-        queues.keys().cloned().collect()
+        self.queues()
+            .iter()
+            .filter(|(_, gate)| match gate.last {
+                None => true,
+                Some((at, load)) => {
+                    gate.relayed_at.elapsed() < ACTIVE_FOR || load.waiting > 0 || at.elapsed() >= IDLE_LOOK
+                }
+            })
+            .map(|(queue, _)| queue.clone())
+            .collect()
     }
 
     /// What a look at `queue` found at `at`: its pace, budget and room follow.
@@ -216,36 +210,39 @@ mod tests {
         gate.observe("q", at, QueueLoad { added, waiting, consumers: 1 });
     }
 
+    /// A running gate that knows the queue "q".
     fn started(queue_wait: Duration) -> Gate {
         let gate = Gate::new(queue_wait);
         gate.start();
+        gate.know(&["q".to_owned()]);
         gate
     }
 
     #[test]
     fn a_queue_is_gated_from_its_first_look_and_its_room_is_the_budget_less_what_waits_and_what_was_relayed() {
-        let gate = started(Duration::from_millis(100));
+        let gate = Gate::new(Duration::from_millis(100));
+        gate.start();
         let others = None;
-        assert_eq!(gate.rooms(), Rooms::default(), "queues it does not know are not gated");
+        gate.relayed("q", 3);
+        assert_eq!(gate.rooms(), Rooms::default(), "queues no worker registered are not gated");
         gate.know(&["q".to_owned()]);
         assert_eq!(gate.rooms().rooms, vec![FLOOR as i32], "known, not looked at yet: the floor");
         gate.relayed("q", 3);
         let q = vec!["q".to_owned()];
-        assert_eq!(gate.rooms(), Rooms { queues: q.clone(), rooms: vec![FLOOR as i32 - 3], others });
+        assert_eq!(gate.rooms(), Rooms { queues: q.clone(), rooms: vec![FLOOR as i32 - 3], others, light_first: 0 });
         let t0 = Instant::now();
         look(&gate, t0, 10, 1);
-        assert_eq!(gate.rooms(), Rooms { queues: q, rooms: vec![FLOOR as i32 - 1], others });
+        assert_eq!(gate.rooms(), Rooms { queues: q, rooms: vec![FLOOR as i32 - 1], others, light_first: 0 });
         gate.relayed("q", 2);
         assert_eq!(gate.rooms().rooms, vec![FLOOR as i32 - 3]);
         gate.relayed("q", 5);
         assert_eq!(gate.rooms().rooms, vec![0], "never below 0");
-        gate.observe("q", t0, QueueLoad { added: 10, waiting: 10, consumers: 0 });
-        assert_eq!(gate.rooms().rooms, vec![i32::MAX], "a queue nobody reads is not gated");
     }
 
     #[test]
     fn a_gate_whose_looks_have_not_begun_gates_nothing() {
         let gate = Gate::new(Duration::from_millis(100));
+        gate.know(&["q".to_owned()]);
         gate.relayed("q", 100);
         assert_eq!(gate.rooms(), Rooms::default());
         gate.start();
@@ -303,10 +300,12 @@ mod tests {
     #[test]
     fn off_gates_nothing_and_queues_not_relayed_into_lately_are_forgotten() {
         let gate = started(Duration::ZERO);
+        gate.know(&["q".to_owned()]);
         gate.relayed("q", 1);
         assert!(gate.active().is_empty());
         assert_eq!(gate.rooms(), Rooms::default());
         let gate = started(Duration::from_millis(100));
+        gate.know(&["q".to_owned()]);
         gate.relayed("q", 1);
         assert_eq!(gate.active(), vec!["q".to_owned()]);
         look(&gate, Instant::now(), 1, 1);
@@ -315,7 +314,7 @@ mod tests {
         assert_eq!(gate.active(), vec!["q".to_owned()], "looked at while a job waits in it");
         assert!(!gate.busy(), "not relayed into lately: jobs wait for stuck workers, not for the gate");
         look(&gate, Instant::now(), 1, 0);
-        assert!(gate.active().is_empty(), "then forgotten");
+        assert!(gate.active().is_empty(), "idle: looked at once a second");
         assert!(!gate.busy());
     }
 }

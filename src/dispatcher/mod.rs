@@ -246,12 +246,13 @@ impl Dispatcher {
     /// nothing was due.
     async fn hand_off(&self, workspaces: &[WorkspaceId], expired: &[WorkspaceId]) -> anyhow::Result<Option<HandedOff>> {
         let t0 = std::time::Instant::now();
-        let gated = self.gate.rooms();
-        // The light workspaces first: the claim shares a gated queue's room in this order.
+        let mut gated = self.gate.rooms();
+        // The light workspaces first: they may take all of a gated queue's room left, the others a fair part each.
         let mut workspaces = workspaces.to_vec();
         {
             let backlogged = self.backlogged.lock().expect("backlogged lock");
             workspaces.sort_by_key(|w| backlogged.contains(w));
+            gated.light_first = workspaces.iter().filter(|w| !backlogged.contains(w)).count();
         }
         let events = claim::claim(
             &self.pool,
@@ -264,13 +265,21 @@ impl Dispatcher {
         .await
         .context("Failed to claim events")?;
         {
+            // A workspace's class changes with a claim that took some of its jobs; one that got none (held back by
+            // the window or the gate) keeps its class.
             let mut backlogged = self.backlogged.lock().expect("backlogged lock");
-            for w in &workspaces {
-                backlogged.remove(w);
+            if backlogged.len() > 100_000 {
+                // Workspaces that went quiet: forgotten (light again) rather than kept forever.
+                backlogged.clear();
             }
-            backlogged.extend(
-                events.iter().filter(|e| e.workspace_class == "backlogged").map(|e| WorkspaceId(e.workspace_id)),
-            );
+            for event in &events {
+                let workspace = WorkspaceId(event.workspace_id);
+                if event.workspace_class == "backlogged" {
+                    backlogged.insert(workspace);
+                } else {
+                    backlogged.remove(&workspace);
+                }
+            }
         }
         let mut per_queue: HashMap<&str, u64> = HashMap::new();
         for event in &events {

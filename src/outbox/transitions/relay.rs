@@ -148,7 +148,7 @@ pub(crate) async fn claim(
         "SELECT tid::text AS tid, id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                 attempt_count, job_attempts, redrive_count, created_at, next_attempt_at, priority, max_attempts,
                 timeout_ms, backoff_ms, backoff_max_ms, workspace_class
-         FROM conveyor.conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+         FROM conveyor.conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
     .bind(&ids)
     .bind(me)
@@ -159,6 +159,7 @@ pub(crate) async fn claim(
     .bind(&gated.queues)
     .bind(&gated.rooms)
     .bind(gated.others)
+    .bind(i32::try_from(gated.light_first).unwrap_or(i32::MAX))
     .fetch_all(pool)
     .await?;
     events.sort_by_key(|e| (e.priority, e.next_attempt_at, e.id));

@@ -245,6 +245,7 @@ async fn a_gated_queue_gives_each_workspace_of_a_claim_its_share_of_the_room_in_
         queues: queues.iter().map(|q| q.to_string()).collect(),
         rooms,
         others,
+        light_first: 0,
     };
     let gate = |room: i32| Bounds { gated: rooms(&[Ping::QUEUE], vec![room], None), ..Bounds::new(10, 256) };
     let lease = Duration::from_secs(30);
@@ -277,12 +278,22 @@ async fn a_gated_queue_gives_each_workspace_of_a_claim_its_share_of_the_room_in_
     let claimed = claim(pool, &[b], &[], "me", lease, &Bounds::new(100, 256)).await.unwrap();
     assert_eq!(claimed.len(), 5);
 
-    // The previous release's six-argument form claims ungated.
+    // The light workspaces at the head may take all that is left: here the first of two takes both.
     let c = WorkspaceId(Uuid::new_v4());
-    db.enqueue(c, 3).await;
+    let in_c = db.enqueue(c, 2).await;
+    let light_first = Bounds {
+        gated: crate::dispatcher::Rooms { light_first: 1, ..rooms(&[Ping::QUEUE], vec![2], None) },
+        ..Bounds::new(10, 256)
+    };
+    let claimed = claim(pool, &[c, a], &[], "me", lease, &light_first).await.unwrap();
+    assert_eq!(claimed.iter().map(|e| e.id).collect::<Vec<_>>(), in_c);
+
+    // The previous release's six-argument form claims ungated.
+    let d = WorkspaceId(Uuid::new_v4());
+    db.enqueue(d, 3).await;
     let (n,): (i64,) =
         sqlx::query_as("SELECT count(*) FROM conveyor.conveyor_claim_jobs_fair($1, 'old', 30, 10, 256, '{}')")
-            .bind(vec![c.0])
+            .bind(vec![d.0])
             .fetch_one(pool)
             .await
             .unwrap();
