@@ -11,8 +11,7 @@
 -- room the call started with; a gated queue with nothing left is held for the workspace, as a pause holds it. The window stays: it shares
 -- the workers between backlogged workspaces; the gate keeps what waits in front of everyone short in time.
 --
--- The queues a call does not name share `other_room` the same way (NULL: not gated; the dispatcher gates only the
--- queues it knows workers for, and passes NULL). In a workspace with key or kind limits
+-- Queues a call does not name are not gated (the dispatcher gates the queues workers registered). In a workspace with key or kind limits
 -- the gate only holds a queue with no room left (the limits' statement is not capped per queue). The six-argument
 -- form stays, ungated, for dispatchers of the previous release.
 SET LOCAL search_path = conveyor;
@@ -20,7 +19,7 @@ SET LOCAL search_path = conveyor;
 CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_secs double precision,
                                          per_workspace integer, fair_window integer,
                                          expired_in uuid[], gated_queues text[], gated_room integer[],
-                                         other_room integer, light_first integer)
+                                         light_first integer)
     RETURNS TABLE (tid tid, id uuid, workspace_id uuid, queue text, event_type text, event_payload jsonb,
                    operation_id uuid, traceparent text, attempt_count integer, job_attempts integer,
                    redrive_count integer, created_at timestamptz, next_attempt_at timestamptz, priority smallint,
@@ -54,10 +53,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
         gate_left integer[] := coalesce(gated_room, '{}');
         nth integer := 0;
         share integer[];
-        other_left integer := other_room;
-        other_share integer;
-        others_held boolean := false;
-        gated boolean := coalesce(cardinality(gated_queues), 0) > 0 OR other_room IS NOT NULL;
+        gated boolean := coalesce(cardinality(gated_queues), 0) > 0;
     BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
         SELECT EXISTS (SELECT 1 FROM conveyor.dispatch_pauses) INTO any_pause;
@@ -117,11 +113,6 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                                ORDER BY g.i);
                 held_queues := held_queues || ARRAY(SELECT s.q FROM unnest(gated_queues, share) AS s(q, n)
                                                     WHERE s.n <= 0);
-                -- The queues not named (none measured yet) share `other_room` alike; NULL: they are not gated.
-                other_share := CASE WHEN nth <= coalesce(light_first, 0) THEN other_left
-                                    ELSE least(other_left, ceil(other_room::numeric / cardinality(workspaces))::integer)
-                               END;
-                others_held := coalesce(other_share <= 0, false);
             END IF;
             IF NOT EXISTS (SELECT 1 FROM conveyor.job_key_limits l WHERE l.workspace_id = ws)
                AND NOT EXISTS (SELECT 1 FROM conveyor.job_kind_limits k WHERE k.workspace_id = ws) THEN
@@ -142,7 +133,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                                     AND d.queue <> ALL (held_queues) AND d.queue <> ALL (gated_queues)
                                     AND d.event_type <> ALL (held_kinds)
                                   ORDER BY d.next_attempt_at, d.id
-                                  LIMIT greatest(least(room, coalesce(other_share, room)), 0)
+                                  LIMIT room
                                   FOR UPDATE SKIP LOCKED) AS due
                               UNION ALL
                               SELECT g.ctid, g.priority, g.next_attempt_at, g.id
@@ -170,9 +161,6 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                                                  WHERE e.ctid = ANY (due_ctids) AND e.queue = g.q)::integer
                                        FROM unnest(gated_queues, gate_left) WITH ORDINALITY AS g(q, left_over, i)
                                        ORDER BY g.i);
-                    other_left := other_left - (SELECT count(*) FROM conveyor.outbox_events e
-                                                WHERE e.ctid = ANY (due_ctids)
-                                                  AND e.queue <> ALL (gated_queues))::integer;
                 ELSIF room > 0 THEN
                     due_ctids := ARRAY(
                         SELECT due.ctid
@@ -284,7 +272,6 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                                               WHERE d.status = 'pending' AND d.priority = level.p
                                                 AND d.next_attempt_at <= now()
                                                 AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
-                                                AND (NOT others_held OR d.queue = ANY (gated_queues))
                                                 AND d.event_type <> ALL (restricted_kinds)
                                                 AND (d.limit_key IS NULL OR d.limit_key <> ALL (restricted))
                                               ORDER BY d.next_attempt_at, d.id
@@ -299,7 +286,6 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                                               WHERE d.workspace_id = ws AND d.limit_key = k.key
                                                 AND d.status = 'pending' AND d.next_attempt_at <= now()
                                                 AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
-                                                AND (NOT others_held OR d.queue = ANY (gated_queues))
                                                 AND (d.event_type <> ALL (restricted_kinds)
                                                      OR d.event_type = ANY (limited_kinds))
                                               ORDER BY d.priority, d.next_attempt_at, d.id
@@ -314,7 +300,6 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                                               WHERE d.workspace_id = ws AND d.event_type = t.kind
                                                 AND d.status = 'pending' AND d.next_attempt_at <= now()
                                                 AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
-                                                AND (NOT others_held OR d.queue = ANY (gated_queues))
                                                 AND (d.limit_key IS NULL OR d.limit_key <> ALL (restricted))
                                               ORDER BY d.priority, d.next_attempt_at, d.id
                                               LIMIT least(t.left_over, room)
@@ -361,8 +346,8 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
     SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
     SELECT * FROM conveyor.conveyor_claim_jobs_fair(workspaces, holder, lease_secs, per_workspace, fair_window,
-                                                     expired_in, '{}'::text[], '{}'::integer[], NULL, 0)
+                                                     expired_in, '{}'::text[], '{}'::integer[], 0)
     $$;
 
 REVOKE ALL ON FUNCTION conveyor_claim_jobs_fair(uuid[], text, double precision, integer, integer, uuid[], text[],
-                                                integer[], integer, integer) FROM PUBLIC;
+                                                integer[], integer) FROM PUBLIC;

@@ -3,7 +3,7 @@
 //!
 //! A workspace's window bounds its jobs in the workers' hands, in jobs. What another workspace's job waits behind in
 //! the stream is time: 256 jobs are 50 ms of work for a hundred slots of 5 ms handlers and 3 s for sixteen slots of
-//! 200 ms ones. So the dispatcher measures each queue it relays into every [`MEASURE_EVERY`]: the entries its streams
+//! 200 ms ones. So the dispatcher looks at each busy queue every [`MEASURE_EVERY`] (an idle one every [`IDLE_LOOK`]): the entries its streams
 //! hold that no worker has read yet (`XLEN` less the group's pending entries: an acknowledged entry is deleted), and
 //! how many the workers took since the last look (entries added less the growth of that waiting part). While entries
 //! wait, the workers are busy and their pace (a moving average) is what they can do: a queue's budget of waiting
@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// How often the gate looks at the queues it relays into.
+/// How often the gate looks at the queues it relays into (or where jobs wait).
 pub(crate) const MEASURE_EVERY: Duration = Duration::from_millis(20);
 
 /// A queue is looked at every [`MEASURE_EVERY`] while this dispatcher relayed into it this recently.
@@ -43,13 +43,11 @@ const SMOOTHING: f64 = 0.25;
 /// The largest budget: a claim's room is an `integer`.
 const CEILING: u64 = 1_000_000;
 
-/// What the gate lets a claim take: each known queue's room, and the room the queues not named share (`None`: no
-/// gate).
+/// What the gate lets a claim take: each gated queue's room (the queues not named are not gated).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Rooms {
     pub(crate) queues: Vec<String>,
     pub(crate) rooms: Vec<i32>,
-    pub(crate) others: Option<i32>,
     /// How many workspaces at the head of the claim are light: they may take all the room left.
     pub(crate) light_first: usize,
 }
@@ -61,8 +59,6 @@ pub(crate) struct QueueLoad {
     pub(crate) added: u64,
     /// Entries in them that no worker has read yet.
     pub(crate) waiting: u64,
-    /// Consumers of the queue's group, summed over its streams.
-    pub(crate) consumers: u64,
 }
 
 #[derive(Debug)]
@@ -94,6 +90,11 @@ impl Gate {
         Self { queue_wait, started: Default::default(), queues: Mutex::default() }
     }
 
+    /// Whether it never gates (a zero wait).
+    pub(crate) fn is_off(&self) -> bool {
+        self.queue_wait.is_zero()
+    }
+
     /// Its looks begin (the dispatcher's loop measures the queues): from now on it gates.
     pub(crate) fn start(&self) {
         self.started.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -103,7 +104,7 @@ impl Gate {
         self.queues.lock().expect("gate lock")
     }
 
-    /// The room of each queue this dispatcher knows, for a claim, and the room the others share (`None`: off).
+    /// The room of each queue workers registered, for a claim (none when off, or before the looks begin).
     pub(crate) fn rooms(&self) -> Rooms {
         if self.queue_wait.is_zero() || !self.started.load(std::sync::atomic::Ordering::Relaxed) {
             return Rooms::default();
@@ -117,7 +118,7 @@ impl Gate {
                 (queue.clone(), i32::try_from(room).unwrap_or(i32::MAX))
             })
             .unzip();
-        Rooms { queues, rooms, others: None, light_first: 0 }
+        Rooms { queues, rooms, light_first: 0 }
     }
 
     /// Queues that have workers: looked at from now on, gated from the first look (and until then, at the floor).
@@ -191,8 +192,7 @@ impl Gate {
     /// for its workers. The relay has work coming as they take them.
     pub(crate) fn busy(&self) -> bool {
         self.queues().values().any(|gate| {
-            gate.relayed_at.elapsed() < Duration::from_secs(1)
-                && gate.last.is_some_and(|(_, load)| load.waiting > 0 && load.consumers > 0)
+            gate.relayed_at.elapsed() < Duration::from_secs(1) && gate.last.is_some_and(|(_, load)| load.waiting > 0)
         })
     }
 
@@ -207,7 +207,7 @@ mod tests {
     use super::*;
 
     fn look(gate: &Gate, at: Instant, added: u64, waiting: u64) {
-        gate.observe("q", at, QueueLoad { added, waiting, consumers: 1 });
+        gate.observe("q", at, QueueLoad { added, waiting });
     }
 
     /// A running gate that knows the queue "q".
@@ -222,17 +222,16 @@ mod tests {
     fn a_queue_is_gated_from_its_first_look_and_its_room_is_the_budget_less_what_waits_and_what_was_relayed() {
         let gate = Gate::new(Duration::from_millis(100));
         gate.start();
-        let others = None;
         gate.relayed("q", 3);
         assert_eq!(gate.rooms(), Rooms::default(), "queues no worker registered are not gated");
         gate.know(&["q".to_owned()]);
         assert_eq!(gate.rooms().rooms, vec![FLOOR as i32], "known, not looked at yet: the floor");
         gate.relayed("q", 3);
         let q = vec!["q".to_owned()];
-        assert_eq!(gate.rooms(), Rooms { queues: q.clone(), rooms: vec![FLOOR as i32 - 3], others, light_first: 0 });
+        assert_eq!(gate.rooms(), Rooms { queues: q.clone(), rooms: vec![FLOOR as i32 - 3], light_first: 0 });
         let t0 = Instant::now();
         look(&gate, t0, 10, 1);
-        assert_eq!(gate.rooms(), Rooms { queues: q, rooms: vec![FLOOR as i32 - 1], others, light_first: 0 });
+        assert_eq!(gate.rooms(), Rooms { queues: q, rooms: vec![FLOOR as i32 - 1], light_first: 0 });
         gate.relayed("q", 2);
         assert_eq!(gate.rooms().rooms, vec![FLOOR as i32 - 3]);
         gate.relayed("q", 5);

@@ -421,8 +421,11 @@ impl Dispatcher {
         let (wake_tx, mut wake) = mpsc::unbounded_channel::<Wake>();
         let poll = self.settings.poll_interval;
         let listening = tokio::spawn(listen::listen(self.pool.clone(), channels, wake_tx, shutdown.clone()));
-        self.gate.start();
-        let measuring = tokio::spawn(measure(self.gate.clone(), self.producer.clone(), shutdown.clone()));
+        // The gate's looks, when it is on.
+        let measuring = (!self.gate.is_off()).then(|| {
+            self.gate.start();
+            tokio::spawn(measure(self.gate.clone(), self.producer.clone(), shutdown.clone()))
+        });
         tracing::info!(id = %self.id, "Dispatcher started");
         let mut last_backlog = tokio::time::Instant::now() - Duration::from_secs(60);
         let mut last_sweep = tokio::time::Instant::now();
@@ -521,7 +524,9 @@ impl Dispatcher {
             }
         }
         listening.abort();
-        measuring.abort();
+        if let Some(measuring) = measuring {
+            measuring.abort();
+        }
         recorder.finish().await;
         tracing::info!(id = %self.id, "Dispatcher stopped");
         Ok(())
@@ -549,7 +554,7 @@ impl Dispatcher {
     }
 }
 
-/// Looks at every queue the dispatcher relays into, every [`gate::MEASURE_EVERY`], for the gate.
+/// Looks at the queues workers registered, as [`gate::Gate::active`] says, for the gate.
 async fn measure(gate: std::sync::Arc<gate::Gate>, producer: Producer, shutdown: CancellationToken) {
     let mut every = tokio::time::interval(gate::MEASURE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

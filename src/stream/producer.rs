@@ -46,27 +46,25 @@ return ids
 "#;
 
 // KEYS[1] = a stream, ARGV[1] = its group. Entries ever added to the stream, and of those in it, the ones the group
-// has not read yet (its length less the group's pending entries: the worker deletes what it acknowledges), and the
-// group's consumers. No stream: nothing. The dispatcher's gate reads it (see `crate::dispatcher`).
+// has not read yet (its length less the group's pending entries: the worker deletes what it acknowledges). No stream:
+// nothing. The dispatcher's gate reads it (see `crate::dispatcher`).
 const LOAD_SCRIPT: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, 0} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0} end
 local length = redis.call('XLEN', KEYS[1])
 local added = 0
 local info = redis.call('XINFO', 'STREAM', KEYS[1])
 for i = 1, #info, 2 do
   if info[i] == 'entries-added' then added = info[i + 1] end
 end
-local pending, consumers = 0, 0
+local pending = 0
 for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  local name, count, members
+  local name, count
   for i = 1, #group, 2 do
-    if group[i] == 'name' then name = group[i + 1]
-    elseif group[i] == 'pending' then count = group[i + 1]
-    elseif group[i] == 'consumers' then members = group[i + 1] end
+    if group[i] == 'name' then name = group[i + 1] elseif group[i] == 'pending' then count = group[i + 1] end
   end
-  if name == ARGV[1] then pending, consumers = count, members end
+  if name == ARGV[1] then pending = count end
 end
-return {added, math.max(length - pending, 0), consumers}
+return {added, math.max(length - pending, 0)}
 "#;
 
 // KEYS = de-dup keys of one queue, ARGV[1] = their new time to live (ms).
@@ -381,7 +379,6 @@ impl Producer {
             let reply = reply.watched(&self.client).map_err(RedisError::fred)?;
             load.added += reply.first().copied().unwrap_or(0);
             load.waiting += reply.get(1).copied().unwrap_or(0);
-            load.consumers += reply.get(2).copied().unwrap_or(0);
         }
         Ok(load)
     }

@@ -105,7 +105,7 @@ const RELAXED_COMMIT: &str = "SET LOCAL synchronous_commit = off;";
 pub(crate) struct Bounds {
     pub(crate) per_workspace: i64,
     pub(crate) window: i32,
-    /// The gate's room per queue, and for the queues it does not name (see `crate::dispatcher`'s gate).
+    /// The gate's room per queue (see `crate::dispatcher`'s gate).
     pub(crate) gated: crate::dispatcher::Rooms,
 }
 
@@ -131,8 +131,7 @@ impl Bounds {
 /// With a `window` (> 0), a workspace gets only as many as keep its jobs handed to workers and not yet ended within
 /// `window ×` its weight (`workspace_weights`), and none that a pause holds (`dispatch_pauses`): migration 0021. Key
 /// limits, blocks and rates, and kind limits hold back their jobs too (migrations 0023 and 0024). Each of
-/// the gate's queues takes at most its room in all, and the queues it does not name share its `others` room (migration
-/// 0040), each shared between the workspaces in their order. The statement is migration 0040's.
+/// the gate's queues takes at most its room in all (migration 0040), shared between the workspaces in their order. The statement is migration 0040's.
 pub(crate) async fn claim(
     pool: &PgPool,
     workspaces: &[WorkspaceId],
@@ -148,7 +147,7 @@ pub(crate) async fn claim(
         "SELECT tid::text AS tid, id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                 attempt_count, job_attempts, redrive_count, created_at, next_attempt_at, priority, max_attempts,
                 timeout_ms, backoff_ms, backoff_max_ms, workspace_class
-         FROM conveyor.conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+         FROM conveyor.conveyor_claim_jobs_fair($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(&ids)
     .bind(me)
@@ -158,7 +157,6 @@ pub(crate) async fn claim(
     .bind(&expired)
     .bind(&gated.queues)
     .bind(&gated.rooms)
-    .bind(gated.others)
     .bind(i32::try_from(gated.light_first).unwrap_or(i32::MAX))
     .fetch_all(pool)
     .await?;
