@@ -16,7 +16,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use conveyor_jobs::{EnqueueOptions, Handler, JobContext, JobError, Worker, WorkerSettings, WorkspaceId};
+use conveyor_jobs::{
+    DispatcherSettings, EnqueueOptions, Handler, JobContext, JobError, Worker, WorkerSettings, WorkspaceId,
+};
 use kit::report::{env, now_ms};
 use kit::{Job, Platform};
 use serde_json::{Value, json};
@@ -200,7 +202,7 @@ async fn slow_flood(queue_wait: Option<Duration>) -> Value {
     let mut waits: Vec<f64> = starts.lock().unwrap().iter().filter(|(t, _)| *t == 1).map(|(_, w)| *w).collect();
     let worst = waits.iter().cloned().fold(0.0, f64::max);
     json!({
-        "queue_wait_ms": queue_wait.unwrap_or(conveyor_jobs::DispatcherSettings::default().queue_wait).as_millis() as u64,
+        "queue_wait_ms": queue_wait.unwrap_or(DispatcherSettings::default().queue_wait).as_millis() as u64,
         "flood": flood_n, "handler_ms": cost.as_millis() as u64, "concurrency": concurrency,
         "light_jobs_started": waits.len(),
         "light_wait_ms": {"p50": percentile(&mut waits, 0.5).round(), "max": worst.round()},

@@ -963,6 +963,9 @@ mod tests {
             ("CONVEYOR_DISPATCH_DEDUP_TTL_RECORDED", "25h"),
             // Shorter than two keep-alives (default 1 min): running jobs would be re-driven.
             ("CONVEYOR_RECONCILE_AFTER", "90s"),
+            // Shorter than the gate's looks (20 ms), or longer than a minute.
+            ("CONVEYOR_DISPATCH_QUEUE_WAIT", "5ms"),
+            ("CONVEYOR_DISPATCH_QUEUE_WAIT", "2m"),
         ];
         for (name, value) in cases {
             assert!(error_with(name, Some(value)).contains(name), "{name}={value}");

@@ -3,22 +3,28 @@
 //!
 //! A workspace's window bounds its jobs in the workers' hands, in jobs. What another workspace's job waits behind in
 //! the stream is time: 256 jobs are 50 ms of work for a hundred slots of 5 ms handlers and 3 s for sixteen slots of
-//! 200 ms ones. So the dispatcher looks at each busy queue every [`MEASURE_EVERY`] (an idle one every [`IDLE_LOOK`]): the entries its streams
-//! hold that no worker has read yet (`XLEN` less the group's pending entries: an acknowledged entry is deleted), and
-//! how many the workers took since the last look (entries added less the growth of that waiting part). While entries
+//! 200 ms ones. So the dispatcher looks at each busy queue every [`MEASURE_EVERY`] (an idle one every
+//! [`IDLE_LOOK`]): the entries its streams hold that no worker has read yet (`XLEN` less the group's pending entries:
+//! an acknowledged entry is deleted), and how many the workers took since the last look (entries added less the
+//! growth of that waiting part). While entries
 //! wait, the workers are busy and their pace (a moving average) is what they can do: a queue's budget of waiting
-//! entries is that pace times `queue_wait` (Little's law), at least [`FLOOR`]. When they took all that was relayed
-//! since the last look, nothing says how much more they could take: the budget doubles, as a slow start does. Its
-//! room is the budget less what waited at the last look and what this dispatcher relayed since.
+//! entries is that pace times `queue_wait` (Little's law), at least [`FLOOR`]. When they took all that was there
+//! since the last look, nothing says how much more they could take: the budget becomes twice what they were given
+//! (up to twice the budget), as a slow start does; a trickle keeps it small. Its room is the budget less what waited
+//! at the last look and what this dispatcher relayed since. A look that opens room in a queue that had none wakes
+//! the relay (see [`Gate::observe`]).
 //!
 //! The gate paces the relay to the workers, so it gates only what it can pace: nothing before [`Gate::start`] (a
 //! dispatcher that is not running its loop, such as one driven by `dispatch_once`, is never measured), and only the
 //! queues that workers registered (`job_kinds`, read at start and every few seconds): a queue no worker registered
 //! has nobody to pace by, and the window alone bounds it, as without the gate. A registered queue not looked at yet
 //! has the budget of an idle one, [`FLOOR`], so a flood into a queue whose workers just started is not relayed whole
-//! before the first look. The claim shares each gated queue's room between the workspaces of the call (migration
-//! 0040), the light ones first. Several dispatchers, or concurrent claims of one, may each fill the same room before
-//! the next look: the waiting part can exceed the budget by that much, never grow without bound.
+//! before the first look. A queue the gate could not look at for [`STALE`] (Redis away, a failing script) is not
+//! gated until it can again: the window bounds it, and its jobs are never held on a measure that is not coming.
+//!
+//! The claim shares each gated queue's room between the workspaces of the call (migration 0041), the light ones
+//! first. Several dispatchers, or concurrent claims of one sweep, may each fill the same room before the next look:
+//! the waiting part can exceed the budget by that much, never grow without bound.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -35,7 +41,10 @@ const IDLE_LOOK: Duration = Duration::from_secs(1);
 
 /// A queue's budget is at least this many waiting entries: a pace measured over a few jobs is noisy, and with a few
 /// entries waiting a slot that frees finds one.
-pub(crate) const FLOOR: u64 = 4;
+const FLOOR: u64 = 4;
+
+/// A queue whose last look is older than this is not gated.
+const STALE: Duration = Duration::from_secs(3);
 
 /// Weight of the newest interval in the moving average of the workers' pace.
 const SMOOTHING: f64 = 0.25;
@@ -65,6 +74,8 @@ pub(crate) struct QueueLoad {
 struct QueueGate {
     /// When this dispatcher last relayed into it.
     relayed_at: Instant,
+    /// When it was last looked at, or became known.
+    looked_at: Instant,
     /// The last look, and when.
     last: Option<(Instant, QueueLoad)>,
     /// Jobs the workers take per second (moving average; `None` before two looks).
@@ -73,6 +84,13 @@ struct QueueGate {
     budget: u64,
     /// Relayed by this dispatcher since the last look.
     relayed_since: u64,
+}
+
+impl QueueGate {
+    /// The budget less what waited at the last look and what was relayed since.
+    fn room(&self) -> u64 {
+        self.budget.saturating_sub(self.last.map_or(0, |(_, load)| load.waiting) + self.relayed_since)
+    }
 }
 
 /// The gate of every queue this dispatcher relays into.
@@ -112,11 +130,8 @@ impl Gate {
         let (queues, rooms) = self
             .queues()
             .iter()
-            .map(|(queue, gate)| {
-                let waiting = gate.last.map_or(0, |(_, load)| load.waiting);
-                let room = gate.budget.saturating_sub(waiting + gate.relayed_since);
-                (queue.clone(), i32::try_from(room).unwrap_or(i32::MAX))
-            })
+            .filter(|(_, gate)| gate.looked_at.elapsed() < STALE)
+            .map(|(queue, gate)| (queue.clone(), i32::try_from(gate.room()).unwrap_or(i32::MAX)))
             .unzip();
         Rooms { queues, rooms, light_first: 0 }
     }
@@ -131,6 +146,7 @@ impl Gate {
         for queue in queues {
             known.entry(queue.clone()).or_insert(QueueGate {
                 relayed_at: now,
+                looked_at: now,
                 last: None,
                 pace: None,
                 budget: FLOOR,
@@ -162,10 +178,18 @@ impl Gate {
             .collect()
     }
 
-    /// What a look at `queue` found at `at`: its pace, budget and room follow.
-    pub(crate) fn observe(&self, queue: &str, at: Instant, load: QueueLoad) {
+    /// A look at `queue` begins: what this dispatcher has relayed into it so far, which the look will see.
+    pub(crate) fn look_begins(&self, queue: &str) -> u64 {
+        self.queues().get(queue).map_or(0, |gate| gate.relayed_since)
+    }
+
+    /// What a look at `queue` found at `at`, having begun when `relayed` jobs were counted since the last one: its
+    /// pace, budget and room follow (what was relayed during the look stays counted). Whether it opened room in a
+    /// queue that had none: jobs may be held for it, and the relay should look.
+    pub(crate) fn observe(&self, queue: &str, at: Instant, load: QueueLoad, relayed: u64) -> bool {
         let mut queues = self.queues();
-        let Some(gate) = queues.get_mut(queue) else { return };
+        let Some(gate) = queues.get_mut(queue) else { return false };
+        let had_room = gate.room() > 0;
         if let Some((then, before)) = gate.last {
             let seconds = at.saturating_duration_since(then).as_secs_f64();
             if seconds > 0.0 {
@@ -178,14 +202,18 @@ impl Gate {
             }
         }
         let paced = FLOOR.max((gate.pace.unwrap_or(0.0) * self.queue_wait.as_secs_f64()).ceil() as u64);
-        gate.budget = if load.waiting == 0 && gate.relayed_since > 0 {
-            // The workers took all that came: they may take more than their pace so far showed.
-            CEILING.min(paced.max(gate.budget * 2))
+        gate.budget = if load.waiting == 0 && relayed > 0 {
+            // The workers took all that was there: they may take more than their pace so far showed. Twice what
+            // they were given, not twice the budget, so that a trickle keeps it small.
+            let given = gate.last.map_or(0, |(_, before)| before.waiting) + relayed;
+            CEILING.min(paced.max((2 * given).min(2 * gate.budget)))
         } else {
             paced
         };
         gate.last = Some((at, load));
-        gate.relayed_since = 0;
+        gate.looked_at = at;
+        gate.relayed_since = gate.relayed_since.saturating_sub(relayed);
+        !had_room && gate.room() > 0
     }
 
     /// Whether the gate may be holding jobs back: a queue relayed into in the last second still has entries waiting
@@ -206,8 +234,10 @@ impl Gate {
 mod tests {
     use super::*;
 
-    fn look(gate: &Gate, at: Instant, added: u64, waiting: u64) {
-        gate.observe("q", at, QueueLoad { added, waiting });
+    /// A look at "q" that saw all that was relayed before it.
+    fn look(gate: &Gate, at: Instant, added: u64, waiting: u64) -> bool {
+        let relayed = gate.look_begins("q");
+        gate.observe("q", at, QueueLoad { added, waiting }, relayed)
     }
 
     /// A running gate that knows the queue "q".
@@ -267,37 +297,68 @@ mod tests {
     }
 
     #[test]
-    fn workers_that_take_all_that_comes_double_the_budget_and_a_lull_brings_it_back_to_their_pace() {
+    fn workers_that_take_all_they_are_given_double_it_and_a_trickle_keeps_the_budget_small() {
         let gate = started(Duration::from_millis(100));
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         gate.relayed("q", 4);
         look(&gate, at(0), 4, 0);
         assert_eq!(gate.budget("q"), 2 * FLOOR, "all 4 taken");
-        gate.relayed("q", 8);
-        look(&gate, at(20), 12, 0);
-        assert_eq!(gate.budget("q"), 40, "8 in 20 ms: the pace times the wait is more than the doubling");
-        let mut added = 12;
+        // Each look, the whole room relayed and taken: twice as much each time (the pace, a second apart, is less),
+        // up to the ceiling.
+        let mut added = 4;
         for n in 1..40 {
-            added += 16;
-            gate.relayed("q", 16);
-            look(&gate, at(20 + 40 * n), added, 0);
+            let room = gate.rooms().rooms[0] as u64;
+            added += room;
+            gate.relayed("q", room);
+            look(&gate, at(1_000 * n), added, 0);
         }
         assert_eq!(gate.budget("q"), CEILING, "never above the ceiling");
-        // Busy (entries wait): the pace alone, whatever the budget was: 400 a second so far, none taken in the last
-        // 100 ms.
-        added += 100;
-        look(&gate, at(1_700), added, 100);
-        assert_eq!(gate.budget("q"), 30, "(0.75 x 400/s + 0.25 x 0) x 100 ms");
         // Idle (nothing relayed, nothing waits): the pace fades, never below the floor.
         for n in 1..60 {
-            look(&gate, at(1_700 + 100 * n), added, 0);
+            look(&gate, at(40_000 + 1_000 * n), added, 0);
         }
         assert_eq!(gate.budget("q"), FLOOR);
+        // A trickle, one job a look taken at once: twice what was given (2) is less than the pace times the wait.
+        let gate = started(Duration::from_millis(100));
+        look(&gate, at(0), 0, 0);
+        for n in 1..100 {
+            gate.relayed("q", 1);
+            look(&gate, at(20 * n), n, 0);
+        }
+        assert_eq!(gate.budget("q"), 5, "50 a second x 100 ms, however long the trickle");
     }
 
     #[test]
-    fn off_gates_nothing_and_queues_not_relayed_into_lately_are_forgotten() {
+    fn a_look_forgets_only_the_relays_it_saw_and_says_when_it_opened_room() {
+        let gate = started(Duration::from_millis(100));
+        let t0 = Instant::now();
+        look(&gate, t0, 0, 0);
+        gate.relayed("q", 4);
+        assert_eq!(gate.rooms().rooms, vec![0]);
+        let seen = gate.look_begins("q");
+        // Relayed while the look reads Redis: not in what it reads.
+        gate.relayed("q", 2);
+        let opened = gate.observe("q", t0 + Duration::from_millis(20), QueueLoad { added: 4, waiting: 4 }, seen);
+        assert_eq!(gate.queues()["q"].relayed_since, 2, "the 2 the look did not see stay counted");
+        assert!(!opened, "4 wait, 2 more coming: no room");
+        let opened = look(&gate, t0 + Duration::from_millis(40), 6, 0);
+        assert!(opened, "all taken: room again");
+        assert!(!look(&gate, t0 + Duration::from_millis(60), 6, 0), "room it had already is not news");
+    }
+
+    #[test]
+    fn a_queue_it_cannot_look_at_is_not_gated() {
+        let gate = started(Duration::from_millis(100));
+        look(&gate, Instant::now(), 0, 0);
+        gate.relayed("q", 100);
+        assert_eq!(gate.rooms().rooms, vec![0]);
+        gate.queues().get_mut("q").unwrap().looked_at = Instant::now() - STALE;
+        assert_eq!(gate.rooms(), Rooms::default(), "no look for {STALE:?}: the window alone bounds it");
+    }
+
+    #[test]
+    fn off_gates_nothing_and_idle_queues_are_looked_at_less_often() {
         let gate = started(Duration::ZERO);
         gate.know(&["q".to_owned()]);
         gate.relayed("q", 1);

@@ -391,7 +391,7 @@ impl Dispatcher {
     /// connection) and right after any pass that left more behind (a full batch). The marks of named
     /// passes are recorded in the background, several passes together, while the next passes run (the relay's latency
     /// path is claim and `XADD` only); every batch handed off is recorded, and so its leases settled, before `run`
-    /// returns. Awake (it saw work in the last second, and for [`AWAKE_GRACE`] after), it ticks instead of waiting
+    /// returns. Awake (it saw work in the last second, and for two seconds after), it ticks instead of waiting
     /// for notifications, which enqueues then skip. Between passes it sleeps until the next tick while awake, else
     /// until the next poll, or until the earliest delayed job is due if sooner.
     /// The `LISTEN` holds one connection of the dispatcher's pool for as long as it runs.
@@ -421,10 +421,12 @@ impl Dispatcher {
         let (wake_tx, mut wake) = mpsc::unbounded_channel::<Wake>();
         let poll = self.settings.poll_interval;
         let listening = tokio::spawn(listen::listen(self.pool.clone(), channels, wake_tx, shutdown.clone()));
-        // The gate's looks, when it is on.
+        // The gate's looks, when it is on; a look that opens room in a queue that had none wakes the loop.
+        let room_opened = std::sync::Arc::new(tokio::sync::Notify::new());
         let measuring = (!self.gate.is_off()).then(|| {
             self.gate.start();
-            tokio::spawn(measure(self.gate.clone(), self.producer.clone(), shutdown.clone()))
+            let (gate, producer) = (self.gate.clone(), self.producer.clone());
+            tokio::spawn(measure(gate, producer, room_opened.clone(), shutdown.clone()))
         });
         tracing::info!(id = %self.id, "Dispatcher started");
         let mut last_backlog = tokio::time::Instant::now() - Duration::from_secs(60);
@@ -521,6 +523,12 @@ impl Dispatcher {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(until) => {}
                 Some(w) = wake.recv() => w.note(&mut named, &mut sweep, &mut next_due),
+                // Jobs the gate held may go now: awake, the next ticks look for them.
+                _ = room_opened.notified() => {
+                    awake.saw_work(&self.pool).await;
+                    // With ticks off, a sweep looks instead.
+                    sweep |= !awake.ticking();
+                }
             }
         }
         listening.abort();
@@ -554,18 +562,40 @@ impl Dispatcher {
     }
 }
 
-/// Looks at the queues workers registered, as [`gate::Gate::active`] says, for the gate.
-async fn measure(gate: std::sync::Arc<gate::Gate>, producer: Producer, shutdown: CancellationToken) {
+/// Looks at the queues workers registered, as [`gate::Gate::active`] says, for the gate, all at once; tells
+/// `room_opened` when a look opened room in a queue that had none.
+async fn measure(
+    gate: std::sync::Arc<gate::Gate>,
+    producer: Producer,
+    room_opened: std::sync::Arc<tokio::sync::Notify>,
+    shutdown: CancellationToken,
+) {
     let mut every = tokio::time::interval(gate::MEASURE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing: HashSet<String> = HashSet::new();
     while !shutdown.is_cancelled() {
         every.tick().await;
-        for queue in gate.active() {
-            let at = std::time::Instant::now();
-            match producer.queue_load(&queue).await {
-                Ok(load) => gate.observe(&queue, at, load),
-                // The queue keeps its last room, which only shrinks as jobs are relayed: a Redis away gates more.
-                Err(e) => tracing::debug!(queue = %queue, error = %redact(&e.to_string()), "Could not measure a queue"),
+        let looks = gate.active().into_iter().map(|queue| {
+            let (relayed, at) = (gate.look_begins(&queue), std::time::Instant::now());
+            let producer = &producer;
+            async move { (producer.queue_load(&queue).await, queue, relayed, at) }
+        });
+        for (load, queue, relayed, at) in futures_util::future::join_all(looks).await {
+            match load {
+                Ok(load) => {
+                    if gate.observe(&queue, at, load, relayed) {
+                        room_opened.notify_one();
+                    }
+                    if failing.remove(&queue) {
+                        tracing::info!(queue = %queue, "The gate can look at the queue again");
+                    }
+                }
+                // Not gated once its last look is a few seconds old (the window bounds it meanwhile).
+                Err(e) if failing.insert(queue.clone()) => tracing::warn!(
+                    queue = %queue, error = %redact(&e.to_string()),
+                    "The gate cannot look at a queue; it stops gating it after a few seconds"
+                ),
+                Err(_) => {}
             }
         }
     }

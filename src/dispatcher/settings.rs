@@ -76,8 +76,12 @@ impl DispatcherSettings {
         if !(0..=100_000).contains(&self.window) {
             return fail("window", "must be between 0 (off) and 100000");
         }
-        if self.queue_wait > Duration::from_secs(60) {
-            return fail("queue_wait", "must be at most 60s (0 turns the gate off)");
+        if !self.queue_wait.is_zero() && self.queue_wait < super::gate::MEASURE_EVERY
+            || self.queue_wait > Duration::from_secs(60)
+        {
+            // Shorter than the time between the gate's looks, the room it gives out at each look runs dry before the
+            // next.
+            return fail("queue_wait", "must be 0 (off) or between 20ms and 60s");
         }
         if self.tick > Duration::from_millis(100) {
             return fail("tick", "must be at most 100ms (0 turns it off)");

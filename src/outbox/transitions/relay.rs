@@ -130,8 +130,9 @@ impl Bounds {
 ///
 /// With a `window` (> 0), a workspace gets only as many as keep its jobs handed to workers and not yet ended within
 /// `window ×` its weight (`workspace_weights`), and none that a pause holds (`dispatch_pauses`): migration 0021. Key
-/// limits, blocks and rates, and kind limits hold back their jobs too (migrations 0023 and 0024). Each of
-/// the gate's queues takes at most its room in all (migration 0040), shared between the workspaces in their order. The statement is migration 0040's.
+/// limits, blocks and rates, and kind limits hold back their jobs too (migrations 0023 and 0024). Each of the gate's
+/// queues takes at most its room in all, shared between the workspaces in their order: the first `light_first` may
+/// take all that is left, the others a fair part each. The statement is migration 0041's.
 pub(crate) async fn claim(
     pool: &PgPool,
     workspaces: &[WorkspaceId],

@@ -293,3 +293,88 @@ async fn a_gated_queue_gives_each_workspace_of_a_claim_its_share_of_the_room_in_
             .unwrap();
     assert_eq!(n, 3);
 }
+
+/// A kind on a queue of its own, beside [`Ping`]'s.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Pong;
+
+impl JobKind for Pong {
+    const KIND: &'static str = "test.pong";
+    const QUEUE: &'static str = "test-pongs";
+}
+
+fn gated(queue: &str, room: i32, light_first: usize) -> Bounds {
+    let rooms = crate::dispatcher::Rooms { queues: vec![queue.to_owned()], rooms: vec![room], light_first };
+    Bounds { gated: rooms, ..Bounds::new(10, 256) }
+}
+
+#[tokio::test]
+async fn a_queue_the_gate_holds_leaves_the_workspace_backlogged_and_its_other_queues_flowing() {
+    let db = TestDb::create().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    db.enqueue(ws, 20).await;
+    let mut tx = crate::begin_workspace(&db.pool, ws).await.unwrap();
+    let pong = crate::enqueue_tx(&mut tx, &Pong, crate::EnqueueOptions::new()).await.unwrap().id.0;
+    tx.commit().await.unwrap();
+    let claimed =
+        claim(&db.runtime_pool, &[ws], &[], "me", Duration::from_secs(30), &gated(Ping::QUEUE, 0, 1)).await.unwrap();
+    assert_eq!(claimed.iter().map(|e| e.id).collect::<Vec<_>>(), vec![pong], "the ungated queue's job, alone");
+    assert_eq!(claimed[0].workspace_class, "backlogged", "20 jobs held by the gate are still due: not light");
+}
+
+#[tokio::test]
+async fn light_first_counts_a_paused_workspace_in_its_place() {
+    let db = TestDb::create().await;
+    let (paused, light, flood) =
+        (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    db.enqueue(paused, 1).await;
+    db.enqueue(light, 1).await;
+    let in_flood = db.enqueue(flood, 10).await;
+    sqlx::query("INSERT INTO conveyor.dispatch_pauses (workspace_id, reason) VALUES ($1, 'test')")
+        .bind(paused.0)
+        .execute(&mut db.owner().await)
+        .await
+        .unwrap();
+    // Room 4 over three workspaces, the first two light: the flood, third, gets a fair part (2), not all that is left.
+    let claimed =
+        claim(&db.runtime_pool, &[paused, light, flood], &[], "me", Duration::from_secs(30), &gated(Ping::QUEUE, 4, 2))
+            .await
+            .unwrap();
+    let of = |ws: WorkspaceId| claimed.iter().filter(|e| e.workspace_id == ws.0).map(|e| e.id).collect::<Vec<_>>();
+    assert!(of(paused).is_empty());
+    assert_eq!(of(light).len(), 1);
+    assert_eq!(of(flood), in_flood[..2].to_vec());
+}
+
+#[tokio::test]
+async fn a_claim_never_walks_the_backlog_of_a_queue_the_gate_holds() {
+    let db = TestDb::create().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    for _ in 0..20 {
+        db.enqueue(ws, 100).await;
+    }
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.runtime_url).await.unwrap();
+    let index_reads = || async {
+        let mut owner = db.owner().await;
+        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut owner).await.unwrap();
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes WHERE relname = 'outbox_events'",
+        )
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
+        n
+    };
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
+    let before = index_reads().await;
+    for _ in 0..10 {
+        let mut tx = crate::begin_workspace(&db.pool, ws).await.unwrap();
+        crate::enqueue_tx(&mut tx, &Pong, crate::EnqueueOptions::new()).await.unwrap();
+        tx.commit().await.unwrap();
+        let claimed = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), &gated(Ping::QUEUE, 0, 0)).await.unwrap();
+        assert_eq!(claimed.len(), 1, "the other queue's job");
+    }
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
+    let read = index_reads().await - before;
+    assert!(read < 2_000, "10 claims read {read} index entries beside a held backlog of 2,000");
+}

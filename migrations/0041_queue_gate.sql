@@ -8,12 +8,14 @@
 -- what the workers take in CONVEYOR_DISPATCH_QUEUE_WAIT (Little's law: waiting jobs = rate x wait). It passes each
 -- gated queue's room to the claim, which shares it between the call's workspaces: the first `light_first` (the light
 -- ones, which the dispatcher names first) may take all that is left, each of the others at most its fair part of the
--- room the call started with; a gated queue with nothing left is held for the workspace, as a pause holds it. The window stays: it shares
--- the workers between backlogged workspaces; the gate keeps what waits in front of everyone short in time.
+-- room the call started with; a queue with nothing left is held for the workspace. The claim goes per queue, over
+-- 0040's index, so a held queue's backlog is never walked. The window stays: it shares the workers between
+-- backlogged workspaces; the gate keeps what waits in front of everyone short in time.
 --
--- Queues a call does not name are not gated (the dispatcher gates the queues workers registered). In a workspace with key or kind limits
--- the gate only holds a queue with no room left (the limits' statement is not capped per queue). The six-argument
--- form stays, ungated, for dispatchers of the previous release.
+-- Queues a call does not name are not gated (the dispatcher gates the queues workers registered). Nor is a workspace
+-- with key or kind limits: those bound its claims, whose statement is not split per queue. The six-argument form
+-- stays, ungated, for dispatchers of the previous release.
+
 SET LOCAL search_path = conveyor;
 
 CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_secs double precision,
@@ -51,13 +53,19 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
         lease_ctids tid[];
         due_ctids tid[];
         gate_left integer[] := coalesce(gated_room, '{}');
-        nth integer := 0;
+        ws_position integer := 0;
         share integer[];
         gated boolean := coalesce(cardinality(gated_queues), 0) > 0;
     BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
         SELECT EXISTS (SELECT 1 FROM conveyor.dispatch_pauses) INTO any_pause;
+        IF gated AND (cardinality(gated_room) IS DISTINCT FROM cardinality(gated_queues)
+                      OR EXISTS (SELECT 1 FROM unnest(gated_room) AS r(n) WHERE r.n IS NULL OR r.n < 0)) THEN
+            RAISE EXCEPTION 'gated_room must give each of gated_queues a room of 0 or more';
+        END IF;
         FOREACH ws IN ARRAY workspaces LOOP
+            -- Counted first: the caller's light_first counts every workspace it named, skipped ones too.
+            ws_position := ws_position + 1;
             IF any_pause THEN
                 IF EXISTS (SELECT 1 FROM conveyor.dispatch_pauses p
                            WHERE p.workspace_id = ws AND p.queue IS NULL AND p.kind IS NULL) THEN
@@ -73,7 +81,6 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                 held_kinds := '{}';
             END IF;
             PERFORM set_config('app.workspace_id', ws::text, true);
-            nth := nth + 1;
             room := per_workspace;
             IF fair_window > 0 THEN
                 -- The window is counted and taken under one lock: another relay claiming this workspace now would
@@ -102,17 +109,16 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                                      LIMIT per_workspace
                                      FOR UPDATE SKIP LOCKED);
             END IF;
-            -- The gate: of what is left of each gated queue's room in this call, this workspace's share (a fair part
-            -- of the room the call started with: the workspaces after it get theirs). A gated queue with no share is
-            -- held for this workspace; the others' jobs come in due order beside the ungated queues', up to the share.
+            -- The gate: of what is left of each gated queue's room in this call, this workspace's share. A light
+            -- workspace (the first light_first) may take all that is left; the others a fair part each of the room
+            -- the call started with, so that the workspaces after them get theirs.
             IF gated THEN
-                share := ARRAY(SELECT CASE WHEN nth <= coalesce(light_first, 0) THEN g.left_over
-                                           ELSE least(g.left_over, ceil(g.total::numeric / cardinality(workspaces))::integer)
+                share := ARRAY(SELECT CASE WHEN ws_position <= coalesce(light_first, 0) THEN g.left_over
+                                           ELSE least(g.left_over,
+                                                      ceil(g.total::numeric / cardinality(workspaces))::integer)
                                       END
                                FROM unnest(gate_left, gated_room) WITH ORDINALITY AS g(left_over, total, i)
                                ORDER BY g.i);
-                held_queues := held_queues || ARRAY(SELECT s.q FROM unnest(gated_queues, share) AS s(q, n)
-                                                    WHERE s.n <= 0);
             END IF;
             IF NOT EXISTS (SELECT 1 FROM conveyor.job_key_limits l WHERE l.workspace_id = ws)
                AND NOT EXISTS (SELECT 1 FROM conveyor.job_kind_limits k WHERE k.workspace_id = ws) THEN
@@ -121,45 +127,47 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                 -- room (fewer than room means all of them were taken: light).
                 due_ctids := '{}';
                 IF room > 0 AND gated THEN
-                    -- Ungated queues as below; each gated queue up to the workspace's share, by priority then due
-                    -- order; all of them together up to room.
+                    -- Per queue of the workspace (a loose scan of outbox_events_due_by_queue: one probe per queue,
+                    -- paused ones skipped), each up to its limit: its share of a gated queue's room, the room for one
+                    -- not gated; by priority, then in due order; all of them together up to room. A queue the gate
+                    -- holds is never read past its first probe, however long its backlog.
                     due_ctids := ARRAY(
                         SELECT c.ctid
-                        FROM (SELECT due.ctid, level.p AS priority, due.next_attempt_at, due.id
-                              FROM unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
+                        FROM (WITH RECURSIVE queues(name) AS (
+                                  (SELECT d.queue FROM conveyor.outbox_events d
+                                   WHERE d.workspace_id = ws AND d.status = 'pending'
+                                   ORDER BY d.queue LIMIT 1)
+                                  UNION ALL
+                                  SELECT (SELECT d.queue FROM conveyor.outbox_events d
+                                          WHERE d.workspace_id = ws AND d.status = 'pending' AND d.queue > q.name
+                                          ORDER BY d.queue LIMIT 1)
+                                  FROM queues q WHERE q.name IS NOT NULL)
+                              SELECT qd.ctid, qd.priority, qd.next_attempt_at, qd.id, lim.n,
+                                     row_number() OVER (PARTITION BY q.name
+                                                        ORDER BY qd.priority, qd.next_attempt_at, qd.id) AS taken
+                              FROM queues q
                               CROSS JOIN LATERAL (
-                                  SELECT d.ctid, d.next_attempt_at, d.id FROM conveyor.outbox_events d
-                                  WHERE d.status = 'pending' AND d.priority = level.p AND d.next_attempt_at <= now()
-                                    AND d.queue <> ALL (held_queues) AND d.queue <> ALL (gated_queues)
+                                  SELECT coalesce(least(room, share[array_position(gated_queues, q.name)]), room)
+                                         AS n) AS lim
+                              CROSS JOIN unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
+                              CROSS JOIN LATERAL (
+                                  SELECT d.ctid, d.priority, d.next_attempt_at, d.id FROM conveyor.outbox_events d
+                                  WHERE d.workspace_id = ws AND d.status = 'pending' AND d.queue = q.name
+                                    AND d.priority = level.p AND d.next_attempt_at <= now()
                                     AND d.event_type <> ALL (held_kinds)
                                   ORDER BY d.next_attempt_at, d.id
-                                  LIMIT room
-                                  FOR UPDATE SKIP LOCKED) AS due
-                              UNION ALL
-                              SELECT g.ctid, g.priority, g.next_attempt_at, g.id
-                              FROM (SELECT gd.ctid, gd.priority, gd.next_attempt_at, gd.id, s.n,
-                                           row_number() OVER (PARTITION BY s.q
-                                                              ORDER BY gd.priority, gd.next_attempt_at, gd.id) AS nth
-                                    FROM unnest(gated_queues, share) AS s(q, n)
-                                    CROSS JOIN unnest(ARRAY[0, 1, 2]::smallint[]) AS level(p)
-                                    CROSS JOIN LATERAL (
-                                        SELECT d.ctid, d.priority, d.next_attempt_at, d.id
-                                        FROM conveyor.outbox_events d
-                                        WHERE d.status = 'pending' AND d.priority = level.p
-                                          AND d.next_attempt_at <= now() AND d.queue = s.q
-                                          AND d.event_type <> ALL (held_kinds)
-                                        ORDER BY d.next_attempt_at, d.id
-                                        LIMIT least(s.n, room)
-                                        FOR UPDATE SKIP LOCKED) AS gd
-                                    WHERE s.n > 0) AS g
-                              WHERE g.nth <= g.n) AS c
+                                  LIMIT lim.n
+                                  FOR UPDATE SKIP LOCKED) AS qd
+                              WHERE q.name IS NOT NULL AND q.name <> ALL (held_queues) AND lim.n > 0) AS c
+                        WHERE c.taken <= c.n
                         ORDER BY c.priority, c.next_attempt_at, c.id
                         LIMIT room);
                     -- What this workspace took of each gated queue is gone from the call's room.
-                    gate_left := ARRAY(SELECT g.left_over
-                                              - (SELECT count(*) FROM conveyor.outbox_events e
-                                                 WHERE e.ctid = ANY (due_ctids) AND e.queue = g.q)::integer
+                    gate_left := ARRAY(SELECT g.left_over - coalesce(t.n, 0)::integer
                                        FROM unnest(gated_queues, gate_left) WITH ORDINALITY AS g(q, left_over, i)
+                                       LEFT JOIN (SELECT e.queue, count(*) AS n FROM conveyor.outbox_events e
+                                                  WHERE e.ctid = ANY (due_ctids) GROUP BY e.queue) AS t
+                                              ON t.queue = g.q
                                        ORDER BY g.i);
                 ELSIF room > 0 THEN
                     due_ctids := ARRAY(
@@ -180,7 +188,7 @@ CREATE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder text, lease_s
                     ws_class := 'light';
                 ELSE
                     -- The jobs just locked are still pending to this statement: more than were taken means some stay
-                    -- (held back by the window, or by the gate).
+                    -- (held back by the window, or by the gate: a queue the gate holds counts, it is not paused).
                     SELECT count(*)::integer INTO due_count
                     FROM (SELECT 1 FROM conveyor.outbox_events d
                           WHERE d.workspace_id = ws AND d.status = 'pending' AND d.next_attempt_at <= now()
