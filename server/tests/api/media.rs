@@ -662,7 +662,12 @@ async fn a_decompression_bomb_never_grows_a_worker_process_past_the_bound_of_its
     let app = TestApp::spawn_with(limits).await;
     let (_sandbox, market) = common::sandbox(conveyor_shop::adapters::sandbox::Settings::default()).await;
     let shutdown = CancellationToken::new();
-    common::run_dispatcher(common::test_dispatcher(&app, &common::redis_url(), |_| {}).await, &shutdown);
+    // The relay's queue gate off: the burst below needs all eight jobs in the stream at once, as a worker finds them
+    // when the gate is off, or after its workers died with entries read (the gate would keep four waiting).
+    let ungated = |v: &mut std::collections::HashMap<String, String>| {
+        v.insert("CONVEYOR_DISPATCH_QUEUE_WAIT".into(), "0s".into());
+    };
+    common::run_dispatcher(common::test_dispatcher(&app, &common::redis_url(), ungated).await, &shutdown);
     let mut vars = common::config_vars(&app.db, &app.redis_prefix);
     limits(&mut vars);
     vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
