@@ -8,9 +8,9 @@
 //! an acknowledged entry is deleted), and how many the workers took since the last look (entries added less the
 //! growth of that waiting part). While entries
 //! wait, the workers are busy and their pace (a moving average) is what they can do: a queue's budget of waiting
-//! entries is that pace times `queue_wait` (Little's law), at least [`FLOOR`]. When they took all that was there
-//! since the last look, nothing says how much more they could take: the budget becomes twice what they were given
-//! (up to twice the budget), as a slow start does; a trickle keeps it small. Its room is the budget less what waited
+//! entries is that pace times `queue_wait` (Little's law), at least [`FLOOR`]. When nothing waited at two looks in a
+//! row and they took all that came between, nothing says how much more they could take: the budget becomes twice
+//! what they were given (up to twice the budget), as a slow start does; a trickle keeps it small. Its room is the budget less what waited
 //! at the last look and what this dispatcher relayed since. A look that opens room in a queue that had none wakes
 //! the relay (see [`Gate::observe`]).
 //!
@@ -46,8 +46,9 @@ const FLOOR: u64 = 4;
 /// A queue whose last look is older than this is not gated.
 const STALE: Duration = Duration::from_secs(3);
 
-/// Weight of the newest interval in the moving average of the workers' pace.
-const SMOOTHING: f64 = 0.25;
+/// The time constant of the moving average of the workers' pace: long beside the looks, so that handlers ending
+/// together (a burst of entries taken, then none) read as their average, not as their peaks.
+const PACE_HORIZON: Duration = Duration::from_millis(500);
 
 /// The largest budget: a claim's room is an `integer`.
 const CEILING: u64 = 1_000_000;
@@ -198,15 +199,18 @@ impl Gate {
                     - (load.waiting as f64 - before.waiting as f64))
                     .max(0.0);
                 let now = taken / seconds;
-                gate.pace = Some(gate.pace.map_or(now, |pace| pace * (1.0 - SMOOTHING) + now * SMOOTHING));
+                let weight = 1.0 - (-seconds / PACE_HORIZON.as_secs_f64()).exp();
+                gate.pace = Some(gate.pace.map_or(now, |pace| pace * (1.0 - weight) + now * weight));
             }
         }
         let paced = FLOOR.max((gate.pace.unwrap_or(0.0) * self.queue_wait.as_secs_f64()).ceil() as u64);
-        gate.budget = if load.waiting == 0 && relayed > 0 {
-            // The workers took all that was there: they may take more than their pace so far showed. Twice what
-            // they were given, not twice the budget, so that a trickle keeps it small.
-            let given = gate.last.map_or(0, |(_, before)| before.waiting) + relayed;
-            CEILING.min(paced.max((2 * given).min(2 * gate.budget)))
+        let waited_before = gate.last.map_or(0, |(_, before)| before.waiting);
+        gate.budget = if load.waiting == 0 && waited_before == 0 && relayed > 0 {
+            // Nothing waited at either look and the workers took all that came between: they may take more than
+            // their pace so far showed. Twice what they were given, not twice the budget, so that a trickle keeps it
+            // small. (Entries waited at the last look: the pace is what the workers can do, even if handlers that
+            // end together emptied the stream for a moment.)
+            CEILING.min(paced.max((2 * relayed).min(2 * gate.budget)))
         } else {
             paced
         };
@@ -327,6 +331,27 @@ mod tests {
             look(&gate, at(20 * n), n, 0);
         }
         assert_eq!(gate.budget("q"), 5, "50 a second x 100 ms, however long the trickle");
+    }
+
+    #[test]
+    fn busy_workers_whose_handlers_end_together_keep_the_budget_at_their_pace() {
+        let gate = started(Duration::from_millis(50));
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        look(&gate, at(0), 0, 0);
+        // 16 slots of 200 ms: every 200 ms, 16 end at once and take what waits (80 a second); the relay keeps 4
+        // waiting, which the looks in between see; the look right after the ends sees none.
+        let mut added = 0;
+        for n in 1..=40 {
+            let ms = 20 * n;
+            let waiting = if ms % 200 == 0 { 0 } else { 4 };
+            if ms % 200 == 0 {
+                added += 16;
+                gate.relayed("q", 16);
+            }
+            look(&gate, at(ms), added, waiting);
+        }
+        assert!(gate.budget("q") <= 8, "budget {} for 80 jobs a second over 50 ms", gate.budget("q"));
     }
 
     #[test]
