@@ -86,7 +86,7 @@ async fn backlog(platform: &Platform, workspaces: usize, per_workspace: usize) {
 }
 
 /// The settings of a dispatcher of these benchmarks: `window` (`None`: the default, or `DISPATCH_WINDOW`), and
-/// `DISPATCH_CONCURRENCY` / `DISPATCH_BATCH` when set. Scenarios without a worker relay with no window (0): nothing
+/// `DISPATCH_CONCURRENCY` / `DISPATCH_BATCH` / `DISPATCH_QUEUE_WAIT_MS` (the queue gate; 0: off) when set. Scenarios without a worker relay with no window (0): nothing
 /// ends there, so a window would stop the relay once full.
 fn bench_settings(window: Option<i32>) -> impl FnOnce(&mut conveyor_jobs::DispatcherSettings) {
     move |s| {
@@ -97,6 +97,9 @@ fn bench_settings(window: Option<i32>) -> impl FnOnce(&mut conveyor_jobs::Dispat
         }
         if let Ok(p) = std::env::var("DISPATCH_POLL_MS") {
             s.poll_interval = Duration::from_millis(p.parse().unwrap());
+        }
+        if let Ok(w) = std::env::var("DISPATCH_QUEUE_WAIT_MS") {
+            s.queue_wait = Duration::from_millis(w.parse().expect("DISPATCH_QUEUE_WAIT_MS is a number"));
         }
         if let Ok(b) = std::env::var("DISPATCH_BATCH") {
             s.batch_size = b.parse().expect("DISPATCH_BATCH is a number");
