@@ -86,8 +86,8 @@ async fn backlog(platform: &Platform, workspaces: usize, per_workspace: usize) {
 }
 
 /// The settings of a dispatcher of these benchmarks: `window` (`None`: the default, or `DISPATCH_WINDOW`), and
-/// `DISPATCH_CONCURRENCY` / `DISPATCH_BATCH` / `DISPATCH_QUEUE_WAIT_MS` (the queue gate; 0: off) when set. Scenarios without a worker relay with no window (0): nothing
-/// ends there, so a window would stop the relay once full.
+/// `DISPATCH_CONCURRENCY` / `DISPATCH_BATCH` / `DISPATCH_QUEUE_WAIT_MS` (the queue gate; 0: off) when set. Scenarios
+/// without a worker relay with no window (0): nothing ends there, so a window would stop the relay once full.
 fn bench_settings(window: Option<i32>) -> impl FnOnce(&mut conveyor_jobs::DispatcherSettings) {
     move |s| {
         s.dedup_ttl = BENCH_DEDUP_TTL;
