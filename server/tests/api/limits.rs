@@ -378,8 +378,9 @@ async fn a_keys_rate_holds_in_any_interval_by_the_databases_clock() {
     wait_all(&app, ws, &rated).await;
 
     // The hand-outs' times, by the database's clock: `dispatched_at`, written when the relay marks a job it has
-    // handed out (a little after the claim, whose time the rate goes by; hence the tolerance: without the rate the 12
-    // go within a few ms, and a fixed window would let 6 go across one of its boundaries).
+    // handed out, or by the record of its end when that came first (a little after the claim, whose time the rate
+    // goes by; hence the tolerance: without the rate the 12 go within a few ms, and a fixed window would let 6 go
+    // across one of its boundaries).
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
     let ids: Vec<uuid::Uuid> = rated.iter().map(|j| j.0).collect();
     let times: Vec<(DateTime<Utc>,)> = sqlx::query_as(

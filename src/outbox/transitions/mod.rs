@@ -166,7 +166,8 @@ pub(crate) async fn end_run(pool: &PgPool, run: Run, end: End<'_>) -> Result<Com
 
 /// Records the job `completed` with `result` in its own transaction (with the handler's writes), fenced by the live
 /// states (a successful run of any generation ends a live job; a newer generation's delivery is then skipped), and
-/// announces it to waiters at commit.
+/// announces it to waiters at commit. A job that ends before the relay recorded its hand-off takes this transaction's
+/// start as its hand-off time (it was handed out no later), as every end a worker records does.
 async fn complete_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
@@ -175,7 +176,8 @@ async fn complete_tx(
 ) -> Result<Completion, sqlx::Error> {
     let done = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE conveyor.outbox_events
-         SET status = 'completed', finished_at = clock_timestamp(), result = $2, locked_by = NULL, locked_until = NULL
+         SET status = 'completed', finished_at = clock_timestamp(), result = $2, locked_by = NULL, locked_until = NULL,
+             dispatched_at = coalesce(dispatched_at, now())
          WHERE id = $1 AND status IN {LIVE}"
     )))
     .bind(job)
@@ -647,7 +649,8 @@ async fn dead_letter(
         "WITH moved AS (
              UPDATE conveyor.outbox_events
              SET status = 'dead_letter', failure_stage = 'job', dead_lettered_at = now(), last_error = $2,
-                 job_attempts = job_attempts + 1, locked_by = NULL, locked_until = NULL
+                 job_attempts = job_attempts + 1, locked_by = NULL, locked_until = NULL,
+                 dispatched_at = coalesce(dispatched_at, now())
              WHERE id = $1 AND redrive_count = coalesce($3, redrive_count)
                AND status IN ('pending', 'dispatching', 'dispatched')
              RETURNING id, workspace_id, job_attempts)

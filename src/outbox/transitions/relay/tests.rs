@@ -235,6 +235,46 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
 }
 
 #[tokio::test]
+async fn a_job_that_ends_before_its_hand_off_is_marked_keeps_a_hand_off_time() {
+    let db = TestDb::create().await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let pool = &db.runtime_pool;
+    let mut tx = crate::begin_workspace(pool, ws).await.unwrap();
+    let jobs = [Ping { n: 0 }, Ping { n: 1 }];
+    crate::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, crate::EnqueueOptions::new()))).await.unwrap();
+    tx.commit().await.unwrap();
+    let claimed = claim(pool, &[ws], &[], "me", Duration::from_secs(60), &Bounds::new(10, 0)).await.unwrap();
+    let (fast, slow) = (&claimed[0], &claimed[1]);
+
+    // The worker read the first from the stream and recorded its end before the relay got to mark the batch.
+    let ended: i64 = sqlx::query_scalar("SELECT conveyor.conveyor_complete_jobs($1, $2, $3, $4)")
+        .bind(vec![ws.0])
+        .bind(vec![fast.id])
+        .bind(vec![None::<i32>])
+        .bind(vec![serde_json::json!(null)])
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(ended, 1);
+    let delivered: Vec<Delivered> = claimed.iter().map(|e| Delivered::new(e, "1-1".into())).collect();
+    assert_eq!(settle(pool, "me", &delivered, &[], 10).await.unwrap().dispatched, 1, "the ended one is left alone");
+
+    let rows: Vec<(Uuid, String, Option<DateTime<Utc>>, Option<DateTime<Utc>>)> = {
+        let mut tx = crate::begin_workspace(pool, ws).await.unwrap();
+        sqlx::query_as("SELECT id, status, dispatched_at, finished_at FROM conveyor.outbox_events ORDER BY id")
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap()
+    };
+    let (_, status, handed_out, ended_at) = &rows[0];
+    assert_eq!((rows[0].0, status.as_str()), (fast.id, "completed"));
+    let (handed_out, ended_at) = (handed_out.expect("a job that ran was handed out"), ended_at.unwrap());
+    assert!(handed_out <= ended_at, "handed out at {handed_out}, after its end at {ended_at}");
+    assert_eq!((rows[1].0, rows[1].1.as_str()), (slow.id, "dispatched"));
+    assert!(rows[1].2.is_some());
+}
+
+#[tokio::test]
 async fn a_gated_queue_gives_each_workspace_of_a_claim_its_share_of_the_room_in_the_order_named() {
     let db = TestDb::create().await;
     let (light, a, b) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
