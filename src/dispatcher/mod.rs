@@ -94,6 +94,8 @@ pub struct Dispatcher {
     /// Workspaces whose last claim left due jobs behind: the others go first to a claim, and so to a gated queue's
     /// room.
     backlogged: std::sync::Mutex<HashSet<WorkspaceId>>,
+    /// Workspaces whose batch came back full since the loop last looked: relayed again at once, by name.
+    refill: std::sync::Mutex<HashSet<WorkspaceId>>,
 }
 
 impl Dispatcher {
@@ -119,16 +121,17 @@ impl Dispatcher {
         // The gate shares the window's job: off with it.
         let queue_wait = if settings.window > 0 { settings.queue_wait } else { Duration::ZERO };
         let gate = std::sync::Arc::new(gate::Gate::new(queue_wait));
-        Self { pool, producer, settings, metrics, id, gate, backlogged: Default::default() }
+        Self { pool, producer, settings, metrics, id, gate, backlogged: Default::default(), refill: Default::default() }
     }
 
     /// One pass over every workspace with due events (a sweep): the workspaces come from the `SECURITY DEFINER`
     /// function, then each gets one batch relayed, as in `Dispatcher::relay`.
     pub async fn dispatch_once(&self) -> Result<DispatchOutcome, crate::Error> {
-        self.dispatch_once_inner().await.public()
+        self.dispatch_once_inner(None).await.public()
     }
 
-    async fn dispatch_once_inner(&self) -> anyhow::Result<DispatchOutcome> {
+    /// A sweep; with `background`, its marks are recorded there (see [`Dispatcher::dispatch_group`]).
+    async fn dispatch_once_inner(&self, background: Option<&Recorder>) -> anyhow::Result<DispatchOutcome> {
         // A slow sweep, as under a long-held snapshot, in tests.
         crate::fail_point!("dispatcher::sweep");
         let due = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
@@ -140,7 +143,7 @@ impl Dispatcher {
         // A sweep meets backlogs: small groups, many of them, so that one group's claim, publish and mark overlap
         // with the others' (with one big group per slot, every slot would wait on PostgreSQL, then all on Redis).
         let per_group = workspaces.len().div_ceil(self.settings.concurrency.max(1) * 8).clamp(1, WORKSPACES_PER_CLAIM);
-        let mut outcome = self.relay(workspaces, per_group, &expired, None).await?;
+        let mut outcome = self.relay(workspaces, per_group, &expired, background).await?;
         if let DispatchOutcome::Worked(settled) = &mut outcome {
             // More workspaces are due than one pass looks at: the rest count as left behind.
             settled.full += u64::from(truncated);
@@ -235,7 +238,8 @@ impl Dispatcher {
         match background {
             None => batch.record(&self.pool, &self.producer, &self.id, &self.settings).await,
             Some(recorder) => {
-                let (full, dispatched) = (batch.full, batch.delivered.len() as u64);
+                let (full, dispatched) = (batch.full.len() as u64, batch.delivered.len() as u64);
+                self.refill.lock().expect("refill lock").extend(batch.full.iter().copied());
                 recorder.send(batch).await;
                 Ok(Settled { full, dispatched, ..Settled::default() })
             }
@@ -296,7 +300,11 @@ impl Dispatcher {
         for event in &events {
             *per_workspace.entry(event.workspace_id).or_default() += 1;
         }
-        let full = per_workspace.values().filter(|&&n| n >= self.settings.batch_size).count() as u64;
+        let full: Vec<WorkspaceId> = per_workspace
+            .iter()
+            .filter(|(_, n)| **n >= self.settings.batch_size)
+            .map(|(w, _)| WorkspaceId(*w))
+            .collect();
         // With traces exported, each job's hand-off is a span, a child of the request that enqueued the job, and the
         // stream entry carries the span's context on to the worker.
         let spans: Vec<tracing::Span> =
@@ -388,10 +396,10 @@ impl Dispatcher {
     /// Relays until `shutdown`. A notification names the workspace that committed events, and the next pass relays
     /// the workspaces named since the last one, with no lookup. A sweep ([`Dispatcher::dispatch_once`]) runs at
     /// start, every poll interval (events backing off, expired leases, a notification lost with the LISTEN
-    /// connection) and right after any pass that left more behind (a full batch). The marks of named
-    /// passes are recorded in the background, several passes together, while the next passes run (the relay's latency
-    /// path is claim and `XADD` only); every batch handed off is recorded, and so its leases settled, before `run`
-    /// returns. Awake (it saw work in the last second, and for two seconds after), it ticks instead of waiting
+    /// connection) and right after a sweep that met more workspaces than it looks at; a workspace whose batch came
+    /// back full is named for the next pass. The marks of every pass are recorded in the background, several passes
+    /// together, while the next passes run (the relay's path is claim and `XADD` only); every batch handed off is
+    /// recorded, and so its leases settled, before `run` returns. Awake (it saw work in the last second, and for two seconds after), it ticks instead of waiting
     /// for notifications, which enqueues then skip. Between passes it sleeps until the next tick while awake, else
     /// until the next poll, or until the earliest delayed job is due if sooner.
     /// The `LISTEN` holds one connection of the dispatcher's pool for as long as it runs.
@@ -456,7 +464,7 @@ impl Dispatcher {
                 self.metrics.outbox_relay_passes.with_label_values(&["sweep"]).inc();
                 // Due schedules enqueue their tick's job first, so that this sweep relays it; sleep for the next tick.
                 let next_tick = crate::schedule::fire_for_sweep(&self.pool).await;
-                let pass = self.dispatch_once_inner().await;
+                let pass = self.dispatch_once_inner(Some(&recorder)).await;
                 // Only jobs that fall due after the sweep started: one due before was the sweep's to take, and one it
                 // did not take waits for a reason that a moment does not change (its workspace's window is full, a
                 // pause holds it, another dispatcher has it), the next notification or sweep, not a spin. Nor jobs
@@ -475,9 +483,9 @@ impl Dispatcher {
                 };
                 next_due = crate::schedule::sooner(next_due, next_tick);
                 pass
-            } else if awake.ticking() {
-                // Awake, enqueues notify nobody: every workspace with due jobs is looked up, and relayed as named ones
-                // are.
+            } else if awake.ticking() && (named.is_empty() || awake.lookup_due()) {
+                // Awake, enqueues notify nobody: every workspace with due jobs is looked up, once an interval, and
+                // relayed as named ones are.
                 self.metrics.outbox_relay_passes.with_label_values(&["tick"]).inc();
                 self.tick(&mut awake, &mut named, &recorder).await
             } else {
@@ -493,7 +501,13 @@ impl Dispatcher {
                 // recorded (routine for a fast job), or another dispatcher took the lease over. Only a lease that
                 // expired with no one taking it is due, and the next poll's sweep takes it. Sweeping again at once
                 // for each (as before 0030's release) kept a steady trickle of fast jobs sweeping without pause.
-                Ok(DispatchOutcome::Worked(settled)) => sweep = settled.full > 0,
+                // A workspace whose batch came back full is relayed again at once by name; a sweep that met more
+                // workspaces than it looks at sweeps again.
+                Ok(DispatchOutcome::Worked(settled)) => {
+                    let refill: Vec<WorkspaceId> = self.refill.lock().expect("refill lock").drain().collect();
+                    sweep = settled.full > refill.len() as u64;
+                    named.extend(refill);
+                }
                 Ok(DispatchOutcome::Idle) => {}
                 Err(e) => tracing::warn!(error = ?e, "Dispatch pass failed; retrying after the poll interval"),
             }
@@ -550,11 +564,11 @@ impl Dispatcher {
         named: &mut HashSet<WorkspaceId>,
         recorder: &Recorder,
     ) -> anyhow::Result<DispatchOutcome> {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let due = claim::due_workspaces(&self.pool, WORKSPACES_PER_PASS)
             .await
             .context("Failed to list workspaces with due events")?;
-        awake.looked_up_in(started.elapsed());
+        awake.looked_up_in(started);
         let expired: HashSet<WorkspaceId> = due.iter().filter(|d| d.expired_leases).map(|d| d.workspace).collect();
         let mut workspaces: Vec<WorkspaceId> = due.into_iter().map(|d| d.workspace).collect();
         workspaces.extend(named.drain().filter(|w| !workspaces.contains(w)).collect::<Vec<_>>());
@@ -620,15 +634,16 @@ struct Awake {
     /// When the mark this dispatcher wrote lapses, by its own clock (taken after the write, so never before
     /// PostgreSQL's).
     until: Option<tokio::time::Instant>,
-    /// The last tick's look-up.
+    /// The last tick's look-up: how long it took, and when it started.
     lookup: Duration,
+    looked_up_at: Option<tokio::time::Instant>,
     /// Whether it ticked at the last look.
     was_ticking: bool,
 }
 
 impl Awake {
     fn new(tick: Duration) -> Self {
-        Self { tick, until: None, lookup: Duration::ZERO, was_ticking: false }
+        Self { tick, until: None, lookup: Duration::ZERO, looked_up_at: None, was_ticking: false }
     }
 
     /// Work was seen (a notification, or jobs handed off): keeps the mark ahead. Off (a zero tick), never marks.
@@ -657,8 +672,16 @@ impl Awake {
         fell
     }
 
-    fn looked_up_in(&mut self, lookup: Duration) {
-        self.lookup = lookup;
+    fn looked_up_in(&mut self, started: tokio::time::Instant) {
+        self.lookup = started.elapsed();
+        self.looked_up_at = Some(started);
+    }
+
+    /// Whether the next tick looks up the workspaces with due jobs: once an interval. Between, workspaces already
+    /// named (a batch came back full, a notification) are relayed by name, with no look-up: in a backlog, a look-up
+    /// before every batch cost as much as the batch's claim.
+    fn lookup_due(&self) -> bool {
+        self.looked_up_at.is_none_or(|at| at.elapsed() >= self.interval())
     }
 
     /// The time between ticks: the setting, or longer when look-ups are slow.
@@ -672,7 +695,7 @@ struct HandedOff {
     delivered: Vec<Delivered>,
     failures: Vec<Failure>,
     /// Workspaces whose batch came back full.
-    full: u64,
+    full: Vec<WorkspaceId>,
 }
 
 impl HandedOff {
@@ -694,7 +717,7 @@ impl HandedOff {
         let mut settled = claim::settle(pool, me, &self.delivered, &self.failures, settings.max_attempts)
             .await
             .context("Failed to record the outcome of a batch")?;
-        settled.full = self.full;
+        settled.full = self.full.len() as u64;
         if !self.delivered.is_empty() {
             let keys: Vec<(&str, &str, Uuid, i32)> =
                 self.delivered.iter().map(|d| (d.queue.as_str(), d.stream_id.as_str(), d.id, d.redrive)).collect();
@@ -725,12 +748,13 @@ impl HandedOff {
     }
 }
 
-/// Records the batches of named passes in the background, several at a time. At a trickle every notified pass hands
-/// off an event or two, and recording each batch on its own cost PostgreSQL a statement per pass, beside the claim;
-/// here one task takes a batch, waits [`RECORD_LINGER`] for the passes that follow, and records all that have come
-/// with one mark. The wait is off the latency path (the events are in the stream already) and far inside their lease.
-/// At most [`RECORD_QUEUE`] batches wait; a pass that finds the queue full waits for room (back-pressure on the relay
-/// when PostgreSQL is slow). Named passes are small: a batch per workspace named since the last pass.
+/// Records the batches of the loop's passes in the background, several at a time. At a trickle every notified pass
+/// hands off an event or two, and recording each batch on its own cost PostgreSQL a statement per pass, beside the
+/// claim; in a backlog, a mark recorded in line held the next claim back by as long as the claim itself. Here one task
+/// takes a batch, waits [`RECORD_LINGER`] for the passes that follow, and records all that have come with one mark, of
+/// at most [`RECORD_MAX`] events. The wait is off the latency path (the events are in the stream already) and far
+/// inside their lease. At most [`RECORD_QUEUE`] batches wait; a pass that finds the queue full waits for room
+/// (back-pressure on the relay when PostgreSQL is slow).
 struct Recorder {
     queue: mpsc::Sender<HandedOff>,
     task: tokio::task::JoinHandle<()>,
@@ -740,8 +764,13 @@ struct Recorder {
 const RECORD_LINGER: Duration = Duration::from_millis(10);
 
 /// Batches that may wait for the background recorder. Far more than the passes of one linger (a trickle of a
-/// thousand events a second is some ten passes), so that a full queue means PostgreSQL is slow, not that it lingers.
-const RECORD_QUEUE: usize = 1024;
+/// thousand events a second is some ten passes), so that a full queue means PostgreSQL is slow, not that it lingers;
+/// few enough that the events of the batches waiting (a sweep's group is up to 32 batches of the batch size) are
+/// recorded well inside their lease.
+const RECORD_QUEUE: usize = 64;
+
+/// Events one mark records at most: batches are merged up to it.
+const RECORD_MAX: usize = 10_000;
 
 impl Recorder {
     fn start(dispatcher: &Dispatcher) -> Self {
@@ -750,9 +779,19 @@ impl Recorder {
             (dispatcher.pool.clone(), dispatcher.producer.clone(), dispatcher.id.clone(), dispatcher.settings.clone());
         let metrics = dispatcher.metrics.clone();
         let task = tokio::spawn(async move {
-            while let Some(mut merged) = batches.recv().await {
-                tokio::time::sleep(RECORD_LINGER).await;
-                while let Ok(next) = batches.try_recv() {
+            // A batch already waiting when the last mark ended: recorded without a linger (the relay is ahead).
+            let mut waiting: Option<HandedOff> = None;
+            loop {
+                let mut merged = match waiting.take() {
+                    Some(batch) => batch,
+                    None => {
+                        let Some(batch) = batches.recv().await else { break };
+                        tokio::time::sleep(RECORD_LINGER).await;
+                        batch
+                    }
+                };
+                while merged.delivered.len() + merged.failures.len() < RECORD_MAX {
+                    let Ok(next) = batches.try_recv() else { break };
                     merged.delivered.extend(next.delivered);
                     merged.failures.extend(next.failures);
                 }
@@ -761,6 +800,7 @@ impl Recorder {
                     metrics.outbox_dispatch_errors.with_label_values(&["database"]).inc();
                     tracing::warn!(error = ?e, "Recording relayed batches failed; they are relayed again after their lease");
                 }
+                waiting = batches.try_recv().ok();
             }
         });
         Self { queue, task }

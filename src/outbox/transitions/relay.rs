@@ -57,6 +57,7 @@ pub(crate) struct ClaimedEvent {
 
 /// A workspace with due events (pending and due, or leased with an expired lease), and whether some are expired
 /// leases: their dispatcher died between claim and mark.
+#[derive(Debug)]
 pub(crate) struct DueWorkspace {
     pub(crate) workspace: WorkspaceId,
     pub(crate) expired_leases: bool,

@@ -259,7 +259,8 @@ async fn a_job_that_ends_before_its_hand_off_is_marked_keeps_a_hand_off_time() {
     let delivered: Vec<Delivered> = claimed.iter().map(|e| Delivered::new(e, "1-1".into())).collect();
     assert_eq!(settle(pool, "me", &delivered, &[], 10).await.unwrap().dispatched, 1, "the ended one is left alone");
 
-    let rows: Vec<(Uuid, String, Option<DateTime<Utc>>, Option<DateTime<Utc>>)> = {
+    type Row = (Uuid, String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+    let rows: Vec<Row> = {
         let mut tx = crate::begin_workspace(pool, ws).await.unwrap();
         sqlx::query_as("SELECT id, status, dispatched_at, finished_at FROM conveyor.outbox_events ORDER BY id")
             .fetch_all(&mut *tx)
@@ -417,4 +418,52 @@ async fn a_claim_never_walks_the_backlog_of_a_queue_the_gate_holds() {
     sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
     let read = index_reads().await - before;
     assert!(read < 2_000, "10 claims read {read} index entries beside a held backlog of 2,000");
+}
+
+#[tokio::test]
+async fn the_look_up_of_due_workspaces_reads_a_few_index_entries_per_workspace_not_the_backlog() {
+    let db = TestDb::create().await;
+    let (flood, light, later) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    for _ in 0..20 {
+        db.enqueue(flood, 100).await;
+    }
+    db.enqueue(light, 1).await;
+    let mut tx = crate::begin_workspace(&db.pool, later).await.unwrap();
+    let options = crate::EnqueueOptions::new().delay(Duration::from_secs(600));
+    crate::enqueue_tx(&mut tx, &Ping { n: 0 }, options).await.unwrap();
+    tx.commit().await.unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.runtime_url).await.unwrap();
+    let index_reads = || async {
+        let mut owner = db.owner().await;
+        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut owner).await.unwrap();
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes WHERE relname = 'outbox_events'",
+        )
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
+        n
+    };
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
+    let before = index_reads().await;
+    for _ in 0..10 {
+        let due = due_workspaces(&pool, 100).await.unwrap();
+        let mut listed: Vec<WorkspaceId> = due.iter().map(|d| d.workspace).collect();
+        listed.sort_by_key(|w| w.0);
+        let mut expected = vec![flood, light];
+        expected.sort_by_key(|w| w.0);
+        assert_eq!(listed, expected, "the two with due jobs; not the one whose only job is due in 10 minutes");
+        assert!(due.iter().all(|d| !d.expired_leases));
+    }
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
+    let read = index_reads().await - before;
+    assert!(read < 2_000, "10 look-ups read {read} index entries beside a backlog of 2,000");
+
+    // A lease that expired is found, and said so.
+    let claimed = claim(&pool, &[light], &[], "gone", Duration::from_secs(1), &Bounds::new(10, 0)).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let due = due_workspaces(&pool, 100).await.unwrap();
+    let of_light: Vec<bool> = due.iter().filter(|d| d.workspace == light).map(|d| d.expired_leases).collect();
+    assert_eq!(of_light, [true], "{due:?}");
 }
