@@ -15,7 +15,9 @@
 //!   batch), one transaction after the other, commit included, nothing relaying them; jobs per second.
 //! - `burst`: N jobs enqueued as in `enqueue-bulk` while a dispatcher and a worker (concurrency CONC, no-op handler)
 //!   run, each on a runtime of its own; jobs per second from the first enqueue to the last job's end recorded, and
-//!   where the time went (enqueue done, last `XADD`, last handler start, last end recorded).
+//!   where the time went (enqueue done, last `XADD`, last handler start, last end recorded); the CPU per job of each
+//!   process (the enqueuing client, dispatcher, worker, PostgreSQL, Redis) and what PostgreSQL wrote per job
+//!   (commits, row versions, WAL; statements with `pg_stat_statements`).
 //! - `delay-lateness`: at idle, JOBS jobs enqueued one at a time over SECONDS, each with a delay of 200 to 1000 ms;
 //!   lateness (handler start minus due time, due = the enqueue transaction's `now()` plus the delay) p50/p99/max.
 //!
@@ -555,7 +557,8 @@ async fn burst() {
     // The dispatcher LISTENs before the first commit (else the first jobs would wait for its first poll).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let deadlocks_before = database_deadlocks(&platform).await;
-    let cpu_before = process_cpu_seconds();
+    let (cpu_before, written_before) = (Cpu::read().await, Written::read(&platform).await);
+    let cpu_before_process = process_cpu_seconds();
     let clock = Instant::now();
     let t0 = now_ms();
     let mut took = enqueue_in_bulk(&platform.pool, &workspaces, n).await;
@@ -567,7 +570,9 @@ async fn burst() {
     }
     until_stream_empty(&platform, clock, limit).await;
     let t3 = now_ms();
-    let cpu = process_cpu_seconds() - cpu_before;
+    let cpu = process_cpu_seconds() - cpu_before_process;
+    // Before the worker's and the dispatcher's threads end (their CPU time goes with them).
+    let cpu_by_process = Cpu::read().await.since(&cpu_before, n);
     shutdown.cancel();
     worker_thread.join().unwrap();
     dispatcher.join().unwrap();
@@ -576,6 +581,11 @@ async fn burst() {
     // a backend flushes its counters at exit, and the worker's and the dispatcher's have just been closed.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let deadlocks = database_deadlocks(&platform).await - deadlocks_before;
+    // The worker's and the dispatcher's backends flushed their counters at exit; the enqueuing pools' idle ones are
+    // told to.
+    flush_statistics(&platform.pool).await;
+    flush_statistics(&platform.runtime_pool).await;
+    let written = Written::read(&platform).await.since(&written_before, n);
     let last_start = starts.last_us.load(Ordering::Relaxed) as f64 / 1000.0;
     let (completed, last_end) = completed(&platform).await;
     assert_eq!(completed as usize, n, "every job's end is recorded");
@@ -592,7 +602,141 @@ async fn burst() {
         "tx_p50_ms": percentile(&took, 50.0).map(round), "tx_p99_ms": percentile(&took, 99.0).map(round),
         "starts": starts.count.load(Ordering::Relaxed), "deadlocks": deadlocks,
         "cpu_us_per_job": round(cpu * 1e6 / n as f64),
+        "cpu_us_per_job_by_process": cpu_by_process, "postgres_per_job": written,
     }));
+}
+
+/// CPU seconds spent so far, by process: this one's threads by role (the dispatcher's and the worker's runtimes run on
+/// threads named after them; the rest is the enqueuing client), every PostgreSQL process of this machine (with the
+/// children it reaped: backends that exited), and Redis (`INFO cpu`). The database and Redis must run here, on loopback,
+/// and serve nothing else meanwhile, as on the benchmark machine.
+struct Cpu {
+    threads: HashMap<String, f64>,
+    postgres: Option<f64>,
+    redis: Option<f64>,
+}
+
+impl Cpu {
+    async fn read() -> Self {
+        let mut threads: HashMap<String, f64> = HashMap::new();
+        for task in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+            if let Some((name, seconds)) = proc_stat_cpu(&task.path().join("stat"), false) {
+                let role = if name == "dispatcher" || name == "worker" { name } else { "client".to_owned() };
+                *threads.entry(role).or_default() += seconds;
+            }
+        }
+        let mut postgres = None;
+        for process in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            if let Some((name, seconds)) = proc_stat_cpu(&process.path().join("stat"), true)
+                && name == "postgres"
+            {
+                *postgres.get_or_insert(0.0) += seconds;
+            }
+        }
+        use fred::prelude::ClientLike;
+        let info: Option<String> = kit::redis().await.custom(fred::cmd!("INFO"), vec!["cpu"]).await.ok();
+        let redis = info.map(|info| {
+            info.lines()
+                .filter_map(|l| l.split_once(':'))
+                .filter(|(k, _)| *k == "used_cpu_sys" || *k == "used_cpu_user")
+                .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+                .sum()
+        });
+        Self { threads, postgres, redis }
+    }
+
+    /// Microseconds per job of each, from `before` to now.
+    fn since(&self, before: &Self, jobs: usize) -> serde_json::Value {
+        let per_job = |now: f64, then: f64| round((now - then) * 1e6 / jobs as f64);
+        let mut out = serde_json::Map::new();
+        for (role, now) in &self.threads {
+            out.insert(role.clone(), json!(per_job(*now, before.threads.get(role).copied().unwrap_or(0.0))));
+        }
+        out.insert("postgres".into(), json!(self.postgres.zip(before.postgres).map(|(n, b)| per_job(n, b))));
+        out.insert("redis".into(), json!(self.redis.zip(before.redis).map(|(n, b)| per_job(n, b))));
+        serde_json::Value::Object(out)
+    }
+}
+
+/// A process's or thread's name and CPU seconds (user and system; with `children`, plus those of the children it
+/// waited for) from its `stat` file; `None` when it is gone or unreadable.
+fn proc_stat_cpu(path: &std::path::Path, children: bool) -> Option<(String, f64)> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let name = head.split_once('(')?.1.to_owned();
+    let fields: Vec<f64> = rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse().ok()).collect();
+    let ticks = if children { fields.iter().sum() } else { fields.iter().take(2).sum::<f64>() };
+    Some((name, ticks / 100.0))
+}
+
+/// Has every open connection of `pool` flush its statistics, which an idle backend otherwise keeps for up to 10 s.
+async fn flush_statistics(pool: &PgPool) {
+    let mut held = Vec::new();
+    for _ in 0..pool.size() {
+        let mut connection = pool.acquire().await.unwrap();
+        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *connection).await.unwrap();
+        held.push(connection);
+    }
+}
+
+/// What PostgreSQL wrote so far: WAL (the whole server's), and in this database transactions committed and row
+/// versions inserted, updated (of which HOT, in the outbox) and deleted. Statements are counted with
+/// `pg_stat_statements` only, when the server loads it (`shared_preload_libraries`).
+struct Written {
+    wal_records: f64,
+    wal_bytes: f64,
+    commits: f64,
+    inserted: f64,
+    updated: f64,
+    deleted: f64,
+    outbox_hot: f64,
+    statements: Option<f64>,
+}
+
+impl Written {
+    async fn read(platform: &Platform) -> Self {
+        let mut owner = platform.owner().await;
+        let (wal_records, wal_bytes): (f64, f64) =
+            sqlx::query_as("SELECT wal_records::float8, wal_bytes::float8 FROM pg_stat_wal")
+                .fetch_one(&mut owner)
+                .await
+                .unwrap();
+        let (commits, inserted, updated, deleted): (f64, f64, f64, f64) = sqlx::query_as(
+            "SELECT xact_commit::float8, tup_inserted::float8, tup_updated::float8, tup_deleted::float8
+             FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
+        let outbox_hot: f64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(n_tup_hot_upd), 0)::float8 FROM pg_stat_user_tables WHERE relname = 'outbox_events'",
+        )
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
+        let statements: Option<f64> =
+            sqlx::query_scalar("SELECT sum(calls)::float8 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())")
+                .fetch_one(&mut owner)
+                .await
+                .ok()
+                .flatten();
+        Self { wal_records, wal_bytes, commits, inserted, updated, deleted, outbox_hot, statements }
+    }
+
+    /// Per job, from `before` to now.
+    fn since(&self, before: &Self, jobs: usize) -> serde_json::Value {
+        let per_job = |now: f64, then: f64| round((now - then) / jobs as f64);
+        json!({
+            "wal_bytes": per_job(self.wal_bytes, before.wal_bytes),
+            "wal_records": per_job(self.wal_records, before.wal_records),
+            "commits": per_job(self.commits, before.commits),
+            "rows_inserted": per_job(self.inserted, before.inserted),
+            "rows_updated": per_job(self.updated, before.updated),
+            "outbox_hot_updates": per_job(self.outbox_hot, before.outbox_hot),
+            "rows_deleted": per_job(self.deleted, before.deleted),
+            "statements": self.statements.zip(before.statements).map(|(n, b)| per_job(n, b)),
+        })
+    }
 }
 
 /// Delayed jobs at idle: JOBS jobs, one per transaction, spread evenly over SECONDS, each due 200 to 1000 ms after
