@@ -557,6 +557,7 @@ async fn burst() {
     // The dispatcher LISTENs before the first commit (else the first jobs would wait for its first poll).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let deadlocks_before = database_deadlocks(&platform).await;
+    flush_statistics(&platform.pool).await;
     let (cpu_before, written_before) = (Cpu::read().await, Written::read(&platform).await);
     let cpu_before_process = process_cpu_seconds();
     let clock = Instant::now();
@@ -607,7 +608,8 @@ async fn burst() {
 }
 
 /// CPU seconds spent so far, by process: this one's threads by role (the dispatcher's and the worker's runtimes run on
-/// threads named after them; the rest is the enqueuing client), every PostgreSQL process of this machine (with the
+/// threads named after them; the rest, `client`, is the enqueuing side with the benchmark's own polling; threads that
+/// ended before the reading, as idle blocking threads, are not counted), every PostgreSQL process of this machine (with the
 /// children it reaped: backends that exited), and Redis (`INFO cpu`). The database and Redis must run here, on loopback,
 /// and serve nothing else meanwhile, as on the benchmark machine.
 struct Cpu {
@@ -725,7 +727,8 @@ impl Written {
 
     /// Per job, from `before` to now.
     fn since(&self, before: &Self, jobs: usize) -> serde_json::Value {
-        let per_job = |now: f64, then: f64| round((now - then) / jobs as f64);
+        // Three decimals: a commit per 50 jobs is 0.02.
+        let per_job = |now: f64, then: f64| ((now - then) / jobs as f64 * 1000.0).round() / 1000.0;
         json!({
             "wal_bytes": per_job(self.wal_bytes, before.wal_bytes),
             "wal_records": per_job(self.wal_records, before.wal_records),

@@ -48,8 +48,9 @@ pub struct Metrics {
     /// `conveyor_outbox_batch_size`: events per claimed batch (one claim, of one or more workspaces).
     pub outbox_batch_size: Histogram,
     /// `conveyor_outbox_relay_passes_total{pass}`: the relay's passes by `sweep`, `named` and `tick`. Sweeps come
-    /// every poll interval and while a backlog lasts; while jobs flow, an awake dispatcher's ticks carry them (enqueues
-    /// skip their notification), and after a quiet spell the first notification names its workspace.
+    /// every poll interval; while jobs flow, an awake dispatcher's ticks look them up, once a tick interval (enqueues
+    /// skip their notification); `named` passes relay workspaces already known: the first notification after a quiet
+    /// spell, and a backlog's workspaces, whose batch came back full.
     pub outbox_relay_passes: IntCounterVec,
     /// `conveyor_outbox_events{queue, status}`: jobs by state (`due`, `held` by a pause, `delayed`, `dispatching`,
     /// `dispatched` to the workers and not ended, `dead_letter`; migration 0029).

@@ -6,11 +6,11 @@
 //! `locked_by`/`locked_until`), publish the group's events in one pipeline (one de-duplicating script per ≤100
 //! events), then mark the delivered ones `dispatched` with their stream entry id, fenced by the lease, and return the
 //! failed ones to `pending` with exponential back-off, or `dead_letter` past the maximum. The loop
-//! ([`Dispatcher::run`]) relays the workspaces named by notifications as they come, with no lookup, and sweeps every
-//! workspace at start, every poll interval and while a backlog lasts. While it sees work it is awake
-//! (`dispatchers_awake`, migration 0039): enqueues skip their notification, whose commit lock queued every enqueueing
-//! COMMIT behind the others, and it ticks instead, a look-up of the workspaces with due jobs every
-//! [`DispatcherSettings::tick`].
+//! ([`Dispatcher::run`]) relays the workspaces named by notifications as they come, with no lookup, and those whose
+//! batch came back full again at once, and sweeps every workspace at start and every poll interval. While it sees
+//! work it is awake (`dispatchers_awake`, migration 0039): enqueues skip their notification, whose commit lock queued
+//! every enqueueing COMMIT behind the others, and it ticks instead, a look-up of the workspaces with due jobs at most
+//! every [`DispatcherSettings::tick`].
 //!
 //! Guarantees: an event committed is delivered at least once, whatever process dies when; the stream holds it once
 //! (the de-dup key), however often it is handed off. Several dispatchers cooperate through `SKIP LOCKED` and leases,
@@ -224,8 +224,9 @@ impl Dispatcher {
 
     /// Claims, publishes and records one batch of each of `workspaces`. With `background`, the recording (the mark)
     /// goes to the background [`Recorder`] and the [`Settled`] returned counts the full batches and the events handed
-    /// off only (their marks are still to come), so that the caller can go on to the next batch at once. Safe for the leases: a batch being recorded stays leased, so no
-    /// claim takes it. Safe for order: the batch's `XADD` is done before the next claim.
+    /// off only (their marks are still to come), so that the caller can go on to the next batch at once. Safe for the
+    /// leases: a batch being recorded stays leased, so no claim takes it (what waits for the recorder is bounded to
+    /// about a second of marks, far inside a lease). Safe for order: the batch's `XADD` is done before the next claim.
     async fn dispatch_group(
         &self,
         workspaces: Vec<WorkspaceId>,
@@ -444,7 +445,7 @@ impl Dispatcher {
         // The earliest time a pending job becomes due, as far as this dispatcher knows: read after each sweep, lowered
         // by notifications of delayed jobs. The loop sleeps until then (or the poll), so a delayed job fires on time.
         let mut next_due: Option<DateTime<Utc>> = None;
-        // Named passes are the latency path: their marks are recorded in the background, while the next pass runs.
+        // Every pass's marks are recorded in the background, while the next pass runs.
         let recorder = Recorder::start(&self);
         let mut awake = Awake::new(self.settings.tick);
         while !shutdown.is_cancelled() {
@@ -461,6 +462,7 @@ impl Dispatcher {
                 sweep = false;
                 last_sweep = tokio::time::Instant::now();
                 let swept = std::time::Instant::now();
+                awake.swept();
                 self.metrics.outbox_relay_passes.with_label_values(&["sweep"]).inc();
                 // Due schedules enqueue their tick's job first, so that this sweep relays it; sleep for the next tick.
                 let next_tick = crate::schedule::fire_for_sweep(&self.pool).await;
@@ -672,6 +674,11 @@ impl Awake {
         fell
     }
 
+    /// A sweep looked up every workspace with due jobs: the next tick need not before an interval.
+    fn swept(&mut self) {
+        self.looked_up_at = Some(tokio::time::Instant::now());
+    }
+
     fn looked_up_in(&mut self, started: tokio::time::Instant) {
         self.lookup = started.elapsed();
         self.looked_up_at = Some(started);
@@ -751,12 +758,15 @@ impl HandedOff {
 /// Records the batches of the loop's passes in the background, several at a time. At a trickle every notified pass
 /// hands off an event or two, and recording each batch on its own cost PostgreSQL a statement per pass, beside the
 /// claim; in a backlog, a mark recorded in line held the next claim back by as long as the claim itself. Here one task
-/// takes a batch, waits [`RECORD_LINGER`] for the passes that follow, and records all that have come with one mark, of
-/// at most [`RECORD_MAX`] events. The wait is off the latency path (the events are in the stream already) and far
-/// inside their lease. At most [`RECORD_QUEUE`] batches wait; a pass that finds the queue full waits for room
-/// (back-pressure on the relay when PostgreSQL is slow).
+/// takes a batch, waits [`RECORD_LINGER`] for the passes that follow, and records all that have come with one mark,
+/// merging batches until it holds [`RECORD_MAX`] events. The wait is off the latency path (the events are in the stream
+/// already) and far inside their lease. At most [`RECORD_WAITING`] events wait (a bigger batch alone), and at most
+/// [`RECORD_QUEUE`] batches; a pass that finds no room waits for it (back-pressure on the relay when PostgreSQL is
+/// slow), so that what waits is recorded well inside its lease.
 struct Recorder {
-    queue: mpsc::Sender<HandedOff>,
+    queue: mpsc::Sender<(HandedOff, tokio::sync::OwnedSemaphorePermit)>,
+    /// Room for events waiting to be recorded: a batch holds its permits until its mark is done.
+    room: std::sync::Arc<tokio::sync::Semaphore>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -764,25 +774,29 @@ struct Recorder {
 const RECORD_LINGER: Duration = Duration::from_millis(10);
 
 /// Batches that may wait for the background recorder. Far more than the passes of one linger (a trickle of a
-/// thousand events a second is some ten passes), so that a full queue means PostgreSQL is slow, not that it lingers;
-/// few enough that the events of the batches waiting (a sweep's group is up to 32 batches of the batch size) are
-/// recorded well inside their lease.
-const RECORD_QUEUE: usize = 64;
+/// thousand events a second is some ten passes), so that a full queue means PostgreSQL is slow, not that it lingers.
+const RECORD_QUEUE: usize = 1024;
 
-/// Events one mark records at most: batches are merged up to it.
+/// Events that may wait for the background recorder: some passes' worth, a second or so of marks, far inside a lease
+/// (a mark records some 20,000 events a second on a loaded 2-core machine; the lease is at least a second, 30 s by
+/// default). A batch bigger than this waits alone.
+const RECORD_WAITING: usize = 20_000;
+
+/// A mark merges batches until it holds this many events.
 const RECORD_MAX: usize = 10_000;
 
 impl Recorder {
     fn start(dispatcher: &Dispatcher) -> Self {
-        let (queue, mut batches) = mpsc::channel::<HandedOff>(RECORD_QUEUE);
+        let (queue, mut batches) = mpsc::channel::<(HandedOff, tokio::sync::OwnedSemaphorePermit)>(RECORD_QUEUE);
+        let room = std::sync::Arc::new(tokio::sync::Semaphore::new(RECORD_WAITING));
         let (pool, producer, me, settings) =
             (dispatcher.pool.clone(), dispatcher.producer.clone(), dispatcher.id.clone(), dispatcher.settings.clone());
         let metrics = dispatcher.metrics.clone();
         let task = tokio::spawn(async move {
             // A batch already waiting when the last mark ended: recorded without a linger (the relay is ahead).
-            let mut waiting: Option<HandedOff> = None;
+            let mut waiting: Option<(HandedOff, tokio::sync::OwnedSemaphorePermit)> = None;
             loop {
-                let mut merged = match waiting.take() {
+                let (mut merged, mut permits) = match waiting.take() {
                     Some(batch) => batch,
                     None => {
                         let Some(batch) = batches.recv().await else { break };
@@ -791,11 +805,14 @@ impl Recorder {
                     }
                 };
                 while merged.delivered.len() + merged.failures.len() < RECORD_MAX {
-                    let Ok(next) = batches.try_recv() else { break };
+                    let Ok((next, more)) = batches.try_recv() else { break };
                     merged.delivered.extend(next.delivered);
                     merged.failures.extend(next.failures);
+                    permits.merge(more);
                 }
-                if let Err(e) = merged.record(&pool, &producer, &me, &settings).await {
+                let recorded = merged.record(&pool, &producer, &me, &settings).await;
+                drop(permits);
+                if let Err(e) = recorded {
                     // The leases expire and the events go out again, where their de-dup keys find them in the stream.
                     metrics.outbox_dispatch_errors.with_label_values(&["database"]).inc();
                     tracing::warn!(error = ?e, "Recording relayed batches failed; they are relayed again after their lease");
@@ -803,12 +820,14 @@ impl Recorder {
                 waiting = batches.try_recv().ok();
             }
         });
-        Self { queue, task }
+        Self { queue, room, task }
     }
 
     async fn send(&self, batch: HandedOff) {
-        // The task ends only once the queue is closed, by `finish`.
-        let _ = self.queue.send(batch).await;
+        let events = (batch.delivered.len() + batch.failures.len()).clamp(1, RECORD_WAITING) as u32;
+        // Never closed; the task ends only once the queue is closed, by `finish`.
+        let permits = self.room.clone().acquire_many_owned(events).await.expect("the recorder's room is never closed");
+        let _ = self.queue.send((batch, permits)).await;
     }
 
     /// Records every batch sent, then stops.

@@ -396,7 +396,7 @@ async fn end_orphan_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uuid) 
     let ended = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE conveyor.outbox_events
          SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL,
-             last_error = 'its operation had already ended'
+             last_error = 'its operation had already ended', dispatched_at = coalesce(dispatched_at, now())
          WHERE id = $1 AND status IN {LIVE}"
     )))
     .bind(job)
