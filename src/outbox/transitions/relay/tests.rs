@@ -395,19 +395,8 @@ async fn a_claim_never_walks_the_backlog_of_a_queue_the_gate_holds() {
         db.enqueue(ws, 100).await;
     }
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.runtime_url).await.unwrap();
-    let index_reads = || async {
-        let mut owner = db.owner().await;
-        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut owner).await.unwrap();
-        let (n,): (i64,) = sqlx::query_as(
-            "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes WHERE relname = 'outbox_events'",
-        )
-        .fetch_one(&mut owner)
-        .await
-        .unwrap();
-        n
-    };
     sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
-    let before = index_reads().await;
+    let before = outbox_index_reads(&db).await;
     for _ in 0..10 {
         let mut tx = crate::begin_workspace(&db.pool, ws).await.unwrap();
         crate::enqueue_tx(&mut tx, &Pong, crate::EnqueueOptions::new()).await.unwrap();
@@ -416,7 +405,7 @@ async fn a_claim_never_walks_the_backlog_of_a_queue_the_gate_holds() {
         assert_eq!(claimed.len(), 1, "the other queue's job");
     }
     sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
-    let read = index_reads().await - before;
+    let read = outbox_index_reads(&db).await - before;
     assert!(read < 2_000, "10 claims read {read} index entries beside a held backlog of 2,000");
 }
 
@@ -433,19 +422,8 @@ async fn the_look_up_of_due_workspaces_reads_a_few_index_entries_per_workspace_n
     crate::enqueue_tx(&mut tx, &Ping { n: 0 }, options).await.unwrap();
     tx.commit().await.unwrap();
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.runtime_url).await.unwrap();
-    let index_reads = || async {
-        let mut owner = db.owner().await;
-        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut owner).await.unwrap();
-        let (n,): (i64,) = sqlx::query_as(
-            "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes WHERE relname = 'outbox_events'",
-        )
-        .fetch_one(&mut owner)
-        .await
-        .unwrap();
-        n
-    };
     sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
-    let before = index_reads().await;
+    let before = outbox_index_reads(&db).await;
     for _ in 0..10 {
         let due = due_workspaces(&pool, 100).await.unwrap();
         let mut listed: Vec<WorkspaceId> = due.iter().map(|d| d.workspace).collect();
@@ -456,7 +434,7 @@ async fn the_look_up_of_due_workspaces_reads_a_few_index_entries_per_workspace_n
         assert!(due.iter().all(|d| !d.expired_leases));
     }
     sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
-    let read = index_reads().await - before;
+    let read = outbox_index_reads(&db).await - before;
     assert!(read < 2_000, "10 look-ups read {read} index entries beside a backlog of 2,000");
 
     // A lease that expired is found, and said so.
@@ -466,4 +444,16 @@ async fn the_look_up_of_due_workspaces_reads_a_few_index_entries_per_workspace_n
     let due = due_workspaces(&pool, 100).await.unwrap();
     let of_light: Vec<bool> = due.iter().filter(|d| d.workspace == light).map(|d| d.expired_leases).collect();
     assert_eq!(of_light, [true], "{due:?}");
+}
+
+/// Index entries read in the outbox's indexes so far, by every backend (the caller flushes its own counters first).
+async fn outbox_index_reads(db: &TestDb) -> i64 {
+    let mut owner = db.owner().await;
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut owner).await.unwrap();
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes WHERE relname = 'outbox_events'",
+    )
+    .fetch_one(&mut owner)
+    .await
+    .unwrap()
 }
