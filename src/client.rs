@@ -242,6 +242,25 @@ impl Conveyor {
         crate::cancel_job(&self.pool, self.workspace, id).await
     }
 
+    /// Changes the waiting job `id`: its priority, due time or payload ([`crate::change_job`]).
+    pub async fn change_job(
+        &self,
+        id: JobId,
+        change: &crate::JobChange,
+    ) -> Result<chrono::DateTime<chrono::Utc>, crate::ChangeError> {
+        crate::change_job(&self.pool, self.workspace, id, change).await
+    }
+
+    /// Cancels every waiting job in `scope` ([`crate::drain_jobs`]); returns how many.
+    pub async fn drain_jobs(&self, scope: &crate::JobScope) -> Result<u64, sqlx::Error> {
+        crate::drain_jobs(&self.pool, self.workspace, scope).await
+    }
+
+    /// Deletes the ended jobs `clean` matches ([`crate::clean_jobs`]); returns how many.
+    pub async fn clean_jobs(&self, clean: &crate::CleanJobs) -> Result<u64, sqlx::Error> {
+        crate::clean_jobs(&self.pool, self.workspace, clean).await
+    }
+
     /// Waits until the job `id` ends, at most `timeout` ([`crate::wait_for_job`]).
     pub async fn wait_for_job(&self, id: JobId, timeout: Duration) -> Result<JobInfo, WaitError> {
         crate::wait_for_job(&self.pool, self.workspace, id, timeout).await

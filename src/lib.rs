@@ -96,7 +96,10 @@ pub use outbox::control::{
     CancelError, JobEnds, JobInfo, JobStatus, WaitError, cancel_job, get_job, subscribe, wait_for_job,
 };
 pub use outbox::transitions::relay::Settled;
-pub use outbox::{EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enqueue_tx};
+pub use outbox::{
+    ChangeError, CleanJobs, EnqueueError, EnqueueOptions, Enqueued, JobChange, JobScope, change_job, clean_jobs,
+    drain_jobs, enqueue_many_tx, enqueue_tx,
+};
 pub use schedule::{
     FireOutcome, Schedule, ScheduleError, ScheduleOptions, ScheduleSpec, fire_due as fire_due_schedules,
     list_schedules, pause_schedule, registered_queue, remove_schedule_tx, resume_schedule, upsert_schedule_raw_tx,
@@ -117,8 +120,9 @@ pub use outbox::transitions::{Cancel as OperationCancel, cancel_operation_tx};
 
 // The operator surface: reads across workspaces and audited changes.
 pub use admin::{
-    Actor, Admin, AdminError, Attempt, AuditEntry, BulkOutcome, DeadLetter, DeadLetterFilter, JobAction, JobDetail,
-    JobFilter, JobSummary, OperationFilter, OperationSummary, Page as AdminPage, QueueSummary, Replay, StateCounts,
+    Actor, Admin, AdminError, Attempt, AuditEntry, BulkOutcome, CleanFilter, DeadLetter, DeadLetterFilter, DrainFilter,
+    DrainOutcome, JobAction, JobDetail, JobFilter, JobSummary, OperationFilter, OperationSummary, Page as AdminPage,
+    QueueSummary, Replay, StateCounts,
 };
 
 // Connections: PostgreSQL, Redis (its TLS, its keys, the producer and consumer the dispatcher and worker use).

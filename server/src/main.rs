@@ -150,6 +150,71 @@ enum JobsCommand {
         /// The job id.
         id: Uuid,
     },
+    /// Change a job that waits for the relay (refused once it was handed to a worker): its priority, when it is due,
+    /// its payload.
+    Change {
+        /// The job id.
+        id: Uuid,
+        /// high, normal or low.
+        #[arg(long, value_parser = parse_priority)]
+        priority: Option<conveyor_jobs::Priority>,
+        /// Due this long from now, e.g. 30s or 2h.
+        #[arg(long, value_parser = humantime::parse_duration, conflicts_with_all = ["run_at", "run_now"])]
+        delay: Option<Duration>,
+        /// Due at this time (RFC 3339).
+        #[arg(long, conflicts_with = "run_now")]
+        run_at: Option<chrono::DateTime<chrono::Utc>>,
+        /// Due now.
+        #[arg(long)]
+        run_now: bool,
+        /// Its new payload, as JSON.
+        #[arg(long, value_parser = parse_json)]
+        payload: Option<serde_json::Value>,
+    },
+    /// Cancel every waiting job (queued, delayed, retrying) of a queue or kind, in one workspace or in all.
+    Drain {
+        /// Of this queue.
+        #[arg(long, required_unless_present = "kind")]
+        queue: Option<String>,
+        /// Of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// In this workspace.
+        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        workspace: Option<Uuid>,
+        /// In every workspace.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Delete a workspace's ended jobs of one end, by age or all but the newest N.
+    Clean {
+        /// succeeded, failed (dead letters are discarded) or canceled.
+        #[arg(long, value_parser = parse_status)]
+        status: conveyor_jobs::JobStatus,
+        /// In this workspace.
+        #[arg(long)]
+        workspace: Uuid,
+        /// Of this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Ended at least this long ago, e.g. 7d.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Option<Duration>,
+        /// Keep the newest this many.
+        #[arg(long)]
+        keep_last: Option<u32>,
+    },
+}
+
+fn parse_priority(raw: &str) -> Result<conveyor_jobs::Priority, String> {
+    serde_json::from_value(serde_json::Value::String(raw.to_owned())).map_err(|_| "one of high, normal, low".to_owned())
+}
+
+fn parse_json(raw: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(raw).map_err(|e| format!("not JSON: {e}"))
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -689,6 +754,43 @@ async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
         },
         JobsCommand::Cancel { id } => acted(id, admin.cancel_job(&actor, conveyor_jobs::JobId(id)).await?, "canceled"),
         JobsCommand::Retry { id } => acted(id, admin.retry_job(&actor, conveyor_jobs::JobId(id)).await?, "retried"),
+        JobsCommand::Change { id, priority, delay, run_at, run_now, payload } => {
+            let mut change = conveyor_jobs::JobChange::new();
+            if let Some(priority) = priority {
+                change = change.priority(priority);
+            }
+            if let Some(delay) = delay {
+                change = change.delay(delay);
+            }
+            if let Some(at) = run_at {
+                change = change.run_at(at);
+            }
+            if run_now {
+                change = change.run_now();
+            }
+            if let Some(payload) = payload {
+                change = change.json_payload(payload);
+            }
+            acted(id, admin.change_job(&actor, conveyor_jobs::JobId(id), &change).await?, "changed")
+        }
+        JobsCommand::Drain { queue, kind, workspace, all } => {
+            let drained = admin.drain(&actor, &conveyor_jobs::DrainFilter { queue, kind, workspace, all }).await?;
+            println!("{}", serde_json::to_string(&drained)?);
+            Ok(())
+        }
+        JobsCommand::Clean { status, workspace, queue, kind, older_than, keep_last } => {
+            let filter = conveyor_jobs::CleanFilter {
+                status,
+                workspace,
+                queue,
+                kind,
+                older_than_seconds: older_than.map(|d| d.as_secs()),
+                keep_last,
+            };
+            let deleted = admin.clean(&actor, &filter).await?;
+            println!("{}", serde_json::json!({ "deleted": deleted }));
+            Ok(())
+        }
     }
 }
 

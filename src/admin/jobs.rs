@@ -162,15 +162,36 @@ async fn audited<F>(
 where
     F: AsyncFnOnce() -> Result<(Option<WorkspaceId>, JobAction), AdminError>,
 {
-    let intent = audit::intent(admin, actor, action, json!({ "job_id": id.0 })).await?;
+    audited_with(admin, actor, action, id, json!({}), change).await
+}
+
+/// [`audited`], with `details` (an object) beside the job id in both entries: what the change sets.
+async fn audited_with<F>(
+    admin: &Admin,
+    actor: &Actor,
+    action: &'static str,
+    id: JobId,
+    details: serde_json::Value,
+    change: F,
+) -> Result<JobAction, AdminError>
+where
+    F: AsyncFnOnce() -> Result<(Option<WorkspaceId>, JobAction), AdminError>,
+{
+    let with = |mut arguments: serde_json::Value| {
+        if let (Some(into), Some(from)) = (arguments.as_object_mut(), details.as_object()) {
+            into.extend(from.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        arguments
+    };
+    let intent = audit::intent(admin, actor, action, with(json!({ "job_id": id.0 }))).await?;
     match change().await {
         Ok((workspace, done)) => {
             let arguments = json!({ "job_id": id.0, "workspace": workspace.map(|w| w.0), "outcome": outcome(&done) });
-            intent.record(admin, actor, arguments).await;
+            intent.record(admin, actor, with(arguments)).await;
             Ok(done)
         }
         Err(e) => {
-            intent.failed(admin, actor, json!({ "job_id": id.0 }), &e).await;
+            intent.failed(admin, actor, with(json!({ "job_id": id.0 })), &e).await;
             Err(e)
         }
     }
@@ -220,6 +241,28 @@ pub(super) async fn retry(admin: &Admin, actor: &Actor, id: JobId) -> Result<Job
                 }
             }
             _ => JobAction::NotAllowed,
+        };
+        Ok((Some(job.workspace), done))
+    })
+    .await
+}
+
+/// Changes a waiting job in whichever workspace: its priority, due time or payload ([`crate::change_job`]; the new
+/// payload is taken as the job's own kind's). Refused ([`JobAction::NotAllowed`]) once the relay took the job.
+pub(super) async fn change(
+    admin: &Admin,
+    actor: &Actor,
+    id: JobId,
+    change: &crate::JobChange,
+) -> Result<JobAction, AdminError> {
+    audited_with(admin, actor, "change_job", id, change.describe(), async || {
+        let Some(job) = locate(admin, actor, id).await? else { return Ok((None, JobAction::NotFound)) };
+        let done = match crate::change_job(&admin.app, job.workspace, id, change).await {
+            Ok(_) => JobAction::Done,
+            Err(crate::ChangeError::NotFound) => JobAction::NotFound,
+            Err(crate::ChangeError::NotWaiting(_)) => JobAction::NotAllowed,
+            Err(crate::ChangeError::Database(e)) => return Err(e.into()),
+            Err(e) => return Err(AdminError::Invalid(e.to_string())),
         };
         Ok((Some(job.workspace), done))
     })

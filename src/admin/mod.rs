@@ -16,6 +16,7 @@ mod filters;
 mod holds;
 mod jobs;
 mod operations;
+mod queue_ops;
 mod queues;
 
 use chrono::{DateTime, Utc};
@@ -266,6 +267,7 @@ pub struct DeadLetterFilter {
 }
 
 pub use crate::worker::dlq::{DeadLetter, Replay};
+pub use queue_ops::{CleanFilter, DrainFilter, DrainOutcome};
 
 /// What a bulk replay or discard did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -362,6 +364,26 @@ impl Admin {
     /// [`JobAction::Held`], while a pause or its key's rate-limit block holds it back).
     pub async fn retry_job(&self, actor: &Actor, id: JobId) -> Result<JobAction, AdminError> {
         jobs::retry(self, actor, id).await
+    }
+    /// Changes a waiting job of any workspace: its priority, due time or payload (audited as `change_job`, with what
+    /// it sets). [`JobAction::NotAllowed`] once the relay took it.
+    pub async fn change_job(
+        &self,
+        actor: &Actor,
+        id: JobId,
+        change: &crate::JobChange,
+    ) -> Result<JobAction, AdminError> {
+        jobs::change(self, actor, id, change).await
+    }
+
+    /// Cancels the waiting jobs of a queue or kind, in one workspace or in all (audited as `drain`).
+    pub async fn drain(&self, actor: &Actor, filter: &DrainFilter) -> Result<DrainOutcome, AdminError> {
+        queue_ops::drain(self, actor, filter).await
+    }
+
+    /// Deletes a workspace's ended jobs by age or beyond the newest N (audited as `clean`); returns how many.
+    pub async fn clean(&self, actor: &Actor, filter: &CleanFilter) -> Result<u64, AdminError> {
+        queue_ops::clean(self, actor, filter).await
     }
 
     /// Operations matching `filter`, newest first.

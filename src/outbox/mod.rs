@@ -4,12 +4,14 @@
 
 pub(crate) mod control;
 mod enqueue;
+mod queue_ops;
 pub(crate) mod reconcile;
 pub(crate) mod transitions;
 
 use crate::db::WorkspaceTx;
 use crate::ids::WorkspaceId;
 pub use enqueue::{EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enqueue_tx};
+pub use queue_ops::{ChangeError, CleanJobs, JobChange, JobScope, change_job, clean_jobs, drain_jobs};
 
 /// The channel the dispatcher `LISTEN`s on; a commit that wrote events notifies it when no dispatcher is awake
 /// (`conveyor_wake_dispatchers`, migration 0039). The payload is the workspace, followed by `@<ms since the epoch>`

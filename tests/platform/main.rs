@@ -9,6 +9,7 @@ mod kit;
 mod console;
 mod gate;
 mod metrics;
+mod queue_ops;
 mod single_role;
 mod testing;
 mod trace_context;

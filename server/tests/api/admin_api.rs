@@ -199,6 +199,9 @@ fn every_endpoint() -> Vec<(Method, String, Option<Value>)> {
         (Method::GET, format!("/jobs/{id}"), None),
         (Method::POST, format!("/jobs/{id}/cancel"), None),
         (Method::POST, format!("/jobs/{id}/retry"), None),
+        (Method::POST, format!("/jobs/{id}/change"), Some(json!({ "run_now": true }))),
+        (Method::POST, "/queues/nothing-here/drain".into(), Some(json!({ "workspace": ws }))),
+        (Method::POST, "/queues/nothing-here/clean".into(), Some(json!({ "status": "succeeded", "workspace": ws }))),
         (Method::GET, "/operations".into(), None),
         (Method::GET, "/dead-letters".into(), None),
         (Method::POST, format!("/dead-letters/{id}/replay"), None),
@@ -771,6 +774,87 @@ async fn cancel_and_retry_change_a_job_as_far_as_its_state_allows() {
 }
 
 #[tokio::test]
+async fn a_waiting_job_is_changed_a_queue_drained_and_cleaned_through_the_api_with_refusals_and_audit() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let other_ws = WorkspaceId(Uuid::new_v4());
+    let delayed = enqueue(&app, ws, "ok", EnqueueOptions::new().delay(Duration::from_secs(3600))).await;
+
+    // A change: priority and payload of a delayed job, then due now.
+    let body = json!({ "priority": "high", "payload": { "mode": "changed" } });
+    let changed = op(&app, Method::POST, &format!("/jobs/{delayed}/change"), Some(body)).await.expect(StatusCode::OK);
+    assert_eq!(changed, json!({ "id": delayed.0, "outcome": "changed" }));
+    let detail = op(&app, Method::GET, &format!("/jobs/{delayed}"), None).await.expect(StatusCode::OK);
+    assert_eq!((detail["priority"].clone(), detail["payload"].clone()), (json!(0), json!({ "mode": "changed" })));
+    assert_eq!(detail["status"], "scheduled");
+    // Bad bodies: two due times, nothing known, no body at all; an unknown job.
+    for bad in [json!({ "run_now": true, "delay_ms": 5 }), json!({ "colour": "red" }), json!({})] {
+        let path = format!("/jobs/{delayed}/change");
+        op(&app, Method::POST, &path, Some(bad.clone())).await.problem(StatusCode::BAD_REQUEST);
+    }
+    let unknown = Uuid::now_v7();
+    let path = format!("/jobs/{unknown}/change");
+    op(&app, Method::POST, &path, Some(json!({ "run_now": true }))).await.problem(StatusCode::NOT_FOUND);
+
+    // Handed to a worker and run: a change is refused with 409, and nothing changed.
+    let platform = Platform::start(&app, &Arc::new(AtomicBool::new(true))).await;
+    let path = format!("/jobs/{delayed}/change");
+    op(&app, Method::POST, &path, Some(json!({ "run_now": true }))).await.expect(StatusCode::OK);
+    let ran = ended(&app, ws, delayed).await;
+    assert_eq!((ran.status, ran.result), (JobStatus::Succeeded, Some(json!({ "done": "changed" }))));
+    let refused = op(&app, Method::POST, &path, Some(json!({ "priority": "low" }))).await;
+    assert_eq!(refused.problem(StatusCode::CONFLICT)["code"], "JOB_NOT_WAITING");
+    platform.stop().await;
+
+    // A drain: one workspace, or all said explicitly; never neither, never both.
+    let waiting: Vec<JobId> = [
+        enqueue(&app, ws, "ok", EnqueueOptions::new().delay(Duration::from_secs(3600))).await,
+        enqueue(&app, ws, "ok", EnqueueOptions::new().delay(Duration::from_secs(3600))).await,
+        enqueue(&app, other_ws, "ok", EnqueueOptions::new().delay(Duration::from_secs(3600))).await,
+    ]
+    .into();
+    op(&app, Method::POST, "/queues/chores/drain", Some(json!({}))).await.problem(StatusCode::BAD_REQUEST);
+    let both = json!({ "workspace": ws.0, "all": true });
+    op(&app, Method::POST, "/queues/chores/drain", Some(both)).await.problem(StatusCode::BAD_REQUEST);
+    let one = json!({ "workspace": other_ws.0 });
+    let drained = op(&app, Method::POST, "/queues/chores/drain", Some(one)).await.expect(StatusCode::OK);
+    assert_eq!(drained, json!({ "workspaces": 1, "canceled": 1 }));
+    assert_eq!(
+        conveyor_jobs::get_job(&app.db.pool, ws, waiting[0]).await.unwrap().unwrap().status,
+        JobStatus::Scheduled
+    );
+    let all = op(&app, Method::POST, "/queues/chores/drain", Some(json!({ "all": true }))).await.expect(StatusCode::OK);
+    assert_eq!(all, json!({ "workspaces": 1, "canceled": 2 }));
+    for (job, in_ws) in waiting.iter().zip([ws, ws, other_ws]) {
+        assert_eq!(
+            conveyor_jobs::get_job(&app.db.pool, in_ws, *job).await.unwrap().unwrap().status,
+            JobStatus::Canceled
+        );
+    }
+
+    // A clean of the canceled ones, keeping the newest; a status that is not an end is refused.
+    let clean = json!({ "status": "canceled", "workspace": ws.0, "keep_last": 1 });
+    let cleaned = op(&app, Method::POST, "/queues/chores/clean", Some(clean)).await.expect(StatusCode::OK);
+    assert_eq!(cleaned, json!({ "deleted": 1 }));
+    let mut left = 0;
+    for job in &waiting[..2] {
+        left += usize::from(conveyor_jobs::get_job(&app.db.pool, ws, *job).await.unwrap().is_some());
+    }
+    assert_eq!(left, 1, "the newest canceled job stays");
+    let not_an_end = json!({ "status": "queued", "workspace": ws.0 });
+    op(&app, Method::POST, "/queues/chores/clean", Some(not_an_end)).await.problem(StatusCode::BAD_REQUEST);
+
+    // Each change is on the audit trail with what it set.
+    let trail = op(&app, Method::GET, "/audit?limit=100", None).await.expect(StatusCode::OK);
+    let entries = trail["items"].as_array().cloned().unwrap_or_else(|| trail.as_array().cloned().unwrap());
+    let done = |action: &str| {
+        entries.iter().filter(|e| e["action"] == action && e["arguments"]["outcome"] != "pending").count()
+    };
+    assert!(entries.iter().any(|e| e["action"] == "change_job" && e["arguments"]["priority"] == "high"));
+    assert!(done("change_job") >= 2 && done("drain") >= 2 && done("clean") >= 1, "{entries:?}");
+}
+
+#[tokio::test]
 async fn bad_query_values_are_400s_naming_the_parameter() {
     let app = TestApp::spawn().await;
     for (path, parameter) in [
@@ -889,8 +973,13 @@ async fn migrate_refuses_an_operator_role_that_would_bypass_the_wall_or_is_the_a
 
 /// Runs `conveyor dlq <args>` against the app's database; its stdout, or its stderr on failure.
 fn dlq(app: &TestApp, args: &[&str]) -> Result<String, String> {
+    cli(app, "dlq", args)
+}
+
+/// Runs `conveyor <group> <args>` as the user `tester` with the app's configuration: its stdout, or its stderr.
+fn cli(app: &TestApp, group: &str, args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new(common::conveyor_bin())
-        .arg("dlq")
+        .arg(group)
         .args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -903,6 +992,40 @@ fn dlq(app: &TestApp, args: &[&str]) -> Result<String, String> {
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
+}
+
+#[tokio::test]
+async fn the_jobs_commands_change_drain_and_clean_with_clear_refusals() {
+    let app = TestApp::spawn().await;
+    let (a, b) = (principal().workspace_id, principal().workspace_id);
+    let later = || EnqueueOptions::new().delay(Duration::from_secs(3600));
+    let job = enqueue(&app, a, "ok", later()).await;
+    let id = job.0.to_string();
+
+    let changed = cli(&app, "jobs", &["change", &id, "--priority", "low", "--payload", r#"{"mode":"new"}"#]).unwrap();
+    assert_eq!(changed.trim(), format!("changed {id}"));
+    let shown: Value = serde_json::from_str(&cli(&app, "jobs", &["show", &id]).unwrap()).unwrap();
+    assert_eq!((shown["priority"].clone(), shown["payload"].clone()), (json!(2), json!({ "mode": "new" })));
+    // Bad input is refused before anything runs: a priority that is none, two due times, JSON that is not.
+    for bad in [&["--priority", "urgent"][..], &["--run-now", "--delay", "1m"], &["--payload", "{not json"]] {
+        let args: Vec<&str> = ["change", id.as_str()].into_iter().chain(bad.iter().copied()).collect();
+        assert!(cli(&app, "jobs", &args).is_err(), "{bad:?} was taken");
+    }
+    // A drain names a workspace or --all, and a queue or a kind.
+    assert!(cli(&app, "jobs", &["drain", "--queue", "chores"]).unwrap_err().contains("--workspace"));
+    assert!(cli(&app, "jobs", &["drain", "--all"]).is_err());
+    enqueue(&app, b, "ok", later()).await;
+    let drained: Value =
+        serde_json::from_str(&cli(&app, "jobs", &["drain", "--queue", "chores", "--all"]).unwrap()).unwrap();
+    assert_eq!(drained, json!({ "workspaces": 2, "canceled": 2 }));
+    // The drained job can no longer be changed.
+    let refused = cli(&app, "jobs", &["change", &id, "--run-now"]).unwrap_err();
+    assert!(refused.contains("cannot be changed"), "{refused}");
+    let cleaned = cli(&app, "jobs", &["clean", "--status", "canceled", "--workspace", &a.0.to_string()]).unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&cleaned).unwrap(), json!({ "deleted": 1 }));
+    assert!(conveyor_jobs::get_job(&app.db.pool, a, job).await.unwrap().is_none());
+    let not_an_end = cli(&app, "jobs", &["clean", "--status", "queued", "--workspace", &a.0.to_string()]).unwrap_err();
+    assert!(not_an_end.contains("ended jobs"), "{not_an_end}");
 }
 
 #[tokio::test]
@@ -1158,6 +1281,9 @@ const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("GET", "/jobs/00000000-0000-0000-0000-000000000001"),
     ("POST", "/jobs/00000000-0000-0000-0000-000000000001/cancel"),
     ("POST", "/jobs/00000000-0000-0000-0000-000000000001/retry"),
+    ("POST", "/jobs/00000000-0000-0000-0000-000000000001/change"),
+    ("POST", "/queues/q/drain"),
+    ("POST", "/queues/q/clean"),
     ("GET", "/operations"),
     ("GET", "/dead-letters"),
     ("POST", "/dead-letters/replay"),

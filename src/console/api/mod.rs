@@ -4,6 +4,9 @@
 //! GET    /queues, /queues/{name}                       counts by state, lag, throughput, oldest age, paused
 //! GET    /jobs?queue&kind&status&workspace&since&until&before&limit, /jobs/{id}
 //! POST   /jobs/{id}/cancel, /jobs/{id}/retry
+//! POST   /jobs/{id}/change   body: priority, run_at | delay_ms | run_now, payload (a waiting job's; 409 once handed out)
+//! POST   /queues/{name}/drain   body: kind, workspace | "all": true        cancels the queue's waiting jobs
+//! POST   /queues/{name}/clean   body: status, workspace, kind, older_than_seconds, keep_last   deletes ended jobs
 //! GET    /operations?kind&status&workspace&since&until&before&limit
 //! GET    /dead-letters?queue&kind&workspace&since&until&before&limit
 //! POST   /dead-letters/{id}/replay      DELETE /dead-letters/{id}
@@ -55,10 +58,13 @@ pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Route
     Router::new()
         .route("/queues", get(queues))
         .route("/queues/{name}", get(queue))
+        .route("/queues/{name}/drain", post(drain))
+        .route("/queues/{name}/clean", post(clean))
         .route("/jobs", get(jobs))
         .route("/jobs/{id}", get(job))
         .route("/jobs/{id}/cancel", post(cancel_job))
         .route("/jobs/{id}/retry", post(retry_job))
+        .route("/jobs/{id}/change", post(change_job))
         .route("/operations", get(operations))
         .route("/dead-letters", get(dead_letters))
         .route("/dead-letters/replay", post(replay_dead_letters))
@@ -169,7 +175,11 @@ fn job_action(id: Uuid, action: JobAction, done: &'static str, refused: &'static
         JobAction::Done => ok(json!({ "id": id, "outcome": done })),
         JobAction::NotFound => Err(ApiError::NotFound("job")),
         JobAction::NotAllowed => Err(ApiError::Conflict {
-            code: if done == "canceled" { "JOB_FINISHED" } else { "JOB_NOT_RETRYABLE" },
+            code: match done {
+                "canceled" => "JOB_FINISHED",
+                "changed" => "JOB_NOT_WAITING",
+                _ => "JOB_NOT_RETRYABLE",
+            },
             detail: format!("job {id} {refused}"),
             named: None,
         }),
@@ -198,6 +208,80 @@ async fn retry_job(op: Operating, Path(raw): Path<String>) -> Answer {
     let id = id(&raw, "id")?;
     let action = op.admin.retry_job(&op.actor, JobId(id)).await?;
     job_action(id, action, "retried", "is neither failed, delayed nor waiting for a retry")
+}
+
+/// A change of a waiting job: at least one field; at most one of `run_at`, `delay_ms` and `run_now`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChangeBody {
+    priority: Option<crate::Priority>,
+    run_at: Option<DateTime<Utc>>,
+    delay_ms: Option<u64>,
+    #[serde(default)]
+    run_now: bool,
+    payload: Option<Value>,
+}
+
+async fn change_job(op: Operating, Path(raw): Path<String>, bytes: Bytes) -> Answer {
+    let id = id(&raw, "id")?;
+    let body: ChangeBody = body(&bytes)?;
+    let mut change = crate::JobChange::new();
+    match (body.run_at, body.delay_ms, body.run_now) {
+        (None, None, false) => {}
+        (Some(at), None, false) => change = change.run_at(at),
+        (None, Some(ms), false) => change = change.delay(std::time::Duration::from_millis(ms)),
+        (None, None, true) => change = change.run_now(),
+        _ => return Err(ApiError::BadBody("sets at most one of run_at, delay_ms and run_now".into())),
+    }
+    if let Some(priority) = body.priority {
+        change = change.priority(priority);
+    }
+    if let Some(payload) = body.payload {
+        change = change.json_payload(payload);
+    }
+    let action = op.admin.change_job(&op.actor, JobId(id), &change).await?;
+    job_action(id, action, "changed", "no longer waits: it was handed to a worker or it ended")
+}
+
+/// A drain of a queue: of one kind too when set; in one workspace, or in every one with `"all": true`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainBody {
+    kind: Option<String>,
+    workspace: Option<Uuid>,
+    #[serde(default)]
+    all: bool,
+}
+
+async fn drain(op: Operating, Path(queue): Path<String>, bytes: Bytes) -> Answer {
+    let body: DrainBody = body(&bytes)?;
+    let filter = crate::DrainFilter { queue: Some(queue), kind: body.kind, workspace: body.workspace, all: body.all };
+    ok(op.admin.drain(&op.actor, &filter).await?)
+}
+
+/// A clean of one workspace's ended jobs of a queue.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CleanBody {
+    status: crate::JobStatus,
+    workspace: Uuid,
+    kind: Option<String>,
+    older_than_seconds: Option<u64>,
+    keep_last: Option<u32>,
+}
+
+async fn clean(op: Operating, Path(queue): Path<String>, bytes: Bytes) -> Answer {
+    let body: CleanBody = body(&bytes)?;
+    let filter = crate::CleanFilter {
+        status: body.status,
+        workspace: body.workspace,
+        queue: Some(queue),
+        kind: body.kind,
+        older_than_seconds: body.older_than_seconds,
+        keep_last: body.keep_last,
+    };
+    let deleted = op.admin.clean(&op.actor, &filter).await?;
+    ok(json!({ "deleted": deleted }))
 }
 
 async fn operations(op: Operating, query: RawQuery) -> Answer {

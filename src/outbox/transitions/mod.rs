@@ -12,6 +12,7 @@
 //!   of it still in a stream finds the job ended rather than missing (a missing job reads as purged, and would run).
 
 pub(crate) mod relay;
+pub(crate) mod waiting;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

@@ -1,0 +1,300 @@
+//! Queue operations on a workspace's jobs, the ones BullMQ's `Queue` and `Job` offer: change a job that waits
+//! ([`change_job`]: its priority, due time or payload: `changePriority`, `changeDelay`, `promote`, `updateData`),
+//! cancel every waiting job of a queue or kind ([`drain_jobs`]: `drain`), delete ended jobs by age or beyond the newest
+//! N ([`clean_jobs`]: `clean`). Each runs under row-level security in the workspace it is given.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use super::control::JobStatus;
+use super::transitions::waiting::{self, Change, ChangeOutcome, Due};
+use crate::db;
+use crate::ids::{JobId, WorkspaceId};
+use crate::kind::{JobKind, Priority};
+
+/// A change of a job that waits for the relay (delayed, due, or waiting out a retry's back-off); what is not set is
+/// kept. Once the relay has taken the job (it is being handed to a worker, runs, or ended), a change is refused: a
+/// worker may already hold what it had.
+#[derive(Clone, Debug, Default)]
+pub struct JobChange {
+    priority: Option<Priority>,
+    due: Option<Due>,
+    payload: Option<(Option<&'static str>, Result<serde_json::Value, String>)>,
+}
+
+impl JobChange {
+    /// Changes nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Its priority (BullMQ's `changePriority`).
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// Due now, by PostgreSQL's clock (BullMQ's `promote`). A pause or a block of its key still holds it.
+    pub fn run_now(mut self) -> Self {
+        self.due = Some(Due::Now);
+        self
+    }
+
+    /// Due at `at`.
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.due = Some(Due::At(at));
+        self
+    }
+
+    /// Due `delay` from now, by PostgreSQL's clock (BullMQ's `changeDelay`).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.due = Some(Due::After(delay));
+        self
+    }
+
+    /// Its payload, which must be of the job's kind (BullMQ's `updateData`). Ids only, as at enqueue.
+    pub fn payload<K: JobKind>(mut self, payload: &K) -> Self {
+        self.payload = Some((Some(K::KIND), serde_json::to_value(payload).map_err(|e| e.to_string())));
+        self
+    }
+
+    /// Its payload, already in JSON, for the job's kind whatever it is (an operator's change: the admin API's).
+    pub fn json_payload(mut self, payload: serde_json::Value) -> Self {
+        self.payload = Some((None, Ok(payload)));
+        self
+    }
+
+    /// What it sets, for the audit trail.
+    pub(crate) fn describe(&self) -> serde_json::Value {
+        let mut set = serde_json::Map::new();
+        if let Some(priority) = self.priority {
+            set.insert("priority".into(), serde_json::json!(priority));
+        }
+        match self.due {
+            Some(Due::Now) => {
+                set.insert("run_now".into(), true.into());
+            }
+            Some(Due::At(at)) => {
+                set.insert("run_at".into(), serde_json::json!(at));
+            }
+            Some(Due::After(delay)) => {
+                set.insert("delay_ms".into(), serde_json::json!(delay.as_millis() as u64));
+            }
+            None => {}
+        }
+        if let Some((_, payload)) = &self.payload {
+            set.insert("payload".into(), payload.clone().unwrap_or_else(|e| serde_json::json!({ "invalid": e })));
+        }
+        serde_json::Value::Object(set)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.priority.is_none() && self.due.is_none() && self.payload.is_none()
+    }
+}
+
+/// Why a change of a job was refused; nothing changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChangeError {
+    /// No such job in the workspace.
+    #[error("no such job")]
+    NotFound,
+    /// The relay has taken it, or it ended: it no longer waits.
+    #[error("the job no longer waits ({0:?}): a worker may already hold it")]
+    NotWaiting(JobStatus),
+    /// The new payload is of another kind than the job.
+    #[error("the job is of kind {job}, the new payload of kind {payload}")]
+    OtherKind {
+        /// The job's kind.
+        job: String,
+        /// The payload's kind.
+        payload: String,
+    },
+    /// The change sets nothing, or its payload does not serialize.
+    #[error("invalid change: {0}")]
+    Invalid(String),
+    /// PostgreSQL failed.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// The status a user sees of a job that no longer waits, from its row's status.
+fn ended_or_taken(status: &str) -> JobStatus {
+    match status {
+        "completed" => JobStatus::Succeeded,
+        "canceled" => JobStatus::Canceled,
+        "dead_letter" => JobStatus::Failed,
+        _ => JobStatus::Active,
+    }
+}
+
+/// Changes the waiting job `id` of `workspace` in a transaction of its own, and wakes the dispatchers for it at
+/// commit. Returns when it is due now. Changing a job that the relay is claiming at this instant waits for the
+/// claim's transaction, then finds the job taken ([`ChangeError::NotWaiting`]); a job this change holds is skipped
+/// by the claim until the change commits.
+pub async fn change_job(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    id: JobId,
+    change: &JobChange,
+) -> Result<DateTime<Utc>, ChangeError> {
+    if change.is_empty() {
+        return Err(ChangeError::Invalid("it changes nothing: set a priority, a due time or a payload".into()));
+    }
+    let payload = match &change.payload {
+        Some((kind, Ok(payload))) => Some((*kind, payload)),
+        Some((_, Err(e))) => return Err(ChangeError::Invalid(format!("the payload does not serialize: {e}"))),
+        None => None,
+    };
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let change = Change { priority: change.priority.map(Priority::level), due: change.due, payload };
+    let changed = waiting::change_tx(&mut tx, workspace, id.0, &change).await?;
+    match changed {
+        ChangeOutcome::Done(due) => {
+            tx.commit().await?;
+            Ok(due)
+        }
+        ChangeOutcome::NotFound => Err(ChangeError::NotFound),
+        ChangeOutcome::NotWaiting(status) => Err(ChangeError::NotWaiting(ended_or_taken(&status))),
+        ChangeOutcome::OtherKind(job) => Err(ChangeError::OtherKind {
+            job,
+            payload: change.payload.and_then(|(kind, _)| kind).unwrap_or_default().to_owned(),
+        }),
+    }
+}
+
+/// Which jobs of a workspace a drain or a clean takes: of one queue, of one kind, of both, or of every queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobScope {
+    queue: Option<String>,
+    kind: Option<String>,
+}
+
+impl JobScope {
+    /// The jobs of the queue `name`.
+    pub fn queue(name: impl Into<String>) -> Self {
+        Self { queue: Some(name.into()), kind: None }
+    }
+
+    /// The jobs of kind `K`.
+    pub fn kind<K: JobKind>() -> Self {
+        Self::kind_named(K::KIND)
+    }
+
+    /// The jobs of the kind named `kind` (for tools that know kinds by name).
+    pub fn kind_named(kind: impl Into<String>) -> Self {
+        Self { queue: None, kind: Some(kind.into()) }
+    }
+
+    /// Only those of kind `kind` too.
+    pub fn and_kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = Some(kind.into());
+        self
+    }
+
+    /// Every job of the workspace, whatever its queue or kind: said explicitly.
+    pub fn every_queue() -> Self {
+        Self { queue: None, kind: None }
+    }
+
+    /// The queue it names, if any.
+    pub fn queue_name(&self) -> Option<&str> {
+        self.queue.as_deref()
+    }
+
+    /// The kind it names, if any.
+    pub fn kind_name(&self) -> Option<&str> {
+        self.kind.as_deref()
+    }
+}
+
+/// The most jobs one transaction of a drain or a clean takes: a large drain commits in steps, and each step's locks
+/// are short.
+const STEP: i64 = 1000;
+
+/// Cancels every job of `workspace` in `scope` that waits for the relay (delayed, due, or waiting out a retry's
+/// back-off), as [`crate::cancel_job`] would each (a job of a live operation is canceled with its operation and
+/// that operation's other live jobs); BullMQ's `drain`, delayed jobs included. Jobs already handed to workers run
+/// on. Commits in steps of a thousand jobs; returns how many waiting jobs it canceled. A job enqueued meanwhile may
+/// be canceled or not.
+pub async fn drain_jobs(pool: &PgPool, workspace: WorkspaceId, scope: &JobScope) -> Result<u64, sqlx::Error> {
+    let mut drained = 0;
+    loop {
+        let mut tx = db::begin_workspace(pool, workspace).await?;
+        let step = waiting::drain_tx(&mut tx, workspace, scope.queue_name(), scope.kind_name(), STEP).await?;
+        tx.commit().await?;
+        drained += step;
+        if step < STEP as u64 {
+            return Ok(drained);
+        }
+    }
+}
+
+/// Which ended jobs [`clean_jobs`] deletes: of one end (succeeded, failed or canceled) in a scope, optionally only
+/// those ended at least some time ago, or all but the newest N (both: those that pass both).
+#[derive(Clone, Debug)]
+pub struct CleanJobs {
+    status: &'static str,
+    scope: JobScope,
+    older_than: Option<Duration>,
+    keep_last: Option<u32>,
+}
+
+impl CleanJobs {
+    /// Jobs that ended with `status`: [`JobStatus::Succeeded`], [`JobStatus::Failed`] or [`JobStatus::Canceled`]
+    /// (`None` for a status that is not an end).
+    pub fn ended(status: JobStatus) -> Option<Self> {
+        let status = match status {
+            JobStatus::Succeeded => "completed",
+            JobStatus::Failed => "dead_letter",
+            JobStatus::Canceled => "canceled",
+            _ => return None,
+        };
+        Some(Self { status, scope: JobScope::every_queue(), older_than: None, keep_last: None })
+    }
+
+    /// Only those in `scope` (default: every queue).
+    pub fn scope(mut self, scope: JobScope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Only those that ended at least `age` ago (BullMQ's grace period).
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// All but the newest `n` (by end time); 0 keeps none.
+    pub fn keep_last(mut self, n: u32) -> Self {
+        self.keep_last = Some(n);
+        self
+    }
+}
+
+/// Deletes the ended jobs of `workspace` that `clean` matches, oldest end first, and returns how many (BullMQ's
+/// `clean`). Succeeded and canceled jobs are deleted with their recorded failures; failed ones (dead letters) are
+/// discarded, as an operator's discard does: a tombstone stays until retention, so that a delivery still in a stream
+/// is skipped, and the job can no longer be replayed. Commits in steps of a thousand jobs.
+pub async fn clean_jobs(pool: &PgPool, workspace: WorkspaceId, clean: &CleanJobs) -> Result<u64, sqlx::Error> {
+    let spec = waiting::Clean {
+        status: clean.status,
+        queue: clean.scope.queue_name(),
+        kind: clean.scope.kind_name(),
+        older_than: clean.older_than,
+        keep_last: clean.keep_last.filter(|n| *n > 0).map(i64::from),
+    };
+    let mut cleaned = 0;
+    loop {
+        let mut tx = db::begin_workspace(pool, workspace).await?;
+        let step = waiting::clean_tx(&mut tx, &spec, STEP).await?;
+        tx.commit().await?;
+        cleaned += step;
+        if step < STEP as u64 {
+            return Ok(cleaned);
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! Queue operations, as a team leaving BullMQ calls them: a waiting job's priority, due time and payload changed (and
+//! refused once the relay took it), a queue drained, ended jobs cleaned by age and beyond the newest N. Each against
+//! the application role under row-level security, relayed and run for real.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conveyor_jobs::{
+    ChangeError, CleanJobs, Dispatcher, EnqueueOptions, Handler, JobChange, JobContext, JobError, JobId, JobKind,
+    JobScope, JobStatus, Priority, Worker, WorkspaceId,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::kit::Platform;
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+struct Label {
+    text: String,
+}
+
+impl JobKind for Label {
+    const KIND: &'static str = "test.label";
+    const QUEUE: &'static str = "test-labels";
+}
+
+#[derive(Serialize, Deserialize)]
+struct Other {
+    n: u32,
+}
+
+impl JobKind for Other {
+    const KIND: &'static str = "test.other";
+    const QUEUE: &'static str = "test-others";
+}
+
+/// Records each run's payload, in the order they ran; fails the label `fail` for good.
+#[derive(Clone, Default)]
+struct Labels(Arc<Mutex<Vec<String>>>);
+
+impl Handler<Label> for Labels {
+    async fn handle(&self, job: Label, _: &mut JobContext) -> Result<Value, JobError> {
+        self.0.lock().unwrap().push(job.text.clone());
+        if job.text == "fail" {
+            return Err(JobError::permanent("asked to fail"));
+        }
+        Ok(Value::Null)
+    }
+}
+
+struct Others;
+
+impl Handler<Other> for Others {
+    async fn handle(&self, _: Other, _: &mut JobContext) -> Result<Value, JobError> {
+        Ok(Value::Null)
+    }
+}
+
+async fn parts(platform: &Platform, labels: &Labels) -> (Dispatcher, Worker) {
+    let dispatcher = platform.dispatcher(|_| {}).await;
+    let worker = Worker::builder(platform.pool.clone(), platform.consumer("queue-ops").await)
+        .runtime_pool(platform.runtime_pool.clone())
+        .handle::<Label>(labels.clone())
+        .handle::<Other>(Others)
+        .build()
+        .unwrap();
+    worker.ensure_groups().await.unwrap();
+    (dispatcher, worker)
+}
+
+fn label(text: &str) -> Label {
+    Label { text: text.into() }
+}
+
+async fn enqueue(platform: &Platform, ws: WorkspaceId, text: &str, options: EnqueueOptions) -> JobId {
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let id = conveyor_jobs::enqueue_tx(&mut tx, &label(text), options).await.unwrap().id;
+    tx.commit().await.unwrap();
+    id
+}
+
+async fn status(platform: &Platform, ws: WorkspaceId, id: JobId) -> Option<JobStatus> {
+    conveyor_jobs::get_job(&platform.pool, ws, id).await.unwrap().map(|j| j.status)
+}
+
+#[tokio::test]
+async fn a_waiting_jobs_priority_due_time_and_payload_change_and_the_run_gets_what_it_has_then() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+
+    // Two due jobs in enqueue order; the second is raised to high: it is handed out, and runs, first.
+    let first = enqueue(&platform, ws, "first", EnqueueOptions::new()).await;
+    let second = enqueue(&platform, ws, "second", EnqueueOptions::new()).await;
+    conveyor_jobs::change_job(&platform.pool, ws, second, &JobChange::new().priority(Priority::High)).await.unwrap();
+    assert_eq!(conveyor_jobs::get_job(&platform.pool, ws, second).await.unwrap().unwrap().priority, Priority::High);
+    // A job delayed by an hour, its payload replaced and made due now (BullMQ's updateData and promote).
+    let delayed = enqueue(&platform, ws, "old", EnqueueOptions::new().delay(Duration::from_secs(3600))).await;
+    assert_eq!(status(&platform, ws, delayed).await, Some(JobStatus::Scheduled));
+    conveyor_jobs::change_job(&platform.pool, ws, delayed, &JobChange::new().payload(&label("new")).run_now())
+        .await
+        .unwrap();
+    // A due job pushed an hour out (changeDelay) does not run.
+    let pushed = enqueue(&platform, ws, "pushed", EnqueueOptions::new()).await;
+    let due = conveyor_jobs::change_job(&platform.pool, ws, pushed, &JobChange::new().delay(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    assert!(due > chrono::Utc::now() + chrono::Duration::minutes(59), "due at {due}");
+
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    let ran = labels.0.lock().unwrap().clone();
+    assert_eq!(ran.len(), 3, "{ran:?}");
+    let at = |text: &str| ran.iter().position(|r| r == text).unwrap_or_else(|| panic!("{text} did not run: {ran:?}"));
+    assert!(at("second") < at("first"), "the raised job ran first: {ran:?}");
+    assert!(!ran.contains(&"old".to_owned()), "the replaced payload never ran: {ran:?}");
+    assert_eq!(status(&platform, ws, first).await, Some(JobStatus::Succeeded));
+    assert_eq!(status(&platform, ws, delayed).await, Some(JobStatus::Succeeded));
+    assert_eq!(status(&platform, ws, pushed).await, Some(JobStatus::Scheduled));
+}
+
+#[tokio::test]
+async fn a_change_is_refused_once_the_relay_took_the_job_and_for_a_wrong_kind_another_workspace_or_nothing() {
+    let platform = Platform::new(8).await;
+    let (ws, other_ws) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    let job = enqueue(&platform, ws, "a", EnqueueOptions::new().delay(Duration::from_secs(3600))).await;
+    let change = |c: JobChange| {
+        let pool = platform.pool.clone();
+        async move { conveyor_jobs::change_job(&pool, ws, job, &c).await }
+    };
+
+    assert!(matches!(change(JobChange::new()).await, Err(ChangeError::Invalid(_))));
+    let wrong = change(JobChange::new().payload(&Other { n: 1 })).await;
+    assert!(
+        matches!(&wrong, Err(ChangeError::OtherKind { job, payload }) if job == "test.label" && payload == "test.other"),
+        "{wrong:?}"
+    );
+    // Row-level security: another workspace does not see the job.
+    let unseen = conveyor_jobs::change_job(&platform.pool, other_ws, job, &JobChange::new().run_now()).await;
+    assert!(matches!(unseen, Err(ChangeError::NotFound)), "{unseen:?}");
+    let none = conveyor_jobs::change_job(&platform.pool, ws, JobId(Uuid::new_v4()), &JobChange::new().run_now()).await;
+    assert!(matches!(none, Err(ChangeError::NotFound)), "{none:?}");
+    // Nothing changed by the refusals: still delayed, still "a".
+    assert_eq!(status(&platform, ws, job).await, Some(JobStatus::Scheduled));
+
+    // Relayed: handed to the workers, so no longer changed.
+    change(JobChange::new().run_now()).await.unwrap();
+    dispatcher.dispatch_once().await.unwrap();
+    let taken = change(JobChange::new().payload(&label("b"))).await;
+    assert!(matches!(taken, Err(ChangeError::NotWaiting(JobStatus::Active))), "{taken:?}");
+    while worker.process_one().await.unwrap().is_some() {}
+    assert_eq!(*labels.0.lock().unwrap(), ["a"]);
+    let ended = change(JobChange::new().priority(Priority::Low)).await;
+    assert!(matches!(ended, Err(ChangeError::NotWaiting(JobStatus::Succeeded))), "{ended:?}");
+}
+
+#[tokio::test]
+async fn a_change_racing_the_relays_claim_either_lands_before_the_hand_off_or_is_refused() {
+    let platform = Platform::new(16).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    let dispatcher = Arc::new(dispatcher);
+    let mut outcomes = (0, 0);
+    for round in 0..16 {
+        let job = enqueue(&platform, ws, &format!("old-{round}"), EnqueueOptions::new()).await;
+        let relay = {
+            let dispatcher = dispatcher.clone();
+            tokio::spawn(async move { dispatcher.dispatch_once().await.unwrap() })
+        };
+        let new = format!("new-{round}");
+        let changed = conveyor_jobs::change_job(&platform.pool, ws, job, &JobChange::new().payload(&label(&new))).await;
+        relay.await.unwrap();
+        conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+        let ran = labels.0.lock().unwrap().pop().expect("the job ran");
+        match changed {
+            Ok(_) => {
+                assert_eq!(ran, new, "round {round}: the change landed, so the run has its payload");
+                outcomes.0 += 1;
+            }
+            Err(ChangeError::NotWaiting(_)) => {
+                assert_eq!(ran, format!("old-{round}"), "round {round}: refused, so the run has the old payload");
+                outcomes.1 += 1;
+            }
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        assert!(labels.0.lock().unwrap().is_empty(), "round {round}: the job ran once");
+    }
+    eprintln!("changed before the hand-off: {}, refused: {}", outcomes.0, outcomes.1);
+}
+
+#[tokio::test]
+async fn a_drain_cancels_the_waiting_jobs_of_its_queue_with_their_operations_and_leaves_the_rest() {
+    let platform = Platform::new(8).await;
+    let (ws, other_ws) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    // One job of the queue handed to the workers before the drain: it runs on.
+    let active = enqueue(&platform, ws, "active", EnqueueOptions::new()).await;
+    dispatcher.dispatch_once().await.unwrap();
+    // Waiting jobs of the queue: due, delayed, and one of an operation.
+    let due = enqueue(&platform, ws, "due", EnqueueOptions::new()).await;
+    let delayed = enqueue(&platform, ws, "delayed", EnqueueOptions::new().delay(Duration::from_secs(3600))).await;
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let operation =
+        conveyor_jobs::create_operation_tx(&mut tx, ws, conveyor_jobs::UserId(Uuid::new_v4()), "test.op", None)
+            .await
+            .unwrap();
+    let of_operation = conveyor_jobs::enqueue_tx(&mut tx, &label("op"), EnqueueOptions::new().operation(operation.id))
+        .await
+        .unwrap()
+        .id;
+    // Another queue's job, and the same queue's job in another workspace: neither is drained.
+    let mut other_tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let other_queue =
+        conveyor_jobs::enqueue_tx(&mut other_tx, &Other { n: 1 }, EnqueueOptions::new()).await.unwrap().id;
+    other_tx.commit().await.unwrap();
+    tx.commit().await.unwrap();
+    let elsewhere = enqueue(&platform, other_ws, "elsewhere", EnqueueOptions::new()).await;
+
+    let drained = conveyor_jobs::drain_jobs(&platform.pool, ws, &JobScope::queue(Label::QUEUE)).await.unwrap();
+    assert_eq!(drained, 3);
+    for job in [due, delayed, of_operation] {
+        assert_eq!(status(&platform, ws, job).await, Some(JobStatus::Canceled));
+    }
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let op = conveyor_jobs::get_operation_tx(&mut tx, operation.id).await.unwrap().unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(op.status, "canceled");
+    assert_eq!(status(&platform, ws, other_queue).await, Some(JobStatus::Queued));
+    assert_eq!(status(&platform, other_ws, elsewhere).await, Some(JobStatus::Queued));
+    // The handed-out job runs to its end; the drained ones never run.
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    let ran = labels.0.lock().unwrap().clone();
+    assert!(ran.contains(&"active".to_owned()) && ran.contains(&"elsewhere".to_owned()), "{ran:?}");
+    assert!(!ran.iter().any(|r| ["due", "delayed", "op"].contains(&r.as_str())), "{ran:?}");
+    assert_eq!(status(&platform, ws, active).await, Some(JobStatus::Succeeded));
+    // Nothing waits in the queue any more: a second drain cancels nothing.
+    assert_eq!(conveyor_jobs::drain_jobs(&platform.pool, ws, &JobScope::queue(Label::QUEUE)).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_clean_deletes_ended_jobs_beyond_the_newest_n_or_by_age_and_discards_failed_ones() {
+    let platform = Platform::new(8).await;
+    let (ws, other_ws) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    let mut done = Vec::new();
+    for i in 0..5 {
+        // One at a time, so that their ends are ordered as they were enqueued.
+        done.push(enqueue(&platform, ws, &format!("ok-{i}"), EnqueueOptions::new()).await);
+        conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    }
+    let failed = enqueue(&platform, ws, "fail", EnqueueOptions::new()).await;
+    let elsewhere = enqueue(&platform, other_ws, "elsewhere", EnqueueOptions::new()).await;
+    let waiting = enqueue(&platform, ws, "waiting", EnqueueOptions::new().delay(Duration::from_secs(3600))).await;
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    assert_eq!(status(&platform, ws, failed).await, Some(JobStatus::Failed));
+
+    let succeeded = || CleanJobs::ended(JobStatus::Succeeded).unwrap();
+    // Ended an hour ago: none yet.
+    let none = conveyor_jobs::clean_jobs(&platform.pool, ws, &succeeded().older_than(Duration::from_secs(3600))).await;
+    assert_eq!(none.unwrap(), 0);
+    // All but the newest two: the three oldest go.
+    assert_eq!(conveyor_jobs::clean_jobs(&platform.pool, ws, &succeeded().keep_last(2)).await.unwrap(), 3);
+    for (i, job) in done.iter().enumerate() {
+        let expected = if i < 3 { None } else { Some(JobStatus::Succeeded) };
+        assert_eq!(status(&platform, ws, *job).await, expected, "job {i}");
+    }
+    // The failed job is discarded (gone to its owner), the other workspace's and the waiting job stay.
+    let failures = CleanJobs::ended(JobStatus::Failed).unwrap().scope(JobScope::queue(Label::QUEUE));
+    assert_eq!(conveyor_jobs::clean_jobs(&platform.pool, ws, &failures).await.unwrap(), 1);
+    assert_eq!(status(&platform, ws, failed).await, None);
+    assert_eq!(status(&platform, other_ws, elsewhere).await, Some(JobStatus::Succeeded));
+    assert_eq!(status(&platform, ws, waiting).await, Some(JobStatus::Scheduled));
+    // A status that is not an end is no clean.
+    assert!(CleanJobs::ended(JobStatus::Queued).is_none());
+}
