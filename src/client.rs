@@ -242,6 +242,11 @@ impl Conveyor {
         crate::cancel_job(&self.pool, self.workspace, id).await
     }
 
+    /// The log of the job `id`, oldest line first ([`crate::get_job_logs`]).
+    pub async fn job_logs(&self, id: JobId) -> Result<Vec<crate::LogLine>, sqlx::Error> {
+        crate::get_job_logs(&self.pool, self.workspace, id).await
+    }
+
     /// Changes the waiting job `id`: its priority, due time or payload ([`crate::change_job`]).
     pub async fn change_job(
         &self,

@@ -93,7 +93,8 @@ pub use limits::{
 };
 pub use migrate::migrate;
 pub use outbox::control::{
-    CancelError, JobEnds, JobInfo, JobStatus, WaitError, cancel_job, get_job, subscribe, wait_for_job,
+    CancelError, JobEnds, JobInfo, JobStatus, LogLine, WaitError, cancel_job, get_job, get_job_logs, subscribe,
+    wait_for_job,
 };
 pub use outbox::transitions::relay::Settled;
 pub use outbox::{

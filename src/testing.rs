@@ -52,6 +52,8 @@ pub struct Worked {
     pub outcome: Outcome,
     /// The progress it recorded ([`JobContext::progress`]), in order.
     pub progress: Vec<serde_json::Value>,
+    /// The lines it logged ([`JobContext::log`]), redacted, in order.
+    pub logs: Vec<String>,
     /// The test's transaction, with whatever the handler wrote in [`JobContext::tx`] when it succeeded (a failed run's
     /// writes are undone, as a worker's are).
     pub tx: WorkspaceTx,
@@ -116,7 +118,7 @@ pub async fn work_attempt<K: JobKind>(handler: &impl Handler<K>, mut tx: Workspa
         enqueued_at: Some(chrono::Utc::now()),
         cancel: CancellationToken::new(),
         tx: Some(tx),
-        backing: Backing::Test { progress: Default::default() },
+        backing: Backing::Test { progress: Default::default(), logs: Default::default() },
         ended: false,
         operation_ended: false,
         ended_canceled: false,
@@ -140,14 +142,15 @@ pub async fn work_attempt<K: JobKind>(handler: &impl Handler<K>, mut tx: Workspa
         Err(_) if attempt >= max_attempts => Outcome::DeadLettered,
         Err(_) => Outcome::Retried,
     };
-    let Backing::Test { progress } = cx.backing else { unreachable!("a test's context") };
+    let Backing::Test { progress, logs } = cx.backing else { unreachable!("a test's context") };
     let mut tx = cx.tx.expect("the test's transaction stays in the context");
     let end = if result.is_ok() { "RELEASE SAVEPOINT" } else { "ROLLBACK TO SAVEPOINT" };
     sqlx::query(sqlx::AssertSqlSafe(format!("{end} conveyor_testing_work")))
         .execute(&mut *tx)
         .await
         .expect("testing::work: the savepoint's end");
-    Worked { result, outcome, progress: progress.into_inner().expect("progress lock"), tx }
+    let (progress, logs) = (progress.into_inner().expect("progress lock"), logs.into_inner().expect("logs lock"));
+    Worked { result, outcome, progress, logs, tx }
 }
 
 /// The jobs of kind `K` that `tx` enqueued and that are still waiting (every pending job of its workspace of that

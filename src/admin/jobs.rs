@@ -105,6 +105,11 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
     let Some(row) = row else { return Ok(None) };
     let attempts: Vec<Attempt> = serde_json::from_value(row.failures)
         .map_err(|e| sqlx::Error::Decode(format!("a job's failures do not decode: {e}").into()))?;
+    let logs = sqlx::query_as("SELECT seq, attempt, at, line FROM conveyor.conveyor_admin_job_logs($1, $2)")
+        .bind(filters::actor(actor)?)
+        .bind(id.0)
+        .fetch_all(&admin.operator)
+        .await?;
     Ok(Some(JobDetail {
         job: row.summary.try_into()?,
         payload: row.payload,
@@ -115,6 +120,7 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
         result: row.result,
         dispatched_at: row.dispatched_at,
         attempts,
+        logs,
     }))
 }
 

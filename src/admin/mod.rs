@@ -196,6 +196,8 @@ pub struct JobDetail {
     pub dispatched_at: Option<DateTime<Utc>>,
     /// Its failed runs, oldest first.
     pub attempts: Vec<Attempt>,
+    /// Its log ([`crate::JobContext::log`]), oldest line first.
+    pub logs: Vec<crate::LogLine>,
 }
 
 /// Which operations a search answers.

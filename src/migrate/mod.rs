@@ -145,10 +145,11 @@ const TABLES: &[&str] = &[
     "job_schedule_runs",
     "job_failures",
     "dispatchers_awake",
+    "job_logs",
 ];
 
 /// Tables created after the move into `conveyor` (0038): a database of the old layout has none of them.
-const TABLES_SINCE_THE_MOVE: &[&str] = &["dispatchers_awake"];
+const TABLES_SINCE_THE_MOVE: &[&str] = &["dispatchers_awake", "job_logs"];
 
 /// The tables the runtime role works on (DML): the platform's own. A product's tables are never the runtime's: the
 /// dispatcher, maintenance and the worker's bookkeeping read and write jobs, operations, limits and schedules only (a

@@ -176,6 +176,31 @@ pub async fn get_job(pool: &PgPool, workspace: WorkspaceId, id: JobId) -> Result
     Ok(row.map(JobInfo::from))
 }
 
+/// A line of a job's log ([`crate::JobContext::log`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, sqlx::FromRow)]
+pub struct LogLine {
+    /// Its number in the job's log, from 1.
+    pub seq: i32,
+    /// The run that wrote it (1 = the first).
+    pub attempt: i32,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// The line, redacted.
+    pub line: String,
+}
+
+/// The log of the job `id` of `workspace`, oldest line first: empty for a job that logged nothing, and for a job
+/// that is not there (another workspace's, or none).
+pub async fn get_job_logs(pool: &PgPool, workspace: WorkspaceId, id: JobId) -> Result<Vec<LogLine>, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let lines = sqlx::query_as("SELECT seq, attempt, at, line FROM conveyor.job_logs WHERE job_id = $1 ORDER BY seq")
+        .bind(id.0)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(lines)
+}
+
 /// Why a job could not be canceled.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

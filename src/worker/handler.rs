@@ -96,7 +96,7 @@ pub(crate) enum Backing {
     Pools { pool: PgPool, control: PgPool },
     /// A test's run ([`crate::testing::work`]): the transaction is the test's, progress is noted here.
     #[cfg(feature = "testing")]
-    Test { progress: std::sync::Mutex<Vec<serde_json::Value>> },
+    Test { progress: std::sync::Mutex<Vec<serde_json::Value>>, logs: std::sync::Mutex<Vec<String>> },
 }
 
 /// What a running job knows about itself, and its way to PostgreSQL.
@@ -228,13 +228,30 @@ impl JobContext {
                 transitions::progress(control, self.workspace, self.id.0, self.operation, &progress).await?
             }
             #[cfg(feature = "testing")]
-            Backing::Test { progress: noted } => {
+            Backing::Test { progress: noted, .. } => {
                 noted.lock().expect("progress lock").push(progress);
                 true
             }
         };
         if !live || self.is_canceled() {
             return Err(JobError::Canceled);
+        }
+        Ok(())
+    }
+
+    /// Appends `line` to the job's log, visible at once, outside the job's transaction, so that a failed run's lines
+    /// stay: [`crate::get_job_logs`], the admin API, the UI and `conveyor jobs show` read it, each line with the run
+    /// that wrote it. Redacted as errors are (credentials in URLs and after `password=`-like words removed, cut at 500
+    /// characters). A job keeps at most 100 lines and 64 KiB across its runs; later lines are dropped. A log line is a
+    /// round trip to PostgreSQL: write a few per run, not one per item of a loop.
+    pub async fn log(&self, line: impl AsRef<str>) -> Result<(), JobError> {
+        let line = crate::redact(line.as_ref());
+        match &self.backing {
+            Backing::Pools { control, .. } => {
+                transitions::append_log(control, self.workspace, self.id.0, self.attempt, &line).await?;
+            }
+            #[cfg(feature = "testing")]
+            Backing::Test { logs, .. } => logs.lock().expect("logs lock").push(line),
         }
         Ok(())
     }

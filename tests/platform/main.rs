@@ -8,6 +8,7 @@ mod kit;
 
 mod console;
 mod gate;
+mod job_logs;
 mod metrics;
 mod queue_ops;
 mod single_role;

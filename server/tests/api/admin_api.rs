@@ -66,7 +66,10 @@ impl Handler<Chore> for Chores {
                 .await?;
                 Ok(json!({ "wrote": true }))
             }
-            _ => Ok(json!({ "done": job.mode })),
+            _ => {
+                cx.log(format!("done {} with password=hunter2", job.mode)).await?;
+                Ok(json!({ "done": job.mode }))
+            }
         }
     }
 }
@@ -804,6 +807,10 @@ async fn a_waiting_job_is_changed_a_queue_drained_and_cleaned_through_the_api_wi
     assert_eq!((ran.status, ran.result), (JobStatus::Succeeded, Some(json!({ "done": "changed" }))));
     let refused = op(&app, Method::POST, &path, Some(json!({ "priority": "low" }))).await;
     assert_eq!(refused.problem(StatusCode::CONFLICT)["code"], "JOB_NOT_WAITING");
+    // Its log is in its detail, redacted.
+    let detail = op(&app, Method::GET, &format!("/jobs/{delayed}"), None).await.expect(StatusCode::OK);
+    assert_eq!(detail["logs"][0]["line"], "done changed with password=[redacted]", "{detail}");
+    assert_eq!(detail["logs"][0]["attempt"], 1);
     platform.stop().await;
 
     // A drain: one workspace, or all said explicitly; never neither, never both.

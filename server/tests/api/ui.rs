@@ -42,8 +42,10 @@ struct FlakyHandler {
 }
 
 impl Handler<Flaky> for FlakyHandler {
-    async fn handle(&self, job: Flaky, _cx: &mut JobContext) -> Result<Value, JobError> {
+    async fn handle(&self, job: Flaky, cx: &mut JobContext) -> Result<Value, JobError> {
         if job.wait_for_flag && !self.succeed.load(Ordering::SeqCst) {
+            // Its log says the same, and the job page shows it escaped and redacted too.
+            cx.log(FAILURE).await?;
             return Err(JobError::permanent(FAILURE));
         }
         Ok(json!({ "delivered": true }))
@@ -337,6 +339,11 @@ async fn every_value_from_the_database_is_escaped_and_errors_are_redacted() {
         assert!(!html.contains("<em>shop"), "{path}");
         assert!(!html.contains("hunter2"), "{path}: the credential in the error is redacted");
     }
+    // The job page's log: the line the handler wrote, escaped and redacted.
+    let path = format!("/ui/jobs/{}", s.dead.0);
+    let html = http().get(ui(&s.app, &path)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
+    let log = html.split("id=\"logs\"").nth(1).expect("the job page shows its log");
+    assert!(log.contains("marketplace refused &lt;em&gt;shop&lt;/em&gt;") && !log.contains("hunter2"), "{log}");
 }
 
 #[tokio::test]

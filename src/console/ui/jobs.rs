@@ -155,6 +155,19 @@ fn detail(page: &Page, d: &JobDetail) -> Markup {
                 }
             }
         }
+        h2 { "Log" }
+        @if d.logs.is_empty() {
+            div.card.muted { "No lines." }
+        } @else {
+            table #logs {
+                thead { tr { th.num { "#" } th.num { "Run" } th { "At" } th { "Line (redacted)" } } }
+                tbody {
+                    @for l in &d.logs {
+                        tr { td.num { (l.seq) } td.num { (l.attempt) } td { (layout::time(l.at)) } td { (l.line) } }
+                    }
+                }
+            }
+        }
         h2 { "Payload" }
         (layout::json_block(&d.payload))
         @if let Some(progress) = &d.progress { h2 { "Progress" } (layout::json_block(progress)) }

@@ -303,6 +303,41 @@ pub(crate) async fn count_stop(
     Ok(stops.map(|s| s.max(0) as u32))
 }
 
+/// The most lines one job's log keeps, and the most bytes (migration 0046).
+pub(crate) const LOG_LINES: i64 = 100;
+pub(crate) const LOG_BYTES: i64 = 64 * 1024;
+
+/// Appends `line` (redacted already) to the log of `job`, written by its run `attempt`, in a transaction of its own.
+/// False when the job's log is full (its lines or bytes): the line is dropped.
+pub(crate) async fn append_log(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    job: Uuid,
+    attempt: u32,
+    line: &str,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    // The next number after the job's last line, unless the log is full; two lines of one job at once take the same
+    // number, and the second is dropped rather than waited for.
+    let kept = sqlx::query(
+        "INSERT INTO conveyor.job_logs (job_id, workspace_id, seq, attempt, line)
+         SELECT $1, $2, coalesce(max(l.seq), 0) + 1, $3, $4 FROM conveyor.job_logs l WHERE l.job_id = $1
+         HAVING count(*) < $5 AND coalesce(sum(octet_length(l.line)), 0) + octet_length($4) <= $6
+         ON CONFLICT (job_id, seq) DO NOTHING",
+    )
+    .bind(job)
+    .bind(workspace.0)
+    .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+    .bind(line)
+    .bind(LOG_LINES)
+    .bind(LOG_BYTES)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(kept == 1)
+}
+
 /// Records `progress` of a running job: on its operation when it has one, else on the job. False when the job is no
 /// longer live (canceled): the handler should stop.
 pub(crate) async fn progress(
