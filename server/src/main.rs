@@ -151,7 +151,9 @@ enum JobsCommand {
         id: Uuid,
     },
     /// Change a job that waits for the relay (refused once it was handed to a worker): its priority, when it is due,
-    /// its payload.
+    /// its payload (at least one).
+    #[command(group(clap::ArgGroup::new("what").required(true).multiple(true)
+        .args(["priority", "delay", "run_at", "run_now", "payload"])))]
     Change {
         /// The job id.
         id: Uuid,
@@ -186,7 +188,9 @@ enum JobsCommand {
         #[arg(long)]
         all: bool,
     },
-    /// Delete a workspace's ended jobs of one end, by age or all but the newest N.
+    /// Delete a workspace's ended jobs of one end, by age or all but the newest N (at least one of the two;
+    /// `--older-than 0s` takes every one).
+    #[command(group(clap::ArgGroup::new("which").required(true).multiple(true).args(["older_than", "keep_last"])))]
     Clean {
         /// succeeded, failed (dead letters are discarded) or canceled.
         #[arg(long, value_parser = parse_status)]

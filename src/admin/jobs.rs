@@ -261,6 +261,8 @@ pub(super) async fn change(
     id: JobId,
     change: &crate::JobChange,
 ) -> Result<JobAction, AdminError> {
+    // Bad input is refused before anything is read or written, the audit trail included.
+    change.validate().map_err(|e| AdminError::Invalid(e.to_string()))?;
     audited_with(admin, actor, "change_job", id, change.describe(), async || {
         let Some(job) = locate(admin, actor, id).await? else { return Ok((None, JobAction::NotFound)) };
         let done = match crate::change_job(&admin.app, job.workspace, id, change).await {

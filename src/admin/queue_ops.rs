@@ -30,7 +30,7 @@ pub struct DrainFilter {
 /// What a drain did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainOutcome {
-    /// Workspaces drained.
+    /// Workspaces drained (each counted once).
     pub workspaces: u64,
     /// Waiting jobs canceled.
     pub canceled: u64,
@@ -83,6 +83,7 @@ pub(super) async fn drain(admin: &Admin, actor: &Actor, filter: &DrainFilter) ->
         }
         // Each round drains the workspaces that still have waiting jobs in scope; a round that cancels nothing ends
         // it (jobs enqueued meanwhile may be left, as in one workspace).
+        let mut drained = std::collections::BTreeSet::new();
         loop {
             let workspaces: Vec<Uuid> = sqlx::query_scalar(
                 "SELECT workspace_id FROM conveyor.conveyor_admin_waiting_workspaces($1, $2, $3, 500)",
@@ -95,9 +96,10 @@ pub(super) async fn drain(admin: &Admin, actor: &Actor, filter: &DrainFilter) ->
             let mut round = 0;
             for workspace in &workspaces {
                 round += crate::drain_jobs(&admin.app, WorkspaceId(*workspace), &scope).await?;
-                outcome.workspaces += 1;
+                drained.insert(*workspace);
             }
             outcome.canceled += round;
+            outcome.workspaces = drained.len() as u64;
             if workspaces.len() < 500 || round == 0 {
                 return Ok(());
             }
@@ -128,6 +130,14 @@ pub(super) async fn clean(admin: &Admin, actor: &Actor, filter: &CleanFilter) ->
             filter.status.as_str()
         )));
     };
+    if filter.older_than_seconds.is_none() && filter.keep_last.is_none() {
+        return Err(AdminError::Invalid(
+            "a clean names older_than_seconds, keep_last or both (older_than_seconds 0 takes every ended job)".into(),
+        ));
+    }
+    if filter.older_than_seconds.is_some_and(|s| s > 10 * 366 * 24 * 3600) {
+        return Err(AdminError::Invalid("older_than_seconds must be at most ten years".into()));
+    }
     clean = clean.scope(scope(&filter.queue, &filter.kind));
     if let Some(seconds) = filter.older_than_seconds {
         clean = clean.older_than(std::time::Duration::from_secs(seconds));

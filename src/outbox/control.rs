@@ -193,10 +193,16 @@ pub struct LogLine {
 /// that is not there (another workspace's, or none).
 pub async fn get_job_logs(pool: &PgPool, workspace: WorkspaceId, id: JobId) -> Result<Vec<LogLine>, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
-    let lines = sqlx::query_as("SELECT seq, attempt, at, line FROM conveyor.job_logs WHERE job_id = $1 ORDER BY seq")
-        .bind(id.0)
-        .fetch_all(&mut *tx)
-        .await?;
+    // A discarded dead letter is gone to its owner, its log with it.
+    let lines = sqlx::query_as(
+        "SELECT l.seq, l.attempt, l.at, l.line FROM conveyor.job_logs l
+         WHERE l.job_id = $1
+           AND EXISTS (SELECT 1 FROM conveyor.outbox_events e WHERE e.id = $1 AND e.status <> 'discarded')
+         ORDER BY l.seq",
+    )
+    .bind(id.0)
+    .fetch_all(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(lines)
 }

@@ -16,7 +16,8 @@ use crate::kind::{JobKind, Priority};
 
 /// A change of a job that waits for the relay (delayed, due, or waiting out a retry's back-off); what is not set is
 /// kept. Once the relay has taken the job (it is being handed to a worker, runs, or ended), a change is refused: a
-/// worker may already hold what it had.
+/// worker may already hold what it had. A change starts a new generation of the job, as a replay does: an entry of an
+/// earlier hand-off that may still be in a stream no longer runs.
 #[derive(Clone, Debug, Default)]
 pub struct JobChange {
     priority: Option<Priority>,
@@ -36,7 +37,8 @@ impl JobChange {
         self
     }
 
-    /// Due now, by PostgreSQL's clock (BullMQ's `promote`). A pause or a block of its key still holds it.
+    /// Due now, by PostgreSQL's clock (BullMQ's `promote`). A pause or a block of its key still holds it. Of
+    /// `run_now`, `run_at` and `delay`, the last one called is the change.
     pub fn run_now(mut self) -> Self {
         self.due = Some(Due::Now);
         self
@@ -90,8 +92,21 @@ impl JobChange {
         serde_json::Value::Object(set)
     }
 
-    fn is_empty(&self) -> bool {
-        self.priority.is_none() && self.due.is_none() && self.payload.is_none()
+    /// Refuses a change that sets nothing, or a due time further than ten years away (as an enqueue does).
+    pub(crate) fn validate(&self) -> Result<(), ChangeError> {
+        if self.priority.is_none() && self.due.is_none() && self.payload.is_none() {
+            return Err(ChangeError::Invalid("it changes nothing: set a priority, a due time or a payload".into()));
+        }
+        let ten_years = Duration::from_secs(10 * 366 * 24 * 3600);
+        let too_far = match self.due {
+            Some(Due::After(delay)) => delay > ten_years,
+            Some(Due::At(at)) => at > Utc::now() + chrono::Duration::days(3660),
+            _ => false,
+        };
+        if too_far {
+            return Err(ChangeError::Invalid("the due time must be at most ten years away".into()));
+        }
+        Ok(())
     }
 }
 
@@ -141,9 +156,7 @@ pub async fn change_job(
     id: JobId,
     change: &JobChange,
 ) -> Result<DateTime<Utc>, ChangeError> {
-    if change.is_empty() {
-        return Err(ChangeError::Invalid("it changes nothing: set a priority, a due time or a payload".into()));
-    }
+    change.validate()?;
     let payload = match &change.payload {
         Some((kind, Ok(payload))) => Some((*kind, payload)),
         Some((_, Err(e))) => return Err(ChangeError::Invalid(format!("the payload does not serialize: {e}"))),
@@ -217,17 +230,18 @@ const STEP: i64 = 1000;
 
 /// Cancels every job of `workspace` in `scope` that waits for the relay (delayed, due, or waiting out a retry's
 /// back-off), as [`crate::cancel_job`] would each (a job of a live operation is canceled with its operation and
-/// that operation's other live jobs); BullMQ's `drain`, delayed jobs included. Jobs already handed to workers run
-/// on. Commits in steps of a thousand jobs; returns how many waiting jobs it canceled. A job enqueued meanwhile may
-/// be canceled or not.
+/// that operation's other live jobs, handed out or not); BullMQ's `drain`, delayed jobs included. Other jobs already
+/// handed to workers run on. Commits in steps of a thousand jobs; returns how many waiting jobs it canceled. A job
+/// enqueued meanwhile may be canceled or not.
 pub async fn drain_jobs(pool: &PgPool, workspace: WorkspaceId, scope: &JobScope) -> Result<u64, sqlx::Error> {
     let mut drained = 0;
     loop {
         let mut tx = db::begin_workspace(pool, workspace).await?;
         let step = waiting::drain_tx(&mut tx, workspace, scope.queue_name(), scope.kind_name(), STEP).await?;
         tx.commit().await?;
-        drained += step;
-        if step < STEP as u64 {
+        drained += step.canceled;
+        // A full step may have lost some jobs to the relay meanwhile: more may wait all the same.
+        if step.found < STEP as u64 {
             return Ok(drained);
         }
     }
@@ -278,7 +292,10 @@ impl CleanJobs {
 /// Deletes the ended jobs of `workspace` that `clean` matches, oldest end first, and returns how many (BullMQ's
 /// `clean`). Succeeded and canceled jobs are deleted with their recorded failures; failed ones (dead letters) are
 /// discarded, as an operator's discard does: a tombstone stays until retention, so that a delivery still in a stream
-/// is skipped, and the job can no longer be replayed. Commits in steps of a thousand jobs.
+/// is skipped, and the job can no longer be replayed. A canceled job that was handed to a worker stays for a day
+/// after its cancel (the longest a run may last): its run may still be going, and must find its row to roll back.
+/// With neither [`CleanJobs::older_than`] nor [`CleanJobs::keep_last`], every job of that end in the scope goes.
+/// Commits in steps of a thousand jobs.
 pub async fn clean_jobs(pool: &PgPool, workspace: WorkspaceId, clean: &CleanJobs) -> Result<u64, sqlx::Error> {
     let spec = waiting::Clean {
         status: clean.status,
@@ -290,10 +307,10 @@ pub async fn clean_jobs(pool: &PgPool, workspace: WorkspaceId, clean: &CleanJobs
     let mut cleaned = 0;
     loop {
         let mut tx = db::begin_workspace(pool, workspace).await?;
-        let step = waiting::clean_tx(&mut tx, &spec, STEP).await?;
+        let (found, deleted) = waiting::clean_tx(&mut tx, &spec, STEP).await?;
         tx.commit().await?;
-        cleaned += step;
-        if step < STEP as u64 {
+        cleaned += deleted;
+        if found < STEP as u64 {
             return Ok(cleaned);
         }
     }

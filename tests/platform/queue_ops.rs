@@ -279,3 +279,69 @@ async fn a_clean_deletes_ended_jobs_beyond_the_newest_n_or_by_age_and_discards_f
     // A status that is not an end is no clean.
     assert!(CleanJobs::ended(JobStatus::Queued).is_none());
 }
+
+#[tokio::test]
+async fn a_drain_of_more_than_a_step_cancels_every_waiting_job() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let jobs: Vec<Label> = (0..2500).map(|i| label(&format!("bulk-{i}"))).collect();
+    conveyor_jobs::enqueue_many_tx(&mut tx, jobs.iter().map(|j| (j, EnqueueOptions::new()))).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(conveyor_jobs::drain_jobs(&platform.pool, ws, &JobScope::kind::<Label>()).await.unwrap(), 2500);
+    assert_eq!(conveyor_jobs::drain_jobs(&platform.pool, ws, &JobScope::kind::<Label>()).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_clean_keeps_a_canceled_job_whose_run_may_still_be_going() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    // Handed to a worker, then canceled: its run may be going, and must find its row to roll back.
+    let handed_out = enqueue(&platform, ws, "handed-out", EnqueueOptions::new()).await;
+    dispatcher.dispatch_once().await.unwrap();
+    conveyor_jobs::cancel_job(&platform.pool, ws, handed_out).await.unwrap();
+    // Canceled while it waited: nothing runs it.
+    let waited = enqueue(&platform, ws, "waited", EnqueueOptions::new().delay(Duration::from_secs(3600))).await;
+    conveyor_jobs::cancel_job(&platform.pool, ws, waited).await.unwrap();
+
+    let canceled = CleanJobs::ended(JobStatus::Canceled).unwrap();
+    assert_eq!(conveyor_jobs::clean_jobs(&platform.pool, ws, &canceled).await.unwrap(), 1);
+    assert_eq!(status(&platform, ws, waited).await, None);
+    assert_eq!(status(&platform, ws, handed_out).await, Some(JobStatus::Canceled));
+    // Its delivery is skipped: it never runs.
+    while worker.process_one().await.unwrap().is_some() {}
+    assert!(labels.0.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_changed_job_does_not_run_from_an_earlier_hand_off_still_in_the_stream() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    let job = enqueue(&platform, ws, "old", EnqueueOptions::new()).await;
+    dispatcher.dispatch_once().await.unwrap();
+    // As when an XADD's reply is lost: the entry is in the stream, and the relay puts the job back to pending.
+    let mut owner = platform.owner().await;
+    sqlx::query("SELECT set_config('app.workspace_id', $1, false)")
+        .bind(ws.0.to_string())
+        .execute(&mut owner)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE conveyor.outbox_events SET status = 'pending', locked_by = NULL, locked_until = NULL,
+                stream_id = NULL, dispatched_at = NULL
+         WHERE id = $1",
+    )
+    .bind(job.0)
+    .execute(&mut owner)
+    .await
+    .unwrap();
+    conveyor_jobs::change_job(&platform.pool, ws, job, &JobChange::new().payload(&label("new"))).await.unwrap();
+
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    assert_eq!(*labels.0.lock().unwrap(), ["new"], "only the changed job ran");
+    assert_eq!(status(&platform, ws, job).await, Some(JobStatus::Succeeded));
+}

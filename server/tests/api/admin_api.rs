@@ -67,7 +67,7 @@ impl Handler<Chore> for Chores {
                 Ok(json!({ "wrote": true }))
             }
             _ => {
-                cx.log(format!("done {} with password=hunter2", job.mode)).await?;
+                cx.log(format!("done {} with password=hunter2", job.mode)).await;
                 Ok(json!({ "done": job.mode }))
             }
         }
@@ -204,7 +204,11 @@ fn every_endpoint() -> Vec<(Method, String, Option<Value>)> {
         (Method::POST, format!("/jobs/{id}/retry"), None),
         (Method::POST, format!("/jobs/{id}/change"), Some(json!({ "run_now": true }))),
         (Method::POST, "/queues/nothing-here/drain".into(), Some(json!({ "workspace": ws }))),
-        (Method::POST, "/queues/nothing-here/clean".into(), Some(json!({ "status": "succeeded", "workspace": ws }))),
+        (
+            Method::POST,
+            "/queues/nothing-here/clean".into(),
+            Some(json!({ "status": "succeeded", "workspace": ws, "keep_last": 1 })),
+        ),
         (Method::GET, "/operations".into(), None),
         (Method::GET, "/dead-letters".into(), None),
         (Method::POST, format!("/dead-letters/{id}/replay"), None),
@@ -791,7 +795,13 @@ async fn a_waiting_job_is_changed_a_queue_drained_and_cleaned_through_the_api_wi
     assert_eq!((detail["priority"].clone(), detail["payload"].clone()), (json!(0), json!({ "mode": "changed" })));
     assert_eq!(detail["status"], "scheduled");
     // Bad bodies: two due times, nothing known, no body at all; an unknown job.
-    for bad in [json!({ "run_now": true, "delay_ms": 5 }), json!({ "colour": "red" }), json!({})] {
+    let bad_bodies = [
+        json!({ "run_now": true, "delay_ms": 5 }),
+        json!({ "colour": "red" }),
+        json!({}),
+        json!({ "delay_ms": u64::MAX }),
+    ];
+    for bad in bad_bodies {
         let path = format!("/jobs/{delayed}/change");
         op(&app, Method::POST, &path, Some(bad.clone())).await.problem(StatusCode::BAD_REQUEST);
     }
@@ -848,7 +858,9 @@ async fn a_waiting_job_is_changed_a_queue_drained_and_cleaned_through_the_api_wi
         left += usize::from(conveyor_jobs::get_job(&app.db.pool, ws, *job).await.unwrap().is_some());
     }
     assert_eq!(left, 1, "the newest canceled job stays");
-    let not_an_end = json!({ "status": "queued", "workspace": ws.0 });
+    let neither = json!({ "status": "canceled", "workspace": ws.0 });
+    op(&app, Method::POST, "/queues/chores/clean", Some(neither)).await.problem(StatusCode::BAD_REQUEST);
+    let not_an_end = json!({ "status": "queued", "workspace": ws.0, "keep_last": 1 });
     op(&app, Method::POST, "/queues/chores/clean", Some(not_an_end)).await.problem(StatusCode::BAD_REQUEST);
 
     // Each change is on the audit trail with what it set.
@@ -1028,10 +1040,15 @@ async fn the_jobs_commands_change_drain_and_clean_with_clear_refusals() {
     // The drained job can no longer be changed.
     let refused = cli(&app, "jobs", &["change", &id, "--run-now"]).unwrap_err();
     assert!(refused.contains("cannot be changed"), "{refused}");
-    let cleaned = cli(&app, "jobs", &["clean", "--status", "canceled", "--workspace", &a.0.to_string()]).unwrap();
+    // A clean names an age, a number to keep, or both.
+    assert!(cli(&app, "jobs", &["clean", "--status", "canceled", "--workspace", &a.0.to_string()]).is_err());
+    let every = ["clean", "--status", "canceled", "--workspace", &a.0.to_string(), "--older-than", "0s"];
+    let cleaned = cli(&app, "jobs", &every).unwrap();
     assert_eq!(serde_json::from_str::<Value>(&cleaned).unwrap(), json!({ "deleted": 1 }));
     assert!(conveyor_jobs::get_job(&app.db.pool, a, job).await.unwrap().is_none());
-    let not_an_end = cli(&app, "jobs", &["clean", "--status", "queued", "--workspace", &a.0.to_string()]).unwrap_err();
+    let not_an_end =
+        cli(&app, "jobs", &["clean", "--status", "queued", "--workspace", &a.0.to_string(), "--keep-last", "1"])
+            .unwrap_err();
     assert!(not_an_end.contains("ended jobs"), "{not_an_end}");
 }
 

@@ -317,8 +317,12 @@ pub(crate) async fn append_log(
     line: &str,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
-    // The next number after the job's last line, unless the log is full; two lines of one job at once take the same
-    // number, and the second is dropped rather than waited for.
+    // One line of a job at a time (two deliveries, or joined futures, may log at once): each numbers the line after
+    // the job's last, unless the log is full.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('conveyor-log:' || $1::text, 0))")
+        .bind(job)
+        .execute(&mut *tx)
+        .await?;
     let kept = sqlx::query(
         "INSERT INTO conveyor.job_logs (job_id, workspace_id, seq, attempt, line)
          SELECT $1, $2, coalesce(max(l.seq), 0) + 1, $3, $4 FROM conveyor.job_logs l WHERE l.job_id = $1
@@ -777,7 +781,7 @@ pub(crate) async fn replay_tx(
 }
 
 /// Discards, in the caller's transaction, those of `jobs` that are dead letters: each becomes a tombstone (status
-/// `discarded`, ended now, its payload, progress, result and error cleared, its recorded failures deleted) that
+/// `discarded`, ended now, its payload, progress, result and error cleared, its recorded failures and log deleted) that
 /// retention purges like a completed job; until then a delivery of it still in a stream is skipped, as for any ended
 /// job. Their operations stay failed. Returns the ids discarded.
 pub(crate) async fn discard_tx(tx: &mut WorkspaceTx, jobs: &[Uuid]) -> Result<Vec<Uuid>, sqlx::Error> {
@@ -788,7 +792,8 @@ pub(crate) async fn discard_tx(tx: &mut WorkspaceTx, jobs: &[Uuid]) -> Result<Ve
                  result = NULL, last_error = NULL, locked_by = NULL, locked_until = NULL
              WHERE id = ANY($1) AND status = 'dead_letter'
              RETURNING id),
-         forgotten AS (DELETE FROM conveyor.job_failures WHERE job_id IN (SELECT id FROM discarded))
+         forgotten AS (DELETE FROM conveyor.job_failures WHERE job_id IN (SELECT id FROM discarded)),
+         unlogged AS (DELETE FROM conveyor.job_logs WHERE job_id IN (SELECT id FROM discarded))
          SELECT id FROM discarded",
     )
     .bind(jobs)

@@ -47,7 +47,10 @@ pub(crate) enum ChangeOutcome {
 }
 
 /// Changes the waiting job `job` (status `pending`: delayed, due, or waiting out a retry's back-off) as `change`
-/// says, and wakes the dispatchers at commit: at once when it is due, else at its due time.
+/// says, and wakes the dispatchers at commit: at once when it is due, else at its due time. The change starts a new
+/// generation of the job (as a replay does): an entry of an earlier hand-off still in a stream (an `XADD` whose reply
+/// was lost, so the relay put the job back to `pending`) no longer runs, and the next hand-off gets past its de-dup
+/// key with what the job has now.
 pub(crate) async fn change_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
@@ -81,7 +84,8 @@ pub(crate) async fn change_tx(
              next_attempt_at = CASE $3 WHEN 'now' THEN now() WHEN 'at' THEN $4
                                        WHEN 'after' THEN now() + make_interval(secs => $5)
                                        ELSE next_attempt_at END,
-             event_payload = coalesce($6, event_payload)
+             event_payload = coalesce($6, event_payload),
+             redrive_count = redrive_count + 1, stream_id = NULL
          WHERE id = $1
          RETURNING next_attempt_at, next_attempt_at > now()",
     )
@@ -108,21 +112,31 @@ async fn wake_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, due: Option<DateT
     Ok(())
 }
 
+/// What one step of a drain did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Drained {
+    /// Waiting jobs it found (`limit`: there may be more).
+    pub(crate) found: u64,
+    /// Of those, canceled (the others were taken by the relay, or ended, meanwhile).
+    pub(crate) canceled: u64,
+}
+
 /// Cancels, in the caller's transaction, up to `limit` of the workspace's waiting jobs (status `pending`) of `queue`
-/// and of `kind` (each when set), oldest first, as a cancel of each would: a job that advances a live operation is
-/// canceled with the operation and the operation's other live jobs. Workers running any of those are told at
-/// commit, and waiters learn that they ended. Returns the waiting jobs canceled (fewer than `limit`: no more match).
+/// and of `kind` (each when set), as a cancel of each would: a job that advances a live operation is canceled with
+/// the operation and the operation's other live jobs. Workers running any of those are told at commit, and waiters
+/// learn that they ended.
 pub(crate) async fn drain_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     queue: Option<&str>,
     kind: Option<&str>,
     limit: i64,
-) -> Result<u64, sqlx::Error> {
+) -> Result<Drained, sqlx::Error> {
+    // Any `limit` of them, in index order (no sort over the backlog); the rows are locked in id order below.
     let waiting: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(
         "SELECT id, operation_id FROM conveyor.outbox_events
          WHERE status = 'pending' AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR event_type = $2)
-         ORDER BY id LIMIT $3",
+         LIMIT $3",
     )
     .bind(queue)
     .bind(kind)
@@ -130,7 +144,7 @@ pub(crate) async fn drain_tx(
     .fetch_all(&mut **tx)
     .await?;
     if waiting.is_empty() {
-        return Ok(0);
+        return Ok(Drained::default());
     }
     let ids: Vec<Uuid> = waiting.iter().map(|(id, _)| *id).collect();
     let mut operations: Vec<Uuid> = waiting.iter().filter_map(|(_, op)| *op).collect();
@@ -164,7 +178,7 @@ pub(crate) async fn drain_tx(
     .await?;
     let canceled: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
     announce_cancel_tx(tx, workspace, &canceled).await?;
-    Ok(rows.iter().filter(|(_, waiting)| *waiting).count() as u64)
+    Ok(Drained { found: ids.len() as u64, canceled: rows.iter().filter(|(_, waiting)| *waiting).count() as u64 })
 }
 
 /// Which ended jobs a clean deletes.
@@ -180,16 +194,25 @@ pub(crate) struct Clean<'a> {
     pub(crate) keep_last: Option<i64>,
 }
 
+/// How long a canceled job that was handed to a worker stays out of a clean: the longest a run may last (a time-out
+/// is at most 24 hours). A run canceled while it runs ends when its handler returns, and its worker then finds the
+/// job canceled and rolls its writes back; were the row gone, it would find nothing to fence and commit them.
+const RUN_AT_MOST: &str = "interval '24 hours'";
+
 /// Deletes, in the caller's transaction, up to `limit` of the workspace's ended jobs that `clean` matches, oldest end
-/// first; returns how many. Succeeded and canceled jobs go (with their recorded failures); failed ones (dead letters)
-/// are discarded, as an operator's discard does: a tombstone stays until retention, so that a delivery still in a
-/// stream is skipped.
-pub(crate) async fn clean_tx(tx: &mut WorkspaceTx, clean: &Clean<'_>, limit: i64) -> Result<u64, sqlx::Error> {
+/// first; returns how many it found (`limit`: there may be more) and how many it deleted. Succeeded and canceled
+/// jobs go (with their recorded failures and logs); failed ones (dead letters) are discarded, as an operator's
+/// discard does: a tombstone stays until retention, so that a delivery still in a stream is skipped. A canceled job
+/// that was handed to a worker stays until its run cannot be going on any more ([`RUN_AT_MOST`] after its cancel).
+pub(crate) async fn clean_tx(tx: &mut WorkspaceTx, clean: &Clean<'_>, limit: i64) -> Result<(u64, u64), sqlx::Error> {
     // The end time of each status: a dead letter's is when it was dead-lettered.
     let ended = if clean.status == "dead_letter" { "dead_lettered_at" } else { "finished_at" };
     // The newest `keep_last` stay: the rows ended before the last of them go (none when fewer match). The filter is
     // written twice, not shared through a CTE, which PostgreSQL would materialize whole.
-    let matching = "status = $1 AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR event_type = $3)";
+    let matching = format!(
+        "status = $1 AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR event_type = $3)
+         AND NOT (status = 'canceled' AND dispatched_at IS NOT NULL AND finished_at > now() - {RUN_AT_MOST})"
+    );
     let ids: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT id FROM conveyor.outbox_events
          WHERE {matching}
@@ -208,11 +231,12 @@ pub(crate) async fn clean_tx(tx: &mut WorkspaceTx, clean: &Clean<'_>, limit: i64
     .bind(limit)
     .fetch_all(&mut **tx)
     .await?;
+    let found = ids.len() as u64;
     if ids.is_empty() {
-        return Ok(0);
+        return Ok((0, 0));
     }
     if clean.status == "dead_letter" {
-        return Ok(discard_tx(tx, &ids).await?.len() as u64);
+        return Ok((found, discard_tx(tx, &ids).await?.len() as u64));
     }
     // Their recorded failures go with them (ON DELETE CASCADE).
     let deleted =
@@ -220,5 +244,5 @@ pub(crate) async fn clean_tx(tx: &mut WorkspaceTx, clean: &Clean<'_>, limit: i64
             .bind(&ids)
             .execute(&mut **tx)
             .await?;
-    Ok(deleted.rows_affected())
+    Ok((found, deleted.rows_affected()))
 }
