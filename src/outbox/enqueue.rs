@@ -268,7 +268,7 @@ impl Row {
 
 /// The notification a commit sends: the workspace (taken from the transaction), and the earliest due time of a
 /// delayed job, if any, as `@<ms since the epoch>`, so that the dispatcher wakes for it.
-fn notification_suffix(due: Option<DateTime<Utc>>) -> String {
+pub(crate) fn notification_suffix(due: Option<DateTime<Utc>>) -> String {
     due.map(|d| format!("@{}", d.timestamp_millis())).unwrap_or_default()
 }
 

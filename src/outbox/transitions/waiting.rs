@@ -103,10 +103,9 @@ pub(crate) async fn change_tx(
 
 /// At commit, tells the dispatchers that `workspace` has a job due at `due` (now when `None`), as an enqueue does.
 async fn wake_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, due: Option<DateTime<Utc>>) -> Result<(), sqlx::Error> {
-    let suffix = due.map(|d| format!("@{}", d.timestamp_millis())).unwrap_or_default();
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(crate::outbox::NOTIFY_CHANNEL)
-        .bind(format!("{}{suffix}", workspace.0))
+        .bind(format!("{}{}", workspace.0, crate::outbox::enqueue::notification_suffix(due)))
         .execute(&mut **tx)
         .await?;
     Ok(())
