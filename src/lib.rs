@@ -98,8 +98,8 @@ pub use outbox::control::{
 };
 pub use outbox::transitions::relay::Settled;
 pub use outbox::{
-    ChangeError, CleanJobs, EnqueueError, EnqueueOptions, Enqueued, JobChange, JobScope, change_job, clean_jobs,
-    drain_jobs, enqueue_many_tx, enqueue_tx,
+    ChangeError, CleanJobs, DedupMode, EnqueueError, EnqueueOptions, Enqueued, JobChange, JobScope, change_job,
+    clean_jobs, drain_jobs, enqueue_many_tx, enqueue_tx,
 };
 pub use schedule::{
     FireOutcome, Schedule, ScheduleError, ScheduleOptions, ScheduleSpec, fire_due as fire_due_schedules,

@@ -35,12 +35,15 @@ pub struct PassReport {
     pub audit_purged: u64,
     /// Dead letters past their retention discarded.
     pub dead_letters_purged: u64,
+    /// De-duplication keys that held nothing any more forgotten: throttles whose period is over, debounces whose job
+    /// no longer waits.
+    pub dedup_keys_purged: u64,
 }
 
 impl PassReport {
     /// Whether the pass removed or re-drove anything.
     pub fn removed_any(&self) -> bool {
-        self.outbox_purged + self.redriven + self.audit_purged + self.dead_letters_purged > 0
+        self.outbox_purged + self.redriven + self.audit_purged + self.dead_letters_purged + self.dedup_keys_purged > 0
             || self.host_purged.iter().any(|(_, n)| *n > 0)
     }
 }
@@ -151,6 +154,22 @@ impl Maintenance {
         Ok(purged)
     }
 
+    /// Forgets de-duplication keys that hold nothing any more, [`BATCH`] at a time; how many.
+    pub(crate) async fn purge_dedup_keys(&self) -> Result<u64, sqlx::Error> {
+        let mut purged = 0;
+        for _ in 0..MAX_BATCHES_PER_PASS {
+            let done: i64 = sqlx::query_scalar("SELECT conveyor.conveyor_dedup_keys_purge($1)")
+                .bind(BATCH as i32)
+                .fetch_one(&self.pool)
+                .await?;
+            purged += done as u64;
+            if done < BATCH {
+                break;
+            }
+        }
+        Ok(purged)
+    }
+
     /// One bounded pass.
     pub async fn run_once(&self) -> Result<PassReport, crate::Error> {
         self.run_once_inner().await.public()
@@ -167,11 +186,12 @@ impl Maintenance {
         let audit_purged = self.purge_audit().await?;
         let dead_letters_purged = self.purge_dead_letters().await?;
         self.metrics.dead_letters_purged.inc_by(dead_letters_purged);
+        let dedup_keys_purged = self.purge_dedup_keys().await?;
         let mut host_purged = Vec::with_capacity(self.purges.len());
         for (name, purge) in &self.purges {
             host_purged.push((*name, purge(self.pool.clone()).await?));
         }
-        Ok(PassReport { host_purged, outbox_purged, redriven, audit_purged, dead_letters_purged })
+        Ok(PassReport { host_purged, outbox_purged, redriven, audit_purged, dead_letters_purged, dedup_keys_purged })
     }
 
     /// Passes every interval until `shutdown`. A failed pass is logged and retried at the next interval.

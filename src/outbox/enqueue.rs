@@ -30,6 +30,7 @@ pub struct EnqueueOptions {
     run_at: Option<DateTime<Utc>>,
     delay: Option<Duration>,
     dedup_key: Option<String>,
+    dedup_mode: DedupMode,
     limit_key: Option<String>,
     priority: Priority,
     max_attempts: Option<u32>,
@@ -62,8 +63,15 @@ impl EnqueueOptions {
     /// At most one live (queued or running) job of this kind per key and workspace, enforced by the database: while
     /// one lives, enqueueing another with the same key returns the live job's id and writes nothing. Once it has
     /// finished (succeeded, failed, canceled), the key is free again. 1 to 256 characters.
-    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
+    pub fn dedup_key(self, key: impl Into<String>) -> Self {
+        self.dedup(key, DedupMode::WhileLive)
+    }
+
+    /// De-duplication by `key` (1 to 256 characters, per kind and workspace) in `mode`: while live (what
+    /// [`EnqueueOptions::dedup_key`] sets), a throttle for a period, or a debounce. See [`DedupMode`].
+    pub fn dedup(mut self, key: impl Into<String>, mode: DedupMode) -> Self {
         self.dedup_key = Some(key.into());
+        self.dedup_mode = mode;
         self
     }
 
@@ -135,13 +143,34 @@ impl EnqueueOptions {
         if self.run_at.is_some() && self.delay.is_some() {
             return invalid("run_at and delay exclude each other");
         }
-        if self.delay.is_some_and(|d| d > Duration::from_secs(10 * 365 * 86_400)) {
+        if self.delay.is_some_and(|d| d > TEN_YEARS) {
             return invalid("delay must be at most ten years");
         }
         if let Some(key) = &self.dedup_key
             && (key.is_empty() || key.chars().count() > 256)
         {
             return invalid("dedup_key must be 1 to 256 characters");
+        }
+        match self.dedup_mode {
+            DedupMode::WhileLive => {}
+            DedupMode::Throttle { period } => {
+                if period.is_zero() || period > TEN_YEARS {
+                    return invalid("a throttle's period must be more than zero and at most ten years");
+                }
+            }
+            DedupMode::Debounce { delay, .. } => {
+                if delay > TEN_YEARS {
+                    return invalid("a debounce's delay must be at most ten years");
+                }
+                if self.run_at.is_some() || self.delay.is_some() {
+                    return invalid("a debounce sets the due time: run_at and delay exclude it");
+                }
+                if self.operation.is_some() {
+                    return invalid(
+                        "a debounce merges enqueues into one job, an operation follows one: they exclude each other",
+                    );
+                }
+            }
         }
         if self.limit_key.as_deref().is_some_and(|key| !crate::limits::valid_key(key)) {
             return invalid("limit_key must be 1 to 200 characters");
@@ -175,10 +204,80 @@ impl EnqueueOptions {
 
     /// When the job is due, by this process's clock: a hint for the dispatcher's timer (it checks with the database).
     fn due_hint(&self) -> Option<DateTime<Utc>> {
+        if let DedupMode::Debounce { delay, .. } = self.dedup_mode {
+            return Some(Utc::now() + chrono::Duration::from_std(delay).ok()?).filter(|_| !delay.is_zero());
+        }
         match (self.run_at, self.delay) {
             (Some(at), _) if at > Utc::now() => Some(at),
             (_, Some(d)) if !d.is_zero() => Some(Utc::now() + chrono::Duration::from_std(d).ok()?),
             _ => None,
+        }
+    }
+}
+
+/// The longest delay, period or due time ahead an enqueue accepts.
+const TEN_YEARS: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+/// How a de-duplication key ([`EnqueueOptions::dedup`]) holds, per kind and workspace. Each is decided by the database,
+/// race-free however many transactions enqueue the same key at once. Use one mode per key and kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DedupMode {
+    /// At most one live (queued or running) job per key: while one lives, an enqueue answers its id and writes
+    /// nothing; once it ended, the key is free.
+    #[default]
+    WhileLive,
+    /// At most one job per key and `period` (BullMQ's `deduplication: { ttl }`): the enqueue that finds the key free
+    /// writes a job and holds the key for `period` from then, even after its job ended, and for as long as its job
+    /// lives if that is longer. An enqueue while the key is held answers that job's id and writes nothing.
+    Throttle {
+        /// How long the key stays held after the enqueue that took it.
+        period: Duration,
+    },
+    /// One waiting job per key, due `delay` after the last enqueue (BullMQ's `deduplication: { extend, replace }`):
+    /// while the key's job waits (not yet handed to a worker), an enqueue updates it instead of writing another, taking
+    /// the new payload (unless [`DedupMode::keep_payload`]) and pushing its due time to `delay` from now (unless
+    /// [`DedupMode::keep_due_time`]); its other options stay the first enqueue's. A job already handed to a worker is
+    /// left alone: the next enqueue writes a new waiting job, and the key follows it. Excludes `run_at`, `delay` and
+    /// `operation`.
+    Debounce {
+        /// How long after the last enqueue the job becomes due.
+        delay: Duration,
+        /// Whether an enqueue replaces the waiting job's payload.
+        replace_payload: bool,
+        /// Whether an enqueue pushes the waiting job's due time to `delay` from now.
+        extend_delay: bool,
+    },
+}
+
+impl DedupMode {
+    /// A throttle of `period` (see [`DedupMode::Throttle`]).
+    pub fn throttle(period: Duration) -> Self {
+        Self::Throttle { period }
+    }
+
+    /// A debounce of `delay` that replaces the payload and pushes the due time (see [`DedupMode::Debounce`]).
+    pub fn debounce(delay: Duration) -> Self {
+        Self::Debounce { delay, replace_payload: true, extend_delay: true }
+    }
+
+    /// A debounce that keeps the waiting job's payload (the first enqueue's); other modes are unchanged.
+    pub fn keep_payload(self) -> Self {
+        match self {
+            Self::Debounce { delay, extend_delay, .. } => {
+                Self::Debounce { delay, replace_payload: false, extend_delay }
+            }
+            other => other,
+        }
+    }
+
+    /// A debounce that keeps the waiting job's due time (the first enqueue's); other modes are unchanged.
+    pub fn keep_due_time(self) -> Self {
+        match self {
+            Self::Debounce { delay, replace_payload, .. } => {
+                Self::Debounce { delay, replace_payload, extend_delay: false }
+            }
+            other => other,
         }
     }
 }
@@ -188,7 +287,8 @@ impl EnqueueOptions {
 pub struct Enqueued {
     /// The job's id (a UUIDv7): the new job's, or the live job's that holds the de-duplication key.
     pub id: JobId,
-    /// False when a live job already held the de-duplication key, so nothing was written.
+    /// False when the de-duplication key was held, so no job was written: a live job held it, a throttle's period
+    /// had not ended (the id is the job that took it), or a debounce's job was waiting (the id is that job, updated).
     pub created: bool,
 }
 
@@ -225,12 +325,13 @@ fn check_kind<K: JobKind>() -> Result<(), EnqueueError> {
 }
 
 /// One job's columns, ready to bind.
-struct Row {
-    id: Uuid,
-    payload: serde_json::Value,
+pub(super) struct Row {
+    pub(super) id: Uuid,
+    pub(super) payload: serde_json::Value,
     run_at: Option<DateTime<Utc>>,
-    delay_secs: f64,
+    pub(super) delay_secs: f64,
     dedup_key: Option<String>,
+    pub(super) dedup_mode: DedupMode,
     limit_key: Option<String>,
     priority: i16,
     max_attempts: Option<i32>,
@@ -243,6 +344,19 @@ struct Row {
 }
 
 impl Row {
+    /// The key the live jobs' unique index holds: a debounced job's key lives in `dedup_keys` alone.
+    fn live_key(&self) -> Option<&str> {
+        match self.dedup_mode {
+            DedupMode::Debounce { .. } => None,
+            _ => self.dedup_key.as_deref(),
+        }
+    }
+
+    /// Whether a throttle or a debounce decides this job, on its key's row in `dedup_keys`.
+    fn decided_by_its_key(&self) -> bool {
+        self.dedup_key.is_some() && self.dedup_mode != DedupMode::WhileLive
+    }
+
     fn new<K: JobKind>(payload: &K, options: EnqueueOptions) -> Result<Self, EnqueueError> {
         options.validate()?;
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
@@ -250,8 +364,13 @@ impl Row {
             id: Uuid::now_v7(),
             payload: serde_json::to_value(payload)?,
             run_at: options.run_at,
-            delay_secs: options.delay.unwrap_or_default().as_secs_f64(),
+            delay_secs: match options.dedup_mode {
+                DedupMode::Debounce { delay, .. } => delay,
+                _ => options.delay.unwrap_or_default(),
+            }
+            .as_secs_f64(),
             dedup_key: options.dedup_key,
+            dedup_mode: options.dedup_mode,
             limit_key: options.limit_key,
             priority: options.priority.level(),
             max_attempts: options.max_attempts.map(|a| a as i32),
@@ -272,7 +391,7 @@ pub(crate) fn notification_suffix(due: Option<DateTime<Utc>>) -> String {
     due.map(|d| format!("@{}", d.timestamp_millis())).unwrap_or_default()
 }
 
-fn no_workspace(e: sqlx::Error) -> EnqueueError {
+pub(super) fn no_workspace(e: sqlx::Error) -> EnqueueError {
     // The row takes the transaction's workspace, so row-level security refusing it (42501), or the NOT NULL of
     // workspace_id (23502), means the transaction never set one.
     match &e {
@@ -308,13 +427,28 @@ pub async fn enqueue_tx<K: JobKind>(
     check_kind::<K>()?;
     let suffix = notification_suffix(options.due_hint());
     let row = Row::new(payload, options)?;
-    insert_row::<K>(tx, &row, &suffix).await
+    insert::<K>(tx, &row, &suffix).await
+}
+
+/// Inserts one job by its de-duplication mode.
+async fn insert<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -> Result<Enqueued, EnqueueError> {
+    match (row.dedup_key.as_deref(), row.dedup_mode) {
+        (Some(key), DedupMode::Throttle { period }) => super::dedup::throttled::<K>(tx, row, key, period, suffix).await,
+        (Some(key), DedupMode::Debounce { replace_payload, extend_delay, .. }) => {
+            super::dedup::debounced::<K>(tx, row, key, replace_payload, extend_delay, suffix).await
+        }
+        _ => insert_row::<K>(tx, row, suffix).await,
+    }
 }
 
 /// Inserts one job, or answers the live holder of its de-dup key. An operation must be a live one of this workspace
 /// (a foreign key check would accept another workspace's): checked in the insert's own round trip, and looked at again
 /// only when nothing was written.
-async fn insert_row<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -> Result<Enqueued, EnqueueError> {
+pub(super) async fn insert_row<K: JobKind>(
+    tx: &mut WorkspaceTx,
+    row: &Row,
+    suffix: &str,
+) -> Result<Enqueued, EnqueueError> {
     for _ in 0..3 {
         // The notification (when one is needed) rides in the insert's round trip.
         let inserted: Option<(Uuid,)> = sqlx::query_as(
@@ -339,7 +473,7 @@ async fn insert_row<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -
         .bind(&row.traceparent)
         .bind(row.run_at)
         .bind(row.delay_secs)
-        .bind(&row.dedup_key)
+        .bind(row.live_key())
         .bind(row.priority)
         .bind(row.max_attempts)
         .bind(row.timeout_ms)
@@ -356,7 +490,7 @@ async fn insert_row<K: JobKind>(tx: &mut WorkspaceTx, row: &Row, suffix: &str) -
         if let Some(operation) = row.operation {
             check_operations(tx, &[operation]).await?;
         }
-        let Some(key) = row.dedup_key.as_deref() else {
+        let Some(key) = row.live_key() else {
             return Err(EnqueueError::Database(sqlx::Error::Protocol("the insert wrote nothing".into())));
         };
         if let Some(id) = holder::<K>(tx, key).await? {
@@ -396,7 +530,8 @@ async fn check_operations(tx: &mut WorkspaceTx, operations: &[Uuid]) -> Result<(
 }
 
 /// Writes many jobs of kind `K` in one statement (thousands per round trip), inside the caller's transaction: they
-/// commit or roll back with it, together. Answers in the order given; a job whose de-duplication key a live job holds
+/// commit or roll back with it, together. A call with a throttled or debounced job ([`DedupMode`]) writes its jobs one
+/// statement each, in order. Answers in the order given; a job whose de-duplication key a live job holds
 /// (or an earlier job of the same call) answers that job's id with `created: false`. Nothing is written when any
 /// option is invalid or any payload does not serialize.
 pub async fn enqueue_many_tx<'a, K: JobKind>(
@@ -414,6 +549,15 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     }
     if rows.is_empty() {
         return Ok(Vec::new());
+    }
+    if rows.iter().any(Row::decided_by_its_key) {
+        // A throttle or a debounce decides on its key's row, in order: one job after the other.
+        let suffix = notification_suffix(due);
+        let mut answers = Vec::with_capacity(rows.len());
+        for row in &rows {
+            answers.push(insert::<K>(tx, row, &suffix).await?);
+        }
+        return Ok(answers);
     }
     let mut operations: Vec<Uuid> = rows.iter().filter_map(|r| r.operation).collect();
     operations.sort();
@@ -513,6 +657,30 @@ mod tests {
         assert!(
             EnqueueOptions::new().max_attempts(1).dedup_key("k").timeout(Duration::from_millis(1)).validate().is_ok()
         );
+    }
+
+    #[test]
+    fn a_throttle_needs_a_period_and_a_debounce_owns_the_due_time_and_takes_no_operation() {
+        let refused = |o: EnqueueOptions| o.validate().unwrap_err().to_string();
+        let debounce = DedupMode::debounce(Duration::from_secs(5));
+        assert!(refused(EnqueueOptions::new().dedup("k", DedupMode::throttle(Duration::ZERO))).contains("period"));
+        assert!(refused(EnqueueOptions::new().dedup("k", DedupMode::throttle(TEN_YEARS * 2))).contains("period"));
+        assert!(refused(EnqueueOptions::new().dedup("", debounce)).contains("dedup_key"));
+        assert!(refused(EnqueueOptions::new().dedup("k", debounce).delay(Duration::from_secs(1))).contains("due time"));
+        assert!(refused(EnqueueOptions::new().dedup("k", debounce).run_at(Utc::now())).contains("due time"));
+        assert!(refused(EnqueueOptions::new().dedup("k", debounce).operation(Uuid::nil())).contains("operation"));
+        assert!(EnqueueOptions::new().dedup("k", debounce.keep_payload().keep_due_time()).validate().is_ok());
+        assert_eq!(
+            debounce.keep_payload(),
+            DedupMode::Debounce { delay: Duration::from_secs(5), replace_payload: false, extend_delay: true }
+        );
+        assert_eq!(
+            DedupMode::throttle(Duration::from_secs(1)).keep_payload(),
+            DedupMode::throttle(Duration::from_secs(1))
+        );
+        // A debounce's delay hints the dispatcher as a delay does.
+        assert!(EnqueueOptions::new().dedup("k", debounce).due_hint().is_some());
+        assert!(EnqueueOptions::new().dedup("k", DedupMode::debounce(Duration::ZERO)).due_hint().is_none());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! Every change of a job's status after that lives in [`transitions`].
 
 pub(crate) mod control;
+mod dedup;
 mod enqueue;
 mod queue_ops;
 pub(crate) mod reconcile;
@@ -10,7 +11,7 @@ pub(crate) mod transitions;
 
 use crate::db::WorkspaceTx;
 use crate::ids::WorkspaceId;
-pub use enqueue::{EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enqueue_tx};
+pub use enqueue::{DedupMode, EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enqueue_tx};
 pub use queue_ops::{ChangeError, CleanJobs, JobChange, JobScope, change_job, clean_jobs, drain_jobs};
 
 /// The channel the dispatcher `LISTEN`s on; a commit that wrote events notifies it when no dispatcher is awake

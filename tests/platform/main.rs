@@ -7,6 +7,7 @@
 mod kit;
 
 mod console;
+mod dedup_modes;
 mod gate;
 mod job_logs;
 mod metrics;
