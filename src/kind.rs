@@ -41,6 +41,86 @@ pub trait JobKind: Serialize + DeserializeOwned + Send + Sync + 'static {
     const TIMEOUT: Duration = Duration::from_secs(60);
     /// Back-off between runs (default 1 s doubling up to 5 min, with jitter). A job may set its own.
     const BACKOFF: Backoff = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(300) };
+    /// How long a job that succeeded is kept (default: the global retention). A job may set its own.
+    const KEEP_SUCCEEDED: Keep = Keep::GLOBAL;
+    /// How long a job that failed (a dead letter) is kept (default: the dead letters' retention). A job may set its
+    /// own.
+    const KEEP_FAILED: Keep = Keep::GLOBAL;
+}
+
+/// How long jobs of one end are kept before maintenance removes them (BullMQ's `removeOnComplete` /
+/// `removeOnFail`): by age, by count (the newest N of the job's kind in its workspace that keep a count), or both
+/// (kept while within both). A succeeded job past it is deleted; a failed one (a dead letter) is discarded, as an
+/// operator's discard does. A job without an age of its own keeps the global one: `CONVEYOR_OUTBOX_RETENTION` when it
+/// succeeded, `CONVEYOR_DEAD_LETTER_RETENTION` when it failed, which also caps a failed job's own age. Maintenance
+/// removes what is past it at its next pass (`CONVEYOR_MAINTENANCE_INTERVAL`).
+///
+/// ```
+/// use std::time::Duration;
+/// use conveyor_jobs::Keep;
+///
+/// let gone = Keep::none(); // removeOnComplete: true
+/// let last = Keep::last(1000); // removeOnComplete: 1000
+/// let both = Keep::for_age(Duration::from_secs(3600)).and_last(100); // { age: 3600, count: 100 }
+/// # let _ = (gone, last, both);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Keep {
+    age: Option<Duration>,
+    count: Option<u32>,
+}
+
+impl Keep {
+    /// The global retention.
+    pub const GLOBAL: Self = Self { age: None, count: None };
+
+    /// Removed at maintenance's next pass after its end.
+    pub const fn none() -> Self {
+        Self { age: Some(Duration::ZERO), count: None }
+    }
+
+    /// Kept for `age` after its end (at most ten years).
+    pub const fn for_age(age: Duration) -> Self {
+        Self { age: Some(age), count: None }
+    }
+
+    /// Kept while among the newest `count` jobs of its kind and workspace that ended the same way and keep a count
+    /// (at most a million); the global age applies too.
+    pub const fn last(count: u32) -> Self {
+        Self { age: None, count: Some(count) }
+    }
+
+    /// This, and kept only while among the newest `count` too.
+    pub const fn and_last(self, count: u32) -> Self {
+        Self { age: self.age, count: Some(count) }
+    }
+
+    /// Its age, if it sets one.
+    pub fn age(&self) -> Option<Duration> {
+        self.age
+    }
+
+    /// Its count, if it sets one.
+    pub fn count(&self) -> Option<u32> {
+        self.count
+    }
+
+    /// What is out of range, if anything.
+    pub(crate) fn invalid(&self) -> Option<&'static str> {
+        if self.age.is_some_and(|a| a > Duration::from_secs(10 * 365 * 86_400)) {
+            return Some("a kept age must be at most ten years");
+        }
+        if self.count.is_some_and(|c| c > 1_000_000) {
+            return Some("a kept count must be at most a million");
+        }
+        None
+    }
+
+    /// The stored columns: whole seconds (rounded up) and the count.
+    pub(crate) fn columns(&self) -> (Option<i32>, Option<i32>) {
+        let secs = self.age.map(|a| i32::try_from(a.as_secs() + u64::from(a.subsec_nanos() > 0)).unwrap_or(i32::MAX));
+        (secs, self.count.map(|c| i32::try_from(c).unwrap_or(i32::MAX)))
+    }
 }
 
 /// What "higher" means: of one workspace's jobs that are due and waiting for the relay, every job of a higher

@@ -86,7 +86,7 @@ pub use dispatcher::{DispatchOutcome, Dispatcher, DispatcherSettings};
 pub use error::{Error, ErrorKind};
 pub use flow::{FlowError, Pause, PauseScope, list_pauses, pause, resume, set_workspace_weight};
 pub use ids::{JobId, UserId, WorkspaceId};
-pub use kind::{JobKind, Priority, valid_queue_name};
+pub use kind::{JobKind, Keep, Priority, valid_queue_name};
 pub use limits::{
     KeyLimit, KeyLimits, KindLimit, list_key_limits, list_kind_limits, remove_key_limit, remove_kind_limit,
     set_key_limit, set_kind_limit,

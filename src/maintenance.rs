@@ -38,12 +38,20 @@ pub struct PassReport {
     /// De-duplication keys that held nothing any more forgotten: throttles whose period is over, debounces whose job
     /// no longer waits.
     pub dedup_keys_purged: u64,
+    /// Jobs past a retention of their own ([`crate::Keep`]) removed: succeeded ones deleted, failed ones discarded.
+    pub kept_jobs_purged: u64,
 }
 
 impl PassReport {
     /// Whether the pass removed or re-drove anything.
     pub fn removed_any(&self) -> bool {
-        self.outbox_purged + self.redriven + self.audit_purged + self.dead_letters_purged + self.dedup_keys_purged > 0
+        self.outbox_purged
+            + self.redriven
+            + self.audit_purged
+            + self.dead_letters_purged
+            + self.dedup_keys_purged
+            + self.kept_jobs_purged
+            > 0
             || self.host_purged.iter().any(|(_, n)| *n > 0)
     }
 }
@@ -154,14 +162,13 @@ impl Maintenance {
         Ok(purged)
     }
 
-    /// Forgets de-duplication keys that hold nothing any more, [`BATCH`] at a time; how many.
-    pub(crate) async fn purge_dedup_keys(&self) -> Result<u64, sqlx::Error> {
+    /// Runs `purge` (a function of at most `$1` rows a call, answering how many it removed) until a call comes back
+    /// short, at most [`MAX_BATCHES_PER_PASS`] times: de-duplication keys that hold nothing any more, jobs past a
+    /// retention of their own. How many in all.
+    async fn batches(&self, purge: &'static str) -> Result<u64, sqlx::Error> {
         let mut purged = 0;
         for _ in 0..MAX_BATCHES_PER_PASS {
-            let done: i64 = sqlx::query_scalar("SELECT conveyor.conveyor_dedup_keys_purge($1)")
-                .bind(BATCH as i32)
-                .fetch_one(&self.pool)
-                .await?;
+            let done: i64 = sqlx::query_scalar(purge).bind(BATCH as i32).fetch_one(&self.pool).await?;
             purged += done as u64;
             if done < BATCH {
                 break;
@@ -186,12 +193,21 @@ impl Maintenance {
         let audit_purged = self.purge_audit().await?;
         let dead_letters_purged = self.purge_dead_letters().await?;
         self.metrics.dead_letters_purged.inc_by(dead_letters_purged);
-        let dedup_keys_purged = self.purge_dedup_keys().await?;
+        let dedup_keys_purged = self.batches("SELECT conveyor.conveyor_dedup_keys_purge($1)").await?;
+        let kept_jobs_purged = self.batches("SELECT conveyor.conveyor_kept_jobs_purge($1)").await?;
         let mut host_purged = Vec::with_capacity(self.purges.len());
         for (name, purge) in &self.purges {
             host_purged.push((*name, purge(self.pool.clone()).await?));
         }
-        Ok(PassReport { host_purged, outbox_purged, redriven, audit_purged, dead_letters_purged, dedup_keys_purged })
+        Ok(PassReport {
+            host_purged,
+            outbox_purged,
+            redriven,
+            audit_purged,
+            dead_letters_purged,
+            dedup_keys_purged,
+            kept_jobs_purged,
+        })
     }
 
     /// Passes every interval until `shutdown`. A failed pass is logged and retried at the next interval.

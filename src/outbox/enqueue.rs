@@ -8,7 +8,7 @@ use uuid::Uuid;
 use crate::backoff::Backoff;
 use crate::db::WorkspaceTx;
 use crate::ids::JobId;
-use crate::kind::{self, JobKind, Priority};
+use crate::kind::{self, JobKind, Keep, Priority};
 
 /// How to run one job: when, under which de-duplication key, at which priority, how often and how long. Every option
 /// is optional; unset ones take the kind's defaults.
@@ -36,6 +36,8 @@ pub struct EnqueueOptions {
     max_attempts: Option<u32>,
     timeout: Option<Duration>,
     backoff: Option<Backoff>,
+    keep_succeeded: Option<Keep>,
+    keep_failed: Option<Keep>,
     operation: Option<Uuid>,
     traceparent: Option<String>,
     tracestate: Option<String>,
@@ -105,6 +107,20 @@ impl EnqueueOptions {
     /// Back-off between runs (base and cap up to 24 h and 7 days, base not above cap), instead of the kind's default.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = Some(backoff);
+        self
+    }
+
+    /// How long the job is kept once it succeeded, instead of its kind's [`JobKind::KEEP_SUCCEEDED`] (BullMQ's
+    /// `removeOnComplete`). See [`Keep`].
+    pub fn keep_succeeded(mut self, keep: Keep) -> Self {
+        self.keep_succeeded = Some(keep);
+        self
+    }
+
+    /// How long the job is kept once it failed (a dead letter), instead of its kind's [`JobKind::KEEP_FAILED`]
+    /// (BullMQ's `removeOnFail`). See [`Keep`].
+    pub fn keep_failed(mut self, keep: Keep) -> Self {
+        self.keep_failed = Some(keep);
         self
     }
 
@@ -187,6 +203,9 @@ impl EnqueueOptions {
             return invalid(
                 "backoff base must be at most 24 h, its cap at most 7 days, and the base not above the cap",
             );
+        }
+        if let Some(problem) = self.keep_succeeded.iter().chain(&self.keep_failed).find_map(Keep::invalid) {
+            return invalid(problem);
         }
         if self.traceparent.as_ref().is_some_and(|t| t.len() > 128 || !t.is_ascii() || t.contains('\n')) {
             return invalid("traceparent must be ASCII, at most 128 characters, on one line");
@@ -339,6 +358,8 @@ pub(super) struct Row {
     backoff_ms: Option<i64>,
     backoff_max_ms: Option<i64>,
     operation: Option<Uuid>,
+    /// How long it is kept once it succeeded, failed: seconds and count each (`None`: the global retention).
+    keep: [Option<i32>; 4],
     /// The job's trace context as the `traceparent` column holds it ([`crate::telemetry::stored`]).
     traceparent: Option<String>,
 }
@@ -359,6 +380,9 @@ impl Row {
 
     fn new<K: JobKind>(payload: &K, options: EnqueueOptions) -> Result<Self, EnqueueError> {
         options.validate()?;
+        if let Some(problem) = [K::KEEP_SUCCEEDED, K::KEEP_FAILED].iter().find_map(Keep::invalid) {
+            return Err(EnqueueError::InvalidOptions(format!("{}: {problem}", K::KIND)));
+        }
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         Ok(Self {
             id: Uuid::now_v7(),
@@ -378,6 +402,11 @@ impl Row {
             backoff_ms: options.backoff.map(|b| ms(b.base)),
             backoff_max_ms: options.backoff.map(|b| ms(b.max)),
             operation: options.operation,
+            keep: {
+                let (succeeded_s, succeeded_n) = options.keep_succeeded.unwrap_or(K::KEEP_SUCCEEDED).columns();
+                let (failed_s, failed_n) = options.keep_failed.unwrap_or(K::KEEP_FAILED).columns();
+                [succeeded_s, succeeded_n, failed_s, failed_n]
+            },
             traceparent: options
                 .traceparent
                 .map(|parent| crate::telemetry::stored(&parent, options.tracestate.as_deref())),
@@ -454,9 +483,11 @@ pub(super) async fn insert_row<K: JobKind>(
         let inserted: Option<(Uuid,)> = sqlx::query_as(
             "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                                         next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
-                                        backoff_max_ms, limit_key)
+                                        backoff_max_ms, limit_key, keep_succeeded_s, keep_succeeded_n, keep_failed_s,
+                                        keep_failed_n)
              SELECT $1, conveyor.conveyor_current_workspace(), $2, $3, $4, $5, $6,
-                    coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14, $16
+                    coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14, $16, $17, $18, $19,
+                    $20
              FROM conveyor.conveyor_wake_dispatchers(conveyor.conveyor_current_workspace()::text || $15) AS notified
              WHERE $5::uuid IS NULL
                 OR EXISTS (SELECT 1 FROM conveyor.operations o WHERE o.id = $5 AND o.status IN ('queued', 'running'))
@@ -481,6 +512,10 @@ pub(super) async fn insert_row<K: JobKind>(
         .bind(row.backoff_max_ms)
         .bind(suffix)
         .bind(&row.limit_key)
+        .bind(row.keep[0])
+        .bind(row.keep[1])
+        .bind(row.keep[2])
+        .bind(row.keep[3])
         .fetch_optional(&mut **tx)
         .await
         .map_err(no_workspace)?;
@@ -506,7 +541,8 @@ pub(super) async fn insert_row<K: JobKind>(
 async fn holder<K: JobKind>(tx: &mut WorkspaceTx, key: &str) -> Result<Option<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT id FROM conveyor.outbox_events
-         WHERE event_type = $1 AND dedup_key = $2 AND status IN ('pending', 'dispatching', 'dispatched')",
+         WHERE workspace_id = conveyor.conveyor_current_workspace() AND event_type = $1 AND dedup_key = $2
+           AND status IN ('pending', 'dispatching', 'dispatched')",
     )
     .bind(K::KIND)
     .bind(key)
@@ -551,13 +587,17 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
         return Ok(Vec::new());
     }
     if rows.iter().any(Row::decided_by_its_key) {
-        // A throttle or a debounce decides on its key's row, in order: one job after the other.
+        // A throttle or a debounce decides on its key's row, one job after the other: in the order of their keys (so
+        // that two calls lock the rows of their keys in one order, never waiting for each other in a circle), each
+        // key's jobs in the order given. Answered in the order given.
         let suffix = notification_suffix(due);
-        let mut answers = Vec::with_capacity(rows.len());
-        for row in &rows {
-            answers.push(insert::<K>(tx, row, &suffix).await?);
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by(|&a, &b| (rows[a].dedup_key.as_deref(), a).cmp(&(rows[b].dedup_key.as_deref(), b)));
+        let mut answers = vec![None; rows.len()];
+        for i in order {
+            answers[i] = Some(insert::<K>(tx, &rows[i], &suffix).await?);
         }
-        return Ok(answers);
+        return Ok(answers.into_iter().map(|a| a.expect("every job was answered")).collect());
     }
     let mut operations: Vec<Uuid> = rows.iter().filter_map(|r| r.operation).collect();
     operations.sort();
@@ -572,15 +612,19 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     let inserted: Vec<(Uuid,)> = sqlx::query_as(
         "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                                     next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
-                                    backoff_max_ms, limit_key)
+                                    backoff_max_ms, limit_key, keep_succeeded_s, keep_succeeded_n, keep_failed_s,
+                                    keep_failed_n)
          SELECT v.id, conveyor.conveyor_current_workspace(), $1, $2, v.payload, v.operation_id, v.traceparent,
                 coalesce(v.run_at, now() + make_interval(secs => v.delay)), v.dedup_key, v.priority, v.max_attempts,
-                v.timeout_ms, v.backoff_ms, v.backoff_max_ms, v.limit_key
+                v.timeout_ms, v.backoff_ms, v.backoff_max_ms, v.limit_key, v.keep_succeeded_s, v.keep_succeeded_n,
+                v.keep_failed_s, v.keep_failed_n
          FROM conveyor.conveyor_wake_dispatchers(conveyor.conveyor_current_workspace()::text || $3) AS notified
          CROSS JOIN unnest($4::uuid[], $5::jsonb[], $6::uuid[], $7::text[], $8::timestamptz[], $9::float8[],
-                           $10::text[], $11::int2[], $12::int4[], $13::int8[], $14::int8[], $15::int8[], $16::text[])
+                           $10::text[], $11::int2[], $12::int4[], $13::int8[], $14::int8[], $15::int8[], $16::text[],
+                           $17::int4[], $18::int4[], $19::int4[], $20::int4[])
                     WITH ORDINALITY AS v(id, payload, operation_id, traceparent, run_at, delay, dedup_key, priority,
-                                         max_attempts, timeout_ms, backoff_ms, backoff_max_ms, limit_key, n)
+                                         max_attempts, timeout_ms, backoff_ms, backoff_max_ms, limit_key,
+                                         keep_succeeded_s, keep_succeeded_n, keep_failed_s, keep_failed_n, n)
          ORDER BY v.n
          ON CONFLICT (workspace_id, event_type, dedup_key)
              WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
@@ -603,6 +647,10 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     .bind(column(&rows, |r| r.backoff_ms))
     .bind(column(&rows, |r| r.backoff_max_ms))
     .bind(column(&rows, |r| r.limit_key.clone()))
+    .bind(column(&rows, |r| r.keep[0]))
+    .bind(column(&rows, |r| r.keep[1]))
+    .bind(column(&rows, |r| r.keep[2]))
+    .bind(column(&rows, |r| r.keep[3]))
     .fetch_all(&mut **tx)
     .await
     .map_err(no_workspace)?;
@@ -615,7 +663,8 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
         rows.iter().filter(|r| !created.contains(&r.id)).filter_map(|r| r.dedup_key.clone()).collect();
     let holders: Vec<(String, Uuid)> = sqlx::query_as(
         "SELECT dedup_key, id FROM conveyor.outbox_events
-         WHERE event_type = $1 AND dedup_key = ANY($2) AND status IN ('pending', 'dispatching', 'dispatched')",
+         WHERE workspace_id = conveyor.conveyor_current_workspace() AND event_type = $1 AND dedup_key = ANY($2)
+           AND status IN ('pending', 'dispatching', 'dispatched')",
     )
     .bind(K::KIND)
     .bind(&held)
@@ -657,6 +706,17 @@ mod tests {
         assert!(
             EnqueueOptions::new().max_attempts(1).dedup_key("k").timeout(Duration::from_millis(1)).validate().is_ok()
         );
+    }
+
+    #[test]
+    fn a_keep_out_of_range_is_refused_by_name_and_stored_in_whole_seconds() {
+        let refused = |o: EnqueueOptions| o.validate().unwrap_err().to_string();
+        assert!(refused(EnqueueOptions::new().keep_succeeded(Keep::for_age(TEN_YEARS * 2))).contains("kept age"));
+        assert!(refused(EnqueueOptions::new().keep_failed(Keep::last(1_000_001))).contains("kept count"));
+        assert!(EnqueueOptions::new().keep_failed(Keep::none().and_last(0)).validate().is_ok());
+        assert_eq!(Keep::for_age(Duration::from_millis(1500)).and_last(3).columns(), (Some(2), Some(3)));
+        assert_eq!(Keep::none().columns(), (Some(0), None));
+        assert_eq!(Keep::GLOBAL.columns(), (None, None));
     }
 
     #[test]

@@ -198,9 +198,18 @@ async fn sixteen_concurrent_debounced_enqueues_leave_one_waiting_job_with_the_la
     let (dispatcher, worker) = parts(&platform, &syncs).await;
     let hour = DedupMode::debounce(Duration::from_secs(3600));
 
-    let first = enqueue(&platform, ws, 0, EnqueueOptions::new().dedup("sku-7", hour)).await;
-    assert!(first.created);
+    // 16 at once on a key nobody holds: one writes the job, the 15 others fold into it.
+    let answers = sixteen_at_once(&platform, ws, hour).await;
+    let created: Vec<_> = answers.iter().filter(|(_, e)| e.created).collect();
+    assert_eq!(created.len(), 1, "one enqueue wrote the job: {answers:?}");
+    let first = created[0].1;
+    assert!(answers.iter().all(|(_, e)| e.id == first.id), "{answers:?}");
+    assert_eq!(jobs(&platform, ws).await, [(first.id.0, "pending".to_owned())]);
     let due_first = run_at(&platform, ws, first.id).await;
+    // Maintenance keeps the key of a waiting job.
+    assert_eq!(maintenance_pass(&platform).await.dedup_keys_purged, 0);
+
+    // 16 more at once on the key now held: all fold in, the due time moves on.
     let answers = sixteen_at_once(&platform, ws, hour).await;
     assert!(answers.iter().all(|(_, e)| *e == Enqueued { id: first.id, created: false }), "{answers:?}");
     assert_eq!(jobs(&platform, ws).await, [(first.id.0, "pending".to_owned())]);
@@ -223,6 +232,8 @@ async fn a_debounce_leaves_a_job_handed_to_a_worker_alone_and_writes_the_next_be
 
     let first = enqueue(&platform, ws, 1, EnqueueOptions::new().dedup("sku-9", now)).await;
     dispatcher.dispatch_once().await.unwrap();
+    // Handed out, its key is kept: the job could come back to wait, for a retry.
+    assert_eq!(maintenance_pass(&platform).await.dedup_keys_purged, 0);
     // Handed out: left alone, so a new waiting job is written, and the key follows it.
     let second = enqueue(&platform, ws, 2, EnqueueOptions::new().dedup("sku-9", now)).await;
     assert!(second.created && second.id != first.id, "{second:?}");
@@ -275,4 +286,48 @@ async fn a_debounce_can_keep_the_first_payload_or_the_first_due_time_and_a_batch
     let mut ran = syncs.0.lock().unwrap().clone();
     ran.sort();
     assert_eq!(ran, [2, 11, 12], "the first key's second payload (the third kept it), the batch's last of b, and c");
+}
+
+#[tokio::test]
+async fn a_throttle_and_a_debounce_of_one_name_are_two_keys_and_each_workspace_has_its_own_under_one_role() {
+    // The single-role mode: one role, the owner, that reads every workspace's rows; each enqueue still meets its own.
+    let platform = Platform::single_role().await;
+    let (a, b) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    let throttle = DedupMode::throttle(Duration::from_secs(3600));
+    let debounce = DedupMode::debounce(Duration::from_secs(3600));
+
+    let a_throttled = enqueue(&platform, a, 1, EnqueueOptions::new().dedup("k", throttle)).await;
+    let b_throttled = enqueue(&platform, b, 2, EnqueueOptions::new().dedup("k", throttle)).await;
+    assert!(a_throttled.created && b_throttled.created);
+    // A debounce of the same name is another key: it writes its own job, and leaves the throttled job's payload.
+    let a_debounced = enqueue(&platform, a, 3, EnqueueOptions::new().dedup("k", debounce)).await;
+    assert!(a_debounced.created && a_debounced.id != a_throttled.id);
+    let b_debounced = enqueue(&platform, b, 6, EnqueueOptions::new().dedup("k", debounce)).await;
+    assert!(b_debounced.created);
+    // Each workspace's held keys answer its own jobs.
+    for _ in 0..3 {
+        assert_eq!(
+            enqueue(&platform, a, 4, EnqueueOptions::new().dedup("k", throttle)).await,
+            Enqueued { id: a_throttled.id, created: false }
+        );
+        assert_eq!(
+            enqueue(&platform, b, 5, EnqueueOptions::new().dedup("k", throttle)).await,
+            Enqueued { id: b_throttled.id, created: false }
+        );
+        assert_eq!(
+            enqueue(&platform, b, 6, EnqueueOptions::new().dedup("k", debounce)).await,
+            Enqueued { id: b_debounced.id, created: false }
+        );
+    }
+    let mut owner = platform.owner().await;
+    let payloads: Vec<(Uuid, Value)> =
+        sqlx::query_as("SELECT id, event_payload FROM conveyor.outbox_events WHERE workspace_id = ANY($1) ORDER BY id")
+            .bind(vec![a.0, b.0])
+            .fetch_all(&mut owner)
+            .await
+            .unwrap();
+    let payload = |id: JobId| payloads.iter().find(|(j, _)| *j == id.0).map(|(_, p)| p["version"].clone());
+    assert_eq!(payload(a_throttled.id), Some(1.into()), "a throttle's job keeps its payload");
+    assert_eq!(payload(a_debounced.id), Some(3.into()));
+    assert_eq!(payloads.len(), 4, "a: throttled and debounced; b: throttled and debounced: {payloads:?}");
 }

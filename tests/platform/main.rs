@@ -12,6 +12,7 @@ mod gate;
 mod job_logs;
 mod metrics;
 mod queue_ops;
+mod retention;
 mod single_role;
 mod testing;
 mod trace_context;
