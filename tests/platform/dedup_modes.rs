@@ -331,3 +331,37 @@ async fn a_throttle_and_a_debounce_of_one_name_are_two_keys_and_each_workspace_h
     assert_eq!(payload(a_debounced.id), Some(3.into()));
     assert_eq!(payloads.len(), 4, "a: throttled and debounced; b: throttled and debounced: {payloads:?}");
 }
+
+#[tokio::test]
+async fn a_debounced_job_does_not_run_from_an_earlier_hand_off_still_in_the_stream() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let syncs = Syncs::default();
+    let (dispatcher, worker) = parts(&platform, &syncs).await;
+    let now = DedupMode::debounce(Duration::ZERO);
+    let job = enqueue(&platform, ws, 1, EnqueueOptions::new().dedup("sku-10", now)).await.id;
+    dispatcher.dispatch_once().await.unwrap();
+    // As when an XADD's reply is lost: the entry is in the stream, and the relay puts the job back to pending.
+    let mut owner = platform.owner().await;
+    sqlx::query("SELECT set_config('app.workspace_id', $1, false)")
+        .bind(ws.0.to_string())
+        .execute(&mut owner)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE conveyor.outbox_events SET status = 'pending', locked_by = NULL, locked_until = NULL,
+                stream_id = NULL, dispatched_at = NULL
+         WHERE id = $1",
+    )
+    .bind(job.0)
+    .execute(&mut owner)
+    .await
+    .unwrap();
+    // The debounce folds into the waiting job: a new generation, so the old entry does not run its old payload.
+    assert_eq!(
+        enqueue(&platform, ws, 2, EnqueueOptions::new().dedup("sku-10", now)).await,
+        Enqueued { id: job, created: false }
+    );
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    assert_eq!(*syncs.0.lock().unwrap(), [2], "only the debounced payload ran");
+}

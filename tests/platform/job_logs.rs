@@ -107,3 +107,53 @@ async fn the_testing_helper_returns_what_a_run_logged() {
     assert!(worked.logs[0].starts_with("run 2: fetching") && !worked.logs[0].contains("s3cret"), "{:?}", worked.logs);
     assert_eq!(worked.logs[1], "row 0");
 }
+
+/// Logs `lines` lines of 500 three-byte characters each (the most a line keeps), then succeeds.
+#[derive(Serialize, Deserialize)]
+struct Wide {
+    lines: u32,
+}
+
+impl JobKind for Wide {
+    const KIND: &'static str = "test.wide";
+    const QUEUE: &'static str = "test-imports";
+}
+
+struct WideLogger;
+
+impl Handler<Wide> for WideLogger {
+    async fn handle(&self, job: Wide, cx: &mut JobContext) -> Result<Value, JobError> {
+        for _ in 0..job.lines {
+            cx.log("€".repeat(500)).await;
+        }
+        Ok(Value::Null)
+    }
+}
+
+#[tokio::test]
+async fn a_jobs_log_keeps_at_most_64_kib_whatever_its_count_of_lines() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let job = conveyor_jobs::enqueue_tx(&mut tx, &Wide { lines: 60 }, EnqueueOptions::new()).await.unwrap().id;
+    tx.commit().await.unwrap();
+    let dispatcher = platform.dispatcher(|_| {}).await;
+    let worker = Worker::builder(platform.pool.clone(), platform.consumer("wide-logs").await)
+        .runtime_pool(platform.runtime_pool.clone())
+        .handle::<Wide>(WideLogger)
+        .build()
+        .unwrap();
+    worker.ensure_groups().await.unwrap();
+    assert_eq!(conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap(), [Outcome::Succeeded]);
+
+    let logs = conveyor_jobs::get_job_logs(&platform.pool, ws, job).await.unwrap();
+    let line = logs[0].line.len();
+    assert_eq!(line, 1500, "500 characters of 3 bytes");
+    assert!(logs.iter().all(|l| l.line.len() == line));
+    // The byte bound, not the count: as many whole lines as 64 KiB holds, of the 60 logged.
+    assert_eq!(logs.len(), 64 * 1024 / line, "{} lines kept", logs.len());
+    // The testing helper keeps the same bound.
+    let tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let worked = conveyor_jobs::testing::work(&WideLogger, tx, Wide { lines: 60 }).await;
+    assert_eq!(worked.logs.len(), logs.len());
+}

@@ -345,3 +345,76 @@ async fn a_changed_job_does_not_run_from_an_earlier_hand_off_still_in_the_stream
     assert_eq!(*labels.0.lock().unwrap(), ["new"], "only the changed job ran");
     assert_eq!(status(&platform, ws, job).await, Some(JobStatus::Succeeded));
 }
+
+#[tokio::test]
+async fn a_clean_by_age_takes_the_jobs_that_ended_long_enough_ago_and_with_keep_last_only_those_beyond_the_newest() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    let mut ended = Vec::new();
+    for i in 0..5 {
+        if i == 3 {
+            // The first three ended over a second before the last two.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+        ended.push(enqueue(&platform, ws, &format!("ok-{i}"), EnqueueOptions::new()).await);
+        conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    }
+    let clean = |c: CleanJobs| {
+        let pool = platform.pool.clone();
+        async move { conveyor_jobs::clean_jobs(&pool, ws, &c).await.unwrap() }
+    };
+    let succeeded = || CleanJobs::ended(JobStatus::Succeeded).unwrap();
+    let second = Duration::from_secs(1);
+    // Older than a second and beyond the newest four: the oldest alone.
+    assert_eq!(clean(succeeded().older_than(second).keep_last(4)).await, 1);
+    // Older than a second: the two others of the first three.
+    assert_eq!(clean(succeeded().older_than(second)).await, 2);
+    assert_eq!(clean(succeeded().older_than(second)).await, 0);
+    let mut left = Vec::new();
+    for job in &ended {
+        left.push(status(&platform, ws, *job).await.is_some());
+    }
+    assert_eq!(left, [false, false, false, true, true]);
+}
+
+#[tokio::test]
+async fn a_drain_racing_the_relay_cancels_each_job_or_leaves_it_handed_out_to_run_never_both() {
+    let platform = Platform::new(16).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    let dispatcher = Arc::new(dispatcher);
+    let (mut canceled, mut ran) = (0, 0);
+    for round in 0..8 {
+        let mut jobs = Vec::new();
+        for i in 0..20 {
+            jobs.push((enqueue(&platform, ws, &format!("r{round}-{i}"), EnqueueOptions::new()).await, i));
+        }
+        let relay = {
+            let dispatcher = dispatcher.clone();
+            tokio::spawn(async move { dispatcher.dispatch_once().await.unwrap() })
+        };
+        let drained = conveyor_jobs::drain_jobs(&platform.pool, ws, &JobScope::queue(Label::QUEUE)).await.unwrap();
+        relay.await.unwrap();
+        conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+        let runs = std::mem::take(&mut *labels.0.lock().unwrap());
+        let mut round_canceled = 0;
+        for (job, i) in jobs {
+            let ran_it = runs.iter().filter(|r| **r == format!("r{round}-{i}")).count();
+            match status(&platform, ws, job).await {
+                Some(JobStatus::Canceled) => {
+                    assert_eq!(ran_it, 0, "round {round}: job {i} was drained and ran");
+                    round_canceled += 1;
+                }
+                Some(JobStatus::Succeeded) => assert_eq!(ran_it, 1, "round {round}: job {i} ran {ran_it} times"),
+                other => panic!("round {round}: job {i} is {other:?}"),
+            }
+        }
+        assert_eq!(round_canceled, drained, "round {round}: the drain counts what it canceled");
+        canceled += round_canceled;
+        ran += runs.len() as u64;
+    }
+    eprintln!("drained before the hand-off: {canceled}, handed out and ran: {ran}");
+}
