@@ -3,4 +3,5 @@
 -- their own have an entry in it, once they ended that way. Built CONCURRENTLY, one statement in the file (see 0027);
 -- an interrupted build leaves an INVALID index that IF NOT EXISTS would keep: drop it concurrently and migrate again.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_events_kept_succeeded_by_age
-    ON conveyor.outbox_events (keep_succeeded_s, finished_at) WHERE status = 'completed' AND keep_succeeded_s IS NOT NULL;
+    ON conveyor.outbox_events (keep_succeeded_s, finished_at)
+    WHERE status = 'completed' AND keep_succeeded_s IS NOT NULL;

@@ -266,6 +266,25 @@ impl Conveyor {
         crate::clean_jobs(&self.pool, self.workspace, clean).await
     }
 
+    /// Makes every delayed job in `scope` due now ([`crate::promote_jobs`]); returns how many.
+    pub async fn promote_jobs(&self, scope: &crate::JobScope) -> Result<u64, sqlx::Error> {
+        crate::promote_jobs(&self.pool, self.workspace, scope).await
+    }
+
+    /// Replays every failed job in `scope` ([`crate::retry_jobs`]).
+    pub async fn retry_jobs(&self, scope: &crate::JobScope) -> Result<crate::Retried, sqlx::Error> {
+        crate::retry_jobs(&self.pool, self.workspace, scope).await
+    }
+
+    /// Empties `queue` ([`crate::obliterate_queue`]): refused while its jobs run, unless `force`.
+    pub async fn obliterate_queue(
+        &self,
+        queue: &str,
+        force: bool,
+    ) -> Result<crate::Obliterated, crate::ObliterateError> {
+        crate::obliterate_queue(&self.pool, self.workspace, queue, force).await
+    }
+
     /// Waits until the job `id` ends, at most `timeout` ([`crate::wait_for_job`]).
     pub async fn wait_for_job(&self, id: JobId, timeout: Duration) -> Result<JobInfo, WaitError> {
         crate::wait_for_job(&self.pool, self.workspace, id, timeout).await

@@ -51,9 +51,11 @@ pub trait JobKind: Serialize + DeserializeOwned + Send + Sync + 'static {
 /// How long jobs of one end are kept before maintenance removes them (BullMQ's `removeOnComplete` /
 /// `removeOnFail`): by age, by count (the newest N of the job's kind in its workspace that keep a count), or both
 /// (kept while within both). A succeeded job past it is deleted; a failed one (a dead letter) is discarded, as an
-/// operator's discard does. A job without an age of its own keeps the global one: `CONVEYOR_OUTBOX_RETENTION` when it
-/// succeeded, `CONVEYOR_DEAD_LETTER_RETENTION` when it failed, which also caps a failed job's own age. Maintenance
-/// removes what is past it at its next pass (`CONVEYOR_MAINTENANCE_INTERVAL`).
+/// operator's discard does (on the audit trail). The global retention still applies, and caps an age of the job's
+/// own: `CONVEYOR_OUTBOX_RETENTION` once it succeeded, `CONVEYOR_DEAD_LETTER_RETENTION` once it failed (a failed job's
+/// own setting may go below that retention's floor: the application chose it). Maintenance removes what is past it at
+/// its next pass (`CONVEYOR_MAINTENANCE_INTERVAL`): a job removed at once may be gone before a [`crate::wait_for_job`]
+/// or a [`crate::subscribe`] reads its end.
 ///
 /// ```
 /// use std::time::Duration;
@@ -84,8 +86,8 @@ impl Keep {
         Self { age: Some(age), count: None }
     }
 
-    /// Kept while among the newest `count` jobs of its kind and workspace that ended the same way and keep a count
-    /// (at most a million); the global age applies too.
+    /// Kept while among the newest `count` jobs of its kind and workspace that ended the same way and keep the same
+    /// count (with a kind's `KEEP_*`, every job of the kind); at most a million. The global age applies too.
     pub const fn last(count: u32) -> Self {
         Self { age: None, count: Some(count) }
     }

@@ -98,8 +98,9 @@ pub use outbox::control::{
 };
 pub use outbox::transitions::relay::Settled;
 pub use outbox::{
-    ChangeError, CleanJobs, DedupMode, EnqueueError, EnqueueOptions, Enqueued, JobChange, JobScope, change_job,
-    clean_jobs, drain_jobs, enqueue_many_tx, enqueue_tx,
+    ChangeError, CleanJobs, DedupMode, EnqueueError, EnqueueOptions, Enqueued, JobChange, JobScope, ObliterateError,
+    Obliterated, Retried, change_job, clean_jobs, drain_jobs, enqueue_many_tx, enqueue_tx, obliterate_queue,
+    promote_jobs, retry_jobs,
 };
 pub use schedule::{
     FireOutcome, Schedule, ScheduleError, ScheduleOptions, ScheduleSpec, fire_due as fire_due_schedules,
@@ -122,8 +123,8 @@ pub use outbox::transitions::{Cancel as OperationCancel, cancel_operation_tx};
 // The operator surface: reads across workspaces and audited changes.
 pub use admin::{
     Actor, Admin, AdminError, Attempt, AuditEntry, BulkOutcome, CleanFilter, DeadLetter, DeadLetterFilter, DrainFilter,
-    DrainOutcome, JobAction, JobDetail, JobFilter, JobSummary, OperationFilter, OperationSummary, Page as AdminPage,
-    QueueSummary, Replay, StateCounts,
+    DrainOutcome, JobAction, JobDetail, JobFilter, JobSummary, ObliterateFilter, Obliteration, OperationFilter,
+    OperationSummary, Page as AdminPage, QueueSummary, Replay, StateCounts,
 };
 
 // Connections: PostgreSQL, Redis (its TLS, its keys, the producer and consumer the dispatcher and worker use).

@@ -36,7 +36,7 @@ pub struct PassReport {
     /// Dead letters past their retention discarded.
     pub dead_letters_purged: u64,
     /// De-duplication keys that held nothing any more forgotten: throttles whose period is over, debounces whose job
-    /// no longer waits.
+    /// no longer lives.
     pub dedup_keys_purged: u64,
     /// Jobs past a retention of their own ([`crate::Keep`]) removed: succeeded ones deleted, failed ones discarded.
     pub kept_jobs_purged: u64,

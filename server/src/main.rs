@@ -188,6 +188,19 @@ enum JobsCommand {
         #[arg(long)]
         all: bool,
     },
+    /// Empty a workspace's queue: cancel its waiting jobs and delete its ended ones (dead letters too). Refused while
+    /// jobs of the queue run, unless --force, which cancels them too.
+    Obliterate {
+        /// The queue.
+        #[arg(long)]
+        queue: String,
+        /// In this workspace.
+        #[arg(long)]
+        workspace: Uuid,
+        /// Cancel the jobs that run too.
+        #[arg(long)]
+        force: bool,
+    },
     /// Delete a workspace's ended jobs of one end, by age or all but the newest N (at least one of the two;
     /// `--older-than 0s` takes every one).
     #[command(group(clap::ArgGroup::new("which").required(true).multiple(true).args(["older_than", "keep_last"])))]
@@ -781,6 +794,17 @@ async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
             let drained = admin.drain(&actor, &conveyor_jobs::DrainFilter { queue, kind, workspace, all }).await?;
             println!("{}", serde_json::to_string(&drained)?);
             Ok(())
+        }
+        JobsCommand::Obliterate { queue, workspace, force } => {
+            match admin.obliterate(&actor, &queue, &conveyor_jobs::ObliterateFilter { workspace, force }).await? {
+                done @ conveyor_jobs::Obliteration::Done(_) => {
+                    println!("{}", serde_json::to_string(&done)?);
+                    Ok(())
+                }
+                conveyor_jobs::Obliteration::Running { running } => {
+                    anyhow::bail!("{running} jobs of queue {queue} run; nothing changed (--force cancels them too)")
+                }
+            }
         }
         JobsCommand::Clean { status, workspace, queue, kind, older_than, keep_last } => {
             let filter = conveyor_jobs::CleanFilter {

@@ -269,7 +269,7 @@ pub struct DeadLetterFilter {
 }
 
 pub use crate::worker::dlq::{DeadLetter, Replay};
-pub use queue_ops::{CleanFilter, DrainFilter, DrainOutcome};
+pub use queue_ops::{CleanFilter, DrainFilter, DrainOutcome, ObliterateFilter, Obliteration};
 
 /// What a bulk replay or discard did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -386,6 +386,17 @@ impl Admin {
     /// Deletes a workspace's ended jobs by age or beyond the newest N (audited as `clean`); returns how many.
     pub async fn clean(&self, actor: &Actor, filter: &CleanFilter) -> Result<u64, AdminError> {
         queue_ops::clean(self, actor, filter).await
+    }
+
+    /// Empties a workspace's queue: cancels its waiting jobs and deletes its ended ones; refused while its jobs run,
+    /// unless forced (audited as `obliterate`).
+    pub async fn obliterate(
+        &self,
+        actor: &Actor,
+        queue: &str,
+        filter: &ObliterateFilter,
+    ) -> Result<Obliteration, AdminError> {
+        queue_ops::obliterate(self, actor, queue, filter).await
     }
 
     /// Operations matching `filter`, newest first.

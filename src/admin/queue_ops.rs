@@ -1,5 +1,5 @@
 //! Queue operations across workspaces: drain a queue or kind (cancel its waiting jobs) in one workspace or, said
-//! explicitly, in all; clean a workspace's ended jobs. The workspaces come from the audited
+//! explicitly, in all; clean a workspace's ended jobs; obliterate a workspace's queue. The workspaces come from the audited
 //! `conveyor_admin_waiting_workspaces`; each change runs as the application role in its workspace, under row-level
 //! security (`crate::drain_jobs`, `crate::clean_jobs`), with its intent on the audit trail first and its outcome after.
 
@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::{Actor, Admin, AdminError, audit, filters};
 use crate::ids::WorkspaceId;
 use crate::outbox::control::JobStatus;
-use crate::{CleanJobs, JobScope};
+use crate::{CleanJobs, JobScope, ObliterateError, Obliterated};
 
 /// Which waiting jobs a drain cancels: of a queue, a kind or both (at least one), in one workspace or, with `all`,
 /// in every workspace.
@@ -51,6 +51,29 @@ pub struct CleanFilter {
     pub older_than_seconds: Option<u64>,
     /// All but the newest this many.
     pub keep_last: Option<u32>,
+}
+
+/// Which workspace's queue an obliterate empties, and whether it cancels jobs that run.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct ObliterateFilter {
+    /// In this workspace.
+    pub workspace: Uuid,
+    /// Cancel the queue's jobs that workers run too (else refused while there are some).
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// What an obliterate did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Obliteration {
+    /// Emptied: see [`crate::obliterate_queue`].
+    Done(Obliterated),
+    /// Refused, nothing changed: this many jobs of the queue run, and `force` was not given.
+    Running {
+        /// Jobs of the queue handed to workers.
+        running: u64,
+    },
 }
 
 fn scope(queue: &Option<String>, kind: &Option<String>) -> JobScope {
@@ -159,6 +182,40 @@ pub(super) async fn clean(admin: &Admin, actor: &Actor, filter: &CleanFilter) ->
             Ok(deleted)
         }
         Err(e) => {
+            let e = AdminError::from(e);
+            intent.failed(admin, actor, recorded, &e).await;
+            Err(e)
+        }
+    }
+}
+
+/// Empties a workspace's queue ([`crate::obliterate_queue`]), audited as `obliterate`.
+pub(super) async fn obliterate(
+    admin: &Admin,
+    actor: &Actor,
+    queue: &str,
+    filter: &ObliterateFilter,
+) -> Result<Obliteration, AdminError> {
+    if !crate::valid_queue_name(queue) {
+        return Err(AdminError::Invalid(format!("`{queue}` is not a queue name")));
+    }
+    let arguments = json!({ "queue": queue, "workspace": filter.workspace, "force": filter.force });
+    let intent = audit::intent(admin, actor, "obliterate", arguments.clone()).await?;
+    let mut recorded = arguments;
+    match crate::obliterate_queue(&admin.app, WorkspaceId(filter.workspace), queue, filter.force).await {
+        Ok(done) => {
+            recorded["outcome"] = json!("done");
+            recorded["done"] = json!(done);
+            intent.record(admin, actor, recorded).await;
+            Ok(Obliteration::Done(done))
+        }
+        Err(ObliterateError::Running(running)) => {
+            recorded["outcome"] = json!("refused");
+            recorded["running"] = json!(running);
+            intent.record(admin, actor, recorded).await;
+            Ok(Obliteration::Running { running })
+        }
+        Err(ObliterateError::Database(e)) => {
             let e = AdminError::from(e);
             intent.failed(admin, actor, recorded, &e).await;
             Err(e)

@@ -587,12 +587,20 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
         return Ok(Vec::new());
     }
     if rows.iter().any(Row::decided_by_its_key) {
-        // A throttle or a debounce decides on its key's row, one job after the other: in the order of their keys (so
-        // that two calls lock the rows of their keys in one order, never waiting for each other in a circle), each
-        // key's jobs in the order given. Answered in the order given.
+        // A throttle or a debounce decides on its key's row, one job after the other: in the order of their keys and
+        // modes (so that two calls lock the rows of their keys in one order, never waiting for each other in a
+        // circle), each key's jobs in the order given. Answered in the order given.
         let suffix = notification_suffix(due);
         let mut order: Vec<usize> = (0..rows.len()).collect();
-        order.sort_by(|&a, &b| (rows[a].dedup_key.as_deref(), a).cmp(&(rows[b].dedup_key.as_deref(), b)));
+        let lock_order = |i: usize| {
+            let mode = match rows[i].dedup_mode {
+                DedupMode::Throttle { .. } => 0,
+                DedupMode::Debounce { .. } => 1,
+                DedupMode::WhileLive => 2,
+            };
+            (rows[i].dedup_key.as_deref(), mode, i)
+        };
+        order.sort_by_key(|&i| lock_order(i));
         let mut answers = vec![None; rows.len()];
         for i in order {
             answers[i] = Some(insert::<K>(tx, &rows[i], &suffix).await?);

@@ -12,7 +12,10 @@ pub(crate) mod transitions;
 use crate::db::WorkspaceTx;
 use crate::ids::WorkspaceId;
 pub use enqueue::{DedupMode, EnqueueError, EnqueueOptions, Enqueued, enqueue_many_tx, enqueue_tx};
-pub use queue_ops::{ChangeError, CleanJobs, JobChange, JobScope, change_job, clean_jobs, drain_jobs};
+pub use queue_ops::{
+    ChangeError, CleanJobs, JobChange, JobScope, ObliterateError, Obliterated, Retried, change_job, clean_jobs,
+    drain_jobs, obliterate_queue, promote_jobs, retry_jobs,
+};
 
 /// The channel the dispatcher `LISTEN`s on; a commit that wrote events notifies it when no dispatcher is awake
 /// (`conveyor_wake_dispatchers`, migration 0039). The payload is the workspace, followed by `@<ms since the epoch>`

@@ -1,7 +1,9 @@
 //! Queue operations on a workspace's jobs, the ones BullMQ's `Queue` and `Job` offer: change a job that waits
 //! ([`change_job`]: its priority, due time or payload: `changePriority`, `changeDelay`, `promote`, `updateData`),
 //! cancel every waiting job of a queue or kind ([`drain_jobs`]: `drain`), delete ended jobs by age or beyond the newest
-//! N ([`clean_jobs`]: `clean`). Each runs under row-level security in the workspace it is given.
+//! N ([`clean_jobs`]: `clean`), make every delayed job due now ([`promote_jobs`]: `promoteJobs`), replay every failed
+//! job ([`retry_jobs`]: `retryJobs`), empty a queue ([`obliterate_queue`]: `obliterate`). Each runs under row-level
+//! security in the workspace it is given.
 
 use std::time::Duration;
 
@@ -314,4 +316,139 @@ pub async fn clean_jobs(pool: &PgPool, workspace: WorkspaceId, clean: &CleanJobs
             return Ok(cleaned);
         }
     }
+}
+
+/// Makes every delayed job of `workspace` in `scope` due now (those waiting for the relay and due later: delayed, or
+/// waiting out a retry's back-off), BullMQ's `promoteJobs`, and wakes the dispatchers; returns how many. A pause or a
+/// block of its key still holds a job; one that another transaction holds at this instant (a change) is left as it
+/// is. Commits in steps of a thousand jobs.
+pub async fn promote_jobs(pool: &PgPool, workspace: WorkspaceId, scope: &JobScope) -> Result<u64, sqlx::Error> {
+    let mut promoted = 0;
+    loop {
+        let mut tx = db::begin_workspace(pool, workspace).await?;
+        let step = waiting::promote_tx(&mut tx, workspace, scope.queue_name(), scope.kind_name(), STEP).await?;
+        tx.commit().await?;
+        promoted += step;
+        if step < STEP as u64 {
+            return Ok(promoted);
+        }
+    }
+}
+
+/// What [`retry_jobs`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Retried {
+    /// Failed jobs (dead letters) sent through the outbox again, from their first attempt.
+    pub replayed: u64,
+    /// Failed jobs left as they were: a live job holds their de-dup key, and replaying would make two.
+    pub key_held: u64,
+}
+
+/// Replays every failed job (dead letter) of `workspace` in `scope` from its first attempt, as
+/// [`crate::replay_dead_letter`] does each (its operation queued again), BullMQ's `retryJobs({ state: 'failed' })`.
+/// One whose de-dup key a live job holds is left failed ([`Retried::key_held`]). A transaction per job.
+pub async fn retry_jobs(pool: &PgPool, workspace: WorkspaceId, scope: &JobScope) -> Result<Retried, sqlx::Error> {
+    let mut retried = Retried::default();
+    let mut after = uuid::Uuid::nil();
+    loop {
+        let mut tx = db::begin_workspace(pool, workspace).await?;
+        let failed: Vec<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT id FROM conveyor.outbox_events
+             WHERE status = 'dead_letter' AND id > $3
+               AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR event_type = $2)
+             ORDER BY id LIMIT $4",
+        )
+        .bind(scope.queue_name())
+        .bind(scope.kind_name())
+        .bind(after)
+        .bind(STEP)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        for id in &failed {
+            match crate::worker::dlq::replay(pool, workspace, *id).await? {
+                super::transitions::Replay::Replayed => retried.replayed += 1,
+                super::transitions::Replay::KeyHeld(_) => retried.key_held += 1,
+                super::transitions::Replay::NotDeadLetter => {}
+            }
+        }
+        match failed.last() {
+            Some(last) if failed.len() as i64 == STEP => after = *last,
+            _ => return Ok(retried),
+        }
+    }
+}
+
+/// What [`obliterate_queue`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Obliterated {
+    /// Live jobs canceled: waiting ones, and with `force` those handed to workers too.
+    pub canceled: u64,
+    /// Jobs deleted, with their recorded failures and logs: those that had ended, and the waiting ones just canceled.
+    pub deleted: u64,
+    /// Jobs left because a worker may be running them: canceled ones kept for a day since their cancel (the run must
+    /// find its row to roll back; a later obliterate or retention deletes them), and any handed out meanwhile.
+    pub kept_running: u64,
+}
+
+/// Why [`obliterate_queue`] changed nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ObliterateError {
+    /// Jobs of the queue are handed to workers (running, or about to): refused without `force`.
+    #[error("{0} jobs of the queue are running; obliterate with force to cancel them too")]
+    Running(u64),
+    /// PostgreSQL failed.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Empties `queue` of `workspace`'s jobs, BullMQ's `obliterate`: cancels every waiting job (as a drain does, with
+/// its operation) and deletes every ended job of the queue, whatever its end (dead letters too). Refused, nothing
+/// changed, while jobs of the queue are handed to workers ([`ObliterateError::Running`]), unless `force`: then they
+/// are canceled too (each worker is told, and rolls its run back when the handler returns), and their rows are kept
+/// for a day ([`Obliterated::kept_running`]). Commits in steps of a thousand jobs; a job enqueued meanwhile, or
+/// handed out between two steps of a large queue, may be left. Schedules and the queue's stream stay.
+pub async fn obliterate_queue(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    queue: &str,
+    force: bool,
+) -> Result<Obliterated, ObliterateError> {
+    let mut done = Obliterated::default();
+    let mut first = true;
+    loop {
+        let mut tx = db::begin_workspace(pool, workspace).await?;
+        if first && !force {
+            let running = waiting::handed_out_tx(&mut tx, queue).await?;
+            if running > 0 {
+                return Err(ObliterateError::Running(running));
+            }
+        }
+        first = false;
+        let step = waiting::cancel_queue_tx(&mut tx, workspace, queue, force, STEP).await?;
+        tx.commit().await?;
+        done.canceled += step.canceled;
+        if step.found < STEP as u64 {
+            break;
+        }
+    }
+    loop {
+        let mut tx = db::begin_workspace(pool, workspace).await?;
+        let (found, deleted) = waiting::delete_ended_tx(&mut tx, queue, STEP).await?;
+        tx.commit().await?;
+        done.deleted += deleted;
+        if found < STEP as u64 {
+            break;
+        }
+    }
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    done.kept_running = sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM conveyor.outbox_events WHERE queue = $1 AND status IN ('canceled', 'dispatching', 'dispatched')",
+    )
+    .bind(queue)
+    .fetch_one(&mut *tx)
+    .await? as u64;
+    tx.commit().await?;
+    Ok(done)
 }

@@ -418,3 +418,87 @@ async fn a_drain_racing_the_relay_cancels_each_job_or_leaves_it_handed_out_to_ru
     }
     eprintln!("drained before the hand-off: {canceled}, handed out and ran: {ran}");
 }
+
+#[tokio::test]
+async fn a_promote_makes_every_delayed_job_of_its_scope_due_now_and_leaves_the_rest() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    let hour = || EnqueueOptions::new().delay(Duration::from_secs(3600));
+    for i in 0..3 {
+        enqueue(&platform, ws, &format!("delayed-{i}"), hour()).await;
+    }
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let other = conveyor_jobs::enqueue_tx(&mut tx, &Other { n: 1 }, hour()).await.unwrap().id;
+    tx.commit().await.unwrap();
+
+    assert_eq!(conveyor_jobs::promote_jobs(&platform.pool, ws, &JobScope::queue(Label::QUEUE)).await.unwrap(), 3);
+    assert_eq!(conveyor_jobs::promote_jobs(&platform.pool, ws, &JobScope::queue(Label::QUEUE)).await.unwrap(), 0);
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    let mut ran = labels.0.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(ran, ["delayed-0", "delayed-1", "delayed-2"]);
+    assert_eq!(status(&platform, ws, other).await, Some(JobStatus::Scheduled), "another queue's job still waits");
+}
+
+#[tokio::test]
+async fn a_retry_replays_every_failed_job_of_its_scope_but_one_whose_key_a_live_job_holds() {
+    let platform = Platform::new(8).await;
+    let (ws, other_ws) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    let failed = enqueue(&platform, ws, "fail", EnqueueOptions::new()).await;
+    let keyed = enqueue(&platform, ws, "fail", EnqueueOptions::new().dedup_key("k")).await;
+    let elsewhere = enqueue(&platform, other_ws, "fail", EnqueueOptions::new()).await;
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    assert_eq!(labels.0.lock().unwrap().len(), 3);
+    // A live job now holds the failed one's key.
+    let holder = enqueue(&platform, ws, "held", EnqueueOptions::new().dedup_key("k").delay(Duration::from_secs(3600)));
+    holder.await;
+
+    let retried = conveyor_jobs::retry_jobs(&platform.pool, ws, &JobScope::queue(Label::QUEUE)).await.unwrap();
+    assert_eq!(retried, conveyor_jobs::Retried { replayed: 1, key_held: 1 });
+    assert_eq!(status(&platform, ws, failed).await, Some(JobStatus::Queued));
+    assert_eq!(status(&platform, ws, keyed).await, Some(JobStatus::Failed));
+    assert_eq!(status(&platform, other_ws, elsewhere).await, Some(JobStatus::Failed), "another workspace's stays");
+    labels.0.lock().unwrap().clear();
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    assert_eq!(*labels.0.lock().unwrap(), ["fail"], "the replayed job ran again, from its first attempt");
+}
+
+#[tokio::test]
+async fn an_obliterate_is_refused_while_jobs_run_and_forced_cancels_them_and_empties_the_queue() {
+    let platform = Platform::new(8).await;
+    let (ws, other_ws) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    let succeeded = enqueue(&platform, ws, "ok", EnqueueOptions::new()).await;
+    let failed = enqueue(&platform, ws, "fail", EnqueueOptions::new()).await;
+    let elsewhere = enqueue(&platform, other_ws, "elsewhere", EnqueueOptions::new()).await;
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    let running = enqueue(&platform, ws, "running", EnqueueOptions::new()).await;
+    dispatcher.dispatch_once().await.unwrap();
+    let waiting = enqueue(&platform, ws, "waiting", EnqueueOptions::new().delay(Duration::from_secs(3600))).await;
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let other_queue = conveyor_jobs::enqueue_tx(&mut tx, &Other { n: 1 }, EnqueueOptions::new()).await.unwrap().id;
+    tx.commit().await.unwrap();
+
+    let refused = conveyor_jobs::obliterate_queue(&platform.pool, ws, Label::QUEUE, false).await;
+    assert!(matches!(refused, Err(conveyor_jobs::ObliterateError::Running(1))), "{refused:?}");
+    assert_eq!(status(&platform, ws, waiting).await, Some(JobStatus::Scheduled), "a refusal changes nothing");
+    assert_eq!(status(&platform, ws, succeeded).await, Some(JobStatus::Succeeded));
+
+    let done = conveyor_jobs::obliterate_queue(&platform.pool, ws, Label::QUEUE, true).await.unwrap();
+    assert_eq!(done, conveyor_jobs::Obliterated { canceled: 2, deleted: 3, kept_running: 1 });
+    for gone in [succeeded, failed, waiting] {
+        assert_eq!(status(&platform, ws, gone).await, None);
+    }
+    assert_eq!(status(&platform, ws, running).await, Some(JobStatus::Canceled), "kept while its run may go on");
+    assert_eq!(status(&platform, other_ws, elsewhere).await, Some(JobStatus::Succeeded));
+    assert_eq!(status(&platform, ws, other_queue).await, Some(JobStatus::Queued));
+    // The running job's delivery is skipped: it never runs.
+    labels.0.lock().unwrap().clear();
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    assert!(labels.0.lock().unwrap().is_empty(), "{:?}", labels.0.lock().unwrap());
+}

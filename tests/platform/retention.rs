@@ -25,25 +25,29 @@ impl JobKind for Ping {
     const MAX_ATTEMPTS: u32 = 1;
 }
 
-/// A kind that keeps its newest two succeeded jobs, and its failed ones for a day.
+/// A kind that keeps its newest two succeeded jobs, and its newest failed one.
 #[derive(Serialize, Deserialize)]
 struct Tick {
     n: u32,
+    #[serde(default)]
+    fail: bool,
 }
 
 impl JobKind for Tick {
     const KIND: &'static str = "test.tick";
     const QUEUE: &'static str = "test-pings";
+    const MAX_ATTEMPTS: u32 = 1;
     const KEEP_SUCCEEDED: Keep = Keep::last(2);
-    const KEEP_FAILED: Keep = Keep::for_age(Duration::from_secs(86_400));
+    const KEEP_FAILED: Keep = Keep::last(1);
 }
 
 #[derive(Clone, Default)]
 struct Runs(Arc<Mutex<u32>>);
 
 impl Handler<Ping> for Runs {
-    async fn handle(&self, job: Ping, _: &mut JobContext) -> Result<Value, JobError> {
+    async fn handle(&self, job: Ping, cx: &mut JobContext) -> Result<Value, JobError> {
         *self.0.lock().unwrap() += 1;
+        cx.log(format!("ping {}", job.n)).await;
         if job.fail {
             return Err(JobError::permanent(format!("ping {} asked to fail", job.n)));
         }
@@ -52,8 +56,11 @@ impl Handler<Ping> for Runs {
 }
 
 impl Handler<Tick> for Runs {
-    async fn handle(&self, _: Tick, _: &mut JobContext) -> Result<Value, JobError> {
+    async fn handle(&self, job: Tick, _: &mut JobContext) -> Result<Value, JobError> {
         *self.0.lock().unwrap() += 1;
+        if job.fail {
+            return Err(JobError::permanent(format!("tick {} asked to fail", job.n)));
+        }
         Ok(Value::Null)
     }
 }
@@ -119,7 +126,7 @@ async fn a_succeeded_job_kept_for_none_goes_at_the_next_pass_one_kept_for_an_age
     let second = Keep::for_age(Duration::from_secs(1));
     let aged = enqueue(&platform, ws, &ping(2), EnqueueOptions::new().keep_succeeded(second)).await;
     let global = enqueue(&platform, ws, &ping(3), EnqueueOptions::new()).await;
-    // A job kept for a day has no say while it is queued: a live job is never removed.
+    // A job removed at once has no say while it is queued: a live job is never removed.
     let live = enqueue(&platform, ws, &ping(4), EnqueueOptions::new().keep_succeeded(Keep::none()).delay(WEEK)).await;
     conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
 
@@ -137,17 +144,20 @@ async fn a_succeeded_job_kept_for_none_goes_at_the_next_pass_one_kept_for_an_age
 }
 
 #[tokio::test]
-async fn a_kind_keeps_its_newest_n_succeeded_jobs_per_workspace_and_a_job_can_keep_longer_than_the_global_age() {
+async fn a_kind_keeps_its_newest_n_succeeded_jobs_per_workspace_and_the_global_age_caps_every_keep() {
     let platform = Platform::new(8).await;
     let (ws, other_ws) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
     let (dispatcher, worker) = parts(&platform).await;
     let mut ticks = Vec::new();
     for n in 0..5 {
-        ticks.push(enqueue(&platform, ws, &Tick { n }, EnqueueOptions::new()).await);
+        ticks.push(enqueue(&platform, ws, &Tick { n, fail: false }, EnqueueOptions::new()).await);
         // One at a time, so that their ends are in this order.
         conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
     }
-    let other = enqueue(&platform, other_ws, &Tick { n: 9 }, EnqueueOptions::new()).await;
+    let other = enqueue(&platform, other_ws, &Tick { n: 9, fail: false }, EnqueueOptions::new()).await;
+    // A tick of its own count is counted among the ticks of that count alone: kept.
+    let own = EnqueueOptions::new().keep_succeeded(Keep::last(5));
+    let own = enqueue(&platform, ws, &Tick { n: 8, fail: false }, own).await;
     let kept_long = Keep::for_age(Duration::from_secs(3600));
     let long = enqueue(&platform, ws, &ping(1), EnqueueOptions::new().keep_succeeded(kept_long)).await;
     let plain = enqueue(&platform, ws, &ping(2), EnqueueOptions::new()).await;
@@ -163,47 +173,61 @@ async fn a_kind_keeps_its_newest_n_succeeded_jobs_per_workspace_and_a_job_can_ke
     assert!(row(&platform, other).await.is_some(), "another workspace counts its own");
     assert_eq!(pass(&platform, WEEK).await.kept_jobs_purged, 0, "nothing more past it");
 
-    // A global retention of nothing deletes every ended job but the one that keeps an hour of its own.
+    assert!(row(&platform, own).await.is_some(), "its own count of five");
+    assert!(row(&platform, long).await.is_some() && row(&platform, plain).await.is_some());
+
+    // A global retention of nothing deletes every ended job: it caps a count, and an age of a job's own.
     let report = pass(&platform, Duration::ZERO).await;
-    assert_eq!(row(&platform, plain).await, None);
-    assert_eq!(row(&platform, ticks[4]).await, None, "a count keeps no longer than the global age");
-    assert_eq!(row(&platform, long).await.as_deref(), Some("completed"), "its own hour is not over");
-    assert_eq!(report.outbox_purged, 4, "the plain ping, the two ticks of ws and the other workspace's");
+    for id in [plain, long, own, ticks[4], other] {
+        assert_eq!(row(&platform, id).await, None);
+    }
+    assert_eq!(report.outbox_purged, 6, "two pings, three ticks of ws and the other workspace's");
 }
 
 #[tokio::test]
-async fn a_failed_job_kept_for_none_is_discarded_with_its_failures_and_a_kinds_failed_age_holds_the_others() {
+async fn a_failed_job_past_its_own_or_its_kinds_keep_is_discarded_with_its_failures_and_log_and_the_others_stay() {
     let platform = Platform::new(8).await;
     let ws = WorkspaceId(Uuid::new_v4());
     let (dispatcher, worker) = parts(&platform).await;
     let failing = Ping { n: 1, fail: true };
     let gone = enqueue(&platform, ws, &failing, EnqueueOptions::new().keep_failed(Keep::none())).await;
-    let counted = |n| EnqueueOptions::new().keep_failed(Keep::last(1)).keep_succeeded(Keep::GLOBAL).priority(n);
-    let older = enqueue(&platform, ws, &Ping { n: 2, fail: true }, counted(conveyor_jobs::Priority::High)).await;
-    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
-    let newer = enqueue(&platform, ws, &Ping { n: 3, fail: true }, counted(conveyor_jobs::Priority::Normal)).await;
     let kept = enqueue(&platform, ws, &failing, EnqueueOptions::new()).await;
+    // The kind keeps its newest failed tick; a tick that says "global" keeps the global retention instead.
+    let older = enqueue(&platform, ws, &Tick { n: 1, fail: true }, EnqueueOptions::new()).await;
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    let newer = enqueue(&platform, ws, &Tick { n: 2, fail: true }, EnqueueOptions::new()).await;
+    let own = enqueue(&platform, ws, &Tick { n: 3, fail: true }, EnqueueOptions::new().keep_failed(Keep::GLOBAL)).await;
     conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
     let status = |id| {
         let pool = platform.pool.clone();
         async move { conveyor_jobs::get_job(&pool, ws, id).await.unwrap().map(|j| j.status) }
     };
     assert_eq!(status(gone).await, Some(JobStatus::Failed));
+    assert!(!conveyor_jobs::get_job_logs(&platform.pool, ws, gone).await.unwrap().is_empty());
 
     assert_eq!(pass(&platform, WEEK).await.kept_jobs_purged, 2);
-    // Discarded as an operator's discard does: a tombstone, its payload and failures gone.
+    // Discarded as an operator's discard does: a tombstone, its payload, failures and log gone.
     assert_eq!(row(&platform, gone).await.as_deref(), Some("discarded"));
-    assert_eq!(row(&platform, older).await.as_deref(), Some("discarded"), "beyond the newest one");
+    assert_eq!(row(&platform, older).await.as_deref(), Some("discarded"), "beyond the kind's newest one");
     assert_eq!(status(newer).await, Some(JobStatus::Failed));
+    assert_eq!(status(own).await, Some(JobStatus::Failed), "its own setting wins over its kind's");
     assert_eq!(status(kept).await, Some(JobStatus::Failed), "the dead letters' retention keeps it");
     let mut owner = platform.owner().await;
-    let (failures, payload): (i64, Value) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM conveyor.job_failures WHERE job_id = $1), event_payload
+    let (failures, logs, payload): (i64, i64, Value) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM conveyor.job_failures WHERE job_id = $1),
+                (SELECT count(*) FROM conveyor.job_logs WHERE job_id = $1), event_payload
          FROM conveyor.outbox_events WHERE id = $1",
     )
     .bind(gone.0)
     .fetch_one(&mut owner)
     .await
     .unwrap();
-    assert_eq!((failures, payload), (0, serde_json::json!({})));
+    assert_eq!((failures, logs, payload), (0, 0, serde_json::json!({})));
+    let audited: serde_json::Value = sqlx::query_scalar(
+        "SELECT arguments FROM conveyor.conveyor_admin_audit WHERE action = 'kept_jobs_purge' ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_one(&mut owner)
+    .await
+    .unwrap();
+    assert_eq!(audited["discarded"], 2, "{audited}");
 }

@@ -209,6 +209,7 @@ fn every_endpoint() -> Vec<(Method, String, Option<Value>)> {
             "/queues/nothing-here/clean".into(),
             Some(json!({ "status": "succeeded", "workspace": ws, "keep_last": 1 })),
         ),
+        (Method::POST, "/queues/nothing-here/obliterate".into(), Some(json!({ "workspace": ws }))),
         (Method::GET, "/operations".into(), None),
         (Method::GET, "/dead-letters".into(), None),
         (Method::POST, format!("/dead-letters/{id}/replay"), None),
@@ -871,6 +872,53 @@ async fn a_waiting_job_is_changed_a_queue_drained_and_cleaned_through_the_api_wi
     };
     assert!(entries.iter().any(|e| e["action"] == "change_job" && e["arguments"]["priority"] == "high"));
     assert!(done("change_job") >= 2 && done("drain") >= 2 && done("clean") >= 1, "{entries:?}");
+}
+
+#[tokio::test]
+async fn a_queue_is_obliterated_through_the_api_refused_while_its_jobs_run_unless_forced_and_audited() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let redis = common::redis_url();
+    let dispatcher = common::test_dispatcher(&app, &redis, |_| {}).await;
+    let waiting = enqueue(&app, ws, "ok", EnqueueOptions::new().delay(Duration::from_secs(3600))).await;
+    let running = enqueue(&app, ws, "ok", EnqueueOptions::new()).await;
+    dispatcher.dispatch_once().await.unwrap();
+
+    let path = "/queues/chores/obliterate";
+    op(&app, Method::POST, path, Some(json!({}))).await.problem(StatusCode::BAD_REQUEST);
+    op(&app, Method::POST, "/queues/No%20Such/obliterate", Some(json!({ "workspace": ws.0 })))
+        .await
+        .problem(StatusCode::BAD_REQUEST);
+    let refused = op(&app, Method::POST, path, Some(json!({ "workspace": ws.0 }))).await;
+    let problem = refused.problem(StatusCode::CONFLICT);
+    assert_eq!((problem["code"].clone(), problem["running"].clone()), (json!("QUEUE_RUNNING"), json!(1)));
+    let still = conveyor_jobs::get_job(&app.db.pool, ws, waiting).await.unwrap().unwrap().status;
+    assert_eq!(still, JobStatus::Scheduled, "a refusal changes nothing");
+
+    let forced = json!({ "workspace": ws.0, "force": true });
+    let done = op(&app, Method::POST, path, Some(forced)).await.expect(StatusCode::OK);
+    assert_eq!(done, json!({ "outcome": "done", "canceled": 2, "deleted": 1, "kept_running": 1 }));
+    assert!(conveyor_jobs::get_job(&app.db.pool, ws, waiting).await.unwrap().is_none(), "canceled, then deleted");
+    let canceled = conveyor_jobs::get_job(&app.db.pool, ws, running).await.unwrap().unwrap().status;
+    assert_eq!(canceled, JobStatus::Canceled, "kept while its run may go on");
+
+    let trail = op(&app, Method::GET, "/audit?limit=100", None).await.expect(StatusCode::OK);
+    let entries = trail["items"].as_array().cloned().unwrap_or_else(|| trail.as_array().cloned().unwrap());
+    let outcomes: Vec<Value> = entries
+        .iter()
+        .filter(|e| e["action"] == "obliterate" && e["arguments"]["outcome"] != "pending")
+        .map(|e| e["arguments"]["outcome"].clone())
+        .collect();
+    assert!(outcomes.contains(&json!("refused")) && outcomes.contains(&json!("done")), "{entries:?}");
+
+    // The CLI: a workspace is required, and a refusal is an error that says why.
+    assert!(cli(&app, "jobs", &["obliterate", "--queue", "chores"]).unwrap_err().contains("--workspace"));
+    enqueue(&app, ws, "ok", EnqueueOptions::new()).await;
+    dispatcher.dispatch_once().await.unwrap();
+    let refused = cli(&app, "jobs", &["obliterate", "--queue", "chores", "--workspace", &ws.0.to_string()]);
+    assert!(refused.unwrap_err().contains("nothing changed"));
+    let forced = cli(&app, "jobs", &["obliterate", "--queue", "chores", "--workspace", &ws.0.to_string(), "--force"]);
+    assert_eq!(serde_json::from_str::<Value>(&forced.unwrap()).unwrap()["canceled"], 1);
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@
 //! POST   /jobs/{id}/change   body: priority, run_at | delay_ms | run_now, payload (a waiting job's; 409 once handed out)
 //! POST   /queues/{name}/drain   body: kind, workspace | "all": true        cancels the queue's waiting jobs
 //! POST   /queues/{name}/clean   body: status, workspace, kind, older_than_seconds, keep_last   deletes ended jobs
+//! POST   /queues/{name}/obliterate   body: workspace, force   empties a workspace's queue (409 QUEUE_RUNNING)
 //! GET    /operations?kind&status&workspace&since&until&before&limit
 //! GET    /dead-letters?queue&kind&workspace&since&until&before&limit
 //! POST   /dead-letters/{id}/replay      DELETE /dead-letters/{id}
@@ -60,6 +61,7 @@ pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Route
         .route("/queues/{name}", get(queue))
         .route("/queues/{name}/drain", post(drain))
         .route("/queues/{name}/clean", post(clean))
+        .route("/queues/{name}/obliterate", post(obliterate))
         .route("/jobs", get(jobs))
         .route("/jobs/{id}", get(job))
         .route("/jobs/{id}/cancel", post(cancel_job))
@@ -282,6 +284,18 @@ async fn clean(op: Operating, Path(queue): Path<String>, bytes: Bytes) -> Answer
     };
     let deleted = op.admin.clean(&op.actor, &filter).await?;
     ok(json!({ "deleted": deleted }))
+}
+
+async fn obliterate(op: Operating, Path(queue): Path<String>, bytes: Bytes) -> Answer {
+    let filter: crate::ObliterateFilter = body(&bytes)?;
+    match op.admin.obliterate(&op.actor, &queue, &filter).await? {
+        done @ crate::Obliteration::Done(_) => ok(done),
+        crate::Obliteration::Running { running } => Err(ApiError::Conflict {
+            code: "QUEUE_RUNNING",
+            detail: format!("{running} jobs of queue {queue} run; obliterate with \"force\": true to cancel them too"),
+            named: Some(("running", json!(running))),
+        }),
+    }
 }
 
 async fn operations(op: Operating, query: RawQuery) -> Answer {

@@ -747,7 +747,8 @@ pub(crate) async fn replay_tx(
 ) -> Result<Replay, sqlx::Error> {
     let holder: Option<Uuid> = sqlx::query_scalar(
         "SELECT live.id FROM conveyor.outbox_events dead
-         JOIN conveyor.outbox_events live ON live.event_type = dead.event_type AND live.dedup_key = dead.dedup_key
+         JOIN conveyor.outbox_events live ON live.workspace_id = dead.workspace_id
+                                         AND live.event_type = dead.event_type AND live.dedup_key = dead.dedup_key
          WHERE dead.id = $1 AND live.status IN ('pending', 'dispatching', 'dispatched')",
     )
     .bind(job)

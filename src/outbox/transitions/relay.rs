@@ -331,8 +331,8 @@ async fn record_failures(
     Ok(settled)
 }
 
-/// Deletes jobs that ended (completed, canceled) longer than `retention` ago (a succeeded job that keeps an age of its
-/// own, [`crate::Keep`], once that is over too), and the tombstones of dead letters discarded that long ago (a `dispatched` job is live: handed to the workers, its end not yet recorded; dead letters
+/// Deletes jobs that ended (completed, canceled) longer than `retention` ago, and the tombstones of dead letters
+/// discarded that long ago (a `dispatched` job is live: handed to the workers, its end not yet recorded; dead letters
 /// stay for operators), at most `batch` per statement and `max_batches` in all.
 pub async fn purge_finished(
     pool: &PgPool,
@@ -346,8 +346,6 @@ pub async fn purge_finished(
         "DELETE FROM conveyor.outbox_events WHERE id IN (
              SELECT id FROM conveyor.outbox_events
              WHERE status IN ('completed', 'canceled') AND finished_at <= now() - make_interval(secs => $1)
-               AND (status = 'canceled' OR keep_succeeded_s IS NULL
-                    OR finished_at <= now() - make_interval(secs => keep_succeeded_s))
              LIMIT $2)",
         "DELETE FROM conveyor.outbox_events WHERE id IN (
              SELECT id FROM conveyor.outbox_events

@@ -131,12 +131,26 @@ pub(crate) async fn drain_tx(
     kind: Option<&str>,
     limit: i64,
 ) -> Result<Drained, sqlx::Error> {
+    cancel_tx(tx, workspace, queue, kind, false, limit).await
+}
+
+/// What [`drain_tx`] does, and with `handed_out_too` to the jobs handed to workers as well (a forced obliterate): a
+/// worker running one is told at commit, and rolls its run back when it ends.
+async fn cancel_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    queue: Option<&str>,
+    kind: Option<&str>,
+    handed_out_too: bool,
+    limit: i64,
+) -> Result<Drained, sqlx::Error> {
     // Any `limit` of them, in index order (no sort over the backlog); the rows are locked in id order below.
-    let waiting: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(
+    let waiting: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT id, operation_id FROM conveyor.outbox_events
-         WHERE status = 'pending' AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR event_type = $2)
+         WHERE status IN {} AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR event_type = $2)
          LIMIT $3",
-    )
+        if handed_out_too { LIVE } else { "('pending')" }
+    )))
     .bind(queue)
     .bind(kind)
     .bind(limit)
@@ -163,16 +177,17 @@ pub(crate) async fn drain_tx(
     let rows: Vec<(Uuid, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH locked AS (
              SELECT id FROM conveyor.outbox_events
-             WHERE status IN {LIVE} AND ((id = ANY($1) AND status = 'pending') OR operation_id = ANY($2))
+             WHERE status IN {LIVE} AND ((id = ANY($1) AND (status = 'pending' OR $3)) OR operation_id = ANY($2))
              ORDER BY id FOR UPDATE)
          UPDATE conveyor.outbox_events e
          SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL
          FROM locked WHERE e.id = locked.id AND e.status IN {LIVE}
-           AND ((e.id = ANY($1) AND e.status = 'pending') OR e.operation_id = ANY($2))
+           AND ((e.id = ANY($1) AND (e.status = 'pending' OR $3)) OR e.operation_id = ANY($2))
          RETURNING e.id, e.id = ANY($1)"
     )))
     .bind(&ids)
     .bind(&canceled_operations)
+    .bind(handed_out_too)
     .fetch_all(&mut **tx)
     .await?;
     let canceled: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
@@ -244,4 +259,82 @@ pub(crate) async fn clean_tx(tx: &mut WorkspaceTx, clean: &Clean<'_>, limit: i64
             .execute(&mut **tx)
             .await?;
     Ok((found, deleted.rows_affected()))
+}
+
+/// Makes up to `limit` of the workspace's delayed jobs (waiting for the relay, due later: delayed, or waiting out a
+/// retry's back-off) of `queue` and of `kind` (each when set) due now, and wakes the dispatchers at commit; how many.
+/// A job another transaction holds (a change, the relay) is skipped. A pause or a block still holds what it holds.
+pub(crate) async fn promote_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    queue: Option<&str>,
+    kind: Option<&str>,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    let promoted = sqlx::query(
+        "UPDATE conveyor.outbox_events SET next_attempt_at = now()
+         WHERE id IN (SELECT id FROM conveyor.outbox_events
+                      WHERE status = 'pending' AND next_attempt_at > now()
+                        AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR event_type = $2)
+                      LIMIT $3 FOR UPDATE SKIP LOCKED)
+           AND status = 'pending'",
+    )
+    .bind(queue)
+    .bind(kind)
+    .bind(limit)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if promoted > 0 {
+        wake_tx(tx, workspace, None).await?;
+    }
+    Ok(promoted)
+}
+
+/// The jobs of `queue` in the workspace that are handed to workers (and not ended).
+pub(crate) async fn handed_out_tx(tx: &mut WorkspaceTx, queue: &str) -> Result<u64, sqlx::Error> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM conveyor.outbox_events WHERE queue = $1 AND status IN ('dispatching', 'dispatched')",
+    )
+    .bind(queue)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(n as u64)
+}
+
+/// Cancels up to `limit` live jobs of `queue` (handed out too when `handed_out_too`), as a drain does.
+pub(crate) async fn cancel_queue_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    queue: &str,
+    handed_out_too: bool,
+    limit: i64,
+) -> Result<Drained, sqlx::Error> {
+    cancel_tx(tx, workspace, Some(queue), None, handed_out_too, limit).await
+}
+
+/// Deletes up to `limit` ended jobs of `queue` in the workspace, whatever their end (a dead letter's tombstone too),
+/// but a canceled job that was handed to a worker in the last [`RUN_AT_MOST`] (its run may still be going, and must
+/// find its row to roll back); how many it found, and deleted.
+pub(crate) async fn delete_ended_tx(tx: &mut WorkspaceTx, queue: &str, limit: i64) -> Result<(u64, u64), sqlx::Error> {
+    let ids: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT id FROM conveyor.outbox_events
+         WHERE queue = $1 AND status IN ('completed', 'canceled', 'dead_letter', 'discarded')
+           AND NOT (status = 'canceled' AND dispatched_at IS NOT NULL AND finished_at > now() - {RUN_AT_MOST})
+         LIMIT $2"
+    )))
+    .bind(queue)
+    .bind(limit)
+    .fetch_all(&mut **tx)
+    .await?;
+    // Their recorded failures and logs go with them (ON DELETE CASCADE).
+    let deleted = sqlx::query(
+        "DELETE FROM conveyor.outbox_events
+         WHERE id = ANY($1) AND status IN ('completed', 'canceled', 'dead_letter', 'discarded')",
+    )
+    .bind(&ids)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok((ids.len() as u64, deleted))
 }
