@@ -320,13 +320,18 @@ pub async fn clean_jobs(pool: &PgPool, workspace: WorkspaceId, clean: &CleanJobs
 
 /// Makes every delayed job of `workspace` in `scope` due now (those waiting for the relay and due later: delayed, or
 /// waiting out a retry's back-off), BullMQ's `promoteJobs`, and wakes the dispatchers; returns how many. A pause or a
-/// block of its key still holds a job; one that another transaction holds at this instant (a change) is left as it
-/// is. Commits in steps of a thousand jobs.
+/// block of its key still holds a job (and is counted all the same); one that another transaction holds at this
+/// instant (a change) is left as it is, and so is one enqueued after the call began. Commits in steps of a thousand
+/// jobs.
 pub async fn promote_jobs(pool: &PgPool, workspace: WorkspaceId, scope: &JobScope) -> Result<u64, sqlx::Error> {
     let mut promoted = 0;
+    // Jobs enqueued from now on (by PostgreSQL's clock) are not this promote's: a producer that keeps adding cannot
+    // keep it going.
+    let started: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     loop {
         let mut tx = db::begin_workspace(pool, workspace).await?;
-        let step = waiting::promote_tx(&mut tx, workspace, scope.queue_name(), scope.kind_name(), STEP).await?;
+        let (queue, kind) = (scope.queue_name(), scope.kind_name());
+        let step = waiting::promote_tx(&mut tx, workspace, queue, kind, started, STEP).await?;
         tx.commit().await?;
         promoted += step;
         if step < STEP as u64 {
@@ -342,11 +347,14 @@ pub struct Retried {
     pub replayed: u64,
     /// Failed jobs left as they were: a live job holds their de-dup key, and replaying would make two.
     pub key_held: u64,
+    /// Failed jobs left as they were: a unique index refused the replay (of the host's: a store's one active sync).
+    pub refused: u64,
 }
 
 /// Replays every failed job (dead letter) of `workspace` in `scope` from its first attempt, as
 /// [`crate::replay_dead_letter`] does each (its operation queued again), BullMQ's `retryJobs({ state: 'failed' })`.
-/// One whose de-dup key a live job holds is left failed ([`Retried::key_held`]). A transaction per job.
+/// One whose de-dup key a live job holds is left failed ([`Retried::key_held`]), and so is one a unique index refuses
+/// ([`Retried::refused`]). A transaction per job.
 pub async fn retry_jobs(pool: &PgPool, workspace: WorkspaceId, scope: &JobScope) -> Result<Retried, sqlx::Error> {
     let mut retried = Retried::default();
     let mut after = uuid::Uuid::nil();
@@ -366,10 +374,13 @@ pub async fn retry_jobs(pool: &PgPool, workspace: WorkspaceId, scope: &JobScope)
         .await?;
         tx.commit().await?;
         for id in &failed {
-            match crate::worker::dlq::replay(pool, workspace, *id).await? {
-                super::transitions::Replay::Replayed => retried.replayed += 1,
-                super::transitions::Replay::KeyHeld(_) => retried.key_held += 1,
-                super::transitions::Replay::NotDeadLetter => {}
+            match crate::worker::dlq::replay(pool, workspace, *id).await {
+                Ok(super::transitions::Replay::Replayed) => retried.replayed += 1,
+                Ok(super::transitions::Replay::KeyHeld(_)) => retried.key_held += 1,
+                Ok(super::transitions::Replay::NotDeadLetter) => {}
+                // A unique index of the host's refused it (its operation would hold what a live one holds).
+                Err(sqlx::Error::Database(d)) if d.code().as_deref() == Some("23505") => retried.refused += 1,
+                Err(e) => return Err(e),
             }
         }
         match failed.last() {
@@ -407,8 +418,10 @@ pub enum ObliterateError {
 /// its operation) and deletes every ended job of the queue, whatever its end (dead letters too). Refused, nothing
 /// changed, while jobs of the queue are handed to workers ([`ObliterateError::Running`]), unless `force`: then they
 /// are canceled too (each worker is told, and rolls its run back when the handler returns), and their rows are kept
-/// for a day ([`Obliterated::kept_running`]). Commits in steps of a thousand jobs; a job enqueued meanwhile, or
-/// handed out between two steps of a large queue, may be left. Schedules and the queue's stream stay.
+/// for a day ([`Obliterated::kept_running`]). The check is made once, at the start: a job the relay hands over at
+/// that instant, or between two steps of a large queue, runs on and is counted in `kept_running`. Commits in steps
+/// of a thousand jobs; a job enqueued meanwhile may be left. Schedules, throttle keys (which may then answer a deleted
+/// job's id until their period ends) and the queue's stream stay.
 pub async fn obliterate_queue(
     pool: &PgPool,
     workspace: WorkspaceId,

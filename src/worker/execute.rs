@@ -368,12 +368,13 @@ impl Executor {
                 tx.rollback().await?;
                 Ok((Outcome::Canceled, None))
             }
-            Completion::Stale => {
-                // Ended by another delivery meanwhile: its writes stand, these roll back.
+            Completion::Stale | Completion::Gone => {
+                // Ended by another delivery meanwhile (and perhaps deleted since, by a clean or retention, which take
+                // ended jobs only): its writes stand, these roll back.
                 tx.rollback().await?;
                 Ok((Outcome::Skipped, None))
             }
-            Completion::Recorded | Completion::Gone => {
+            Completion::Recorded => {
                 tx.commit().await?;
                 Ok((Outcome::Succeeded, None))
             }

@@ -458,7 +458,7 @@ async fn a_retry_replays_every_failed_job_of_its_scope_but_one_whose_key_a_live_
     holder.await;
 
     let retried = conveyor_jobs::retry_jobs(&platform.pool, ws, &JobScope::queue(Label::QUEUE)).await.unwrap();
-    assert_eq!(retried, conveyor_jobs::Retried { replayed: 1, key_held: 1 });
+    assert_eq!(retried, conveyor_jobs::Retried { replayed: 1, key_held: 1, refused: 0 });
     assert_eq!(status(&platform, ws, failed).await, Some(JobStatus::Queued));
     assert_eq!(status(&platform, ws, keyed).await, Some(JobStatus::Failed));
     assert_eq!(status(&platform, other_ws, elsewhere).await, Some(JobStatus::Failed), "another workspace's stays");
@@ -501,4 +501,37 @@ async fn an_obliterate_is_refused_while_jobs_run_and_forced_cancels_them_and_emp
     labels.0.lock().unwrap().clear();
     conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
     assert!(labels.0.lock().unwrap().is_empty(), "{:?}", labels.0.lock().unwrap());
+}
+
+#[tokio::test]
+async fn a_forced_obliterate_keeps_the_row_of_a_job_in_a_stream_whose_mark_is_not_recorded_yet() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let labels = Labels::default();
+    let (dispatcher, worker) = parts(&platform, &labels).await;
+    let job = enqueue(&platform, ws, "in-the-stream", EnqueueOptions::new()).await;
+    dispatcher.dispatch_once().await.unwrap();
+    // As when the relay has XADDed the job and not yet recorded its mark: leased, no hand-off time.
+    let mut owner = platform.owner().await;
+    sqlx::query("SELECT set_config('app.workspace_id', $1, false)")
+        .bind(ws.0.to_string())
+        .execute(&mut owner)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE conveyor.outbox_events SET status = 'dispatching', locked_by = 'a-relay',
+                locked_until = now() + interval '1 minute', dispatched_at = NULL, stream_id = NULL
+         WHERE id = $1",
+    )
+    .bind(job.0)
+    .execute(&mut owner)
+    .await
+    .unwrap();
+
+    let done = conveyor_jobs::obliterate_queue(&platform.pool, ws, Label::QUEUE, true).await.unwrap();
+    assert_eq!(done, conveyor_jobs::Obliterated { canceled: 1, deleted: 0, kept_running: 1 });
+    assert_eq!(status(&platform, ws, job).await, Some(JobStatus::Canceled), "its run must find it to roll back");
+    // Its delivery is skipped: it never runs.
+    while worker.process_one().await.unwrap().is_some() {}
+    assert!(labels.0.lock().unwrap().is_empty());
 }

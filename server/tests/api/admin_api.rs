@@ -1356,6 +1356,7 @@ const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("POST", "/jobs/00000000-0000-0000-0000-000000000001/change"),
     ("POST", "/queues/q/drain"),
     ("POST", "/queues/q/clean"),
+    ("POST", "/queues/q/obliterate"),
     ("GET", "/operations"),
     ("GET", "/dead-letters"),
     ("POST", "/dead-letters/replay"),

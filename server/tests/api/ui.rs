@@ -628,6 +628,30 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
     assert_eq!(s.status(s.dead).await, JobStatus::Succeeded);
     browser.screenshot(&shots, "job").await;
 
+    // The delayed job's page: raise it and push it an hour out with the change form.
+    browser.goto(&ui(app, &format!("/ui/jobs/{}", s.delayed.0))).await;
+    browser.click("#change summary").await;
+    browser.click("#change select[name=priority] option[value=high]").await;
+    browser.type_into("#change input[name=delay]", "1h").await;
+    browser.click("#change button[type=submit]").await;
+    let expected = format!("/ui/jobs/{}?notice=changed", s.delayed.0);
+    assert_eq!(browser.path_at(&expected).await, expected);
+    assert!(browser.text("[role=status]").await.contains("Changed."));
+    let changed = conveyor_jobs::get_job(&app.db.pool, s.workspace, s.delayed).await.unwrap().unwrap();
+    assert_eq!((changed.priority, changed.status), (conveyor_jobs::Priority::High, JobStatus::Scheduled));
+
+    // The queue's operations: clean the workspace's succeeded jobs but the newest (the replayed one).
+    browser.goto(&ui(app, "/ui/queues/ui-demo")).await;
+    browser.click("#queue-operations summary").await;
+    browser.type_into("#clean input[name=workspace]", &s.workspace.0.to_string()).await;
+    browser.type_into("#clean input[name=keep_last]", "1").await;
+    browser.screenshot(&shots, "queue-operations").await;
+    browser.click("#clean button[type=submit]").await;
+    let cleaned = "/ui/queues/ui-demo?notice=cleaned&matched=0&done=2&skipped=0";
+    assert_eq!(browser.path_at(cleaned).await, cleaned);
+    assert!(browser.text("[role=status]").await.contains("Cleaned: 2 ended jobs deleted."));
+    assert_eq!(s.status(s.dead).await, JobStatus::Succeeded, "the newest succeeded job stays");
+
     // A form posted from a page of another origin: SameSite=Strict keeps the cookie back, and nothing changes.
     let target = format!("http://{}/ui/jobs/{}/cancel", app.admin_addr, s.delayed.0);
     let evil = format!(
@@ -646,4 +670,89 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
     assert_eq!(s.status(s.delayed).await, JobStatus::Scheduled, "a cross-site form changes nothing");
 
     browser.client.clone().close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_waiting_jobs_change_and_the_queue_operations_take_effect_from_their_forms() {
+    let s = Scenario::start().await;
+    let app = &s.app;
+    let pool = &app.db.pool;
+    let ws = s.workspace.0.to_string();
+    let cookie = login(app, ADMIN_TOKEN).await.unwrap();
+    let http = http();
+    let get = |path: String| {
+        let (http, cookie) = (http.clone(), cookie.clone());
+        async move {
+            let response = http.get(ui(app, &path)).header("cookie", cookie).send().await.unwrap();
+            (response.status(), response.text().await.unwrap())
+        }
+    };
+    let (_, queue) = get("/ui/queues/ui-demo".into()).await;
+    assert!(queue.contains(r#"id="queue-operations""#), "{queue}");
+    let csrf = csrf_in(&queue);
+    let (_, delayed_page) = get(format!("/ui/jobs/{}", s.delayed.0)).await;
+    assert!(delayed_page.contains(r#"id="change""#), "a waiting job can be changed");
+    let (_, dead_page) = get(format!("/ui/jobs/{}", s.dead.0)).await;
+    assert!(!dead_page.contains(r#"id="change""#), "a dead letter cannot");
+    let post = |path: String, form: Vec<(&'static str, String)>| {
+        let (http, cookie, csrf) = (http.clone(), cookie.clone(), csrf.clone());
+        async move {
+            let mut form = form;
+            form.push(("csrf", csrf));
+            let response = http.post(ui(app, &path)).header("cookie", cookie).form(&form).send().await.unwrap();
+            let status = response.status();
+            let to = response.headers().get("location").map(|l| l.to_str().unwrap().to_owned());
+            (status, to.unwrap_or_else(|| String::from("(no redirect)")), response.text().await.unwrap())
+        }
+    };
+
+    // The change of the delayed job: raised, due in two hours, a new payload.
+    let change = format!("/ui/jobs/{}/change", s.delayed.0);
+    let form =
+        vec![("priority", "high".into()), ("delay", "2h".into()), ("payload", r#"{"wait_for_flag":true}"#.into())];
+    let (status, to, _) = post(change.clone(), form).await;
+    assert_eq!((status, to), (StatusCode::SEE_OTHER, format!("/ui/jobs/{}?notice=changed", s.delayed.0)));
+    let job = conveyor_jobs::get_job(pool, s.workspace, s.delayed).await.unwrap().unwrap();
+    assert_eq!(job.priority, conveyor_jobs::Priority::High);
+    let hours = (job.run_at - chrono::Utc::now()).num_minutes();
+    assert!((100..=121).contains(&hours), "due in about two hours: {hours} min");
+    let (_, page) = get(format!("/ui/jobs/{}?notice=changed", s.delayed.0)).await;
+    assert!(page.contains("Changed.") && page.contains("wait_for_flag"), "{page}");
+    // Bad input: a 400 page naming it, and nothing changed.
+    for (name, value, says) in [
+        ("payload", "{not json", "the payload is not JSON"),
+        ("delay", "soon", "due is not now or a delay"),
+        ("priority", "urgent", "priority must be"),
+    ] {
+        let (status, _, body) = post(change.clone(), vec![(name, value.into())]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{name}");
+        assert!(body.contains(says), "{name}: {body}");
+    }
+    // A dead letter is not waiting: refused, and said so.
+    let (_, to, _) = post(format!("/ui/jobs/{}/change", s.dead.0), vec![("delay", "now".into())]).await;
+    assert_eq!(to, format!("/ui/jobs/{}?notice=not-waiting", s.dead.0));
+
+    // Clean the workspace's succeeded jobs: the two that ran.
+    let clean = vec![("status", "succeeded".into()), ("workspace", ws.clone()), ("older_than", "0s".into())];
+    let (_, to, _) = post("/ui/queues/ui-demo/clean".into(), clean).await;
+    assert_eq!(to, "/ui/queues/ui-demo?notice=cleaned&matched=0&done=2&skipped=0");
+    let (_, page) = get(to).await;
+    assert!(page.contains("Cleaned: 2 ended jobs deleted."), "{page}");
+    let (status, _, body) =
+        post("/ui/queues/ui-demo/clean".into(), vec![("status", "succeeded".into()), ("workspace", ws.clone())]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "neither an age nor a count: {body}");
+
+    // Drain: the delayed job is canceled; a drain names a workspace or all.
+    let (status, _, _) = post("/ui/queues/ui-demo/drain".into(), vec![("workspace", "".into())]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (_, to, _) = post("/ui/queues/ui-demo/drain".into(), vec![("workspace", ws.clone())]).await;
+    assert_eq!(to, "/ui/queues/ui-demo?notice=drained&matched=0&done=1&skipped=0");
+    assert_eq!(s.status(s.delayed).await, JobStatus::Canceled);
+
+    // Obliterate: the canceled job and the dead letter go.
+    let (_, to, _) = post("/ui/queues/ui-demo/obliterate".into(), vec![("workspace", ws.clone())]).await;
+    assert_eq!(to, "/ui/queues/ui-demo?notice=obliterated&matched=0&done=2&skipped=0");
+    assert!(conveyor_jobs::get_job(pool, s.workspace, s.dead).await.unwrap().is_none());
+    let (_, page) = get(to).await;
+    assert!(page.contains("Obliterated: 0 jobs canceled, 2 deleted, 0 kept"), "{page}");
 }

@@ -1,6 +1,7 @@
 //! Jobs: the search across workspaces, and one job in full (attempts with their redacted errors, payload, progress,
-//! result) with cancel and retry (a replay, for a dead letter).
+//! result) with cancel and retry (a replay, for a dead letter), and a change of a waiting one.
 
+use axum::Form;
 use axum::extract::{Path, Query};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
@@ -9,9 +10,9 @@ use uuid::Uuid;
 
 use super::layout::{self, Notice, Section, field, maybe, maybe_time, segment, short_id, url_with};
 use super::{Page, UiError};
-use crate::JobId;
 use crate::JobStatus;
 use crate::{JobAction, JobDetail, JobFilter, JobSummary};
+use crate::{JobChange, JobId, Priority};
 
 /// The search's filters, as the form sends them.
 #[derive(Deserialize)]
@@ -122,6 +123,9 @@ fn detail(page: &Page, d: &JobDetail) -> Markup {
             }
             a #reload href=(path) { "Reload" }
         }
+        @if matches!(j.status, JobStatus::Queued | JobStatus::Scheduled | JobStatus::Retrying) {
+            (change_form(&path, csrf))
+        }
         div.card {
             dl.facts {
                 dt { "Id" } dd.mono { (j.id) }
@@ -173,6 +177,77 @@ fn detail(page: &Page, d: &JobDetail) -> Markup {
         @if let Some(progress) = &d.progress { h2 { "Progress" } (layout::json_block(progress)) }
         @if let Some(result) = &d.result { h2 { "Result" } (layout::json_block(result)) }
     }
+}
+
+/// The change of a waiting job: what is left blank is kept.
+fn change_form(path: &str, csrf: &str) -> Markup {
+    html! {
+        details.card #change {
+            summary { "Change this waiting job" }
+            form method="post" action=(format!("{path}/change")) {
+                (layout::csrf_field(csrf))
+                label { "Priority "
+                    select name="priority" {
+                        option value="" { "keep" }
+                        option value="high" { "high" }
+                        option value="normal" { "normal" }
+                        option value="low" { "low" }
+                    }
+                }
+                " "
+                label { "Due " input name="delay" size="8" placeholder="now, 10m, 2h"; }
+                label.block { "Payload (JSON, of this job's kind)" textarea name="payload" rows="4" cols="60" {} }
+                button.primary type="submit" { "Change" }
+            }
+        }
+    }
+}
+
+/// What the change form sends.
+#[derive(Deserialize)]
+pub(super) struct ChangeForm {
+    priority: Option<String>,
+    delay: Option<String>,
+    payload: Option<String>,
+}
+
+/// `POST /jobs/{id}/change`: a waiting job's priority, due time (`now` or a delay from now) or payload.
+pub(super) async fn change(
+    page: Page,
+    Path(id): Path<String>,
+    Form(form): Form<ChangeForm>,
+) -> Result<Response, UiError> {
+    let id = job_id(&id)?;
+    let mut change = JobChange::new();
+    match field(&form.priority) {
+        None => {}
+        Some("high") => change = change.priority(Priority::High),
+        Some("normal") => change = change.priority(Priority::Normal),
+        Some("low") => change = change.priority(Priority::Low),
+        Some(other) => return Err(UiError::Invalid(format!("priority must be high, normal or low, not {other}"))),
+    }
+    match field(&form.delay) {
+        None => {}
+        Some("now") => change = change.run_now(),
+        Some(delay) => {
+            let delay = humantime::parse_duration(delay)
+                .map_err(|e| UiError::Invalid(format!("due is not now or a delay such as 10m: {delay} ({e})")))?;
+            change = change.delay(delay);
+        }
+    }
+    if let Some(payload) = field(&form.payload) {
+        let payload =
+            serde_json::from_str(payload).map_err(|e| UiError::Invalid(format!("the payload is not JSON: {e}")))?;
+        change = change.json_payload(payload);
+    }
+    let action = page.admin.change_job(page.actor(), id, &change).await?;
+    let path = page.at(&format!("/jobs/{}", id.0));
+    let url = match action {
+        JobAction::Done => Notice::url(&path, "changed", None),
+        JobAction::NotAllowed => Notice::url(&path, "not-waiting", None),
+        other => return Ok(after(&page, id, other, "changed")),
+    };
+    Ok(Redirect::to(&url).into_response())
 }
 
 /// A job id from the path, or an error naming it.

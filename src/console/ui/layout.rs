@@ -244,6 +244,20 @@ impl Notice {
         )
     }
 
+    /// The redirect target `path` with the notice `code` and up to three counts (shown as the notice says).
+    pub(super) fn counts_url(path: &str, code: &str, counts: [u64; 3]) -> String {
+        let [m, d, s] = counts.map(|n| n.to_string());
+        append(
+            path,
+            &[
+                ("notice", Some(code)),
+                ("matched", Some(m.as_str())),
+                ("done", Some(d.as_str())),
+                ("skipped", Some(s.as_str())),
+            ],
+        )
+    }
+
     /// The redirect target `path` with the `key-held` notice naming the job that holds the de-dup key.
     pub(super) fn held_url(path: &str, holder: Uuid) -> String {
         append(path, &[("notice", Some("key-held")), ("held", Some(&holder.to_string()))])
@@ -269,6 +283,26 @@ impl Notice {
                 true,
             ),
             "not-dead-letter" => ("It is not a dead letter (any more).".to_owned(), true),
+            "changed" => ("Changed.".to_owned(), false),
+            "not-waiting" => ("Not changed: the job was handed to a worker, or ended.".to_owned(), true),
+            "drained" => (format!("Drained: {} waiting jobs canceled.", n(&self.done)), false),
+            "cleaned" => (format!("Cleaned: {} ended jobs deleted.", n(&self.done)), false),
+            "obliterated" => (
+                format!(
+                    "Obliterated: {} jobs canceled, {} deleted, {} kept while their runs may go on.",
+                    n(&self.matched),
+                    n(&self.done),
+                    n(&self.skipped)
+                ),
+                false,
+            ),
+            "queue-running" => (
+                format!(
+                    "Not obliterated: {} jobs of the queue run. Nothing changed; force it to cancel them too.",
+                    n(&self.matched)
+                ),
+                true,
+            ),
             "not-found" => ("No such job.".to_owned(), true),
             "no-schedule" => ("No such schedule.".to_owned(), true),
             "key-held" => {

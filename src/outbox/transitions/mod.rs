@@ -110,7 +110,7 @@ pub(crate) struct Run {
 /// How a run ended, as the worker hands it to [`end_run`].
 pub(crate) enum End<'a> {
     /// The handler succeeded: recorded in the job's transaction, with the handler's writes and the operation's
-    /// result (the caller commits on [`Completion::Recorded`] or [`Completion::Gone`], else rolls back).
+    /// result (the caller commits on [`Completion::Recorded`], else rolls back).
     Succeeded { tx: &'a mut WorkspaceTx, result: &'a serde_json::Value },
     /// Its operation had already ended: the job ends `canceled`, in `tx` (the caller commits).
     Orphaned { tx: &'a mut WorkspaceTx },
@@ -132,7 +132,8 @@ pub(crate) enum Completion {
     /// It already ended otherwise (another delivery completed it, or it was dead-lettered, or discarded), or a newer
     /// generation was delivered since: this run's end is not recorded, the caller rolls back.
     Stale,
-    /// The job is no longer in the outbox (purged by retention): nothing to record.
+    /// The job is no longer in the outbox: only an ended job is deleted (by retention, a clean, an obliterate), so it
+    /// ended otherwise while this run went on; nothing to record, the caller rolls back.
     Gone,
     /// Its operation is no longer live (canceled after the run began): the caller rolls back and ends the job as
     /// [`End::Orphaned`].

@@ -286,6 +286,16 @@ async fn record_failures(
     let delays: Vec<f64> = failures.iter().map(|f| f.delay.as_secs_f64()).collect();
     let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
     let redrives: Vec<i32> = failures.iter().map(|f| f.redrive).collect();
+    // Operations first, in id order, as every transition locks them (a cancel of the same job locks its operation,
+    // then the job): then the jobs.
+    sqlx::query(
+        "SELECT 1 FROM conveyor.operations
+         WHERE id IN (SELECT operation_id FROM conveyor.outbox_events WHERE id = ANY($1))
+         ORDER BY id FOR UPDATE",
+    )
+    .bind(&ids)
+    .execute(&mut *tx)
+    .await?;
     // Each failed hand-off is recorded in `job_failures` by the same statement.
     let rows: Vec<(String, Option<Uuid>)> = sqlx::query_as(
         "WITH moved AS (

@@ -135,7 +135,9 @@ pub(crate) async fn drain_tx(
 }
 
 /// What [`drain_tx`] does, and with `handed_out_too` to the jobs handed to workers as well (a forced obliterate): a
-/// worker running one is told at commit, and rolls its run back when it ends.
+/// worker running one is told at commit, and rolls its run back when it ends. A job canceled once handed out (in a
+/// stream, its mark perhaps not recorded yet) gets a hand-off time, so that a clean or an obliterate keeps its row
+/// while its run may go on.
 async fn cancel_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
@@ -180,7 +182,9 @@ async fn cancel_tx(
              WHERE status IN {LIVE} AND ((id = ANY($1) AND (status = 'pending' OR $3)) OR operation_id = ANY($2))
              ORDER BY id FOR UPDATE)
          UPDATE conveyor.outbox_events e
-         SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL
+         SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL,
+             dispatched_at = CASE WHEN e.status = 'pending' THEN e.dispatched_at
+                                  ELSE coalesce(e.dispatched_at, clock_timestamp()) END
          FROM locked WHERE e.id = locked.id AND e.status IN {LIVE}
            AND ((e.id = ANY($1) AND (e.status = 'pending' OR $3)) OR e.operation_id = ANY($2))
          RETURNING e.id, e.id = ANY($1)"
@@ -262,19 +266,20 @@ pub(crate) async fn clean_tx(tx: &mut WorkspaceTx, clean: &Clean<'_>, limit: i64
 }
 
 /// Makes up to `limit` of the workspace's delayed jobs (waiting for the relay, due later: delayed, or waiting out a
-/// retry's back-off) of `queue` and of `kind` (each when set) due now, and wakes the dispatchers at commit; how many.
+/// retry's back-off) of `queue` and of `kind` (each when set), enqueued by `enqueued_by`, due now, and wakes the dispatchers at commit; how many.
 /// A job another transaction holds (a change, the relay) is skipped. A pause or a block still holds what it holds.
 pub(crate) async fn promote_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     queue: Option<&str>,
     kind: Option<&str>,
+    enqueued_by: DateTime<Utc>,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
     let promoted = sqlx::query(
         "UPDATE conveyor.outbox_events SET next_attempt_at = now()
          WHERE id IN (SELECT id FROM conveyor.outbox_events
-                      WHERE status = 'pending' AND next_attempt_at > now()
+                      WHERE status = 'pending' AND next_attempt_at > now() AND created_at <= $4
                         AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR event_type = $2)
                       LIMIT $3 FOR UPDATE SKIP LOCKED)
            AND status = 'pending'",
@@ -282,6 +287,7 @@ pub(crate) async fn promote_tx(
     .bind(queue)
     .bind(kind)
     .bind(limit)
+    .bind(enqueued_by)
     .execute(&mut **tx)
     .await?
     .rows_affected();
