@@ -1,6 +1,7 @@
 //! Queue operations, as BullMQ's `Queue` and `Job` offer them: a waiting job's priority, due time and payload changed
 //! (`changePriority`, `changeDelay`, `promote`, `updateData`), a queue drained (`drain`), ended jobs cleaned
-//! (`clean`). One PostgreSQL URL (a role that owns its database) and one Redis URL:
+//! (`clean`), every delayed job promoted (`promoteJobs`), a queue obliterated (`obliterate`), and a job removed once it
+//! succeeded (`removeOnComplete: true`). One PostgreSQL URL (a role that owns its database) and one Redis URL:
 //! `DATABASE_URL=postgres://… REDIS_URL=redis://… cargo run --example queue_operations`.
 
 use std::env;
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use conveyor_jobs::{
     ChangeError, CleanJobs, Conveyor, EnqueueOptions, Handler, JobChange, JobContext, JobError, JobKind, JobScope,
-    JobStatus, Priority,
+    JobStatus, Keep, Priority,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -38,6 +39,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     conveyor_jobs::migrate(&pool).await?;
     let conveyor = Conveyor::builder(pool.clone(), &env::var("REDIS_URL")?)
         .prefix(&format!("example-{}", std::process::id()))
+        // Maintenance every 200 ms, so that the job kept for no time below goes at once.
+        .maintenance(Duration::from_millis(200), Duration::from_secs(300))
         .connect()
         .await?;
     let worker = conveyor.worker().handle::<SendIssue>(Sender).build()?;
@@ -80,10 +83,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cleaned = conveyor.clean_jobs(&canceled).await?;
     let older = conveyor.clean_jobs(&succeeded).await?;
     println!("cleaned: {cleaned} canceled and {older} older succeeded jobs deleted");
+    if conveyor.get_job(job.id).await?.is_none() {
+        return Err("the newest succeeded job was cleaned".into());
+    }
+    // Two issues for next week, promoted: both sent now. One is kept for no time once sent (removeOnComplete: true).
+    let next_week = EnqueueOptions::new().delay(Duration::from_secs(7 * 24 * 3600));
+    let kept = conveyor.enqueue(&SendIssue { issue: 7 }, next_week.clone()).await?.id;
+    let gone = conveyor.enqueue(&SendIssue { issue: 8 }, next_week.keep_succeeded(Keep::none())).await?.id;
+    let promoted = conveyor.promote_jobs(&JobScope::queue(SendIssue::QUEUE)).await?;
+    for id in [kept, gone] {
+        conveyor.wait_for_job(id, Duration::from_secs(30)).await?;
+    }
+    let mut removed = false;
+    for _ in 0..100 {
+        if conveyor.get_job(gone).await?.is_none() {
+            removed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("promoted: {promoted} sent now; the one kept for no time removed by maintenance: {removed}");
+    if promoted != 2 || !removed || conveyor.get_job(kept).await?.is_none() {
+        return Err("the promoted jobs did not run, or retention per job did not hold".into());
+    }
+
+    // Obliterate the queue: every row of it goes (nothing runs, so no force is needed).
+    let obliterated = conveyor.obliterate_queue(SendIssue::QUEUE, false).await?;
+    println!("obliterated: {obliterated:?}");
+    if conveyor.get_job(kept).await?.is_some() {
+        return Err("the obliterated queue still has its jobs".into());
+    }
     shutdown.cancel();
     running.await??;
-    if drained != 3 || cleaned < 3 || conveyor.get_job(job.id).await?.is_none() {
-        return Err(format!("drained {drained}, cleaned {cleaned}, the sent job kept: expected 3, 3, yes").into());
+    if drained != 3 || cleaned < 3 || obliterated.deleted < 2 {
+        return Err(
+            format!("drained {drained}, cleaned {cleaned}, obliterated {obliterated:?}: expected 3, 3, 2+").into()
+        );
     }
     Ok(())
 }
