@@ -32,6 +32,9 @@ helm.sh/chart: {{ include "conveyor.chart" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: conveyor
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "conveyor.serviceAccountName" -}}
@@ -42,12 +45,27 @@ app.kubernetes.io/part-of: conveyor
 {{- end -}}
 {{- end -}}
 
-{{/* The image: repository@digest when image.digest is set, else repository:tag (tag defaults to the appVersion). */}}
+{{/* The image: repository@digest when image.digest is set, else repository:tag (tag defaults to the appVersion),
+with global.imageRegistry in front when set. */}}
 {{- define "conveyor.image" -}}
-{{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- include "conveyor.roleImage" (dict "root" . "own" dict) -}}
+{{- end -}}
+
+{{/* A role's image: its own repository, tag or digest over image's (.own: the role's image values). A role that
+names its own repository names its own tag or digest too, or takes the appVersion. */}}
+{{- define "conveyor.roleImage" -}}
+{{- $root := .root -}}
+{{- $own := .own | default dict -}}
+{{- $repository := $own.repository | default $root.Values.image.repository -}}
+{{- $digest := $own.digest | default (ternary "" $root.Values.image.digest (hasKey $own "repository")) -}}
+{{- $tag := $own.tag | default (ternary "" ($root.Values.image.tag | toString) (hasKey $own "repository")) | default $root.Chart.AppVersion | toString -}}
+{{- with (dig "imageRegistry" "" ($root.Values.global | default dict)) -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository -}}
+{{- end -}}
+{{- if $digest -}}
+{{- printf "%s@%s" $repository $digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) -}}
+{{- printf "%s:%s" $repository $tag -}}
 {{- end -}}
 {{- end -}}
 
