@@ -99,6 +99,16 @@ impl ObjectStorage {
     /// Opens `file:///absolute/dir` (created if missing) or `s3://bucket[/prefix]` (credentials and region from the
     /// standard `AWS_*` variables; `AWS_ENDPOINT` for S3-compatible stores).
     pub fn open(url: &str) -> Result<Self, StorageError> {
+        Self::open_with(url, std::iter::empty::<(&str, &str)>())
+    }
+
+    /// [`ObjectStorage::open`], with S3 settings given here over those of the environment: `object_store`'s keys
+    /// (`aws_access_key_id`, `aws_secret_access_key`, `aws_region`, `aws_endpoint`, `aws_allow_http`, ...), for a
+    /// host that holds its credentials elsewhere than in `AWS_*` variables. An unknown key is refused.
+    pub fn open_with<K: AsRef<str>, V: Into<String>>(
+        url: &str,
+        s3_options: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, StorageError> {
         let parsed = url::Url::parse(url).map_err(|e| StorageError::InvalidUrl(e.to_string()))?;
         let store: Arc<dyn ObjectStore> = match parsed.scheme() {
             "file" => {
@@ -117,10 +127,14 @@ impl ObjectStorage {
                     .host_str()
                     .filter(|b| !b.is_empty())
                     .ok_or_else(|| StorageError::InvalidUrl("s3:// URLs name a bucket: s3://bucket[/prefix]".into()))?;
-                let s3 = object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .build()
-                    .map_err(|e| StorageError::InvalidUrl(e.to_string()))?;
+                let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+                for (key, value) in s3_options {
+                    let key = key.as_ref();
+                    let parsed: object_store::aws::AmazonS3ConfigKey =
+                        key.parse().map_err(|_| StorageError::InvalidUrl(format!("unknown S3 setting `{key}`")))?;
+                    builder = builder.with_config(parsed, value);
+                }
+                let s3 = builder.build().map_err(|e| StorageError::InvalidUrl(e.to_string()))?;
                 let prefix = parsed.path().trim_matches('/');
                 if prefix.is_empty() {
                     Arc::new(s3)

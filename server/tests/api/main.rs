@@ -32,6 +32,7 @@ mod pg_faults;
 mod privileges;
 mod product_drafts;
 mod rls;
+mod s3;
 mod schedules;
 mod stores;
 mod tls;
