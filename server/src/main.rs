@@ -8,7 +8,10 @@ use conveyor_server::app::{self, Role};
 use conveyor_server::auth::{Principal, TokenKeys};
 use conveyor_server::config::{self, Config, Env};
 use conveyor_shop::adapters::sandbox::{Sandbox, SandboxTls, Settings};
+use output::Output;
 use uuid::Uuid;
+
+mod output;
 
 /// mimalloc instead of glibc's malloc: a worker allocates and frees many small buffers per job (Redis frames,
 /// strings, task state), where glibc's malloc took about 15% of a drain's CPU. Its v2 line (the `v2` feature): over a
@@ -27,8 +30,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply migrations as the owner role and grant the application role.
-    Migrate,
+    /// Apply migrations as the owner role and grant the application role; `migrate status` says what is applied.
+    Migrate {
+        #[command(subcommand)]
+        command: Option<MigrateCommand>,
+    },
     /// Serve the HTTP API (and the admin endpoints).
     Api,
     /// Relay the outbox into Redis Streams.
@@ -39,8 +45,13 @@ enum Command {
     Maintenance,
     /// Run every role in one process (development, demos).
     All,
-    /// Serve the sandbox of every external system: marketplace, catalog, AI provider, source files (development and
-    /// tests).
+    /// Development tools: the sandbox of the external systems, a signed token.
+    Dev {
+        #[command(subcommand)]
+        command: DevCommand,
+    },
+    /// `conveyor dev sandbox` (this name stays for scripts written before).
+    #[command(hide = true)]
     Sandbox {
         /// Listen address.
         #[arg(long, default_value = "127.0.0.1:8090")]
@@ -66,8 +77,11 @@ enum Command {
     },
     /// Every queue with its jobs by state, stream lag, throughput and oldest age (as the operator role).
     Queues {
-        /// One JSON object a line instead of a table.
-        #[arg(long)]
+        /// table or json (one object a line).
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+        /// The same as `-o json`.
+        #[arg(long, hide = true)]
         json: bool,
     },
     /// Find, show, cancel and retry jobs of any workspace (as the operator role; changes are audited).
@@ -101,7 +115,8 @@ enum Command {
         #[command(subcommand)]
         command: ScheduleCommand,
     },
-    /// Print a signed development JWT.
+    /// `conveyor dev token` (this name stays for scripts written before).
+    #[command(hide = true)]
     Token {
         /// The workspace the token grants.
         #[arg(long)]
@@ -117,7 +132,7 @@ enum Command {
 
 #[derive(Subcommand)]
 enum JobsCommand {
-    /// Jobs matching the filters, newest first, one JSON object a line.
+    /// Jobs matching the filters, newest first (a page; the next one's `--before` goes to stderr).
     List {
         /// Of this queue.
         #[arg(long)]
@@ -131,9 +146,21 @@ enum JobsCommand {
         /// Of this workspace.
         #[arg(long)]
         workspace: Option<Uuid>,
-        /// How many.
+        /// Enqueued at or after: an RFC 3339 time, or a duration ago (e.g. 2h).
+        #[arg(long, value_parser = parse_time)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// Enqueued before: an RFC 3339 time, or a duration ago.
+        #[arg(long, value_parser = parse_time)]
+        until: Option<chrono::DateTime<chrono::Utc>>,
+        /// Older than this job id (the previous page's last, which stderr names).
+        #[arg(long)]
+        before: Option<Uuid>,
+        /// How many (1 to 500).
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// json (one object a line) or table.
+        #[arg(short, long, value_enum, default_value = "json")]
+        output: Output,
     },
     /// One job in full, with its failed attempts.
     Show {
@@ -265,13 +292,17 @@ fn parse_status(raw: &str) -> Result<conveyor_jobs::JobStatus, String> {
 
 #[derive(Subcommand)]
 enum DlqCommand {
-    /// Dead letters of every workspace matching the filters, newest first, one JSON object a line.
+    /// Dead letters of every workspace matching the filters, newest first (a page; the next one's `--before` goes to
+    /// stderr).
     List {
         #[command(flatten)]
         filter: DlqFilter,
         /// Older than this job id (the last one of the previous page).
         #[arg(long)]
         before: Option<Uuid>,
+        /// json (one object a line) or table.
+        #[arg(short, long, value_enum, default_value = "json")]
+        output: Output,
     },
     /// One dead letter in full, with its failed attempts.
     Show {
@@ -395,8 +426,12 @@ enum FlowCommand {
         #[command(flatten)]
         scope: Scope,
     },
-    /// The pauses in force, one JSON object a line.
-    Pauses,
+    /// The pauses in force.
+    Pauses {
+        /// json (one object a line) or table.
+        #[arg(short, long, value_enum, default_value = "json")]
+        output: Output,
+    },
     /// A workspace's weight: it keeps weight × CONVEYOR_DISPATCH_WINDOW jobs in the workers' hands (default 1).
     Weight {
         /// The workspace.
@@ -410,11 +445,14 @@ enum FlowCommand {
 
 #[derive(Subcommand)]
 enum ScheduleCommand {
-    /// The workspace's schedules, one JSON object a line.
+    /// The workspace's schedules.
     List {
         /// The workspace.
         #[arg(long)]
         workspace: Uuid,
+        /// json (one object a line) or table.
+        #[arg(short, long, value_enum, default_value = "json")]
+        output: Output,
     },
     /// Create or replace a schedule: a job of a registered kind on every tick.
     Set {
@@ -451,6 +489,59 @@ enum ScheduleCommand {
         /// The schedule's name.
         #[arg(long)]
         name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum MigrateCommand {
+    /// Each migration of each crate: applied, pending, failed, or applied with another checksum (the file changed
+    /// after it ran), and any the database ran that this binary does not know (a newer release ran). Exits 1 unless
+    /// every one is applied.
+    Status {
+        /// table or json (one object a line).
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+}
+
+#[derive(Subcommand)]
+enum DevCommand {
+    /// Serve the sandbox of every external system: marketplace, catalog, AI provider, source files (development and
+    /// tests).
+    Sandbox {
+        /// Listen address.
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        addr: std::net::SocketAddr,
+        /// Latency added to every answer, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        latency_ms: u64,
+        /// Share of calls answered 503 (0 to 1).
+        #[arg(long, default_value_t = 0.0)]
+        error_rate: f64,
+        /// Share of calls that hang for 30 s (0 to 1).
+        #[arg(long, default_value_t = 0.0)]
+        timeout_rate: f64,
+        /// Products in every store's catalog.
+        #[arg(long, default_value_t = 250)]
+        catalog_size: u64,
+        /// Serve https with this PEM certificate chain (with `--tls-key`).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        /// The PEM private key of `--tls-cert`.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<std::path::PathBuf>,
+    },
+    /// Print a signed development JWT.
+    Token {
+        /// The workspace the token grants.
+        #[arg(long)]
+        workspace: Uuid,
+        /// The user (`sub`).
+        #[arg(long)]
+        user: Uuid,
+        /// How long it is valid, e.g. 1h or 30m.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
     },
 }
 
@@ -544,36 +635,24 @@ async fn start(cli: Cli) -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Migrate => conveyor_server::migrate::run(&config::migrate_config(&Env)?).await.map(drop),
+        Command::Migrate { command: None } => {
+            conveyor_server::migrate::run(&config::migrate_config(&Env)?).await.map(drop)
+        }
+        Command::Migrate { command: Some(MigrateCommand::Status { output }) } => migrate_status(output).await,
         Command::Api => app::run(Config::from_env()?, Role::Api).await,
         Command::Dispatcher => app::run(Config::from_env()?, Role::Dispatcher).await,
         Command::Worker => app::run(Config::from_env()?, Role::Worker).await,
-        Command::Sandbox { addr, latency_ms, error_rate, timeout_rate, catalog_size, tls_cert, tls_key } => {
+        Command::Sandbox { addr, latency_ms, error_rate, timeout_rate, catalog_size, tls_cert, tls_key }
+        | Command::Dev {
+            command: DevCommand::Sandbox { addr, latency_ms, error_rate, timeout_rate, catalog_size, tls_cert, tls_key },
+        } => {
             let settings =
                 Settings { latency_ms, error_rate, timeout_rate, hang_ms: 30_000, catalog_size, ..Settings::default() };
-            let listener = tokio::net::TcpListener::bind(addr).await?;
-            let shutdown = tokio_util::sync::CancellationToken::new();
-            let stop = shutdown.clone();
-            tokio::spawn(async move {
-                app::wait_for_signal().await;
-                stop.cancel();
-            });
-            let sandbox = Sandbox::new(settings);
-            match (tls_cert, tls_key) {
-                (Some(cert), Some(key)) => {
-                    tracing::info!(%addr, "Sandbox listening (https)");
-                    let tls = SandboxTls::from_pem_files(&cert, &key)?;
-                    sandbox.serve_tls(listener, tls, shutdown).await
-                }
-                _ => {
-                    tracing::info!(%addr, "Sandbox listening (http)");
-                    sandbox.serve(listener, shutdown).await
-                }
-            }
+            sandbox(addr, settings, tls_cert.zip(tls_key)).await
         }
         Command::Dlq { command } => dlq(command).await,
         Command::Schedule { command } => schedule(command).await,
-        Command::Queues { json } => queues(json).await,
+        Command::Queues { output, json } => queues(if json { Output::Json } else { output }).await,
         Command::Jobs { command } => jobs(command).await,
         Command::Config { command: ConfigCommand::Check { role } } => config_check(role),
         Command::Config { command: ConfigCommand::Reference } => {
@@ -599,10 +678,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                     println!("resumed");
                 }
-                FlowCommand::Pauses => {
-                    for pause in admin.pauses(&actor).await? {
-                        println!("{}", serde_json::to_string(&pause)?);
-                    }
+                FlowCommand::Pauses { output } => {
+                    let pauses = admin.pauses(&actor).await?;
+                    output::print(
+                        output,
+                        &pauses,
+                        &[
+                            ("QUEUE", &|p: &conveyor_jobs::Pause| output::maybe(&p.queue)),
+                            ("KIND", &|p| output::maybe(&p.kind)),
+                            ("WORKSPACE", &|p| output::maybe(&p.workspace_id)),
+                            ("REASON", &|p| output::maybe(&p.reason)),
+                            ("SINCE (UTC)", &|p| output::time(&p.created_at)),
+                        ],
+                    )?;
                 }
                 FlowCommand::Weight { workspace, weight } => {
                     admin.set_workspace_weight(&actor, conveyor_jobs::WorkspaceId(workspace), weight).await?;
@@ -613,7 +701,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Maintenance => app::run(Config::from_env()?, Role::Maintenance).await,
         Command::All => app::run(Config::from_env()?, Role::All).await,
-        Command::Token { workspace, user, ttl } => {
+        Command::Token { workspace, user, ttl }
+        | Command::Dev { command: DevCommand::Token { workspace, user, ttl } } => {
             let keys = TokenKeys::new(&config::jwt_secret(&Env)?);
             let principal = Principal { workspace_id: workspace.into(), user_id: user.into() };
             println!("{}", keys.mint(principal, ttl));
@@ -622,16 +711,79 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// `conveyor dev sandbox`: the sandbox of every external system on `addr`, https with `tls` (certificate, key).
+async fn sandbox(
+    addr: std::net::SocketAddr,
+    settings: Settings,
+    tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        app::wait_for_signal().await;
+        stop.cancel();
+    });
+    let sandbox = Sandbox::new(settings);
+    match tls {
+        Some((cert, key)) => {
+            tracing::info!(%addr, "Sandbox listening (https)");
+            let tls = SandboxTls::from_pem_files(&cert, &key)?;
+            sandbox.serve_tls(listener, tls, shutdown).await
+        }
+        None => {
+            tracing::info!(%addr, "Sandbox listening (http)");
+            sandbox.serve(listener, shutdown).await
+        }
+    }
+}
+
+/// `conveyor migrate status`: every crate's migrations against its history table.
+async fn migrate_status(output: Output) -> anyhow::Result<()> {
+    let url = std::env::var("CONVEYOR_MIGRATION_DATABASE_URL")
+        .or_else(|_| config::database_url(&Env).map(|u| u.expose().to_owned()))?;
+    let pool = conveyor_jobs::connect_postgres(&url, 1).await?;
+    let rows = conveyor_server::migrate::status(&pool).await?;
+    output::print(
+        output,
+        &rows,
+        &[
+            ("CRATE", &|r: &conveyor_server::migrate::MigrationStatus| r.schema.to_owned()),
+            ("VERSION", &|r| r.version.to_string()),
+            ("DESCRIPTION", &|r| r.description.clone()),
+            ("STATE", &|r| r.state.as_str().to_owned()),
+        ],
+    )?;
+    let not_applied = rows.iter().filter(|r| r.state != conveyor_server::migrate::MigrationState::Applied).count();
+    anyhow::ensure!(not_applied == 0, "{not_applied} migrations are not applied as this binary has them");
+    Ok(())
+}
+
 /// `conveyor schedule ...`: as the application role, under row-level security in the given workspace.
 async fn schedule(command: ScheduleCommand) -> anyhow::Result<()> {
     use conveyor_jobs::{ScheduleOptions, ScheduleSpec};
     let url = config::database_url(&Env)?;
     let pool = conveyor_jobs::connect_postgres(url.expose(), 2).await?;
     match command {
-        ScheduleCommand::List { workspace } => {
-            for schedule in conveyor_jobs::list_schedules(&pool, workspace.into()).await? {
-                println!("{}", serde_json::to_string(&schedule)?);
-            }
+        ScheduleCommand::List { workspace, output } => {
+            let schedules = conveyor_jobs::list_schedules(&pool, workspace.into()).await?;
+            output::print(
+                output,
+                &schedules,
+                &[
+                    ("NAME", &|s: &conveyor_jobs::Schedule| s.name.clone()),
+                    ("KIND", &|s| s.kind.clone()),
+                    ("WHEN", &|s| match (&s.cron, s.every_ms) {
+                        (Some(cron), _) => format!("{cron} ({})", s.time_zone.as_deref().unwrap_or("UTC")),
+                        (None, Some(ms)) => {
+                            format!("every {}", humantime::format_duration(Duration::from_millis(ms as u64)))
+                        }
+                        (None, None) => "-".to_owned(),
+                    }),
+                    ("PAUSED", &|s| if s.paused { "yes".into() } else { "no".into() }),
+                    ("NEXT RUN (UTC)", &|s| output::time(&s.next_run_at)),
+                ],
+            )?;
         }
         ScheduleCommand::Set { workspace, name, kind, payload, cron, tz, every, paused } => {
             let spec = match (cron, every) {
@@ -704,36 +856,25 @@ async fn operator(needs: Needs) -> anyhow::Result<(conveyor_jobs::Admin, conveyo
 }
 
 /// `conveyor queues`: a table (or JSON lines) of every queue.
-async fn queues(json: bool) -> anyhow::Result<()> {
+async fn queues(output: Output) -> anyhow::Result<()> {
     let (admin, actor) = operator(Needs::Redis).await?;
     let queues = admin.queues(&actor).await?;
-    if json {
-        for queue in &queues {
-            println!("{}", serde_json::to_string(queue)?);
-        }
-        return Ok(());
-    }
-    println!(
-        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>7}",
-        "QUEUE", "QUEUED", "DELAYED", "RUNNING", "RETRYING", "DEAD", "LAG", "DONE/MIN", "OLDEST(s)", "PAUSED"
-    );
-    let or_dash = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
-    for q in &queues {
-        println!(
-            "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9.1} {:>10} {:>7}",
-            q.name,
-            q.counts.queued,
-            q.counts.delayed,
-            q.counts.running,
-            q.counts.retrying,
-            q.counts.dead,
-            or_dash(q.lag),
-            q.completed_per_minute,
-            q.oldest_queued_seconds.map_or_else(|| "-".to_owned(), |s| format!("{s:.0}")),
-            if q.paused { "yes" } else { "no" },
-        );
-    }
-    Ok(())
+    output::print(
+        output,
+        &queues,
+        &[
+            ("QUEUE", &|q: &conveyor_jobs::QueueSummary| q.name.clone()),
+            ("QUEUED", &|q| q.counts.queued.to_string()),
+            ("DELAYED", &|q| q.counts.delayed.to_string()),
+            ("RUNNING", &|q| q.counts.running.to_string()),
+            ("RETRYING", &|q| q.counts.retrying.to_string()),
+            ("DEAD", &|q| q.counts.dead.to_string()),
+            ("LAG", &|q| output::maybe(&q.lag)),
+            ("DONE/MIN", &|q| format!("{:.1}", q.completed_per_minute)),
+            ("OLDEST(s)", &|q| q.oldest_queued_seconds.map_or_else(|| "-".to_owned(), |s| format!("{s:.0}"))),
+            ("PAUSED", &|q| if q.paused { "yes".into() } else { "no".into() }),
+        ],
+    )
 }
 
 /// `conveyor jobs list|show|cancel|retry`.
@@ -755,10 +896,25 @@ async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
         }
     };
     match command {
-        JobsCommand::List { queue, kind, status, workspace, limit } => {
-            let filter = JobFilter { queue, kind, status, workspace, limit: Some(limit), ..JobFilter::default() };
-            for job in admin.jobs(&actor, &filter).await?.items {
-                println!("{}", serde_json::to_string(&job)?);
+        JobsCommand::List { queue, kind, status, workspace, since, until, before, limit, output } => {
+            let filter = JobFilter { queue, kind, status, workspace, since, until, before, limit: Some(limit) };
+            let page = admin.jobs(&actor, &filter).await?;
+            output::print(
+                output,
+                &page.items,
+                &[
+                    ("JOB", &|j: &conveyor_jobs::JobSummary| j.id.to_string()),
+                    ("KIND", &|j| j.kind.clone()),
+                    ("QUEUE", &|j| j.queue.clone()),
+                    ("STATUS", &|j| j.status.as_str().to_owned()),
+                    ("FAILED RUNS", &|j| j.failed_runs.to_string()),
+                    ("WORKSPACE", &|j| j.workspace_id.to_string()),
+                    ("ENQUEUED (UTC)", &|j| output::time(&j.created_at)),
+                    ("ENDED (UTC)", &|j| j.finished_at.as_ref().map_or_else(|| "-".to_owned(), output::time)),
+                ],
+            )?;
+            if let Some(next) = page.next {
+                eprintln!("more: --before {next}");
             }
             Ok(())
         }
@@ -858,11 +1014,24 @@ async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
         Ok(id.map(conveyor_jobs::JobId))
     };
     match command {
-        DlqCommand::List { filter, before } => {
+        DlqCommand::List { filter, before, output } => {
             let page = admin.dead_letters(&actor, &filter.into_filter(before, false)).await?;
-            for dead in &page.items {
-                println!("{}", serde_json::to_string(dead)?);
-            }
+            output::print(
+                output,
+                &page.items,
+                &[
+                    ("JOB", &|d: &conveyor_jobs::DeadLetter| d.id.to_string()),
+                    ("KIND", &|d| d.event_type.clone()),
+                    ("QUEUE", &|d| d.queue.clone()),
+                    ("STAGE", &|d| output::maybe(&d.failure_stage)),
+                    ("ATTEMPTS", &|d| d.attempts.to_string()),
+                    ("WORKSPACE", &|d| d.workspace_id.to_string()),
+                    ("DEAD-LETTERED (UTC)", &|d| {
+                        d.dead_lettered_at.as_ref().map_or_else(|| "-".to_owned(), output::time)
+                    }),
+                    ("ERROR", &|d| output::maybe(&d.last_error)),
+                ],
+            )?;
             if let Some(next) = page.next {
                 eprintln!("more: --before {next}");
             }

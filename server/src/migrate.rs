@@ -83,3 +83,84 @@ pub async fn pending_versions(pool: &PgPool) -> Result<usize, sqlx::Error> {
 fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
+
+/// Where one migration stands in a database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigrationState {
+    /// Ran, with the checksum this binary has.
+    Applied,
+    /// Not run yet (`conveyor migrate` runs it).
+    Pending,
+    /// Ran and failed.
+    Failed,
+    /// Ran with another checksum: the file changed after it ran.
+    ChecksumMismatch,
+    /// Ran, and this binary does not have it (a newer release ran it).
+    Unknown,
+}
+
+impl MigrationState {
+    /// Its name, as the JSON output spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Pending => "pending",
+            Self::Failed => "failed",
+            Self::ChecksumMismatch => "checksum_mismatch",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// One migration of one crate, and where it stands.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MigrationStatus {
+    /// The crate's schema (`conveyor`, `conveyor_shop`, `conveyor_server`).
+    pub schema: &'static str,
+    /// Its version (the file name's number).
+    pub version: i64,
+    /// Its description (the file name's rest).
+    pub description: String,
+    /// Where it stands.
+    pub state: MigrationState,
+}
+
+/// Every crate's migrations, in the order `conveyor migrate` runs them, against each crate's history table (read by
+/// any role that may read it: the owner, the application or the runtime role).
+pub async fn status(pool: &PgPool) -> anyhow::Result<Vec<MigrationStatus>> {
+    let crates: [(&'static str, &str, Migrator); 3] = [
+        (conveyor_jobs::SCHEMA, conveyor_jobs::MIGRATION_HISTORY_TABLE, conveyor_jobs::migrator()),
+        (conveyor_shop::migrate::SCHEMA, conveyor_shop::migrate::HISTORY_TABLE, conveyor_shop::migrate::migrator()),
+        (SCHEMA, HISTORY_TABLE, migrator()),
+    ];
+    let mut rows = Vec::new();
+    for (schema, table, migrator) in crates {
+        let exists: Option<String> =
+            sqlx::query_scalar("SELECT to_regclass($1)::text").bind(table).fetch_one(pool).await?;
+        let ran: Vec<(i64, Vec<u8>, bool, String)> = match exists {
+            Some(_) => sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT version, checksum, success, description FROM {table} ORDER BY version"
+            )))
+            .fetch_all(pool)
+            .await
+            .with_context(|| format!("Failed to read {table}"))?,
+            None => Vec::new(),
+        };
+        let known: std::collections::HashSet<i64> =
+            migrator.iter().filter(|m| m.migration_type.is_up_migration()).map(|m| m.version).collect();
+        for m in migrator.iter().filter(|m| m.migration_type.is_up_migration()) {
+            let state = match ran.iter().find(|(version, ..)| *version == m.version) {
+                None => MigrationState::Pending,
+                Some((_, _, false, _)) => MigrationState::Failed,
+                Some((_, checksum, true, _)) if checksum[..] != m.checksum[..] => MigrationState::ChecksumMismatch,
+                Some(_) => MigrationState::Applied,
+            };
+            rows.push(MigrationStatus { schema, version: m.version, description: m.description.to_string(), state });
+        }
+        for (version, _, _, description) in ran.into_iter().filter(|(version, ..)| !known.contains(version)) {
+            rows.push(MigrationStatus { schema, version, description, state: MigrationState::Unknown });
+        }
+    }
+    Ok(rows)
+}

@@ -174,3 +174,102 @@ fn the_tenant_jwt_secret_is_the_api_roles_alone() {
     let printed = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(!printed.contains("CONVEYOR_JWT_SECRET"), "{printed}");
 }
+
+#[tokio::test]
+async fn listings_print_a_table_or_json_lines_and_jobs_page_back_with_their_cursor() {
+    let app = TestApp::spawn().await;
+    let who = principal();
+    for _ in 0..3 {
+        let resp = app.send(reqwest::Method::POST, "/v1/stores", who, Some(&store_body("cli"))).await;
+        assert_eq!(resp.status(), 202, "{:?}", resp.text().await);
+    }
+    let vars = common::config_vars(&app.db, &app.redis_prefix);
+    let ws = who.workspace_id.0.to_string();
+    let lines = |out: &Output| -> Vec<Value> {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+
+    // A page of two, newest first; stderr names the next page's cursor, which gives the third.
+    let first = conveyor(&["jobs", "list", "--workspace", &ws, "--limit", "2"], &vars);
+    let page = lines(&first);
+    assert_eq!(page.len(), 2);
+    let more = text(&first.stderr);
+    let cursor = more.trim().strip_prefix("more: --before ").unwrap_or_else(|| panic!("a cursor: {more}"));
+    assert_eq!(cursor, page[1]["id"].as_str().unwrap());
+    let second = lines(&conveyor(&["jobs", "list", "--workspace", &ws, "--limit", "2", "--before", cursor], &vars));
+    assert_eq!(second.len(), 1);
+    assert!(second[0]["id"].as_str().unwrap() < cursor, "older than the cursor");
+    // By time: all three were enqueued in the last hour, none before 2000.
+    assert_eq!(lines(&conveyor(&["jobs", "list", "--workspace", &ws, "--since", "1h"], &vars)).len(), 3);
+    let none = conveyor(&["jobs", "list", "--workspace", &ws, "--until", "2000-01-01T00:00:00Z"], &vars);
+    assert!(lines(&none).is_empty());
+    assert!(!conveyor(&["jobs", "list", "--since", "yesterday-ish"], &vars).status.success(), "a bad time is refused");
+
+    // A table: a header with the time zone, a row per job starting with its id.
+    let table = conveyor(&["jobs", "list", "--workspace", &ws, "-o", "table"], &vars);
+    assert!(table.status.success(), "{}", text(&table.stderr));
+    let table = text(&table.stdout);
+    let rows: Vec<&str> = table.lines().collect();
+    assert!(rows[0].starts_with("JOB ") && rows[0].contains("ENQUEUED (UTC)"), "{table}");
+    assert_eq!(rows.len(), 4, "{table}");
+    for (row, job) in rows[1..].iter().zip(page.iter().chain(&second)) {
+        assert!(row.starts_with(job["id"].as_str().unwrap()), "{row}");
+        assert!(row.contains("store.verify_credentials") && row.contains("queued"), "{row}");
+    }
+    let queues = text(&conveyor(&["queues", "-o", "json"], &vars).stdout);
+    assert!(queues.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()), "{queues}");
+    assert!(!conveyor(&["jobs", "list", "-o", "yaml"], &vars).status.success(), "an unknown format is refused");
+    // Pauses and schedules take the same formats.
+    let pauses = conveyor(&["flow", "pauses", "-o", "table"], &vars);
+    assert!(text(&pauses.stdout).starts_with("QUEUE "), "{}", text(&pauses.stderr));
+    let schedules = conveyor(&["schedule", "list", "--workspace", &ws, "-o", "table"], &vars);
+    assert!(text(&schedules.stdout).starts_with("NAME "), "{}", text(&schedules.stderr));
+
+    // The development commands live under `dev`; their former names still answer.
+    let user = uuid::Uuid::new_v4().to_string();
+    for args in [&["dev", "token"][..], &["token"]] {
+        let args: Vec<&str> = args.iter().copied().chain(["--workspace", &ws, "--user", &user]).collect();
+        let out = conveyor(&args, &vars);
+        assert!(out.status.success() && text(&out.stdout).split('.').count() == 3, "{args:?}: {}", text(&out.stderr));
+    }
+}
+
+#[tokio::test]
+async fn migrate_status_says_what_is_applied_pending_changed_or_unknown_and_fails_unless_all_applied() {
+    let app = TestApp::spawn().await;
+    let vars = common::config_vars(&app.db, &app.redis_prefix);
+    let status = |vars: &HashMap<String, String>| {
+        let out = conveyor(&["migrate", "status", "-o", "json"], vars);
+        let rows: Vec<Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        (out.status.success(), rows, text(&out.stderr))
+    };
+    let (ok, rows, stderr) = status(&vars);
+    assert!(ok, "{stderr}");
+    for schema in ["conveyor", "conveyor_shop", "conveyor_server"] {
+        assert!(rows.iter().any(|r| r["schema"] == schema), "{schema}: {rows:?}");
+    }
+    assert!(rows.iter().all(|r| r["state"] == "applied"), "{rows:?}");
+    let table = text(&conveyor(&["migrate", "status"], &vars).stdout);
+    assert!(table.starts_with("CRATE ") && table.contains("applied"), "{table}");
+
+    // A changed file, a migration not yet run, one a newer release ran: each is named, and the status fails.
+    let mut owner = app.db.owner().await;
+    for statement in [
+        "UPDATE conveyor._sqlx_migrations SET checksum = '\\x00' WHERE version = 1",
+        "DELETE FROM conveyor_server._sqlx_migrations WHERE version = (SELECT max(version) FROM conveyor_server._sqlx_migrations)",
+        "INSERT INTO conveyor_shop._sqlx_migrations (version, description, installed_on, success, checksum, execution_time)
+         VALUES (9999, 'from the future', now(), true, '\\x01', 1)",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&mut owner).await.unwrap();
+    }
+    let (ok, rows, stderr) = status(&vars);
+    assert!(!ok && stderr.contains("not applied"), "{stderr}");
+    let state = |schema: &str, version: i64| {
+        rows.iter().find(|r| r["schema"] == schema && r["version"] == version).map(|r| r["state"].clone())
+    };
+    assert_eq!(state("conveyor", 1), Some("checksum_mismatch".into()));
+    assert_eq!(state("conveyor_shop", 9999), Some("unknown".into()));
+    let pending: Vec<&Value> = rows.iter().filter(|r| r["state"] == "pending").collect();
+    assert!(pending.len() == 1 && pending[0]["schema"] == "conveyor_server", "{pending:?}");
+}
