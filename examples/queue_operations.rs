@@ -91,9 +91,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kept = conveyor.enqueue(&SendIssue { issue: 7 }, next_week.clone()).await?.id;
     let gone = conveyor.enqueue(&SendIssue { issue: 8 }, next_week.keep_succeeded(Keep::none())).await?.id;
     let promoted = conveyor.promote_jobs(&JobScope::queue(SendIssue::QUEUE)).await?;
-    for id in [kept, gone] {
-        conveyor.wait_for_job(id, Duration::from_secs(30)).await?;
-    }
+    // The job kept for no time may be gone (maintenance runs every 200 ms) before a wait for it would look.
+    conveyor.wait_for_job(kept, Duration::from_secs(30)).await?;
     let mut removed = false;
     for _ in 0..100 {
         if conveyor.get_job(gone).await?.is_none() {

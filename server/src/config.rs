@@ -496,6 +496,15 @@ pub fn database_url(src: &dyn Source) -> Result<Secret<String>, ConfigError> {
     postgres_url(src, "CONVEYOR_DATABASE_URL")
 }
 
+/// The URL `conveyor migrate status` reads the migration histories with: `CONVEYOR_MIGRATION_DATABASE_URL` when set,
+/// else `CONVEYOR_DATABASE_URL` (the application role may read every history table).
+pub fn history_database_url(src: &dyn Source) -> Result<Secret<String>, ConfigError> {
+    match src.get("CONVEYOR_MIGRATION_DATABASE_URL").filter(|v| !v.trim().is_empty()) {
+        Some(_) => postgres_url(src, "CONVEYOR_MIGRATION_DATABASE_URL"),
+        None => database_url(src),
+    }
+}
+
 /// Parses `CONVEYOR_JWT_SECRET` (required here): at least 32 bytes, as HS256 wants.
 pub fn jwt_secret(src: &dyn Source) -> Result<Secret<Vec<u8>>, ConfigError> {
     optional_hmac_secret(src, "CONVEYOR_JWT_SECRET")?.ok_or(ConfigError::Missing("CONVEYOR_JWT_SECRET"))

@@ -495,8 +495,8 @@ enum ScheduleCommand {
 #[derive(Subcommand)]
 enum MigrateCommand {
     /// Each migration of each crate: applied, pending, failed, or applied with another checksum (the file changed
-    /// after it ran), and any the database ran that this binary does not know (a newer release ran). Exits 1 unless
-    /// every one is applied.
+    /// after it ran), and any the database ran that this binary does not know (a newer release ran). Exits 2 unless
+    /// every one is applied (1 on an error: the database could not be read).
     Status {
         /// table or json (one object a line).
         #[arg(short, long, value_enum, default_value = "table")]
@@ -740,9 +740,8 @@ async fn sandbox(
 
 /// `conveyor migrate status`: every crate's migrations against its history table.
 async fn migrate_status(output: Output) -> anyhow::Result<()> {
-    let url = std::env::var("CONVEYOR_MIGRATION_DATABASE_URL")
-        .or_else(|_| config::database_url(&Env).map(|u| u.expose().to_owned()))?;
-    let pool = conveyor_jobs::connect_postgres(&url, 1).await?;
+    let url = config::history_database_url(&Env)?;
+    let pool = conveyor_jobs::connect_postgres(url.expose(), 1).await?;
     let rows = conveyor_server::migrate::status(&pool).await?;
     output::print(
         output,
@@ -755,7 +754,11 @@ async fn migrate_status(output: Output) -> anyhow::Result<()> {
         ],
     )?;
     let not_applied = rows.iter().filter(|r| r.state != conveyor_server::migrate::MigrationState::Applied).count();
-    anyhow::ensure!(not_applied == 0, "{not_applied} migrations are not applied as this binary has them");
+    if not_applied > 0 {
+        // Its own exit status, apart from an error's (1): a deploy gate tells "not migrated" from "could not look".
+        eprintln!("conveyor: {not_applied} migrations are not applied as this binary has them");
+        std::process::exit(2);
+    }
     Ok(())
 }
 

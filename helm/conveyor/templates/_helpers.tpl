@@ -52,12 +52,13 @@ with global.imageRegistry in front when set. */}}
 {{- end -}}
 
 {{/* A role's image: its own repository, tag or digest over image's (.own: the role's image values). A role that
-names its own repository names its own tag or digest too, or takes the appVersion. */}}
+names its own repository names its own tag or digest too, or takes the appVersion; a role that names a tag is pulled
+by that tag, never by image.digest. */}}
 {{- define "conveyor.roleImage" -}}
 {{- $root := .root -}}
 {{- $own := .own | default dict -}}
 {{- $repository := $own.repository | default $root.Values.image.repository -}}
-{{- $digest := $own.digest | default (ternary "" $root.Values.image.digest (hasKey $own "repository")) -}}
+{{- $digest := $own.digest | default (ternary "" $root.Values.image.digest (or (hasKey $own "repository") (hasKey $own "tag"))) -}}
 {{- $tag := $own.tag | default (ternary "" ($root.Values.image.tag | toString) (hasKey $own "repository")) | default $root.Chart.AppVersion | toString -}}
 {{- with (dig "imageRegistry" "" ($root.Values.global | default dict)) -}}
 {{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository -}}

@@ -242,10 +242,13 @@ async fn migrate_status_says_what_is_applied_pending_changed_or_unknown_and_fail
     let status = |vars: &HashMap<String, String>| {
         let out = conveyor(&["migrate", "status", "-o", "json"], vars);
         let rows: Vec<Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        (out.status.success(), rows, text(&out.stderr))
+        (out.status.code(), rows, text(&out.stderr))
     };
-    let (ok, rows, stderr) = status(&vars);
-    assert!(ok, "{stderr}");
+    // Read as the application role when no owner URL is given: it may read every history table.
+    let mut as_app = vars.clone();
+    as_app.remove("CONVEYOR_MIGRATION_DATABASE_URL");
+    let (code, rows, stderr) = status(&as_app);
+    assert_eq!(code, Some(0), "{stderr}");
     for schema in ["conveyor", "conveyor_shop", "conveyor_server"] {
         assert!(rows.iter().any(|r| r["schema"] == schema), "{schema}: {rows:?}");
     }
@@ -257,19 +260,25 @@ async fn migrate_status_says_what_is_applied_pending_changed_or_unknown_and_fail
     let mut owner = app.db.owner().await;
     for statement in [
         "UPDATE conveyor._sqlx_migrations SET checksum = '\\x00' WHERE version = 1",
+        "UPDATE conveyor_shop._sqlx_migrations SET success = false WHERE version = 1",
         "DELETE FROM conveyor_server._sqlx_migrations WHERE version = (SELECT max(version) FROM conveyor_server._sqlx_migrations)",
         "INSERT INTO conveyor_shop._sqlx_migrations (version, description, installed_on, success, checksum, execution_time)
          VALUES (9999, 'from the future', now(), true, '\\x01', 1)",
     ] {
         sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&mut owner).await.unwrap();
     }
-    let (ok, rows, stderr) = status(&vars);
-    assert!(!ok && stderr.contains("not applied"), "{stderr}");
+    let (code, rows, stderr) = status(&vars);
+    assert!(code == Some(2) && stderr.contains("not applied"), "{code:?}: {stderr}");
     let state = |schema: &str, version: i64| {
         rows.iter().find(|r| r["schema"] == schema && r["version"] == version).map(|r| r["state"].clone())
     };
     assert_eq!(state("conveyor", 1), Some("checksum_mismatch".into()));
+    assert_eq!(state("conveyor_shop", 1), Some("failed".into()));
     assert_eq!(state("conveyor_shop", 9999), Some("unknown".into()));
     let pending: Vec<&Value> = rows.iter().filter(|r| r["state"] == "pending").collect();
     assert!(pending.len() == 1 && pending[0]["schema"] == "conveyor_server", "{pending:?}");
+    // A database it cannot read is an error, exit 1, not a status.
+    let mut unreachable = vars.clone();
+    unreachable.insert("CONVEYOR_MIGRATION_DATABASE_URL".into(), "postgres://nobody:x@127.0.0.1:1/none".into());
+    assert_eq!(status(&unreachable).0, Some(1));
 }

@@ -71,6 +71,16 @@ impl S3 {
         self.vars().into_iter().map(|(name, value)| (name.to_ascii_lowercase(), value)).collect()
     }
 
+    /// How many parts the object `key` was uploaded in, from its ETag (`"<md5>-<parts>"` for a multipart upload, a
+    /// plain MD5 for a single PUT: 1). Unsigned: moto answers it for objects of a multipart upload.
+    async fn parts_of(&self, key: &str) -> u32 {
+        let url = format!("{}/{}/{key}", self.endpoint, self.bucket);
+        let head = reqwest::Client::new().head(url).send().await.unwrap();
+        assert!(head.status().is_success(), "{key}: {}", head.status());
+        let etag = head.headers()["etag"].to_str().unwrap().trim_matches('"').to_owned();
+        etag.split_once('-').map_or(1, |(_, parts)| parts.parse().unwrap())
+    }
+
     /// Keys of the bucket under `prefix`, as S3 lists them.
     async fn keys(&self, prefix: &str) -> Vec<String> {
         let url = format!("{}/{}?list-type=2&prefix={prefix}", self.endpoint, self.bucket);
@@ -111,6 +121,7 @@ async fn the_object_store_writes_parts_concatenates_and_reads_ranges_on_an_s3_se
     let whole = ObjectKey::new(ws, "t", id, "whole");
     assert_eq!(store.concat(&whole, &parts).await.unwrap(), 30 * 1024 * 1024 + 3);
     assert_eq!(store.size(&whole).await.unwrap(), Some(30 * 1024 * 1024 + 3));
+    assert!(s3.parts_of(&format!("ci/{}", whole.as_str())).await >= 6, "one multipart upload of 5 MiB parts");
     let edge = store.get_range(&whole, 10 * 1024 * 1024 - 1..10 * 1024 * 1024 + 1).await.unwrap();
     assert_eq!(&edge[..], b"ab", "the parts in order");
 
@@ -241,10 +252,10 @@ async fn an_upload_its_derivatives_and_a_transfer_run_end_to_end_on_s3() {
         image::load_from_memory(&bytes).unwrap_or_else(|e| panic!("{url} is not an image: {e}"));
     }
     let stored = s3.keys(&format!("{prefix}/workspaces/{ws}/")).await;
-    assert!(
-        stored.iter().any(|k| k.contains(&format!("/media/{id}/uploads/"))) && stored.len() > derivatives.len(),
-        "the upload and each derivative are in the bucket: {stored:?}"
-    );
+    let upload = stored.iter().find(|k| k.contains(&format!("/media/{id}/uploads/")));
+    let upload = upload.unwrap_or_else(|| panic!("the upload is in the bucket: {stored:?}"));
+    assert!(stored.len() > derivatives.len(), "each derivative is in the bucket too: {stored:?}");
+    assert_eq!(s3.parts_of(upload).await, 2, "the upload went up as a multipart upload of two parts");
 
     // A transfer of several parts, assembled on S3 with a multipart concatenation, its parts deleted.
     let size = 6 * 1024 * 1024 + 5;
@@ -263,7 +274,8 @@ async fn an_upload_its_derivatives_and_a_transfer_run_end_to_end_on_s3() {
     assert_eq!(transfer["sha256"], sha256_hex(&files::file_bytes("big.jpg", size)));
     let objects = s3.keys(&format!("{prefix}/workspaces/{ws}/asset-transfers/{transfer_id}/")).await;
     let original = format!("{prefix}/workspaces/{ws}/asset-transfers/{transfer_id}/original");
-    assert_eq!(objects, [original], "the object whole, its parts gone");
+    assert_eq!(objects, [original.clone()], "the object whole, its parts gone");
+    assert!(s3.parts_of(&original).await >= 2, "assembled by a multipart concatenation");
     let store = ObjectStorage::open_with(&format!("s3://{}/{prefix}", s3.bucket), s3.options()).unwrap();
     let key = ObjectKey::parse(&format!("workspaces/{ws}/asset-transfers/{transfer_id}/original")).unwrap();
     assert_eq!(sha256_hex(&store.get(&key).await.unwrap()), transfer["sha256"].as_str().unwrap());
