@@ -756,3 +756,33 @@ async fn a_waiting_jobs_change_and_the_queue_operations_take_effect_from_their_f
     let (_, page) = get(to).await;
     assert!(page.contains("Obliterated: 0 jobs canceled, 2 deleted, 0 kept"), "{page}");
 }
+
+#[tokio::test]
+async fn a_reloading_overview_shows_data_alone_so_that_a_reload_never_wipes_a_form_and_times_say_utc() {
+    let s = Scenario::start().await;
+    let app = &s.app;
+    let cookie = login(app, ADMIN_TOKEN).await.unwrap();
+    let operator = conveyor_jobs::connect_postgres(&app.db.operator_url, 1).await.unwrap();
+    conveyor_jobs::pause(&operator, &conveyor_jobs::PauseScope::queue("ui-demo"), Some("maintenance")).await.unwrap();
+    let get = |path: &'static str| {
+        let (http, cookie) = (http(), cookie.clone());
+        async move { http.get(ui(app, path)).header("cookie", cookie).send().await.unwrap().text().await.unwrap() }
+    };
+    let still = get("/ui").await;
+    assert!(still.contains(r#"action="/ui/pauses""#) && still.contains(r#"action="/ui/pauses/resume""#), "{still}");
+    assert!(!still.contains(r#"http-equiv="refresh""#));
+    let reloading = get("/ui?refresh=5").await;
+    assert!(reloading.contains(r#"http-equiv="refresh""#), "{reloading}");
+    assert!(
+        !reloading.contains(r#"action="/ui/pauses""#)
+            && !reloading.contains(r#"action="/ui/pauses/resume""#)
+            && !reloading.contains("<input name=")
+            && reloading.contains(r#"id="no-forms""#),
+        "no form to type into while reloading (the header's log-out button stays): {reloading}"
+    );
+    assert!(reloading.contains("maintenance"), "the pauses are still shown");
+    // Every time on a page says its zone.
+    let job = get("/ui/jobs?queue=ui-demo").await;
+    let times: Vec<&str> = job.split("<time ").skip(1).map(|t| t.split("</time>").next().unwrap()).collect();
+    assert!(!times.is_empty() && times.iter().all(|t| t.ends_with(" UTC")), "{times:?}");
+}

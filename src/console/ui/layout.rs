@@ -125,9 +125,9 @@ pub(super) fn status_badge(status: &str) -> Markup {
     html! { span class=(format!("badge s-{status}")) { (status) } }
 }
 
-/// A time in UTC, to the second.
+/// A time in UTC, to the second, labelled so.
 pub(super) fn time(at: DateTime<Utc>) -> Markup {
-    html! { time datetime=(at.to_rfc3339()) { (at.format("%Y-%m-%d %H:%M:%S")) } }
+    html! { time datetime=(at.to_rfc3339()) { (at.format("%Y-%m-%d %H:%M:%S UTC")) } }
 }
 
 /// An optional time, or a dash.

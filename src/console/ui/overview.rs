@@ -59,8 +59,14 @@ pub(super) async fn show(
         }
         (queue_table(&page, &queues))
         h2 { "Pauses" }
-        (pause_table(&page, &pauses))
-        (pause_form(&page))
+        // A reload would wipe what is typed into a form: while reloading, the page shows data alone.
+        @if chrome.refresh.is_some() {
+            (pause_table(&page, &pauses, false))
+            p.muted #no-forms { "To pause or resume, " a href=(page.at("/")) { "stop reloading" } "." }
+        } @else {
+            (pause_table(&page, &pauses, true))
+            (pause_form(&page))
+        }
     };
     Ok(layout::page("Overview", Section::Overview, &chrome, notice.render(), body))
 }
@@ -98,7 +104,7 @@ fn queue_table(page: &Page, queues: &[QueueSummary]) -> Markup {
     }
 }
 
-fn pause_table(page: &Page, pauses: &[Pause]) -> Markup {
+fn pause_table(page: &Page, pauses: &[Pause], with_forms: bool) -> Markup {
     html! {
         @if pauses.is_empty() {
             div.card.muted { "Nothing is paused." }
@@ -112,11 +118,11 @@ fn pause_table(page: &Page, pauses: &[Pause]) -> Markup {
                             td { (maybe(p.queue.as_deref())) } td { (maybe(p.kind.as_deref())) }
                             td.mono { (maybe(p.workspace_id)) } td { (maybe(p.reason.as_deref())) }
                             td { (layout::time(p.created_at)) }
-                            td { (layout::post_button(&page.at("/pauses/resume"), "Resume", &page.csrf, &[
+                            td { @if with_forms { (layout::post_button(&page.at("/pauses/resume"), "Resume", &page.csrf, &[
                                 ("queue", p.queue.as_deref().unwrap_or("")),
                                 ("kind", p.kind.as_deref().unwrap_or("")),
                                 ("workspace", workspace.as_str()),
-                            ], "")) }
+                            ], "")) } }
                         }
                     }
                 }
