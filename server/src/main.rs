@@ -84,6 +84,12 @@ enum Command {
         #[arg(long, hide = true)]
         json: bool,
     },
+    /// Each queue's consumers (the worker processes reading it): the entries each holds, and how long since it read.
+    Consumers {
+        /// table or json (one object a line).
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// Find, show, cancel and retry jobs of any workspace (as the operator role; changes are audited).
     Jobs {
         #[command(subcommand)]
@@ -654,6 +660,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Schedule { command } => schedule(command).await,
         Command::Queues { output, json } => queues(if json { Output::Json } else { output }).await,
         Command::Jobs { command } => jobs(command).await,
+        Command::Consumers { output } => {
+            let (admin, actor) = operator(Needs::Redis).await?;
+            let consumers = admin.consumers(&actor).await?;
+            output::print(
+                output,
+                &consumers,
+                &[
+                    ("QUEUE", &|c: &conveyor_jobs::ConsumerInfo| c.queue.clone()),
+                    ("CONSUMER", &|c| c.consumer.clone()),
+                    ("HELD", &|c| c.pending.to_string()),
+                    ("IDLE(s)", &|c| format!("{:.0}", c.idle_ms as f64 / 1000.0)),
+                ],
+            )
+        }
         Command::Config { command: ConfigCommand::Check { role } } => config_check(role),
         Command::Config { command: ConfigCommand::Reference } => {
             print!("{}", conveyor_server::config::reference::markdown());

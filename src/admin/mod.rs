@@ -11,6 +11,7 @@
 //! then its outcome (the functions write it themselves, with the change).
 
 mod audit;
+mod consumers;
 mod dead_letters;
 mod filters;
 mod holds;
@@ -269,6 +270,7 @@ pub struct DeadLetterFilter {
 }
 
 pub use crate::worker::dlq::{DeadLetter, Replay};
+pub use consumers::ConsumerInfo;
 pub use queue_ops::{CleanFilter, DrainFilter, DrainOutcome, ObliterateFilter, Obliteration};
 
 /// What a bulk replay or discard did.
@@ -340,6 +342,11 @@ impl Admin {
     /// Every queue (registered kinds' queues and queues with live, dead or recently finished jobs), by name.
     pub async fn queues(&self, actor: &Actor) -> Result<Vec<QueueSummary>, AdminError> {
         queues::list(self, actor, None).await
+    }
+
+    /// Every consumer of every queue's group, as Redis sees it: the entries each holds and how long since it read.
+    pub async fn consumers(&self, actor: &Actor) -> Result<Vec<ConsumerInfo>, AdminError> {
+        consumers::list(self, actor).await
     }
 
     /// One queue, or `None` when no registered kind names it and it has no live, dead or recently finished job.

@@ -210,6 +210,7 @@ fn every_endpoint() -> Vec<(Method, String, Option<Value>)> {
             Some(json!({ "status": "succeeded", "workspace": ws, "keep_last": 1 })),
         ),
         (Method::POST, "/queues/nothing-here/obliterate".into(), Some(json!({ "workspace": ws }))),
+        (Method::GET, "/consumers".into(), None),
         (Method::GET, "/operations".into(), None),
         (Method::GET, "/dead-letters".into(), None),
         (Method::POST, format!("/dead-letters/{id}/replay"), None),
@@ -922,6 +923,38 @@ async fn a_queue_is_obliterated_through_the_api_refused_while_its_jobs_run_unles
 }
 
 #[tokio::test]
+async fn the_consumers_each_queue_has_are_listed_with_what_they_hold_by_the_api_and_the_cli() {
+    use fred::prelude::StreamsInterface;
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let redis = common::redis_url();
+    let dispatcher = common::test_dispatcher(&app, &redis, |_| {}).await;
+    enqueue(&app, ws, "ok", EnqueueOptions::new()).await;
+    enqueue(&app, ws, "ok", EnqueueOptions::new()).await;
+    dispatcher.dispatch_once().await.unwrap();
+    // A consumer that read one entry and has not acknowledged it, as a worker running a job has.
+    let keys = conveyor_jobs::RedisKeys::new(&app.redis_prefix);
+    let (stream, group) = (keys.stream(Chore::QUEUE), keys.group(Chore::QUEUE));
+    let client = common::redis_client(&redis).await;
+    let _: Result<fred::types::Value, _> = client.xgroup_create(&stream, &group, "0", true).await;
+    let read: fred::types::Value =
+        client.xreadgroup(&group, "inspector-1", Some(1), None, false, &stream, ">").await.unwrap();
+    assert!(!read.is_null(), "an entry was read");
+
+    let listed = op(&app, Method::GET, "/consumers", None).await.expect(StatusCode::OK);
+    let items = listed["items"].as_array().cloned().unwrap_or_else(|| listed.as_array().cloned().unwrap());
+    let inspector = items.iter().find(|c| c["consumer"] == "inspector-1").unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!((inspector["queue"].clone(), inspector["pending"].clone()), (json!(Chore::QUEUE), json!(1)));
+    assert!(inspector["idle_ms"].as_u64().unwrap() < 600_000, "{inspector}");
+
+    let lines = cli(&app, "consumers", &["-o", "json"]).unwrap();
+    let rows: Vec<Value> = lines.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(rows.iter().any(|c| c["consumer"] == "inspector-1" && c["pending"] == 1), "{lines}");
+    let table = cli(&app, "consumers", &[]).unwrap();
+    assert!(table.starts_with("QUEUE ") && table.lines().any(|l| l.contains("inspector-1")), "{table}");
+}
+
+#[tokio::test]
 async fn bad_query_values_are_400s_naming_the_parameter() {
     let app = TestApp::spawn().await;
     for (path, parameter) in [
@@ -1357,6 +1390,7 @@ const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("POST", "/queues/q/drain"),
     ("POST", "/queues/q/clean"),
     ("POST", "/queues/q/obliterate"),
+    ("GET", "/consumers"),
     ("GET", "/operations"),
     ("GET", "/dead-letters"),
     ("POST", "/dead-letters/replay"),

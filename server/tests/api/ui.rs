@@ -781,6 +781,9 @@ async fn a_reloading_overview_shows_data_alone_so_that_a_reload_never_wipes_a_fo
         "no form to type into while reloading (the header's log-out button stays): {reloading}"
     );
     assert!(reloading.contains("maintenance"), "the pauses are still shown");
+    // The consumers page: the scenario's worker reads the queue.
+    let consumers = get("/ui/consumers").await;
+    assert!(consumers.contains(r#"<tr data-queue="ui-demo" data-consumer=""#), "{consumers}");
     // Every time on a page says its zone.
     let job = get("/ui/jobs?queue=ui-demo").await;
     let times: Vec<&str> = job.split("<time ").skip(1).map(|t| t.split("</time>").next().unwrap()).collect();

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! GET    /queues, /queues/{name}                       counts by state, lag, throughput, oldest age, paused
+//! GET    /consumers                                    each queue's consumers: entries held, idle time
 //! GET    /jobs?queue&kind&status&workspace&since&until&before&limit, /jobs/{id}
 //! POST   /jobs/{id}/cancel, /jobs/{id}/retry
 //! POST   /jobs/{id}/change   body: priority, run_at | delay_ms | run_now, payload (a waiting job's; 409 once handed out)
@@ -59,6 +60,7 @@ pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Route
     Router::new()
         .route("/queues", get(queues))
         .route("/queues/{name}", get(queue))
+        .route("/consumers", get(consumers))
         .route("/queues/{name}/drain", post(drain))
         .route("/queues/{name}/clean", post(clean))
         .route("/queues/{name}/obliterate", post(obliterate))
@@ -140,6 +142,10 @@ fn items(items: impl serde::Serialize) -> Answer {
 
 async fn queues(op: Operating) -> Answer {
     items(op.admin.queues(&op.actor).await?)
+}
+
+async fn consumers(op: Operating) -> Answer {
+    items(op.admin.consumers(&op.actor).await?)
 }
 
 async fn queue(op: Operating, Path(name): Path<String>) -> Answer {

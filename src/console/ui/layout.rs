@@ -33,10 +33,12 @@ pub(super) enum Section {
     DeadLetters,
     Operations,
     Schedules,
+    Consumers,
 }
 
-const SECTIONS: [(Section, &str, &str); 5] = [
+const SECTIONS: [(Section, &str, &str); 6] = [
     (Section::Overview, "/", "Overview"),
+    (Section::Consumers, "/consumers", "Consumers"),
     (Section::Jobs, "/jobs", "Jobs"),
     (Section::DeadLetters, "/dead-letters", "Dead letters"),
     (Section::Operations, "/operations", "Operations"),

@@ -4,6 +4,7 @@
 //! [`guard`] holds the rules every page obeys: an [`super::Operator`] or a redirect to the host's login, origin and
 //! CSRF checks on every POST, security headers on every response, and the mount prefix every link is built on.
 
+mod consumers;
 mod dead_letters;
 mod guard;
 mod jobs;
@@ -40,6 +41,7 @@ pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Route
         .route("/pauses", post(overview::pause))
         .route("/pauses/resume", post(overview::resume))
         .route("/queues/{name}", get(queues::show))
+        .route("/consumers", get(consumers::list))
         .route("/queues/{name}/pause", post(queues::pause))
         .route("/queues/{name}/resume", post(queues::resume))
         .route("/queues/{name}/drain", post(queues::drain))
