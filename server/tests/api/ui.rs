@@ -789,3 +789,45 @@ async fn a_reloading_overview_shows_data_alone_so_that_a_reload_never_wipes_a_fo
     let times: Vec<&str> = job.split("<time ").skip(1).map(|t| t.split("</time>").next().unwrap()).collect();
     assert!(!times.is_empty() && times.iter().all(|t| t.ends_with(" UTC")), "{times:?}");
 }
+
+#[tokio::test]
+async fn the_job_search_goes_to_an_id_filters_by_time_and_a_job_page_shows_its_timeline() {
+    let s = Scenario::start().await;
+    let app = &s.app;
+    let cookie = login(app, ADMIN_TOKEN).await.unwrap();
+    let get = |path: String| {
+        let (http, cookie) = (http(), cookie.clone());
+        async move {
+            let response = http.get(ui(app, &path)).header("cookie", cookie).send().await.unwrap();
+            let (status, to) = (response.status(), response.headers().get("location").cloned());
+            (status, to.map(|l| l.to_str().unwrap().to_owned()), response.text().await.unwrap())
+        }
+    };
+    let (dead, delayed) = (s.dead.0.to_string(), s.delayed.0.to_string());
+    let short = |id: &str| id.replace('-', "")[20..].to_owned();
+
+    // An id goes straight to its job, whatever else the form carries; a malformed one is refused by name.
+    let (status, to, _) = get(format!("/ui/jobs?id={dead}&queue=ignored")).await;
+    assert_eq!((status, to.as_deref()), (StatusCode::SEE_OTHER, Some(format!("/ui/jobs/{dead}").as_str())));
+    let (status, _, body) = get("/ui/jobs?id=not-a-job".into()).await;
+    assert!(status == StatusCode::BAD_REQUEST && body.contains("job id is not a UUID"), "{body}");
+
+    // A time range, as a duration ago or a UTC date and time.
+    let (_, _, recent) = get("/ui/jobs?queue=ui-demo&since=1h".into()).await;
+    assert!(recent.contains(&short(&dead)) && recent.contains(&short(&delayed)), "{recent}");
+    let (_, _, old) = get("/ui/jobs?queue=ui-demo&until=2000-01-01+00%3A00".into()).await;
+    assert!(old.contains("No job matches."), "{old}");
+    let (status, _, body) = get("/ui/jobs?since=last+tuesday".into()).await;
+    assert!(status == StatusCode::BAD_REQUEST && body.contains("since is neither a time"), "{body}");
+
+    // The dead letter's timeline: enqueued, its failed run, handed out, ended, each with the time since the one before.
+    let (_, _, page) = get(format!("/ui/jobs/{dead}")).await;
+    let timeline = page.split(r#"id="timeline""#).nth(1).expect("a timeline").split("</table>").next().unwrap();
+    for step in ["enqueued", "run 1 failed (job)", "ended failed"] {
+        assert!(timeline.contains(step), "{step}: {timeline}");
+    }
+    assert!(timeline.matches(" ms<").count() + timeline.matches(" s<").count() >= 2, "durations: {timeline}");
+    // A delayed job's timeline ends with when it is due.
+    let (_, _, page) = get(format!("/ui/jobs/{delayed}")).await;
+    assert!(page.contains("<td>due</td>"), "{page}");
+}

@@ -17,20 +17,51 @@ use crate::{JobChange, JobId, Priority};
 /// The search's filters, as the form sends them.
 #[derive(Deserialize)]
 pub(super) struct Filters {
+    /// A job id: its page, whatever the other fields.
+    id: Option<String>,
     queue: Option<String>,
     kind: Option<String>,
     status: Option<String>,
     workspace: Option<String>,
+    /// Enqueued at or after: an RFC 3339 time (UTC when it names no offset) or a duration ago (`2h`).
+    since: Option<String>,
+    /// Enqueued before, the same way.
+    until: Option<String>,
     before: Option<String>,
 }
 
+/// A form's time: RFC 3339, a date and time read as UTC (`2026-12-07 06:00`, as a person types it), or a duration
+/// before now (`90m`, `2h`); an error naming the field otherwise.
+fn time_field(name: &str, value: &Option<String>) -> Result<Option<chrono::DateTime<chrono::Utc>>, UiError> {
+    let Some(raw) = field(value) else { return Ok(None) };
+    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(raw) {
+        return Ok(Some(at.with_timezone(&chrono::Utc)));
+    }
+    for format in ["%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M"] {
+        if let Ok(at) = chrono::NaiveDateTime::parse_from_str(raw, format) {
+            return Ok(Some(at.and_utc()));
+        }
+    }
+    let ago = humantime::parse_duration(raw).map_err(|_| {
+        UiError::Invalid(format!("{name} is neither a time (2026-12-07 06:00, UTC) nor a duration ago (2h): {raw}"))
+    })?;
+    let ago = chrono::Duration::from_std(ago).map_err(|_| UiError::Invalid(format!("{name} reaches too far back")))?;
+    Ok(Some(chrono::Utc::now() - ago))
+}
+
 /// `GET /jobs`.
-pub(super) async fn search(page: Page, Query(f): Query<Filters>) -> Result<Markup, UiError> {
+pub(super) async fn search(page: Page, Query(f): Query<Filters>) -> Result<Response, UiError> {
+    if let Some(id) = field(&f.id) {
+        let id = job_id(id)?;
+        return Ok(Redirect::to(&page.at(&format!("/jobs/{}", id.0))).into_response());
+    }
     let filter = JobFilter {
         queue: field(&f.queue).map(str::to_owned),
         kind: field(&f.kind).map(str::to_owned),
         status: layout::status_field(&f.status)?,
         workspace: layout::uuid_field("workspace", &f.workspace)?,
+        since: time_field("since", &f.since)?,
+        until: time_field("until", &f.until)?,
         before: layout::uuid_field("before", &f.before)?,
         ..JobFilter::default()
     };
@@ -40,9 +71,12 @@ pub(super) async fn search(page: Page, Query(f): Query<Filters>) -> Result<Marku
         ("kind", field(&f.kind)),
         ("status", field(&f.status)),
         ("workspace", field(&f.workspace)),
+        ("since", field(&f.since)),
+        ("until", field(&f.until)),
     ];
     let body = html! {
         form.filters method="get" action=(page.at("/jobs")) {
+            label { "Job id" input name="id" size="38" placeholder="go straight to it"; }
             label { "Queue" input name="queue" value=(field(&f.queue).unwrap_or("")); }
             label { "Kind" input name="kind" value=(field(&f.kind).unwrap_or("")); }
             label { "Status"
@@ -55,12 +89,14 @@ pub(super) async fn search(page: Page, Query(f): Query<Filters>) -> Result<Marku
                 }
             }
             label { "Workspace" input name="workspace" size="38" value=(field(&f.workspace).unwrap_or("")); }
+            label { "Enqueued since (UTC)" input name="since" size="16" placeholder="2h, or 2026-12-07 06:00" value=(field(&f.since).unwrap_or("")); }
+            label { "until (UTC)" input name="until" size="16" value=(field(&f.until).unwrap_or("")); }
             button type="submit" { "Search" }
         }
         (job_table(&page, &jobs.items, true))
         (layout::pager(jobs.next, &page.at("/jobs"), &kept))
     };
-    Ok(layout::page("Jobs", Section::Jobs, &page.chrome(), None, body))
+    Ok(layout::page("Jobs", Section::Jobs, &page.chrome(), None, body).into_response())
 }
 
 /// A table of jobs, each linking to its page.
@@ -145,6 +181,8 @@ fn detail(page: &Page, d: &JobDetail) -> Markup {
                 dt { "Last error" } dd.err { (layout::error_text(j.last_error.as_deref())) }
             }
         }
+        h2 { "Timeline" }
+        (timeline(d))
         h2 { "Failed attempts" }
         @if d.attempts.is_empty() {
             div.card.muted { "None." }
@@ -176,6 +214,53 @@ fn detail(page: &Page, d: &JobDetail) -> Markup {
         (layout::json_block(&d.payload))
         @if let Some(progress) = &d.progress { h2 { "Progress" } (layout::json_block(progress)) }
         @if let Some(result) = &d.result { h2 { "Result" } (layout::json_block(result)) }
+    }
+}
+
+/// The job's life so far, each step with the time since the one before: enqueued, each failed run, last handed to the
+/// workers, ended (what PostgreSQL records; a run's start is not).
+fn timeline(d: &JobDetail) -> Markup {
+    let j = &d.job;
+    let mut steps: Vec<(String, chrono::DateTime<chrono::Utc>)> = vec![("enqueued".into(), j.created_at)];
+    for a in &d.attempts {
+        steps.push((format!("run {} failed ({})", a.attempt, a.stage), a.failed_at));
+    }
+    if let Some(at) = d.dispatched_at {
+        steps.push(("last handed to the workers".into(), at));
+    }
+    if let Some(at) = j.finished_at {
+        steps.push((format!("ended {}", j.status.as_str()), at));
+    } else if j.run_at > j.created_at && !j.status.is_finished() {
+        steps.push(("due".into(), j.run_at));
+    }
+    steps.sort_by_key(|(_, at)| *at);
+    html! {
+        table #timeline {
+            thead { tr { th { "Step" } th { "At" } th.num { "After the step before" } } }
+            tbody {
+                @for (i, (step, at)) in steps.iter().enumerate() {
+                    tr {
+                        td { (step) }
+                        td { (layout::time(*at)) }
+                        td.num { @if i > 0 { (duration(*at - steps[i - 1].1)) } @else { "-" } }
+                    }
+                }
+            }
+        }
+        @if let Some(max) = d.max_attempts {
+            p.muted { "Failed runs: " (j.failed_runs) " of at most " (max) "." }
+        }
+    }
+}
+
+/// A span as a person reads it: milliseconds under a second, else seconds, minutes, hours.
+fn duration(span: chrono::Duration) -> String {
+    let ms = span.num_milliseconds().max(0);
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{:.1} min", ms as f64 / 60_000.0),
+        _ => format!("{:.1} h", ms as f64 / 3_600_000.0),
     }
 }
 
