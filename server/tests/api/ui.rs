@@ -652,6 +652,13 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
     assert!(browser.text("[role=status]").await.contains("Cleaned: 2 ended jobs deleted."));
     assert_eq!(s.status(s.dead).await, JobStatus::Succeeded, "the newest succeeded job stays");
 
+    // The consumers: the scenario's worker reads the queue, and holds nothing now.
+    browser.click("header nav a[href='/ui/consumers']").await;
+    assert_eq!(browser.path_at("/ui/consumers").await, "/ui/consumers");
+    let consumer = browser.text("#consumers tr[data-queue='ui-demo'] td:nth-child(3)").await;
+    assert_eq!(consumer, "0", "nothing held once its jobs ended");
+    browser.screenshot(&shots, "consumers").await;
+
     // A form posted from a page of another origin: SameSite=Strict keeps the cookie back, and nothing changes.
     let target = format!("http://{}/ui/jobs/{}/cancel", app.admin_addr, s.delayed.0);
     let evil = format!(
