@@ -20,7 +20,8 @@ use super::{Actor, Admin, AdminError};
 pub struct ConsumerInfo {
     /// The queue.
     pub queue: String,
-    /// The consumer's name (a worker process's: `CONVEYOR_WORKER_NAME`, or the host and a random suffix).
+    /// The consumer's name: a worker process's, its host and a random suffix, new at each start. A consumer that
+    /// holds nothing and has long been idle is a worker that stopped; `XGROUP DELCONSUMER` forgets it.
     pub consumer: String,
     /// Entries delivered to it and not acknowledged, over the queue's streams.
     pub pending: u64,

@@ -45,8 +45,9 @@ fn time_field(name: &str, value: &Option<String>) -> Result<Option<chrono::DateT
     let ago = humantime::parse_duration(raw).map_err(|_| {
         UiError::Invalid(format!("{name} is neither a time (2026-12-07 06:00, UTC) nor a duration ago (2h): {raw}"))
     })?;
-    let ago = chrono::Duration::from_std(ago).map_err(|_| UiError::Invalid(format!("{name} reaches too far back")))?;
-    Ok(Some(chrono::Utc::now() - ago))
+    let too_far = || UiError::Invalid(format!("{name} reaches too far back: {raw}"));
+    let ago = chrono::Duration::from_std(ago).map_err(|_| too_far())?;
+    chrono::Utc::now().checked_sub_signed(ago).map(Some).ok_or_else(too_far)
 }
 
 /// `GET /jobs`.
@@ -55,13 +56,16 @@ pub(super) async fn search(page: Page, Query(f): Query<Filters>) -> Result<Respo
         let id = job_id(id)?;
         return Ok(Redirect::to(&page.at(&format!("/jobs/{}", id.0))).into_response());
     }
+    // A time given as a duration ago is resolved once: the next pages keep the same window.
+    let (since, until) = (time_field("since", &f.since)?, time_field("until", &f.until)?);
+    let (since_text, until_text) = (since.map(|t| t.to_rfc3339()), until.map(|t| t.to_rfc3339()));
     let filter = JobFilter {
         queue: field(&f.queue).map(str::to_owned),
         kind: field(&f.kind).map(str::to_owned),
         status: layout::status_field(&f.status)?,
         workspace: layout::uuid_field("workspace", &f.workspace)?,
-        since: time_field("since", &f.since)?,
-        until: time_field("until", &f.until)?,
+        since,
+        until,
         before: layout::uuid_field("before", &f.before)?,
         ..JobFilter::default()
     };
@@ -71,8 +75,8 @@ pub(super) async fn search(page: Page, Query(f): Query<Filters>) -> Result<Respo
         ("kind", field(&f.kind)),
         ("status", field(&f.status)),
         ("workspace", field(&f.workspace)),
-        ("since", field(&f.since)),
-        ("until", field(&f.until)),
+        ("since", since_text.as_deref()),
+        ("until", until_text.as_deref()),
     ];
     let body = html! {
         form.filters method="get" action=(page.at("/jobs")) {
@@ -223,7 +227,12 @@ fn timeline(d: &JobDetail) -> Markup {
     let j = &d.job;
     let mut steps: Vec<(String, chrono::DateTime<chrono::Utc>)> = vec![("enqueued".into(), j.created_at)];
     for a in &d.attempts {
-        steps.push((format!("run {} failed ({})", a.attempt, a.stage), a.failed_at));
+        // A failed run of the handler, or a failed hand-off to the stream; a replay's earlier ones stay listed.
+        let step = match a.stage.as_str() {
+            "dispatch" => format!("hand-off {} failed", a.attempt),
+            _ => format!("run {} failed", a.attempt),
+        };
+        steps.push((step, a.failed_at));
     }
     if let Some(at) = d.dispatched_at {
         steps.push(("last handed to the workers".into(), at));
