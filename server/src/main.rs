@@ -52,29 +52,7 @@ enum Command {
     },
     /// `conveyor dev sandbox` (this name stays for scripts written before).
     #[command(hide = true)]
-    Sandbox {
-        /// Listen address.
-        #[arg(long, default_value = "127.0.0.1:8090")]
-        addr: std::net::SocketAddr,
-        /// Latency added to every answer, in milliseconds.
-        #[arg(long, default_value_t = 0)]
-        latency_ms: u64,
-        /// Share of calls answered 503 (0 to 1).
-        #[arg(long, default_value_t = 0.0)]
-        error_rate: f64,
-        /// Share of calls that hang for 30 s (0 to 1).
-        #[arg(long, default_value_t = 0.0)]
-        timeout_rate: f64,
-        /// Products in every store's catalog.
-        #[arg(long, default_value_t = 250)]
-        catalog_size: u64,
-        /// Serve https with this PEM certificate chain (with `--tls-key`).
-        #[arg(long, requires = "tls_key")]
-        tls_cert: Option<std::path::PathBuf>,
-        /// The PEM private key of `--tls-cert`.
-        #[arg(long, requires = "tls_cert")]
-        tls_key: Option<std::path::PathBuf>,
-    },
+    Sandbox(SandboxArgs),
     /// Every queue with its jobs by state, stream lag, throughput and oldest age (as the operator role).
     Queues {
         /// table or json (one object a line).
@@ -123,17 +101,7 @@ enum Command {
     },
     /// `conveyor dev token` (this name stays for scripts written before).
     #[command(hide = true)]
-    Token {
-        /// The workspace the token grants.
-        #[arg(long)]
-        workspace: Uuid,
-        /// The user (`sub`).
-        #[arg(long)]
-        user: Uuid,
-        /// How long it is valid, e.g. 1h or 30m.
-        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
-        ttl: Duration,
-    },
+    Token(TokenArgs),
 }
 
 #[derive(Subcommand)]
@@ -498,6 +466,46 @@ enum ScheduleCommand {
     },
 }
 
+/// `conveyor dev sandbox`'s options (and `conveyor sandbox`'s, its former name).
+#[derive(clap::Args)]
+struct SandboxArgs {
+    /// Listen address.
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    addr: std::net::SocketAddr,
+    /// Latency added to every answer, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    /// Share of calls answered 503 (0 to 1).
+    #[arg(long, default_value_t = 0.0)]
+    error_rate: f64,
+    /// Share of calls that hang for 30 s (0 to 1).
+    #[arg(long, default_value_t = 0.0)]
+    timeout_rate: f64,
+    /// Products in every store's catalog.
+    #[arg(long, default_value_t = 250)]
+    catalog_size: u64,
+    /// Serve https with this PEM certificate chain (with `--tls-key`).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+}
+
+/// `conveyor dev token`'s options (and `conveyor token`'s, its former name).
+#[derive(clap::Args)]
+struct TokenArgs {
+    /// The workspace the token grants.
+    #[arg(long)]
+    workspace: Uuid,
+    /// The user (`sub`).
+    #[arg(long)]
+    user: Uuid,
+    /// How long it is valid, e.g. 1h or 30m.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+}
+
 #[derive(Subcommand)]
 enum MigrateCommand {
     /// Each migration of each crate: applied, pending, failed, or applied with another checksum (the file changed
@@ -514,41 +522,9 @@ enum MigrateCommand {
 enum DevCommand {
     /// Serve the sandbox of every external system: marketplace, catalog, AI provider, source files (development and
     /// tests).
-    Sandbox {
-        /// Listen address.
-        #[arg(long, default_value = "127.0.0.1:8090")]
-        addr: std::net::SocketAddr,
-        /// Latency added to every answer, in milliseconds.
-        #[arg(long, default_value_t = 0)]
-        latency_ms: u64,
-        /// Share of calls answered 503 (0 to 1).
-        #[arg(long, default_value_t = 0.0)]
-        error_rate: f64,
-        /// Share of calls that hang for 30 s (0 to 1).
-        #[arg(long, default_value_t = 0.0)]
-        timeout_rate: f64,
-        /// Products in every store's catalog.
-        #[arg(long, default_value_t = 250)]
-        catalog_size: u64,
-        /// Serve https with this PEM certificate chain (with `--tls-key`).
-        #[arg(long, requires = "tls_key")]
-        tls_cert: Option<std::path::PathBuf>,
-        /// The PEM private key of `--tls-cert`.
-        #[arg(long, requires = "tls_cert")]
-        tls_key: Option<std::path::PathBuf>,
-    },
+    Sandbox(SandboxArgs),
     /// Print a signed development JWT.
-    Token {
-        /// The workspace the token grants.
-        #[arg(long)]
-        workspace: Uuid,
-        /// The user (`sub`).
-        #[arg(long)]
-        user: Uuid,
-        /// How long it is valid, e.g. 1h or 30m.
-        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
-        ttl: Duration,
-    },
+    Token(TokenArgs),
 }
 
 fn main() -> ExitCode {
@@ -648,10 +624,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Api => app::run(Config::from_env()?, Role::Api).await,
         Command::Dispatcher => app::run(Config::from_env()?, Role::Dispatcher).await,
         Command::Worker => app::run(Config::from_env()?, Role::Worker).await,
-        Command::Sandbox { addr, latency_ms, error_rate, timeout_rate, catalog_size, tls_cert, tls_key }
-        | Command::Dev {
-            command: DevCommand::Sandbox { addr, latency_ms, error_rate, timeout_rate, catalog_size, tls_cert, tls_key },
-        } => {
+        Command::Sandbox(args) | Command::Dev { command: DevCommand::Sandbox(args) } => {
+            let SandboxArgs { addr, latency_ms, error_rate, timeout_rate, catalog_size, tls_cert, tls_key } = args;
             let settings =
                 Settings { latency_ms, error_rate, timeout_rate, hang_ms: 30_000, catalog_size, ..Settings::default() };
             sandbox(addr, settings, tls_cert.zip(tls_key)).await
@@ -721,8 +695,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Maintenance => app::run(Config::from_env()?, Role::Maintenance).await,
         Command::All => app::run(Config::from_env()?, Role::All).await,
-        Command::Token { workspace, user, ttl }
-        | Command::Dev { command: DevCommand::Token { workspace, user, ttl } } => {
+        Command::Token(TokenArgs { workspace, user, ttl })
+        | Command::Dev { command: DevCommand::Token(TokenArgs { workspace, user, ttl }) } => {
             let keys = TokenKeys::new(&config::jwt_secret(&Env)?);
             let principal = Principal { workspace_id: workspace.into(), user_id: user.into() };
             println!("{}", keys.mint(principal, ttl));

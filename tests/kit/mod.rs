@@ -121,6 +121,32 @@ impl Platform {
         PgConnection::connect(&self.owner_url).await.expect("connect as the owner role")
     }
 
+    /// The row of a job whose `XADD` reached the stream but whose reply was lost: the relay put it back to pending.
+    pub const XADD_REPLY_LOST: &str =
+        "status = 'pending', locked_by = NULL, locked_until = NULL, stream_id = NULL, dispatched_at = NULL";
+    /// The row of a job the relay has `XADD`ed and not marked yet: leased, no hand-off time.
+    pub const MARK_NOT_RECORDED: &str = "status = 'dispatching', locked_by = 'a-relay', \
+         locked_until = now() + interval '1 minute', dispatched_at = NULL, stream_id = NULL";
+
+    /// Puts job `job` of `workspace` in a state no public call reaches on its own, as the owner role: `set` is the
+    /// `SET` list of an `UPDATE` of its row (a relay that died between its `XADD` and its mark, say).
+    pub async fn set_job_row(&self, workspace: conveyor_jobs::WorkspaceId, job: Uuid, set: &str) {
+        let mut owner = self.owner().await;
+        sqlx::query("SELECT set_config('app.workspace_id', $1, false)")
+            .bind(workspace.0.to_string())
+            .execute(&mut owner)
+            .await
+            .unwrap();
+        let updated =
+            sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE conveyor.outbox_events SET {set} WHERE id = $1")))
+                .bind(job)
+                .execute(&mut owner)
+                .await
+                .unwrap()
+                .rows_affected();
+        assert_eq!(updated, 1, "job {job} of workspace {} was set", workspace.0);
+    }
+
     /// This run's Redis keys.
     pub fn keys(&self) -> RedisKeys {
         RedisKeys::new(&self.prefix)

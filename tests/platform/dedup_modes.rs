@@ -342,21 +342,7 @@ async fn a_debounced_job_does_not_run_from_an_earlier_hand_off_still_in_the_stre
     let job = enqueue(&platform, ws, 1, EnqueueOptions::new().dedup("sku-10", now)).await.id;
     dispatcher.dispatch_once().await.unwrap();
     // As when an XADD's reply is lost: the entry is in the stream, and the relay puts the job back to pending.
-    let mut owner = platform.owner().await;
-    sqlx::query("SELECT set_config('app.workspace_id', $1, false)")
-        .bind(ws.0.to_string())
-        .execute(&mut owner)
-        .await
-        .unwrap();
-    sqlx::query(
-        "UPDATE conveyor.outbox_events SET status = 'pending', locked_by = NULL, locked_until = NULL,
-                stream_id = NULL, dispatched_at = NULL
-         WHERE id = $1",
-    )
-    .bind(job.0)
-    .execute(&mut owner)
-    .await
-    .unwrap();
+    platform.set_job_row(ws, job.0, Platform::XADD_REPLY_LOST).await;
     // The debounce folds into the waiting job: a new generation, so the old entry does not run its old payload.
     assert_eq!(
         enqueue(&platform, ws, 2, EnqueueOptions::new().dedup("sku-10", now)).await,

@@ -324,21 +324,7 @@ async fn a_changed_job_does_not_run_from_an_earlier_hand_off_still_in_the_stream
     let job = enqueue(&platform, ws, "old", EnqueueOptions::new()).await;
     dispatcher.dispatch_once().await.unwrap();
     // As when an XADD's reply is lost: the entry is in the stream, and the relay puts the job back to pending.
-    let mut owner = platform.owner().await;
-    sqlx::query("SELECT set_config('app.workspace_id', $1, false)")
-        .bind(ws.0.to_string())
-        .execute(&mut owner)
-        .await
-        .unwrap();
-    sqlx::query(
-        "UPDATE conveyor.outbox_events SET status = 'pending', locked_by = NULL, locked_until = NULL,
-                stream_id = NULL, dispatched_at = NULL
-         WHERE id = $1",
-    )
-    .bind(job.0)
-    .execute(&mut owner)
-    .await
-    .unwrap();
+    platform.set_job_row(ws, job.0, Platform::XADD_REPLY_LOST).await;
     conveyor_jobs::change_job(&platform.pool, ws, job, &JobChange::new().payload(&label("new"))).await.unwrap();
 
     conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
@@ -512,21 +498,7 @@ async fn a_forced_obliterate_keeps_the_row_of_a_job_in_a_stream_whose_mark_is_no
     let job = enqueue(&platform, ws, "in-the-stream", EnqueueOptions::new()).await;
     dispatcher.dispatch_once().await.unwrap();
     // As when the relay has XADDed the job and not yet recorded its mark: leased, no hand-off time.
-    let mut owner = platform.owner().await;
-    sqlx::query("SELECT set_config('app.workspace_id', $1, false)")
-        .bind(ws.0.to_string())
-        .execute(&mut owner)
-        .await
-        .unwrap();
-    sqlx::query(
-        "UPDATE conveyor.outbox_events SET status = 'dispatching', locked_by = 'a-relay',
-                locked_until = now() + interval '1 minute', dispatched_at = NULL, stream_id = NULL
-         WHERE id = $1",
-    )
-    .bind(job.0)
-    .execute(&mut owner)
-    .await
-    .unwrap();
+    platform.set_job_row(ws, job.0, Platform::MARK_NOT_RECORDED).await;
 
     let done = conveyor_jobs::obliterate_queue(&platform.pool, ws, Label::QUEUE, true).await.unwrap();
     assert_eq!(done, conveyor_jobs::Obliterated { canceled: 1, deleted: 0, kept_running: 1 });
