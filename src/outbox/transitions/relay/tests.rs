@@ -457,3 +457,36 @@ async fn outbox_index_reads(db: &TestDb) -> i64 {
     .await
     .unwrap()
 }
+
+/// The statements a relay pass and a worker's pre-run check run at a trickle keep one plan per connection: PL/pgSQL
+/// re-planned each of them on every call (a generic plan with a LIMIT or a workspace as a parameter looks costlier
+/// than the custom ones), and the look-up of due workspaces, a non-inlinable LANGUAGE sql function, was parsed and
+/// planned on every call; at 1,000 jobs/s that planning took most of PostgreSQL's time (see `scripts/bench`'s
+/// latency scenario). A `CREATE OR REPLACE` that forgets the setting drops it: this test names each function.
+#[tokio::test]
+async fn the_relays_functions_keep_their_plans() {
+    let db = TestDb::create().await;
+    let mut owner = db.owner().await;
+    let rows: Vec<(String, String, Vec<String>)> = sqlx::query_as(
+        "SELECT p.proname::text, l.lanname::text, coalesce(p.proconfig, '{}')
+         FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+         WHERE p.pronamespace = 'conveyor'::regnamespace
+           AND p.proname IN ('conveyor_due_workspaces', 'conveyor_claim_jobs_fair', 'conveyor_jobs_not_to_run')
+           AND (p.proname <> 'conveyor_claim_jobs_fair' OR p.pronargs = 9)
+         ORDER BY 1",
+    )
+    .fetch_all(&mut owner)
+    .await
+    .unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(names, ["conveyor_claim_jobs_fair", "conveyor_due_workspaces", "conveyor_jobs_not_to_run"]);
+    for (name, language, config) in &rows {
+        assert_eq!(language, "plpgsql", "{name} caches its plans");
+        assert!(config.iter().any(|c| c == "plan_cache_mode=force_generic_plan"), "{name}: {config:?}");
+    }
+    // And the PL/pgSQL look-up answers as the SQL one did.
+    let ws = WorkspaceId(Uuid::new_v4());
+    db.enqueue(ws, 1).await;
+    let due = due_workspaces(&db.runtime_pool, 10).await.unwrap();
+    assert_eq!(due.iter().map(|d| (d.workspace, d.expired_leases)).collect::<Vec<_>>(), [(ws, false)]);
+}
