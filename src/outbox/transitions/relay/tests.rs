@@ -186,10 +186,11 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
         .execute(&mut *holder)
         .await
         .unwrap();
-    // The relay marks a, c, x (taking a, then waiting for c); the worker records the ends of x and a.
+    // The relay marks x, c, a (taking a, then waiting for c); the worker records the ends of x and a. Each is given
+    // its rows out of id order: each must lock them in that order all the same.
     let marking = {
         let (pool, ws) = (pool.clone(), ws.0);
-        let (tids, ids): (Vec<String>, Vec<Uuid>) = [a, c, x].iter().map(|e| (e.tid.clone(), e.id)).unzip();
+        let (tids, ids): (Vec<String>, Vec<Uuid>) = [x, c, a].iter().map(|e| (e.tid.clone(), e.id)).unzip();
         tokio::spawn(async move {
             sqlx::query_scalar::<_, i64>(
                 "SELECT conveyor.conveyor_mark_outbox_dispatched($1, $2, $3::tid[], $4, $5, $6)",
@@ -199,7 +200,7 @@ async fn a_mark_and_a_record_of_ends_sharing_rows_wait_for_each_other_but_never_
             .bind(tids)
             .bind(ids)
             .bind(vec![0i32; 3])
-            .bind(vec!["1-1", "1-2", "1-3"])
+            .bind(vec!["1-3", "1-2", "1-1"])
             .fetch_one(&pool)
             .await
         })
