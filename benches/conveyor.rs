@@ -716,13 +716,28 @@ impl Written {
         .fetch_one(&mut owner)
         .await
         .unwrap();
-        let statements: Option<f64> =
-            sqlx::query_scalar("SELECT sum(calls)::float8 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())")
-                .fetch_one(&mut owner)
-                .await
-                .ok()
-                .flatten();
+        let statements = Self::statements(platform).await;
         Self { wal_records, wal_bytes, commits, inserted, updated, deleted, outbox_hot, statements }
+    }
+
+    /// Statements run in `platform`'s database so far, nested ones included when `pg_stat_statements.track = all`:
+    /// read through CONVEYOR_BENCH_MONITOR_URL (a superuser's, which may create the extension's view in its own
+    /// database; the benchmark's database has none), `None` when the server does not load the library.
+    async fn statements(platform: &Platform) -> Option<f64> {
+        use sqlx::Connection;
+        let database = platform.owner_url.rsplit_once('/').expect("a database URL").1.to_owned();
+        let url = std::env::var("CONVEYOR_BENCH_MONITOR_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let mut monitor = sqlx::PgConnection::connect(&url).await.ok()?;
+        sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&mut monitor).await.ok()?;
+        sqlx::query_scalar(
+            "SELECT sum(calls)::float8 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)",
+        )
+        .bind(database)
+        .fetch_one(&mut monitor)
+        .await
+        .ok()
+        .flatten()
     }
 
     /// Per job, from `before` to now.
