@@ -126,15 +126,26 @@ async fn a_late_record_of_an_old_generation_does_not_land_on_the_same_dispatcher
 }
 
 #[tokio::test]
-async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_was_empty() {
+async fn the_relay_and_the_pre_run_check_never_read_the_whole_outbox_even_with_plans_made_while_it_was_empty() {
     let db = TestDb::create().await;
     let ws = WorkspaceId(Uuid::new_v4());
+    // Known to be empty (as after a purge: a VACUUM records 0 pages), and no ANALYZE meanwhile, which would
+    // invalidate the plans and hide a stale one.
+    let mut owner = db.owner().await;
+    sqlx::query("ALTER TABLE conveyor.outbox_events SET (autovacuum_enabled = false)")
+        .execute(&mut owner)
+        .await
+        .unwrap();
+    sqlx::query("VACUUM conveyor.outbox_events").execute(&mut owner).await.unwrap();
     // One connection, so that its cached plans are the ones under test: made on an empty table, then reused.
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.runtime_url).await.unwrap();
+    let unknown = (ws, Uuid::new_v4(), None);
     for _ in 0..8 {
         let events = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), &Bounds::new(10, 0)).await.unwrap();
         assert!(events.is_empty());
         settle(&pool, "me", &[], &[], 10).await.unwrap();
+        assert!(due_workspaces(&pool, 10).await.unwrap().is_empty());
+        assert_eq!(crate::outbox::transitions::not_to_run(&pool, &[unknown]).await.unwrap().len(), 1);
     }
     let seq_scans = || async {
         let mut owner = db.owner().await;
@@ -152,16 +163,20 @@ async fn the_relay_never_reads_the_whole_outbox_even_with_plans_made_while_it_wa
     let before = seq_scans().await;
     let mut relayed = 0;
     loop {
+        // The look-up and the pre-run check, as a relay pass and a worker's read run them.
+        assert_eq!(due_workspaces(&pool, 10).await.unwrap().len(), usize::from(relayed < 2000));
         let events = claim(&pool, &[ws], &[], "me", Duration::from_secs(30), &Bounds::new(100, 0)).await.unwrap();
         if events.is_empty() {
             break;
         }
+        let read: Vec<_> = events.iter().map(|e| (ws, e.id, Some(e.redrive_count))).collect();
+        assert!(crate::outbox::transitions::not_to_run(&pool, &read).await.unwrap().is_empty());
         let delivered: Vec<Delivered> = events.iter().map(|e| Delivered::new(e, "1-1".into())).collect();
         relayed += settle(&pool, "me", &delivered, &[], 10).await.unwrap().dispatched;
     }
     assert_eq!(relayed, 2000);
     sqlx::query("SELECT pg_stat_force_next_flush()").execute(&pool).await.unwrap();
-    assert_eq!(seq_scans().await, before, "no claim or mark read the whole table");
+    assert_eq!(seq_scans().await, before, "no claim, mark, look-up or pre-run check read the whole table");
 }
 
 #[tokio::test]
@@ -490,4 +505,36 @@ async fn the_relays_functions_keep_their_plans() {
     db.enqueue(ws, 1).await;
     let due = due_workspaces(&db.runtime_pool, 10).await.unwrap();
     assert_eq!(due.iter().map(|d| (d.workspace, d.expired_leases)).collect::<Vec<_>>(), [(ws, false)]);
+}
+
+/// A workspace with key limits and more jobs in flight than its window (here: a lower window than when its jobs were
+/// claimed; in production, expired leases taken over on top of its room, or a weight lowered) has no room. With the
+/// claim's plans forced generic, its negative room reached a `LIMIT` that only a custom plan folded away: "LIMIT must
+/// not be negative" aborted the whole claim, every other workspace of the call with it.
+#[tokio::test]
+async fn a_workspace_over_its_window_with_key_limits_gets_nothing_and_fails_no_claim() {
+    let db = TestDb::create().await;
+    let (full, other) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    let mut tx = crate::begin_workspace(&db.pool, full).await.unwrap();
+    sqlx::query("INSERT INTO conveyor.job_key_limits (workspace_id, key, max_in_flight) VALUES ($1, 'k', 5)")
+        .bind(full.0)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    db.enqueue(full, 20).await;
+    let lease = Duration::from_secs(30);
+    let in_flight = claim(&db.runtime_pool, &[full], &[], "me", lease, &Bounds::new(100, 0)).await.unwrap();
+    assert_eq!(in_flight.len(), 20);
+    db.enqueue(full, 20).await;
+    let waiting = db.enqueue(other, 3).await;
+    // One connection, called more often than PostgreSQL plans custom before it settles on a generic plan.
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.runtime_url).await.unwrap();
+    for round in 0..8 {
+        let events = claim(&pool, &[full, other], &[], "me", lease, &Bounds::new(10, 10)).await.unwrap();
+        let taken: Vec<Uuid> = events.iter().filter(|e| e.workspace_id == other.0).map(|e| e.id).collect();
+        assert!(events.iter().all(|e| e.workspace_id == other.0), "round {round}: the full workspace gets nothing");
+        assert_eq!(taken, if round == 0 { waiting.clone() } else { Vec::new() }, "round {round}");
+    }
+    assert_eq!(db.count_status(&[full], "pending").await, 20);
 }
