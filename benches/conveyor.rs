@@ -137,18 +137,23 @@ async fn dispatch() {
     );
 }
 
-/// Commits one job per transaction at `rate`/s for `seconds`, over 10 workspaces, after a warm-up of
-/// `WARMUP_SECONDS` (default 2) at the same rate whose jobs are not counted: a running service has its connections
-/// open and its pages in memory, while a fresh database starts cold. Returns, per measured job, its id, the wall-clock
-/// time (ms since the epoch) at which its COMMIT was sent, and the time at which it returned.
+/// The URL of a role that reads every session's activity and statistics: CONVEYOR_BENCH_MONITOR_URL, by default the
+/// local `postgres` superuser.
+fn monitor_url() -> String {
+    std::env::var("CONVEYOR_BENCH_MONITOR_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// The name of `platform`'s database.
+fn database_of(platform: &Platform) -> String {
+    platform.owner_url.rsplit_once('/').expect("a database URL").1.to_owned()
+}
+
 /// What the callers' COMMITs wait on while `stop` is not cancelled: `pg_stat_activity` sampled every 5 ms for the
 /// sessions of `platform`'s database that run `COMMIT`, as the share of those sightings per wait event (`CPU` when
 /// it waits on nothing). Reading other roles' wait events needs a superuser or `pg_monitor`:
 /// `CONVEYOR_BENCH_MONITOR_URL` (default the local `postgres`); `null`, with the reason, when it cannot connect.
 fn sample_commit_waits(platform: &Platform, stop: CancellationToken) -> tokio::task::JoinHandle<serde_json::Value> {
-    let database = platform.owner_url.rsplit_once('/').expect("a database URL").1.to_owned();
-    let url = std::env::var("CONVEYOR_BENCH_MONITOR_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let (database, url) = (database_of(platform), monitor_url());
     tokio::spawn(async move {
         use sqlx::Connection;
         let mut monitor = match sqlx::PgConnection::connect(&url).await {
@@ -180,6 +185,10 @@ fn sample_commit_waits(platform: &Platform, stop: CancellationToken) -> tokio::t
     })
 }
 
+/// Commits one job per transaction at `rate`/s for `seconds`, over 10 workspaces, after a warm-up of
+/// `WARMUP_SECONDS` (default 2) at the same rate whose jobs are not counted: a running service has its connections
+/// open and its pages in memory, while a fresh database starts cold. Returns, per measured job, its id, the wall-clock
+/// time (ms since the epoch) at which its COMMIT was sent, and the time at which it returned.
 async fn steady_commits(platform: &Platform, rate: u64, seconds: u64) -> Vec<(Uuid, f64, f64)> {
     let workspaces: Vec<WorkspaceId> = (0..10).map(|_| WorkspaceId(Uuid::new_v4())).collect();
     let pool = conveyor_jobs::connect_postgres(&platform.app_url, 32).await.unwrap();
@@ -725,15 +734,12 @@ impl Written {
     /// database; the benchmark's database has none), `None` when the server does not load the library.
     async fn statements(platform: &Platform) -> Option<f64> {
         use sqlx::Connection;
-        let database = platform.owner_url.rsplit_once('/').expect("a database URL").1.to_owned();
-        let url = std::env::var("CONVEYOR_BENCH_MONITOR_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-        let mut monitor = sqlx::PgConnection::connect(&url).await.ok()?;
+        let mut monitor = sqlx::PgConnection::connect(&monitor_url()).await.ok()?;
         sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&mut monitor).await.ok()?;
         sqlx::query_scalar(
             "SELECT sum(calls)::float8 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)",
         )
-        .bind(database)
+        .bind(database_of(platform))
         .fetch_one(&mut monitor)
         .await
         .ok()

@@ -7,7 +7,6 @@
 //! `Admin` built without it), or with Redis out of reach, the answer is an error: there is nothing else to show.
 
 use std::collections::BTreeMap;
-use std::collections::HashMap;
 
 use fred::prelude::StreamsInterface;
 use fred::types::Value;
@@ -70,12 +69,9 @@ fn consumers_of(reply: Value) -> Vec<(String, u64, u64)> {
     consumers
         .into_iter()
         .filter_map(|entry| {
-            let map = entry.into_map().ok()?;
-            let fields: HashMap<String, Value> =
-                map.inner().into_iter().filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v))).collect();
-            let name = fields.get("name").and_then(Value::as_string)?;
-            let number = |field: &str| fields.get(field).and_then(Value::as_u64).unwrap_or(0);
-            Some((name, number("pending"), number("idle")))
+            let fields = crate::stream::consumer::fields_of(entry)?;
+            let number = |field: &str| fields.get(field).and_then(|n| n.parse().ok()).unwrap_or(0);
+            Some((fields.get("name")?.to_owned(), number("pending"), number("idle")))
         })
         .collect()
 }

@@ -86,7 +86,9 @@ fn text(v: &Value) -> Option<String> {
     v.as_string()
 }
 
-fn fields_of(v: Value) -> Option<Fields> {
+/// The fields of a reply entry: a stream entry's, or an `XINFO` entry's (a map, or a flat array under RESP2), each
+/// value as text (numbers too; a null one empty).
+pub(crate) fn fields_of(v: Value) -> Option<Fields> {
     match v {
         Value::Array(items) => {
             let mut pairs = Vec::with_capacity(items.len() / 2);
