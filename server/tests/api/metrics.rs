@@ -85,12 +85,14 @@ fn process_vars(app: &TestApp, admin_port: u16) -> HashMap<String, String> {
 /// started: the role's parts start after the admin listener).
 async fn scrape(process: &Process, admin_port: u16, ready: &str) -> String {
     let http = reqwest::Client::new();
-    common::eventually(Duration::from_secs(30), || async {
-        let text = http.get(format!("http://127.0.0.1:{admin_port}/metrics")).send().await.ok()?.text().await.ok()?;
-        text.contains(ready).then_some(text)
-    })
-    .await
-    .unwrap_or_else(|| panic!("the process served /metrics with {ready}; log:\n{}", process.log()))
+    let get =
+        || async { http.get(format!("http://127.0.0.1:{admin_port}/metrics")).send().await.ok()?.text().await.ok() };
+    common::eventually(Duration::from_secs(30), || async { get().await.filter(|text| text.contains(ready)) })
+        .await
+        .unwrap_or_else(|| panic!("the process served /metrics with {ready}; log:\n{}", process.log()));
+    // Once more: the scrape that saw `ready` may have read other collectors (the pools) before the process published
+    // them, a moment before `ready`; a scrape that starts afterwards sees all it published before `ready`.
+    get().await.unwrap_or_else(|| panic!("the process served /metrics again; log:\n{}", process.log()))
 }
 
 /// `promtool check metrics` on `text`, when promtool is installed (Debian `prometheus`); CI installs it, and fails
