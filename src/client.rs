@@ -232,6 +232,19 @@ impl Conveyor {
         Ok(enqueued)
     }
 
+    /// Enqueues a flow, a job with its children, in a transaction of its own ([`crate::enqueue_flow_tx`]).
+    pub async fn enqueue_flow(&self, flow: crate::Flow) -> Result<crate::EnqueuedFlow, EnqueueError> {
+        let mut tx = self.begin().await?;
+        let enqueued = crate::enqueue_flow_tx(&mut tx, flow).await?;
+        tx.commit().await?;
+        Ok(enqueued)
+    }
+
+    /// The children of the flow job `id`, with how each ended ([`crate::get_children`]).
+    pub async fn children(&self, id: JobId) -> Result<Vec<JobInfo>, sqlx::Error> {
+        crate::get_children(&self.pool, self.workspace, id).await
+    }
+
     /// The job `id` of its workspace, or `None`.
     pub async fn get_job(&self, id: JobId) -> Result<Option<JobInfo>, sqlx::Error> {
         crate::get_job(&self.pool, self.workspace, id).await

@@ -93,14 +93,14 @@ pub use limits::{
 };
 pub use migrate::migrate;
 pub use outbox::control::{
-    CancelError, JobEnds, JobInfo, JobStatus, LogLine, WaitError, cancel_job, get_job, get_job_logs, subscribe,
-    wait_for_job,
+    CancelError, JobEnds, JobInfo, JobStatus, LogLine, WaitError, cancel_job, get_children, get_job, get_job_logs,
+    subscribe, wait_for_job,
 };
 pub use outbox::transitions::relay::Settled;
 pub use outbox::{
-    ChangeError, CleanJobs, DedupMode, EnqueueError, EnqueueOptions, Enqueued, JobChange, JobScope, ObliterateError,
-    Obliterated, Retried, change_job, clean_jobs, drain_jobs, enqueue_many_tx, enqueue_tx, obliterate_queue,
-    promote_jobs, retry_jobs,
+    ChangeError, ChildFailure, CleanJobs, DedupMode, EnqueueError, EnqueueOptions, Enqueued, EnqueuedFlow, Flow,
+    JobChange, JobScope, MAX_FLOW_JOBS, ObliterateError, Obliterated, Retried, change_job, clean_jobs, drain_jobs,
+    enqueue_flow_tx, enqueue_many_tx, enqueue_tx, obliterate_queue, promote_jobs, retry_jobs,
 };
 pub use schedule::{
     FireOutcome, Schedule, ScheduleError, ScheduleOptions, ScheduleSpec, fire_due as fire_due_schedules,

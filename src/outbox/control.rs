@@ -22,6 +22,8 @@ use crate::kind::Priority;
 pub enum JobStatus {
     /// Waiting for its run-at time.
     Scheduled,
+    /// A parent of a flow, waiting for its children to end ([`crate::Flow`]).
+    WaitingChildren,
     /// Due, waiting for the relay to hand it to the workers.
     Queued,
     /// A run failed; waiting out its back-off before the next.
@@ -38,13 +40,22 @@ pub enum JobStatus {
 
 impl JobStatus {
     /// Every status, in the order of a job's life.
-    pub const ALL: [JobStatus; 7] =
-        [Self::Scheduled, Self::Queued, Self::Active, Self::Retrying, Self::Succeeded, Self::Failed, Self::Canceled];
+    pub const ALL: [JobStatus; 8] = [
+        Self::WaitingChildren,
+        Self::Scheduled,
+        Self::Queued,
+        Self::Active,
+        Self::Retrying,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Canceled,
+    ];
 
     /// Its name, as JSON, URLs and the SQL functions write it (`failed`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Scheduled => "scheduled",
+            Self::WaitingChildren => "waiting_children",
             Self::Queued => "queued",
             Self::Retrying => "retrying",
             Self::Active => "active",
@@ -100,13 +111,17 @@ pub struct JobInfo {
     pub dispatched_at: Option<DateTime<Utc>>,
     /// Ended.
     pub finished_at: Option<DateTime<Utc>>,
+    /// The job it is a child of, in a flow ([`crate::Flow`]).
+    pub parent_id: Option<JobId>,
+    /// The children it still waits for (its status is [`JobStatus::WaitingChildren`] while there are any).
+    pub children_left: u32,
 }
 
 /// The columns of [`JobInfo`], for `FROM outbox_events e LEFT JOIN operations o ON o.id = e.operation_id`.
 const COLUMNS: &str = "e.id, e.event_type, e.queue, e.status, e.priority, e.job_attempts, e.attempt_count,
     e.max_attempts, e.next_attempt_at, coalesce(o.progress, e.progress) AS progress,
     coalesce(e.result, o.result) AS result, e.last_error, e.operation_id, e.dedup_key, e.created_at, e.dispatched_at,
-    coalesce(e.finished_at, e.dead_lettered_at) AS finished_at, now() AS now";
+    coalesce(e.finished_at, e.dead_lettered_at) AS finished_at, e.parent_id, e.children_left, now() AS now";
 
 #[derive(sqlx::FromRow)]
 struct Row {
@@ -127,6 +142,8 @@ struct Row {
     created_at: DateTime<Utc>,
     dispatched_at: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
+    parent_id: Option<Uuid>,
+    children_left: i32,
     now: DateTime<Utc>,
 }
 
@@ -137,6 +154,7 @@ impl From<Row> for JobInfo {
             "canceled" => JobStatus::Canceled,
             "dead_letter" => JobStatus::Failed,
             "dispatched" => JobStatus::Active,
+            "pending" if r.children_left > 0 => JobStatus::WaitingChildren,
             "pending" if r.next_attempt_at > r.now && r.job_attempts + r.attempt_count > 0 => JobStatus::Retrying,
             "pending" if r.next_attempt_at > r.now => JobStatus::Scheduled,
             _ => JobStatus::Queued,
@@ -158,6 +176,8 @@ impl From<Row> for JobInfo {
             created_at: r.created_at,
             dispatched_at: r.dispatched_at,
             finished_at: r.finished_at,
+            parent_id: r.parent_id.map(JobId),
+            children_left: r.children_left.max(0) as u32,
         }
     }
 }
@@ -174,6 +194,30 @@ pub async fn get_job(pool: &PgPool, workspace: WorkspaceId, id: JobId) -> Result
     .await?;
     tx.commit().await?;
     Ok(row.map(JobInfo::from))
+}
+
+/// The children of the flow job `parent` of `workspace` ([`crate::Flow`]), in the order they were created, as their
+/// parent's handler reads them ([`crate::JobContext::children`]): each with its status, result and last error. A child
+/// whose failure was to [`crate::ChildFailure::Remove`] it, and failed, is no longer one; a discarded one is gone.
+pub async fn get_children(pool: &PgPool, workspace: WorkspaceId, parent: JobId) -> Result<Vec<JobInfo>, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let children = children_tx(&mut tx, parent).await?;
+    tx.commit().await?;
+    Ok(children)
+}
+
+/// [`get_children`], in the caller's transaction of the parent's workspace.
+pub(crate) async fn children_tx(tx: &mut db::WorkspaceTx, parent: JobId) -> Result<Vec<JobInfo>, sqlx::Error> {
+    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM conveyor.outbox_events e LEFT JOIN conveyor.operations o ON o.id = e.operation_id
+         WHERE e.parent_id = $1 AND e.status <> 'discarded'
+           AND NOT (e.child_failure = 'remove' AND e.status IN ('dead_letter', 'canceled'))
+         ORDER BY e.id"
+    )))
+    .bind(parent.0)
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows.into_iter().map(JobInfo::from).collect())
 }
 
 /// A line of a job's log ([`crate::JobContext::log`]).

@@ -222,7 +222,7 @@ impl EnqueueOptions {
     }
 
     /// When the job is due, by this process's clock: a hint for the dispatcher's timer (it checks with the database).
-    fn due_hint(&self) -> Option<DateTime<Utc>> {
+    pub(super) fn due_hint(&self) -> Option<DateTime<Utc>> {
         if let DedupMode::Debounce { delay, .. } = self.dedup_mode {
             return Some(Utc::now() + chrono::Duration::from_std(delay).ok()?).filter(|_| !delay.is_zero());
         }
@@ -333,7 +333,7 @@ pub enum EnqueueError {
     Database(#[from] sqlx::Error),
 }
 
-fn check_kind<K: JobKind>() -> Result<(), EnqueueError> {
+pub(super) fn check_kind<K: JobKind>() -> Result<(), EnqueueError> {
     if !kind::valid_kind_name(K::KIND) {
         return Err(EnqueueError::InvalidOptions(format!("`{}` is not a valid kind name", K::KIND)));
     }
@@ -347,21 +347,21 @@ fn check_kind<K: JobKind>() -> Result<(), EnqueueError> {
 pub(super) struct Row {
     pub(super) id: Uuid,
     pub(super) payload: serde_json::Value,
-    run_at: Option<DateTime<Utc>>,
+    pub(super) run_at: Option<DateTime<Utc>>,
     pub(super) delay_secs: f64,
-    dedup_key: Option<String>,
+    pub(super) dedup_key: Option<String>,
     pub(super) dedup_mode: DedupMode,
-    limit_key: Option<String>,
-    priority: i16,
-    max_attempts: Option<i32>,
-    timeout_ms: Option<i64>,
-    backoff_ms: Option<i64>,
-    backoff_max_ms: Option<i64>,
-    operation: Option<Uuid>,
+    pub(super) limit_key: Option<String>,
+    pub(super) priority: i16,
+    pub(super) max_attempts: Option<i32>,
+    pub(super) timeout_ms: Option<i64>,
+    pub(super) backoff_ms: Option<i64>,
+    pub(super) backoff_max_ms: Option<i64>,
+    pub(super) operation: Option<Uuid>,
     /// How long it is kept once it succeeded, failed: seconds and count each (`None`: the global retention).
-    keep: [Option<i32>; 4],
+    pub(super) keep: [Option<i32>; 4],
     /// The job's trace context as the `traceparent` column holds it ([`crate::telemetry::stored`]).
-    traceparent: Option<String>,
+    pub(super) traceparent: Option<String>,
 }
 
 impl Row {
@@ -378,7 +378,7 @@ impl Row {
         self.dedup_key.is_some() && self.dedup_mode != DedupMode::WhileLive
     }
 
-    fn new<K: JobKind>(payload: &K, options: EnqueueOptions) -> Result<Self, EnqueueError> {
+    pub(super) fn new<K: JobKind>(payload: &K, options: EnqueueOptions) -> Result<Self, EnqueueError> {
         options.validate()?;
         if let Some(problem) = [K::KEEP_SUCCEEDED, K::KEEP_FAILED].iter().find_map(Keep::invalid) {
             return Err(EnqueueError::InvalidOptions(format!("{}: {problem}", K::KIND)));
@@ -551,7 +551,7 @@ async fn holder<K: JobKind>(tx: &mut WorkspaceTx, key: &str) -> Result<Option<Uu
 }
 
 /// Refuses operations that are not live operations of the transaction's workspace.
-async fn check_operations(tx: &mut WorkspaceTx, operations: &[Uuid]) -> Result<(), EnqueueError> {
+pub(super) async fn check_operations(tx: &mut WorkspaceTx, operations: &[Uuid]) -> Result<(), EnqueueError> {
     let live: Vec<Uuid> =
         sqlx::query_scalar("SELECT id FROM conveyor.operations WHERE id = ANY($1) AND status IN ('queued', 'running')")
             .bind(operations)

@@ -8,6 +8,7 @@ mod enqueue;
 mod queue_ops;
 pub(crate) mod reconcile;
 pub(crate) mod transitions;
+mod tree;
 
 use crate::db::WorkspaceTx;
 use crate::ids::WorkspaceId;
@@ -16,6 +17,7 @@ pub use queue_ops::{
     ChangeError, CleanJobs, JobChange, JobScope, ObliterateError, Obliterated, Retried, change_job, clean_jobs,
     drain_jobs, obliterate_queue, promote_jobs, retry_jobs,
 };
+pub use tree::{ChildFailure, EnqueuedFlow, Flow, MAX_FLOW_JOBS, enqueue_flow_tx};
 
 /// The channel the dispatcher `LISTEN`s on; a commit that wrote events notifies it when no dispatcher is awake
 /// (`conveyor_wake_dispatchers`, migration 0039). The payload is the workspace, followed by `@<ms since the epoch>`

@@ -122,6 +122,9 @@ pub enum ChangeError {
     /// The relay has taken it, or it ended: it no longer waits.
     #[error("the job no longer waits ({0:?}): a worker may already hold it")]
     NotWaiting(JobStatus),
+    /// Its due time cannot change: it is a parent of a flow waiting for its children, due when the last one ends.
+    #[error("the job waits for its children: it is due when the last one ends")]
+    WaitsForChildren,
     /// The new payload is of another kind than the job.
     #[error("the job is of kind {job}, the new payload of kind {payload}")]
     OtherKind {
@@ -174,6 +177,7 @@ pub async fn change_job(
         }
         ChangeOutcome::NotFound => Err(ChangeError::NotFound),
         ChangeOutcome::NotWaiting(status) => Err(ChangeError::NotWaiting(ended_or_taken(&status))),
+        ChangeOutcome::WaitsForChildren => Err(ChangeError::WaitsForChildren),
         ChangeOutcome::OtherKind(job) => Err(ChangeError::OtherKind {
             job,
             payload: change.payload.and_then(|(kind, _)| kind).unwrap_or_default().to_owned(),

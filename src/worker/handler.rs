@@ -239,6 +239,24 @@ impl JobContext {
         Ok(())
     }
 
+    /// The children of this job, a parent of a flow ([`crate::Flow`]), each with how it ended: its status, its result
+    /// (BullMQ's `getChildrenValues`), its last error; in the order they were created. Empty for a job without
+    /// children. A child that failed under [`crate::ChildFailure::Remove`] is not among them; under
+    /// [`crate::ChildFailure::Ignore`] it is, [`crate::JobStatus::Failed`] or [`crate::JobStatus::Canceled`].
+    /// Read outside the job's transaction (in it, in a test's run).
+    pub async fn children(&mut self) -> Result<Vec<crate::JobInfo>, sqlx::Error> {
+        match &self.backing {
+            Backing::Pools { control, .. } => crate::get_children(control, self.workspace, self.id).await,
+            #[cfg(feature = "testing")]
+            Backing::Test { .. } => {
+                let id = self.id;
+                let tx =
+                    self.tx.as_mut().ok_or_else(|| sqlx::Error::Protocol("the test's transaction is gone".into()))?;
+                crate::outbox::control::children_tx(tx, id).await
+            }
+        }
+    }
+
     /// Appends `line` to the job's log, visible at once, outside the job's transaction, so that a failed run's lines
     /// stay: [`crate::get_job_logs`], the admin API, the UI and `conveyor jobs show` read it, each line with the run
     /// that wrote it. Redacted as errors are (credentials in URLs and after `password=`-like words removed, cut at 500

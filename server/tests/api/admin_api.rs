@@ -1353,7 +1353,7 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
             built.push(v);
         }
     }
-    assert_eq!(built, [27, 28, 31, 40, 49, 50, 51, 52]);
+    assert_eq!(built, [27, 28, 31, 40, 49, 50, 51, 52, 57]);
     // Applied by `conveyor migrate`, they are there and valid.
     let app = TestApp::spawn().await;
     let mut owner = app.db.owner().await;

@@ -16,6 +16,7 @@ mod cluster;
 mod definer;
 mod dispatcher;
 mod fairness;
+mod flows;
 mod history;
 mod idempotency;
 mod keda;

@@ -390,18 +390,28 @@ pub(crate) async fn cancel_job_tx(
     workspace: WorkspaceId,
     job: JobId,
 ) -> Result<Cancel, sqlx::Error> {
-    let row: Option<(Option<Uuid>, String)> =
-        sqlx::query_as("SELECT operation_id, status FROM conveyor.outbox_events WHERE id = $1")
+    let row: Option<(Option<Uuid>, String, i32)> =
+        sqlx::query_as("SELECT operation_id, status, children_left FROM conveyor.outbox_events WHERE id = $1")
             .bind(job.0)
             .fetch_optional(&mut **tx)
             .await?;
-    let Some((operation, status)) = row else { return Ok(Cancel::NotFound) };
+    let Some((operation, status, children_left)) = row else { return Ok(Cancel::NotFound) };
     if status == "discarded" {
         // A discarded dead letter is gone to everyone but the worker's fence.
         return Ok(Cancel::NotFound);
     }
     if !matches!(status.as_str(), "pending" | "dispatching" | "dispatched") {
         return Ok(Cancel::Finished(status));
+    }
+    if children_left > 0 {
+        // A parent of a flow cancels its live children with it (migration 0056), each of which, ending, locks it:
+        // locked first here, a child's end waits for this cancellation rather than waiting for each other in a cycle.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT 1 FROM conveyor.outbox_events WHERE parent_id = $1 AND status IN {LIVE} ORDER BY id FOR UPDATE"
+        )))
+        .bind(job.0)
+        .execute(&mut **tx)
+        .await?;
     }
     // A job of a live operation is canceled with its operation and every other live job of it (none may advance it
     // any more); the operation's row is locked first, as every transition does.
@@ -823,7 +833,7 @@ pub(crate) enum RunNow {
 pub(crate) async fn run_now_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId, job: Uuid) -> Result<RunNow, sqlx::Error> {
     let waiting: Option<(String, String, Option<String>)> = sqlx::query_as(
         "SELECT queue, event_type, limit_key FROM conveyor.outbox_events
-         WHERE id = $1 AND status = 'pending' AND next_attempt_at > now()
+         WHERE id = $1 AND status = 'pending' AND next_attempt_at > now() AND children_left = 0
          FOR UPDATE",
     )
     .bind(job)

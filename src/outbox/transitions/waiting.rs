@@ -44,6 +44,9 @@ pub(crate) enum ChangeOutcome {
     NotWaiting(String),
     /// Nothing changed: the payload is of another kind than the job (the job's kind).
     OtherKind(String),
+    /// Nothing changed: its due time was to change, but it is a parent waiting for its children (due when the last
+    /// one ends).
+    WaitsForChildren,
 }
 
 /// Changes the waiting job `job` (status `pending`: delayed, due, or waiting out a retry's back-off) as `change`
@@ -57,15 +60,19 @@ pub(crate) async fn change_tx(
     job: Uuid,
     change: &Change<'_>,
 ) -> Result<ChangeOutcome, sqlx::Error> {
-    let row: Option<(String, String)> = sqlx::query_as(
-        "SELECT status, event_type FROM conveyor.outbox_events WHERE id = $1 AND status <> 'discarded' FOR UPDATE",
+    let row: Option<(String, String, i32)> = sqlx::query_as(
+        "SELECT status, event_type, children_left FROM conveyor.outbox_events
+         WHERE id = $1 AND status <> 'discarded' FOR UPDATE",
     )
     .bind(job)
     .fetch_optional(&mut **tx)
     .await?;
-    let Some((status, kind)) = row else { return Ok(ChangeOutcome::NotFound) };
+    let Some((status, kind, children_left)) = row else { return Ok(ChangeOutcome::NotFound) };
     if status != "pending" {
         return Ok(ChangeOutcome::NotWaiting(status));
+    }
+    if children_left > 0 && change.due.is_some() {
+        return Ok(ChangeOutcome::WaitsForChildren);
     }
     if let Some((Some(payload_kind), _)) = change.payload
         && payload_kind != kind
@@ -279,7 +286,7 @@ pub(crate) async fn promote_tx(
     let promoted = sqlx::query(
         "UPDATE conveyor.outbox_events SET next_attempt_at = now()
          WHERE id IN (SELECT id FROM conveyor.outbox_events
-                      WHERE status = 'pending' AND next_attempt_at > now() AND created_at <= $4
+                      WHERE status = 'pending' AND next_attempt_at > now() AND created_at <= $4 AND children_left = 0
                         AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR event_type = $2)
                       LIMIT $3 FOR UPDATE SKIP LOCKED)
            AND status = 'pending'",

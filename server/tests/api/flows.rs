@@ -1,0 +1,324 @@
+//! Flows: a parent job that runs once its children have ended. Enqueued whole in the caller's transaction; released by
+//! the transaction that records its last child's end; failure policies; cancellation of a waiting parent; a replayed
+//! child; refusals; a PostgreSQL crash while children end. Real PostgreSQL, Redis, dispatcher and worker.
+
+use crate::common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{TestApp, principal};
+use conveyor_jobs::{
+    ChildFailure, Consumer, EnqueueError, EnqueueOptions, Flow, Handler, JobContext, JobError, JobId, JobInfo, JobKind,
+    JobStatus, Worker, WorkerSettings, WorkspaceId,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// A child: "ok" answers its name, "fail" fails for good, "later" is due in an hour.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Step {
+    name: String,
+    mode: String,
+}
+
+impl JobKind for Step {
+    const KIND: &'static str = "test.flow_step";
+    const QUEUE: &'static str = "flow-steps";
+    const MAX_ATTEMPTS: u32 = 1;
+}
+
+/// A parent: answers what it read of its children.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Gather {
+    name: String,
+}
+
+impl JobKind for Gather {
+    const KIND: &'static str = "test.flow_gather";
+    const QUEUE: &'static str = "flow-parents";
+}
+
+fn step(name: &str, mode: &str) -> Flow {
+    let options =
+        if mode == "later" { EnqueueOptions::new().delay(Duration::from_secs(3600)) } else { EnqueueOptions::new() };
+    Flow::job(&Step { name: name.into(), mode: mode.into() }, options).unwrap()
+}
+
+fn gather(name: &str) -> Flow {
+    Flow::job(&Gather { name: name.into() }, EnqueueOptions::new()).unwrap()
+}
+
+/// Every run of a parent, by job: the children it read (status, result) when it ran.
+type Runs = Arc<Mutex<HashMap<JobId, Vec<Vec<(JobStatus, Option<Value>)>>>>>;
+
+struct Steps;
+
+impl Handler<Step> for Steps {
+    async fn handle(&self, job: Step, cx: &mut JobContext) -> Result<Value, JobError> {
+        match job.mode.as_str() {
+            "fail" => Err(JobError::permanent(format!("{} broke", job.name))),
+            _ => {
+                // Written in the job's transaction: the end (and its parent's count) commits with it.
+                sqlx::query("SELECT 1").execute(&mut **cx.tx().await?).await?;
+                Ok(json!(job.name))
+            }
+        }
+    }
+}
+
+struct Gatherer(Runs);
+
+impl Handler<Gather> for Gatherer {
+    async fn handle(&self, _: Gather, cx: &mut JobContext) -> Result<Value, JobError> {
+        let children = cx.children().await?;
+        let seen: Vec<(JobStatus, Option<Value>)> = children.iter().map(|c| (c.status, c.result.clone())).collect();
+        self.0.lock().unwrap().entry(cx.id()).or_default().push(seen.clone());
+        sqlx::query("SELECT 1").execute(&mut **cx.tx().await?).await?;
+        Ok(json!(children.iter().map(|c| json!({ "status": c.status, "result": c.result })).collect::<Vec<_>>()))
+    }
+}
+
+/// A dispatcher and a worker of both kinds over `app`, until `shutdown`.
+async fn platform(app: &TestApp, runs: &Runs, shutdown: &CancellationToken) {
+    let redis = common::redis_url();
+    common::run_dispatcher(
+        common::test_dispatcher(app, &redis, |v| {
+            v.insert("CONVEYOR_DISPATCH_POLL".into(), "200ms".into());
+        })
+        .await,
+        shutdown,
+    );
+    let worker = Worker::builder(app.db.pool.clone(), Consumer::connect(&redis, &app.redis_prefix).await.unwrap())
+        .runtime_pool(app.db.runtime_pool.clone())
+        .handle::<Step>(Steps)
+        .handle::<Gather>(Gatherer(runs.clone()))
+        .settings(WorkerSettings { concurrency: 16, ..WorkerSettings::default() })
+        .build()
+        .unwrap();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+}
+
+async fn enqueue(app: &TestApp, ws: WorkspaceId, flow: Flow) -> conveyor_jobs::EnqueuedFlow {
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let enqueued = conveyor_jobs::enqueue_flow_tx(&mut tx, flow).await.unwrap();
+    tx.commit().await.unwrap();
+    enqueued
+}
+
+async fn job(app: &TestApp, ws: WorkspaceId, id: JobId) -> JobInfo {
+    conveyor_jobs::get_job(&app.db.pool, ws, id).await.unwrap().expect("the job exists")
+}
+
+async fn ended(app: &TestApp, ws: WorkspaceId, id: JobId) -> JobInfo {
+    conveyor_jobs::wait_for_job(&app.db.pool, ws, id, Duration::from_secs(30)).await.expect("the job ended")
+}
+
+#[tokio::test]
+async fn a_parent_waits_for_every_child_and_grandchild_then_reads_their_results() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let flow = gather("root")
+        .child(step("a", "ok"))
+        .child(gather("middle").child(step("b", "ok")).child(step("c", "ok")))
+        .child(step("d", "ok"));
+    let ids = enqueue(&app, ws, flow).await;
+    let (a, middle, d) = (ids.children[0].id, ids.children[1].id, ids.children[2].id);
+    let (b, c) = (ids.children[1].children[0].id, ids.children[1].children[1].id);
+
+    // Before any worker: the parents wait for their children, the leaves are due, and each knows its parent.
+    let root = job(&app, ws, ids.id).await;
+    assert_eq!((root.status, root.children_left, root.parent_id), (JobStatus::WaitingChildren, 3, None));
+    let mid = job(&app, ws, middle).await;
+    assert_eq!((mid.status, mid.children_left, mid.parent_id), (JobStatus::WaitingChildren, 2, Some(ids.id)));
+    assert_eq!(job(&app, ws, b).await.parent_id, Some(middle));
+    assert_eq!(job(&app, ws, a).await.status, JobStatus::Queued);
+    assert_eq!(job(&app, ws, a).await.queue, "flow-steps", "children live on their own queue");
+
+    let (runs, shutdown) = (Runs::default(), CancellationToken::new());
+    platform(&app, &runs, &shutdown).await;
+    let root = ended(&app, ws, ids.id).await;
+    assert_eq!(root.status, JobStatus::Succeeded);
+    // The root read its children's ends in the order they were added: the middle one with what it read of its own.
+    let middle_result = json!([{ "status": "succeeded", "result": "b" }, { "status": "succeeded", "result": "c" }]);
+    assert_eq!(
+        root.result,
+        Some(json!([
+            { "status": "succeeded", "result": "a" },
+            { "status": "succeeded", "result": middle_result },
+            { "status": "succeeded", "result": "d" },
+        ]))
+    );
+    // Each parent was handed out only after its last child ended.
+    for (parent, children) in [(ids.id, vec![a, middle, d]), (middle, vec![b, c])] {
+        let handed_out = job(&app, ws, parent).await.dispatched_at.expect("handed out");
+        for child in children {
+            let child = job(&app, ws, child).await;
+            assert!(child.finished_at.unwrap() <= handed_out, "{child:?} ended before its parent was handed out");
+        }
+    }
+    assert_eq!(runs.lock().unwrap()[&ids.id].len(), 1, "the root ran once");
+    assert_eq!(conveyor_jobs::get_children(&app.db.pool, ws, middle).await.unwrap().len(), 2);
+    // Another workspace sees neither the flow nor its children.
+    assert!(conveyor_jobs::get_children(&app.db.pool, principal().workspace_id, ids.id).await.unwrap().is_empty());
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_failed_child_fails_its_parent_or_is_ignored_or_removed_as_its_policy_says() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let failing = enqueue(&app, ws, gather("fails").child(step("ok", "ok")).child(step("bad", "fail"))).await;
+    let ignoring = enqueue(
+        &app,
+        ws,
+        gather("ignores").child(step("ok", "ok")).child_on_failure(step("bad", "fail"), ChildFailure::Ignore),
+    )
+    .await;
+    let removing = enqueue(
+        &app,
+        ws,
+        gather("removes").child(step("ok", "ok")).child_on_failure(step("bad", "fail"), ChildFailure::Remove),
+    )
+    .await;
+    let (runs, shutdown) = (Runs::default(), CancellationToken::new());
+    platform(&app, &runs, &shutdown).await;
+
+    // Fail (the default): the parent fails without running, naming the child; the other child still ran.
+    let parent = ended(&app, ws, failing.id).await;
+    let bad = failing.children[1].id;
+    assert_eq!(parent.status, JobStatus::Failed);
+    let error = parent.last_error.unwrap();
+    assert!(error.contains(&bad.0.to_string()) && error.contains("bad broke"), "{error}");
+    assert_eq!(ended(&app, ws, failing.children[0].id).await.status, JobStatus::Succeeded);
+
+    // Ignore: the parent runs and reads the failure among its children's ends.
+    assert_eq!(ended(&app, ws, ignoring.id).await.status, JobStatus::Succeeded);
+    // Remove: the parent runs as if the failed child had never been one.
+    assert_eq!(ended(&app, ws, removing.id).await.status, JobStatus::Succeeded);
+    let runs = runs.lock().unwrap();
+    assert!(!runs.contains_key(&failing.id), "a parent failed by its child never runs");
+    assert_eq!(runs[&ignoring.id], vec![vec![(JobStatus::Succeeded, Some(json!("ok"))), (JobStatus::Failed, None)]]);
+    assert_eq!(runs[&removing.id], vec![vec![(JobStatus::Succeeded, Some(json!("ok")))]]);
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn canceling_a_waiting_parent_cancels_its_live_children_and_theirs() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let ids =
+        enqueue(&app, ws, gather("root").child(step("a", "later")).child(gather("mid").child(step("b", "later"))))
+            .await;
+    let other = enqueue(&app, ws, gather("other").child(step("c", "later"))).await;
+    conveyor_jobs::cancel_job(&app.db.pool, ws, ids.id).await.unwrap();
+    for id in [ids.id, ids.children[0].id, ids.children[1].id, ids.children[1].children[0].id] {
+        let canceled = job(&app, ws, id).await;
+        assert_eq!(canceled.status, JobStatus::Canceled, "{canceled:?}");
+    }
+    assert_eq!(job(&app, ws, ids.children[0].id).await.last_error.as_deref(), Some("its parent was canceled"));
+    // Another flow is left alone.
+    assert_eq!(job(&app, ws, other.id).await.status, JobStatus::WaitingChildren);
+    assert_eq!(job(&app, ws, other.children[0].id).await.status, JobStatus::Scheduled);
+}
+
+#[tokio::test]
+async fn a_replayed_child_makes_its_waiting_parent_wait_for_it_again() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let ids = enqueue(
+        &app,
+        ws,
+        gather("root").child_on_failure(step("bad", "fail"), ChildFailure::Ignore).child(step("later", "later")),
+    )
+    .await;
+    let (runs, shutdown) = (Runs::default(), CancellationToken::new());
+    platform(&app, &runs, &shutdown).await;
+    let bad = ids.children[0].id;
+    assert_eq!(ended(&app, ws, bad).await.status, JobStatus::Failed);
+    assert_eq!(job(&app, ws, ids.id).await.children_left, 1, "the failed child counted as ended");
+    shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Sent back to live, it is waited for again: the parent will not run before its second end.
+    conveyor_jobs::replay_dead_letter(&app.db.pool, ws, bad.0).await.unwrap();
+    let root = job(&app, ws, ids.id).await;
+    assert_eq!((root.status, root.children_left), (JobStatus::WaitingChildren, 2));
+    // A canceled child under `fail` (the default) fails its parent, which then waits for nobody.
+    conveyor_jobs::cancel_job(&app.db.pool, ws, ids.children[1].id).await.unwrap();
+    let root = job(&app, ws, ids.id).await;
+    assert_eq!((root.status, root.children_left), (JobStatus::Failed, 0));
+    assert!(root.last_error.as_deref().unwrap().contains("was canceled"), "{root:?}");
+}
+
+#[tokio::test]
+async fn sixteen_children_ending_at_once_release_their_parent_once() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let mut flows = Vec::new();
+    for f in 0..4 {
+        let mut flow = gather(&format!("f{f}"));
+        for c in 0..16 {
+            flow = flow.child(step(&format!("{f}.{c}"), "ok"));
+        }
+        flows.push(enqueue(&app, ws, flow).await);
+    }
+    let (runs, shutdown) = (Runs::default(), CancellationToken::new());
+    platform(&app, &runs, &shutdown).await;
+    for flow in &flows {
+        assert_eq!(ended(&app, ws, flow.id).await.status, JobStatus::Succeeded);
+        let runs = runs.lock().unwrap();
+        assert_eq!(runs[&flow.id].len(), 1, "released once, run once");
+        assert_eq!(runs[&flow.id][0].len(), 16);
+        assert!(runs[&flow.id][0].iter().all(|(s, _)| *s == JobStatus::Succeeded), "every child had ended");
+    }
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn nothing_makes_a_waiting_parent_due_early_and_bad_flows_write_nothing() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let ids = enqueue(&app, ws, gather("root").child(step("a", "later"))).await;
+
+    // Its due time is its children's to decide: a change of it, a run-now, a promotion leave it waiting.
+    let due_now = conveyor_jobs::JobChange::new().run_now();
+    let refused = conveyor_jobs::change_job(&app.db.pool, ws, ids.id, &due_now).await.unwrap_err();
+    assert!(matches!(refused, conveyor_jobs::ChangeError::WaitsForChildren), "{refused:?}");
+    let priority = conveyor_jobs::JobChange::new().priority(conveyor_jobs::Priority::High);
+    conveyor_jobs::change_job(&app.db.pool, ws, ids.id, &priority).await.expect("its priority may change");
+    let promoted =
+        conveyor_jobs::promote_jobs(&app.db.pool, ws, &conveyor_jobs::JobScope::every_queue()).await.unwrap();
+    assert_eq!(promoted, 1, "the delayed child alone");
+    assert_eq!(job(&app, ws, ids.id).await.status, JobStatus::WaitingChildren);
+    // Nor does a statement written by hand: the table refuses it.
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let by_hand = sqlx::query("UPDATE conveyor.outbox_events SET next_attempt_at = now() WHERE id = $1")
+        .bind(ids.id.0)
+        .execute(&mut *tx)
+        .await
+        .unwrap_err();
+    assert!(by_hand.to_string().contains("outbox_events_waits_for_children"), "{by_hand}");
+    drop(tx);
+
+    // Refused whole, with nothing written: a parent with a due time, a key, one operation named twice.
+    let before = app.db.count("outbox_events", ws).await;
+    let delayed = Flow::job(&Gather { name: "p".into() }, EnqueueOptions::new().delay(Duration::from_secs(5)))
+        .unwrap()
+        .child(step("x", "ok"));
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let error = conveyor_jobs::enqueue_flow_tx(&mut tx, delayed).await.unwrap_err();
+    assert!(matches!(&error, EnqueueError::InvalidOptions(m) if m.contains("no due time")), "{error}");
+    let keyed = Flow::job(&Step { name: "k".into(), mode: "ok".into() }, EnqueueOptions::new().dedup_key("k"));
+    assert!(matches!(keyed, Err(EnqueueError::InvalidOptions(m)) if m.contains("de-duplication key")));
+    let operation = uuid::Uuid::now_v7();
+    let twice = Flow::job(&Gather { name: "p".into() }, EnqueueOptions::new().operation(operation)).unwrap().child(
+        Flow::job(&Step { name: "s".into(), mode: "ok".into() }, EnqueueOptions::new().operation(operation)).unwrap(),
+    );
+    let error = conveyor_jobs::enqueue_flow_tx(&mut tx, twice).await.unwrap_err();
+    assert!(matches!(&error, EnqueueError::InvalidOptions(m) if m.contains("two jobs of the flow")), "{error}");
+    tx.commit().await.unwrap();
+    assert_eq!(app.db.count("outbox_events", ws).await, before);
+}
