@@ -123,8 +123,9 @@ pub use outbox::transitions::{Cancel as OperationCancel, cancel_operation_tx};
 // The operator surface: reads across workspaces and audited changes.
 pub use admin::{
     Actor, Admin, AdminError, Attempt, AuditEntry, BulkOutcome, CleanFilter, ConsumerInfo, DeadLetter,
-    DeadLetterFilter, DrainFilter, DrainOutcome, JobAction, JobDetail, JobFilter, JobSummary, ObliterateFilter,
-    Obliteration, OperationFilter, OperationSummary, Page as AdminPage, QueueSummary, Replay, StateCounts,
+    DeadLetterFilter, DrainFilter, DrainOutcome, FlowRelative, JobAction, JobDetail, JobFilter, JobSummary,
+    ObliterateFilter, Obliteration, OperationFilter, OperationSummary, Page as AdminPage, QueueSummary, Replay,
+    StateCounts,
 };
 
 // Connections: PostgreSQL, Redis (its TLS, its keys, the producer and consumer the dispatcher and worker use).

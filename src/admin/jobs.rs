@@ -6,7 +6,9 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{Actor, Admin, AdminError, Attempt, JobAction, JobDetail, JobFilter, JobSummary, Page, audit, filters};
+use super::{
+    Actor, Admin, AdminError, Attempt, FlowRelative, JobAction, JobDetail, JobFilter, JobSummary, Page, audit, filters,
+};
 use crate::db;
 use crate::ids::{JobId, WorkspaceId};
 use crate::outbox::control::JobStatus;
@@ -110,8 +112,33 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
         .bind(id.0)
         .fetch_all(&admin.operator)
         .await?;
+    type FamilyRow = (String, Uuid, String, String, String, Option<String>, i32, Option<DateTime<Utc>>);
+    let family: Vec<FamilyRow> = sqlx::query_as(
+        "SELECT relation, id, kind, queue, state, child_failure, children_left, finished_at
+         FROM conveyor.conveyor_admin_job_family($1, $2)",
+    )
+    .bind(filters::actor(actor)?)
+    .bind(id.0)
+    .fetch_all(&admin.operator)
+    .await?;
+    let (mut parent, mut children) = (None, Vec::new());
+    for (relation, id, kind, queue, state, on_failure, children_left, finished_at) in family {
+        let relative = FlowRelative {
+            id,
+            kind,
+            queue,
+            status: filters::parse_state(&state)?,
+            on_failure: on_failure.unwrap_or_default(),
+            children_left: children_left.max(0) as u32,
+            finished_at,
+        };
+        if relation == "parent" { parent = Some(relative) } else { children.push(relative) }
+    }
+    let summary: JobSummary = row.summary.try_into()?;
+    let children_left = children.iter().filter(|c| !c.status.is_finished()).count() as u32;
+    let children_left = if summary.status == JobStatus::WaitingChildren { children_left } else { 0 };
     Ok(Some(JobDetail {
-        job: row.summary.try_into()?,
+        job: summary,
         payload: row.payload,
         priority: row.priority,
         max_attempts: row.max_attempts.and_then(|a| u32::try_from(a).ok()),
@@ -121,6 +148,9 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
         dispatched_at: row.dispatched_at,
         attempts,
         logs,
+        parent,
+        children,
+        children_left,
     }))
 }
 

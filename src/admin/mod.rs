@@ -199,6 +199,34 @@ pub struct JobDetail {
     pub attempts: Vec<Attempt>,
     /// Its log ([`crate::JobContext::log`]), oldest line first.
     pub logs: Vec<crate::LogLine>,
+    /// The job it is a child of, in a flow ([`crate::Flow`]).
+    #[serde(default)]
+    pub parent: Option<FlowRelative>,
+    /// Its children, in a flow, in the order they were created (the first 1,000).
+    #[serde(default)]
+    pub children: Vec<FlowRelative>,
+    /// The children it still waits for.
+    #[serde(default)]
+    pub children_left: u32,
+}
+
+/// A parent or a child of a job in a flow, as its page lists it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlowRelative {
+    /// Its id.
+    pub id: Uuid,
+    /// Its kind.
+    pub kind: String,
+    /// Its queue.
+    pub queue: String,
+    /// Where it is.
+    pub status: JobStatus,
+    /// What the child's failure does to the parent: `fail`, `ignore` or `remove` ([`crate::ChildFailure`]).
+    pub on_failure: String,
+    /// The children it still waits for.
+    pub children_left: u32,
+    /// Ended.
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
 /// Which operations a search answers.

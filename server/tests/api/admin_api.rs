@@ -1515,3 +1515,45 @@ async fn dead_letters_past_their_retention_are_discarded_by_maintenance_never_yo
         .unwrap_err();
     assert_eq!(code(&refused), "42501");
 }
+
+#[tokio::test]
+async fn a_jobs_detail_shows_its_flow_its_parent_and_its_children_on_the_api_and_the_ui() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let chore = |mode: &str| Chore { mode: mode.into() };
+    let flow = conveyor_jobs::Flow::job(&chore("ok"), EnqueueOptions::new())
+        .unwrap()
+        .child(conveyor_jobs::Flow::job(&chore("ok"), EnqueueOptions::new().delay(Duration::from_secs(3600))).unwrap())
+        .child_on_failure(
+            conveyor_jobs::Flow::job(&chore("ok"), EnqueueOptions::new()).unwrap(),
+            conveyor_jobs::ChildFailure::Ignore,
+        );
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let ids = conveyor_jobs::enqueue_flow_tx(&mut tx, flow).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let parent = op(&app, Method::GET, &format!("/jobs/{}", ids.id), None).await.expect(StatusCode::OK);
+    assert_eq!((parent["status"].as_str(), parent["children_left"].as_u64()), (Some("waiting_children"), Some(2)));
+    assert!(parent["parent"].is_null());
+    let children = parent["children"].as_array().unwrap();
+    let listed: Vec<(&str, &str, &str)> = children
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap(), c["status"].as_str().unwrap(), c["on_failure"].as_str().unwrap()))
+        .collect();
+    let (first, second) = (ids.children[0].id.0.to_string(), ids.children[1].id.0.to_string());
+    assert_eq!(listed, [(first.as_str(), "scheduled", "fail"), (second.as_str(), "queued", "ignore")]);
+    let child = op(&app, Method::GET, &format!("/jobs/{second}"), None).await.expect(StatusCode::OK);
+    assert_eq!(child["parent"]["id"].as_str(), Some(ids.id.0.to_string().as_str()));
+    assert_eq!(child["parent"]["on_failure"], "ignore");
+    assert_eq!(child["children"], json!([]));
+    // A waiting parent is found by its state; it is not counted as scheduled.
+    let waiting = op(&app, Method::GET, "/jobs?status=waiting_children", None).await.expect(StatusCode::OK);
+    let found: Vec<&str> = waiting["items"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap()).collect();
+    assert_eq!(found, [ids.id.0.to_string()]);
+    let scheduled = op(&app, Method::GET, "/jobs?status=scheduled", None).await.expect(StatusCode::OK);
+    let found: Vec<&str> = scheduled["items"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap()).collect();
+    assert_eq!(found, [first.clone()]);
+    // The CLI's `jobs show` prints the same.
+    let shown: Value = serde_json::from_str(&cli(&app, "jobs", &["show", &ids.id.0.to_string()]).unwrap()).unwrap();
+    assert_eq!((shown["status"].clone(), shown["children"].as_array().unwrap().len()), (json!("waiting_children"), 2));
+}

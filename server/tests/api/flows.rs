@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-/// A child: "ok" answers its name, "fail" fails for good, "later" is due in an hour.
+/// A child: "ok" answers its name, "slow" too after 50 ms, "fail" fails for good, "later" is due in an hour.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Step {
     name: String,
@@ -60,7 +60,10 @@ impl Handler<Step> for Steps {
     async fn handle(&self, job: Step, cx: &mut JobContext) -> Result<Value, JobError> {
         match job.mode.as_str() {
             "fail" => Err(JobError::permanent(format!("{} broke", job.name))),
-            _ => {
+            mode => {
+                if mode == "slow" {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 // Written in the job's transaction: the end (and its parent's count) commits with it.
                 sqlx::query("SELECT 1").execute(&mut **cx.tx().await?).await?;
                 Ok(json!(job.name))
@@ -321,4 +324,67 @@ async fn nothing_makes_a_waiting_parent_due_early_and_bad_flows_write_nothing() 
     assert!(matches!(&error, EnqueueError::InvalidOptions(m) if m.contains("two jobs of the flow")), "{error}");
     tx.commit().await.unwrap();
     assert_eq!(app.db.count("outbox_events", ws).await, before);
+}
+
+#[tokio::test]
+async fn a_postgres_crash_while_children_end_neither_loses_nor_repeats_a_release() {
+    // PostgreSQL of the test's own, killed (SIGKILL of every server process, then crash recovery) while children end
+    // and their parents are released: each release is in its last child's transaction, so every parent runs, and
+    // only once all of its children have ended.
+    const FLOWS: usize = 30;
+    const CHILDREN: usize = 8;
+    let mut pg = common::postgres::TestPostgres::start().await;
+    let app = TestApp::spawn_on_db(pg.test_db().await, |_| {}).await;
+    let ws = principal().workspace_id;
+    let mut flows = Vec::new();
+    for f in 0..FLOWS {
+        let mut flow = gather(&format!("f{f}"));
+        for c in 0..CHILDREN {
+            flow = flow.child(step(&format!("{f}.{c}"), "slow"));
+        }
+        flows.push(enqueue(&app, ws, flow).await);
+    }
+    let (runs, shutdown) = (Runs::default(), CancellationToken::new());
+    platform(&app, &runs, &shutdown).await;
+    let children_done = || async {
+        let mut owner = app.db.owner().await;
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM conveyor.outbox_events WHERE parent_id IS NOT NULL AND status = 'completed'",
+        )
+        .fetch_one(&mut owner)
+        .await
+        .unwrap_or(0)
+    };
+    common::eventually(Duration::from_secs(60), || async { (children_done().await >= 40).then_some(()) })
+        .await
+        .expect("children end before the crash");
+    let done_at_crash = children_done().await;
+    pg.kill_9().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    pg.start_again().await;
+
+    for flow in &flows {
+        let parent = conveyor_jobs::wait_for_job(&app.db.pool, ws, flow.id, Duration::from_secs(120)).await.unwrap();
+        assert_eq!(parent.status, JobStatus::Succeeded, "{parent:?}");
+        for child in &flow.children {
+            assert_eq!(job(&app, ws, child.id).await.status, JobStatus::Succeeded);
+        }
+    }
+    let runs = runs.lock().unwrap();
+    for flow in &flows {
+        // A run may repeat (at least once), but every run of a parent found all of its children ended.
+        for seen in &runs[&flow.id] {
+            assert_eq!(seen.len(), CHILDREN);
+            assert!(seen.iter().all(|(s, _)| *s == JobStatus::Succeeded), "{seen:?}");
+        }
+    }
+    let mut owner = app.db.owner().await;
+    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM conveyor.outbox_events WHERE children_left <> 0")
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
+    assert_eq!(waiting, 0, "no parent keeps a count");
+    eprintln!("the crash struck with {done_at_crash} of {} children ended", FLOWS * CHILDREN);
+    assert!(done_at_crash < (FLOWS * CHILDREN) as i64, "the crash struck mid-run");
+    shutdown.cancel();
 }

@@ -840,3 +840,36 @@ async fn the_job_search_goes_to_an_id_filters_by_time_and_a_job_page_shows_its_t
     let (_, _, page) = get(format!("/ui/jobs/{delayed}")).await;
     assert!(page.contains("<td>due</td>"), "{page}");
 }
+
+#[tokio::test]
+async fn a_flows_pages_link_a_parent_and_its_children_both_ways() {
+    let app = TestApp::spawn().await;
+    let ws = common::principal().workspace_id;
+    let later = || EnqueueOptions::new().delay(Duration::from_secs(3600));
+    let flow = conveyor_jobs::Flow::job(&Flaky { wait_for_flag: false }, EnqueueOptions::new())
+        .unwrap()
+        .child(conveyor_jobs::Flow::job(&Flaky { wait_for_flag: false }, later()).unwrap())
+        .child_on_failure(
+            conveyor_jobs::Flow::job(&Flaky { wait_for_flag: false }, later()).unwrap(),
+            conveyor_jobs::ChildFailure::Remove,
+        );
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
+    let ids = conveyor_jobs::enqueue_flow_tx(&mut tx, flow).await.unwrap();
+    tx.commit().await.unwrap();
+    let cookie = login(&app, ADMIN_TOKEN).await.unwrap();
+    let page = |id: JobId| {
+        let (http, cookie, url) = (http(), cookie.clone(), ui(&app, &format!("/ui/jobs/{}", id.0)));
+        async move { http.get(url).header("cookie", cookie).send().await.unwrap().text().await.unwrap() }
+    };
+
+    let parent = page(ids.id).await;
+    assert!(parent.contains("Waits for 2 of its 2 children."), "{parent}");
+    assert!(parent.contains("when its last child ends"), "{parent}");
+    for child in &ids.children {
+        assert!(parent.contains(&format!(r#"href="/ui/jobs/{}""#, child.id.0)), "{parent}");
+    }
+    assert!(parent.contains(">remove<"), "each child says what its failure does: {parent}");
+    let child = page(ids.children[1].id).await;
+    assert!(child.contains(&format!(r#"href="/ui/jobs/{}""#, ids.id.0)), "{child}");
+    assert!(child.contains("the parent runs without it"), "{child}");
+}

@@ -179,11 +179,17 @@ fn detail(page: &Page, d: &JobDetail) -> Markup {
                 dt { "Failed runs" } dd { (j.failed_runs) @if let Some(max) = d.max_attempts { " of at most " (max) " runs" } }
                 dt { "De-dup key" } dd.mono { (maybe(d.dedup_key.as_deref())) }
                 dt { "Enqueued" } dd { (layout::time(j.created_at)) }
-                dt { "Runs at" } dd { (layout::time(j.run_at)) }
+                dt { "Runs at" } dd {
+                    @if j.status == JobStatus::WaitingChildren { "when its last child ends" } @else { (layout::time(j.run_at)) }
+                }
                 dt { "Last handed to workers" } dd { (maybe_time(d.dispatched_at)) }
                 dt { "Ended" } dd { (maybe_time(j.finished_at)) }
                 dt { "Last error" } dd.err { (layout::error_text(j.last_error.as_deref())) }
             }
+        }
+        @if d.parent.is_some() || !d.children.is_empty() {
+            h2 { "Flow" }
+            (family(page, d))
         }
         h2 { "Timeline" }
         (timeline(d))
@@ -218,6 +224,45 @@ fn detail(page: &Page, d: &JobDetail) -> Markup {
         (layout::json_block(&d.payload))
         @if let Some(progress) = &d.progress { h2 { "Progress" } (layout::json_block(progress)) }
         @if let Some(result) = &d.result { h2 { "Result" } (layout::json_block(result)) }
+    }
+}
+
+/// The job's place in a flow: its parent (with what its failure does to it) and its children, each linking to its page.
+fn family(page: &Page, d: &JobDetail) -> Markup {
+    let link = |id: uuid::Uuid| html! { a href=(page.at(&format!("/jobs/{id}"))) { (short_id(id)) } };
+    html! {
+        @if let Some(p) = &d.parent {
+            div.card #parent {
+                dl.facts {
+                    dt { "Parent" } dd { (link(p.id)) " " (p.kind) " " (layout::status_badge(p.status.as_str())) }
+                    dt { "If this job fails" } dd { (match p.on_failure.as_str() {
+                        "ignore" => "the parent runs, and reads the failure",
+                        "remove" => "the parent runs without it",
+                        _ => "the parent fails",
+                    }) }
+                }
+            }
+        }
+        @if !d.children.is_empty() {
+            @if d.job.status == JobStatus::WaitingChildren {
+                p.muted { "Waits for " (d.children_left) " of its " (d.children.len()) " children." }
+            }
+            table #children {
+                thead { tr { th { "Child" } th { "Kind" } th { "Queue" } th { "Status" } th { "If it fails" } th { "Ended" } } }
+                tbody {
+                    @for c in &d.children {
+                        tr data-job=(c.id) data-status=(c.status.as_str()) {
+                            td { (link(c.id)) }
+                            td { (c.kind) }
+                            td { (c.queue) }
+                            td { (layout::status_badge(c.status.as_str())) @if c.children_left > 0 { " (" (c.children_left) " left)" } }
+                            td { (c.on_failure) }
+                            td { (maybe_time(c.finished_at)) }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
