@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-/// A child: "ok" answers its name, "slow" too after 50 ms, "fail" fails for good, "later" is due in an hour.
+/// A child: "ok" answers its name, "slow" too after 50 ms, "bare" too without a transaction of its own (its end is
+/// recorded in the worker's batches), "fail" fails for good, "later" is due in an hour.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Step {
     name: String,
@@ -60,6 +61,7 @@ impl Handler<Step> for Steps {
     async fn handle(&self, job: Step, cx: &mut JobContext) -> Result<Value, JobError> {
         match job.mode.as_str() {
             "fail" => Err(JobError::permanent(format!("{} broke", job.name))),
+            "bare" => Ok(json!(job.name)),
             mode => {
                 if mode == "slow" {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -222,6 +224,7 @@ async fn canceling_a_waiting_parent_cancels_its_live_children_and_theirs() {
         assert_eq!(canceled.status, JobStatus::Canceled, "{canceled:?}");
     }
     assert_eq!(job(&app, ws, ids.children[0].id).await.last_error.as_deref(), Some("its parent was canceled"));
+    assert_eq!(job(&app, ws, ids.id).await.children_left, 0, "a canceled parent waits for nobody");
     // Another flow is left alone.
     assert_eq!(job(&app, ws, other.id).await.status, JobStatus::WaitingChildren);
     assert_eq!(job(&app, ws, other.children[0].id).await.status, JobStatus::Scheduled);
@@ -254,6 +257,10 @@ async fn a_replayed_child_makes_its_waiting_parent_wait_for_it_again() {
     let root = job(&app, ws, ids.id).await;
     assert_eq!((root.status, root.children_left), (JobStatus::Failed, 0));
     assert!(root.last_error.as_deref().unwrap().contains("was canceled"), "{root:?}");
+    // Replayed, the parent waits again for the children still live (the replayed one), not for the ended ones.
+    conveyor_jobs::replay_dead_letter(&app.db.pool, ws, ids.id.0).await.unwrap();
+    let root = job(&app, ws, ids.id).await;
+    assert_eq!((root.status, root.children_left), (JobStatus::WaitingChildren, 1));
 }
 
 #[tokio::test]
@@ -264,7 +271,8 @@ async fn sixteen_children_ending_at_once_release_their_parent_once() {
     for f in 0..4 {
         let mut flow = gather(&format!("f{f}"));
         for c in 0..16 {
-            flow = flow.child(step(&format!("{f}.{c}"), "ok"));
+            // Half end in their own transactions, half in the worker's batched record of ends, at once.
+            flow = flow.child(step(&format!("{f}.{c}"), if c % 2 == 0 { "ok" } else { "bare" }));
         }
         flows.push(enqueue(&app, ws, flow).await);
     }
@@ -327,10 +335,10 @@ async fn nothing_makes_a_waiting_parent_due_early_and_bad_flows_write_nothing() 
 }
 
 #[tokio::test]
-async fn a_postgres_crash_while_children_end_neither_loses_nor_repeats_a_release() {
+async fn a_postgres_crash_while_children_end_neither_loses_a_release_nor_runs_a_parent_early() {
     // PostgreSQL of the test's own, killed (SIGKILL of every server process, then crash recovery) while children end
-    // and their parents are released: each release is in its last child's transaction, so every parent runs, and
-    // only once all of its children have ended.
+    // and their parents are released: each release is in its last child's transaction, so every parent runs, every
+    // run of it finds all of its children ended, and no count is left over.
     const FLOWS: usize = 30;
     const CHILDREN: usize = 8;
     let mut pg = common::postgres::TestPostgres::start().await;

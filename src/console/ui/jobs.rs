@@ -284,7 +284,7 @@ fn timeline(d: &JobDetail) -> Markup {
     }
     if let Some(at) = j.finished_at {
         steps.push((format!("ended {}", j.status.as_str()), at));
-    } else if j.run_at > j.created_at && !j.status.is_finished() {
+    } else if j.run_at > j.created_at && !j.status.is_finished() && j.status != JobStatus::WaitingChildren {
         steps.push(("due".into(), j.run_at));
     }
     steps.sort_by_key(|(_, at)| *at);

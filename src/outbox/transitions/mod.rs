@@ -769,10 +769,17 @@ pub(crate) async fn replay_tx(
         return Ok(Replay::KeyHeld(holder));
     }
     let moved = sqlx::query(
-        "UPDATE conveyor.outbox_events
-         SET status = 'pending', next_attempt_at = now(), attempt_count = 0, job_attempts = 0, stops = 0,
+        // A parent of a flow failed by a child (migration 0056) waits again for its children still live, if any.
+        // Its row is locked by this statement, so a child ending meanwhile counts it down after this commits.
+        "WITH live AS (SELECT count(*)::integer AS n FROM conveyor.outbox_events c
+                       WHERE c.parent_id = $1 AND c.status IN ('pending', 'dispatching', 'dispatched'))
+         UPDATE conveyor.outbox_events
+         SET status = 'pending',
+             next_attempt_at = CASE WHEN live.n > 0 THEN '9999-12-31 00:00:00+00'::timestamptz ELSE now() END,
+             children_left = live.n, attempt_count = 0, job_attempts = 0, stops = 0,
              redrive_count = redrive_count + 1, last_error = NULL, failure_stage = NULL, dead_lettered_at = NULL,
              stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
+         FROM live
          WHERE id = $1 AND status = 'dead_letter'",
     )
     .bind(job)
