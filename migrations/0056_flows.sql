@@ -16,12 +16,17 @@
 -- A parent that is canceled while it waits cancels its live children (and theirs, by the same trigger).
 SET LOCAL search_path = conveyor;
 
+-- Columns without a check of their own (a check added with its column is verified by a scan of the table, under the
+-- lock that holds off every write); the checks come after, NOT VALID: every existing row holds them (no flows yet),
+-- so only the scan is skipped, and new and updated rows are checked.
 ALTER TABLE outbox_events
     ADD COLUMN parent_id     uuid,
-    ADD COLUMN child_failure text CHECK (child_failure IN ('fail', 'ignore', 'remove')),
-    ADD COLUMN children_left integer NOT NULL DEFAULT 0 CHECK (children_left >= 0);
+    ADD COLUMN child_failure text,
+    ADD COLUMN children_left integer NOT NULL DEFAULT 0;
 
--- Both hold for every existing row (no flows yet), so NOT VALID only skips the scan; new and updated rows are checked.
+ALTER TABLE outbox_events ADD CONSTRAINT outbox_events_child_failure_check
+    CHECK (child_failure IN ('fail', 'ignore', 'remove')) NOT VALID;
+ALTER TABLE outbox_events ADD CONSTRAINT outbox_events_children_left_check CHECK (children_left >= 0) NOT VALID;
 ALTER TABLE outbox_events ADD CONSTRAINT outbox_events_flow_child
     CHECK ((parent_id IS NULL) = (child_failure IS NULL)) NOT VALID;
 ALTER TABLE outbox_events ADD CONSTRAINT outbox_events_waits_for_children

@@ -1552,7 +1552,7 @@ async fn a_jobs_detail_shows_its_flow_its_parent_and_its_children_on_the_api_and
     assert_eq!(found, [ids.id.0.to_string()]);
     let scheduled = op(&app, Method::GET, "/jobs?status=scheduled", None).await.expect(StatusCode::OK);
     let found: Vec<&str> = scheduled["items"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap()).collect();
-    assert_eq!(found, [first.clone()]);
+    assert_eq!(found, [first.as_str()]);
     // The CLI's `jobs show` prints the same.
     let shown: Value = serde_json::from_str(&cli(&app, "jobs", &["show", &ids.id.0.to_string()]).unwrap()).unwrap();
     assert_eq!((shown["status"].clone(), shown["children"].as_array().unwrap().len()), (json!("waiting_children"), 2));

@@ -378,10 +378,9 @@ async fn a_postgres_crash_while_children_end_neither_loses_a_release_nor_runs_a_
             assert_eq!(job(&app, ws, child.id).await.status, JobStatus::Succeeded);
         }
     }
-    let runs = runs.lock().unwrap();
     for flow in &flows {
         // A run may repeat (at least once), but every run of a parent found all of its children ended.
-        for seen in &runs[&flow.id] {
+        for seen in &runs.lock().unwrap()[&flow.id] {
             assert_eq!(seen.len(), CHILDREN);
             assert!(seen.iter().all(|(s, _)| *s == JobStatus::Succeeded), "{seen:?}");
         }
