@@ -1,5 +1,5 @@
--- A flow as the operator sees it (0056): the parent of a job and its children, for the job's page. Audited as
--- `job_family`, like every read of the operator's.
+-- A flow as the operator sees it (0056): the parent of a job and its children, for the job's page, and the job itself
+-- (how many children it still waits for). Audited as `job_family`, like every read of the operator's.
 SET LOCAL search_path = conveyor;
 
 CREATE FUNCTION conveyor_admin_job_family(actor text, of_job uuid)
@@ -12,6 +12,12 @@ CREATE FUNCTION conveyor_admin_job_family(actor text, of_job uuid)
     BEGIN
         PERFORM conveyor.conveyor_admin_audit_write(actor, 'job_family', pg_catalog.jsonb_build_object('job_id', of_job));
         RETURN QUERY
+            SELECT 'self'::text, e.id, e.event_type, e.queue,
+                   conveyor.conveyor_job_state(e.status, e.next_attempt_at, e.job_attempts + e.attempt_count),
+                   e.child_failure, e.children_left, coalesce(e.finished_at, e.dead_lettered_at)
+            FROM conveyor.outbox_events e
+            WHERE e.id = of_job AND e.status <> 'discarded'
+            UNION ALL
             SELECT 'parent'::text, p.id, p.event_type, p.queue,
                    conveyor.conveyor_job_state(p.status, p.next_attempt_at, p.job_attempts + p.attempt_count),
                    c.child_failure, p.children_left, coalesce(p.finished_at, p.dead_lettered_at)

@@ -866,6 +866,7 @@ async fn queues(output: Output) -> anyhow::Result<()> {
             ("RUNNING", &|q| q.counts.running.to_string()),
             ("RETRYING", &|q| q.counts.retrying.to_string()),
             ("DEAD", &|q| q.counts.dead.to_string()),
+            ("WAITING", &|q| q.counts.waiting_children.to_string()),
             ("LAG", &|q| output::maybe(&q.lag)),
             ("DONE/MIN", &|q| format!("{:.1}", q.completed_per_minute)),
             ("OLDEST(s)", &|q| q.oldest_queued_seconds.map_or_else(|| "-".to_owned(), |s| format!("{s:.0}"))),

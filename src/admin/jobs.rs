@@ -121,8 +121,12 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
     .bind(id.0)
     .fetch_all(&admin.operator)
     .await?;
-    let (mut parent, mut children) = (None, Vec::new());
+    let (mut parent, mut children, mut waits_for) = (None, Vec::new(), 0);
     for (relation, id, kind, queue, state, on_failure, children_left, finished_at) in family {
+        if relation == "self" {
+            waits_for = children_left.max(0) as u32;
+            continue;
+        }
         let relative = FlowRelative {
             id,
             kind,
@@ -134,11 +138,8 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
         };
         if relation == "parent" { parent = Some(relative) } else { children.push(relative) }
     }
-    let summary: JobSummary = row.summary.try_into()?;
-    let children_left = children.iter().filter(|c| !c.status.is_finished()).count() as u32;
-    let children_left = if summary.status == JobStatus::WaitingChildren { children_left } else { 0 };
     Ok(Some(JobDetail {
-        job: summary,
+        job: row.summary.try_into()?,
         payload: row.payload,
         priority: row.priority,
         max_attempts: row.max_attempts.and_then(|a| u32::try_from(a).ok()),
@@ -150,7 +151,7 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
         logs,
         parent,
         children,
-        children_left,
+        children_left: waits_for,
     }))
 }
 

@@ -79,6 +79,9 @@ pub struct StateCounts {
     pub retrying: u64,
     /// Dead-lettered.
     pub dead: u64,
+    /// Parents of flows waiting for their children ([`crate::Flow`]).
+    #[serde(default)]
+    pub waiting_children: u64,
 }
 
 /// One queue as an operator sees it.

@@ -25,6 +25,7 @@ struct Row {
     dead_5m: i64,
     oldest_queued_seconds: Option<f64>,
     paused: bool,
+    waiting_children: i64,
 }
 
 /// What Redis says of a queue's consumer group.
@@ -39,7 +40,8 @@ struct GroupInfo {
 pub(super) async fn list(admin: &Admin, actor: &Actor, name: Option<&str>) -> Result<Vec<QueueSummary>, AdminError> {
     filters::queue(name)?;
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT queue, queued, delayed, running, retrying, dead, completed_5m, dead_5m, oldest_queued_seconds, paused
+        "SELECT queue, queued, delayed, running, retrying, dead, completed_5m, dead_5m, oldest_queued_seconds, paused,
+                waiting_children
          FROM conveyor.conveyor_admin_queues($1, $2)",
     )
     .bind(filters::actor(actor)?)
@@ -59,6 +61,7 @@ fn summary(row: Row, group: GroupInfo) -> QueueSummary {
             running: count(row.running),
             retrying: count(row.retrying),
             dead: count(row.dead),
+            waiting_children: count(row.waiting_children),
         },
         lag: group.lag,
         pending: group.pending,

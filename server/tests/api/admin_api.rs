@@ -1553,6 +1553,11 @@ async fn a_jobs_detail_shows_its_flow_its_parent_and_its_children_on_the_api_and
     let scheduled = op(&app, Method::GET, "/jobs?status=scheduled", None).await.expect(StatusCode::OK);
     let found: Vec<&str> = scheduled["items"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap()).collect();
     assert_eq!(found, [first.as_str()]);
+    // Its queue counts it apart: not delayed, not queued.
+    let queue = op(&app, Method::GET, "/queues/chores", None).await.expect(StatusCode::OK);
+    let counts = &queue["counts"];
+    assert_eq!((counts["waiting_children"].as_u64(), counts["delayed"].as_u64()), (Some(1), Some(1)), "{queue}");
+    assert_eq!(counts["queued"].as_u64(), Some(1), "{queue}");
     // The CLI's `jobs show` prints the same.
     let shown: Value = serde_json::from_str(&cli(&app, "jobs", &["show", &ids.id.0.to_string()]).unwrap()).unwrap();
     assert_eq!((shown["status"].clone(), shown["children"].as_array().unwrap().len()), (json!("waiting_children"), 2));

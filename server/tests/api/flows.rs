@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 /// A child: "ok" answers its name, "slow" too after 50 ms, "bare" too without a transaction of its own (its end is
-/// recorded in the worker's batches), "fail" fails for good, "later" is due in an hour.
+/// recorded in the worker's batches), "hold" holds its own row locked for 600 ms in its transaction (as its end does,
+/// for an instant), "fail" fails for good, "later" is due in an hour.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Step {
     name: String,
@@ -28,7 +29,9 @@ struct Step {
 impl JobKind for Step {
     const KIND: &'static str = "test.flow_step";
     const QUEUE: &'static str = "flow-steps";
-    const MAX_ATTEMPTS: u32 = 1;
+    // A run that met PostgreSQL going away is tried again soon ("fail" fails for good at once).
+    const BACKOFF: conveyor_jobs::Backoff =
+        conveyor_jobs::Backoff { base: Duration::from_millis(100), max: Duration::from_millis(500) };
 }
 
 /// A parent: answers what it read of its children.
@@ -40,6 +43,8 @@ struct Gather {
 impl JobKind for Gather {
     const KIND: &'static str = "test.flow_gather";
     const QUEUE: &'static str = "flow-parents";
+    const BACKOFF: conveyor_jobs::Backoff =
+        conveyor_jobs::Backoff { base: Duration::from_millis(100), max: Duration::from_millis(500) };
 }
 
 fn step(name: &str, mode: &str) -> Flow {
@@ -62,6 +67,15 @@ impl Handler<Step> for Steps {
         match job.mode.as_str() {
             "fail" => Err(JobError::permanent(format!("{} broke", job.name))),
             "bare" => Ok(json!(job.name)),
+            "hold" => {
+                let id = cx.id();
+                sqlx::query("SELECT 1 FROM conveyor.outbox_events WHERE id = $1 FOR UPDATE")
+                    .bind(id.0)
+                    .execute(&mut **cx.tx().await?)
+                    .await?;
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                Ok(json!(job.name))
+            }
             mode => {
                 if mode == "slow" {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -231,6 +245,31 @@ async fn canceling_a_waiting_parent_cancels_its_live_children_and_theirs() {
 }
 
 #[tokio::test]
+async fn canceling_a_parent_while_its_child_ends_waits_for_that_end_and_never_deadlocks() {
+    // The child's end holds its row, then locks its parent; the cancellation locks what it will cancel before the
+    // parent, so the two wait for each other in turn. Locking the parent first, it would wait for the child while the
+    // child waits for it: PostgreSQL would break the cycle after a second by failing the cancellation.
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let ids = enqueue(&app, ws, gather("root").child(step("held", "hold")).child(step("later", "later"))).await;
+    let (runs, shutdown) = (Runs::default(), CancellationToken::new());
+    platform(&app, &runs, &shutdown).await;
+    let held = ids.children[0].id;
+    common::eventually(Duration::from_secs(30), || async {
+        (job(&app, ws, held).await.status == JobStatus::Active).then_some(())
+    })
+    .await
+    .expect("the child runs");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    conveyor_jobs::cancel_job(&app.db.pool, ws, ids.id).await.expect("the cancellation is not broken as a deadlock");
+    assert_eq!(job(&app, ws, ids.id).await.status, JobStatus::Canceled);
+    assert_eq!(job(&app, ws, held).await.status, JobStatus::Succeeded, "the child's end went first");
+    assert_eq!(job(&app, ws, ids.children[1].id).await.status, JobStatus::Canceled);
+    assert!(!runs.lock().unwrap().contains_key(&ids.id), "the canceled parent never ran");
+    shutdown.cancel();
+}
+
+#[tokio::test]
 async fn a_replayed_child_makes_its_waiting_parent_wait_for_it_again() {
     let app = TestApp::spawn().await;
     let ws = principal().workspace_id;
@@ -373,10 +412,12 @@ async fn a_postgres_crash_while_children_end_neither_loses_a_release_nor_runs_a_
 
     for flow in &flows {
         let parent = conveyor_jobs::wait_for_job(&app.db.pool, ws, flow.id, Duration::from_secs(120)).await.unwrap();
-        assert_eq!(parent.status, JobStatus::Succeeded, "{parent:?}");
+        let mut children = Vec::new();
         for child in &flow.children {
-            assert_eq!(job(&app, ws, child.id).await.status, JobStatus::Succeeded);
+            children.push(job(&app, ws, child.id).await);
         }
+        assert_eq!(parent.status, JobStatus::Succeeded, "{parent:?}\n{children:#?}");
+        assert!(children.iter().all(|c| c.status == JobStatus::Succeeded), "{children:#?}");
     }
     for flow in &flows {
         // A run may repeat (at least once), but every run of a parent found all of its children ended.

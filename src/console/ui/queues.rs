@@ -223,6 +223,7 @@ fn counts(q: &QueueSummary) -> Markup {
             (card("running", q.counts.running, ""))
             (card("retrying", q.counts.retrying, ""))
             (card("dead", q.counts.dead, "dead"))
+            @if q.counts.waiting_children > 0 { (card("waiting for children", q.counts.waiting_children, "")) }
         }
         div.card {
             dl.facts {

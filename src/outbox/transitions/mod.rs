@@ -404,14 +404,7 @@ pub(crate) async fn cancel_job_tx(
         return Ok(Cancel::Finished(status));
     }
     if children_left > 0 {
-        // A parent of a flow cancels its live children with it (migration 0056), each of which, ending, locks it:
-        // locked first here, a child's end waits for this cancellation rather than waiting for each other in a cycle.
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT 1 FROM conveyor.outbox_events WHERE parent_id = $1 AND status IN {LIVE} ORDER BY id FOR UPDATE"
-        )))
-        .bind(job.0)
-        .execute(&mut **tx)
-        .await?;
+        lock_descendants_tx(tx, &[job.0]).await?;
     }
     // A job of a live operation is canceled with its operation and every other live job of it (none may advance it
     // any more); the operation's row is locked first, as every transition does.
@@ -439,6 +432,36 @@ pub(crate) async fn cancel_job_tx(
     }
     announce_cancel_tx(tx, workspace, &[job.0]).await?;
     Ok(Cancel::Canceled)
+}
+
+/// Locks what the cancellation of `parents` will reach: a parent of a flow canceled while it waits cancels its live
+/// children, and theirs (migration 0056), each of which locks its parent when it ends. A child's end locks its
+/// operation, the child, then its parent; locked here first in that order (the live descendants' operations, then the
+/// descendants, each in id order), before the parents, a child ending meanwhile and this cancellation wait for each
+/// other in turn, never in a circle.
+pub(crate) async fn lock_descendants_tx(tx: &mut WorkspaceTx, parents: &[Uuid]) -> Result<(), sqlx::Error> {
+    let descendants = format!(
+        "WITH RECURSIVE d AS (
+             SELECT e.id, e.operation_id FROM conveyor.outbox_events e WHERE e.parent_id = ANY($1) AND e.status IN {LIVE}
+             UNION
+             SELECT e.id, e.operation_id FROM conveyor.outbox_events e JOIN d ON e.parent_id = d.id
+             WHERE e.status IN {LIVE})"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "{descendants}
+         SELECT 1 FROM conveyor.operations o WHERE o.id IN (SELECT d.operation_id FROM d) ORDER BY o.id FOR UPDATE"
+    )))
+    .bind(parents)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "{descendants}
+         SELECT 1 FROM conveyor.outbox_events e WHERE e.id IN (SELECT d.id FROM d) ORDER BY e.id FOR UPDATE"
+    )))
+    .bind(parents)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// Ends, as `canceled`, a live job whose operation has already ended: it can no longer advance it (its operation was

@@ -172,6 +172,8 @@ async fn cancel_tx(
     let mut operations: Vec<Uuid> = waiting.iter().filter_map(|(_, op)| *op).collect();
     operations.sort();
     operations.dedup();
+    // A waiting parent of a flow cancels its live children with it: what they lock, locked first.
+    super::lock_descendants_tx(tx, &ids).await?;
     // Operations first, in id order, as every transition locks them: then the jobs.
     let canceled_operations: Vec<Uuid> = sqlx::query_scalar(
         "WITH locked AS (SELECT id FROM conveyor.operations WHERE id = ANY($1) ORDER BY id FOR UPDATE)
