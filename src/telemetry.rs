@@ -121,6 +121,12 @@ pub(crate) fn from_stored(value: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// The trace id (32 hex digits) of a `traceparent` column's value, when it holds a valid `traceparent`.
+pub(crate) fn trace_id_of(stored: &str) -> Option<String> {
+    let (traceparent, _) = from_stored(stored);
+    is_valid_traceparent(traceparent).then(|| traceparent.split('-').nth(1).unwrap_or_default().to_owned())
+}
+
 /// Whether `tp` is a W3C `traceparent` of version 00 with non-zero ids.
 pub fn is_valid_traceparent(tp: &str) -> bool {
     let parts: Vec<&str> = tp.split('-').collect();

@@ -83,6 +83,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
     };
     Ok(Shared {
         admin,
+        trace_url: config.trace_url.clone(),
         operator_auth: crate::operator_auth::OperatorAuth::new(
             config.admin_token.clone(),
             &[&config.operator_jwt_secret, &config.operator_jwt_previous_secret]

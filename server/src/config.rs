@@ -90,6 +90,8 @@ pub struct Config {
     pub encryption_key: Secret<Vec<u8>>,
     /// Base URL of the marketplace API (`CONVEYOR_MARKETPLACE_URL`); workers need it.
     pub marketplace_url: Option<String>,
+    /// Where the operator UI links a job's trace (`CONVEYOR_TRACE_URL`), `{trace_id}` standing for the trace's id.
+    pub trace_url: Option<String>,
     /// Largest accepted request body in bytes (`CONVEYOR_MAX_BODY_BYTES`, default 64 KiB).
     pub max_body_bytes: usize,
     /// Grace period for in-flight work on shutdown (`CONVEYOR_SHUTDOWN_GRACE`, default 30s).
@@ -618,6 +620,13 @@ impl Config {
                 return Err(invalid("CONVEYOR_MARKETPLACE_URL", "must be an http:// or https:// URL"));
             }
         };
+        let trace_url = match src.get("CONVEYOR_TRACE_URL") {
+            None => None,
+            Some(url) => match conveyor_jobs::console::check_trace_url(&url) {
+                Ok(()) => Some(url),
+                Err(why) => return Err(invalid("CONVEYOR_TRACE_URL", &why)),
+            },
+        };
         let log_json = match src.get("CONVEYOR_LOG_JSON").as_deref() {
             None | Some("0" | "false") => false,
             Some("1" | "true") => true,
@@ -649,6 +658,7 @@ impl Config {
             idempotency_ttl,
             encryption_key: encryption_key(src)?,
             marketplace_url,
+            trace_url,
             max_body_bytes,
             shutdown_grace: duration(src, "CONVEYOR_SHUTDOWN_GRACE", Duration::from_secs(30))?,
             database_max_connections,
@@ -948,6 +958,8 @@ mod tests {
             ("CONVEYOR_IDEMPOTENCY_TTL", "23h"),
             ("CONVEYOR_MAX_BODY_BYTES", "-1"),
             ("CONVEYOR_MARKETPLACE_URL", "ftp://x"),
+            ("CONVEYOR_TRACE_URL", "jaeger.example/trace/{trace_id}"),
+            ("CONVEYOR_TRACE_URL", "https://jaeger.example/trace/"),
             ("CONVEYOR_AI_CREDITS_PER_WORKSPACE", "0"),
             ("CONVEYOR_AI_CREDITS_PER_WORKSPACE", "lots"),
             ("CONVEYOR_AI_PROVIDER_URL", "ftp://x"),

@@ -112,19 +112,20 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
         .bind(id.0)
         .fetch_all(&admin.operator)
         .await?;
-    type FamilyRow = (String, Uuid, String, String, String, Option<String>, i32, Option<DateTime<Utc>>);
+    type FamilyRow = (String, Uuid, String, String, String, Option<String>, i32, Option<DateTime<Utc>>, Option<String>);
     let family: Vec<FamilyRow> = sqlx::query_as(
-        "SELECT relation, id, kind, queue, state, child_failure, children_left, finished_at
+        "SELECT relation, id, kind, queue, state, child_failure, children_left, finished_at, traceparent
          FROM conveyor.conveyor_admin_job_family($1, $2)",
     )
     .bind(filters::actor(actor)?)
     .bind(id.0)
     .fetch_all(&admin.operator)
     .await?;
-    let (mut parent, mut children, mut waits_for) = (None, Vec::new(), 0);
-    for (relation, id, kind, queue, state, on_failure, children_left, finished_at) in family {
+    let (mut parent, mut children, mut waits_for, mut trace_id) = (None, Vec::new(), 0, None);
+    for (relation, id, kind, queue, state, on_failure, children_left, finished_at, traceparent) in family {
         if relation == "self" {
             waits_for = children_left.max(0) as u32;
+            trace_id = traceparent.as_deref().and_then(crate::telemetry::trace_id_of);
             continue;
         }
         let relative = FlowRelative {
@@ -152,6 +153,7 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
         parent,
         children,
         children_left: waits_for,
+        trace_id,
     }))
 }
 

@@ -211,6 +211,9 @@ pub struct JobDetail {
     /// The children it still waits for.
     #[serde(default)]
     pub children_left: u32,
+    /// The W3C trace id of the request that enqueued it (32 hex digits), when it came with a `traceparent`.
+    #[serde(default)]
+    pub trace_id: Option<String>,
 }
 
 /// A parent or a child of a job in a flow, as its page lists it.

@@ -131,6 +131,7 @@ struct Settings {
     unavailable: String,
     login: Option<String>,
     logout: Option<String>,
+    trace_url: Option<String>,
 }
 
 impl Console {
@@ -146,7 +147,7 @@ impl Console {
     }
 
     fn with(admin: Option<Admin>, unavailable: String) -> Self {
-        Self { settings: Arc::new(Settings { admin, unavailable, login: None, logout: None }) }
+        Self { settings: Arc::new(Settings { admin, unavailable, login: None, logout: None, trace_url: None }) }
     }
 
     fn settings_mut(&mut self) -> &mut Settings {
@@ -168,6 +169,17 @@ impl Console {
         self
     }
 
+    /// Where a job's trace is seen (Jaeger, Tempo, Honeycomb …): an `http://` or `https://` URL in which `{trace_id}`
+    /// stands for the trace's id (32 hex digits), e.g. `https://jaeger.example/trace/{trace_id}`. A job's page then
+    /// links to the trace of the request that enqueued it; without it, the page shows the trace id alone. Refused (the
+    /// reason as the error) when it is not such a URL.
+    pub fn trace_url(mut self, template: impl Into<String>) -> Result<Self, String> {
+        let template = template.into();
+        check_trace_url(&template)?;
+        self.settings_mut().trace_url = Some(template);
+        Ok(self)
+    }
+
     /// The web UI alone, its overview at `/`. It carries its own state, so it nests into a router of any state.
     pub fn ui<S: Clone + Send + Sync + 'static>(&self) -> Router<S> {
         ui::router(self.settings.clone())
@@ -182,6 +194,18 @@ impl Console {
     pub fn router<S: Clone + Send + Sync + 'static>(&self) -> Router<S> {
         self.ui().nest("/api/v1", self.api())
     }
+}
+
+/// Why `template` cannot be a [`Console::trace_url`], if it cannot: for a host that reads it from its configuration
+/// and says so at start.
+pub fn check_trace_url(template: &str) -> Result<(), String> {
+    if !(template.starts_with("http://") || template.starts_with("https://")) {
+        return Err("must be an http:// or https:// URL".into());
+    }
+    if !template.contains("{trace_id}") {
+        return Err("must hold {trace_id}, where the trace's id goes".into());
+    }
+    Ok(())
 }
 
 /// Refuses a request that a browser marks as coming from another site: `Sec-Fetch-Site` other than `same-origin`, or

@@ -111,6 +111,14 @@ pub const VARIABLES: &[Variable] = &[
     var("CONVEYOR_IDEMPOTENCY_TTL", API | MAINTENANCE, Some("48h"), "retention of idempotency records (>= 24h)"),
     required("CONVEYOR_ENCRYPTION_KEY", SERVERS, true, "32-byte key, base64, sealing stored credentials"),
     var("CONVEYOR_MARKETPLACE_URL", WORKER, None, "base URL of the marketplace API (required by workers)"),
+    var(
+        "CONVEYOR_TRACE_URL",
+        API,
+        None,
+        "a trace's page in your tracing UI, `{trace_id}` standing for the trace's id \
+         (`https://jaeger.example/trace/{trace_id}`): the operator UI's job page links to the trace of the request \
+         that enqueued the job; unset, it shows the trace id",
+    ),
     var("CONVEYOR_MAX_BODY_BYTES", API, Some("65536"), "largest accepted request body"),
     var("CONVEYOR_SHUTDOWN_GRACE", SERVERS, Some("30s"), "grace period for in-flight work on SIGTERM"),
     var("CONVEYOR_DATABASE_MAX_CONNECTIONS", SERVERS, Some("16"), "PostgreSQL pool size of one process"),

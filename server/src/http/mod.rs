@@ -64,6 +64,8 @@ pub struct Shared {
     pub uploads: Arc<tokio::sync::Semaphore>,
     /// Operating across workspaces (admin API, web UI); `None` without `CONVEYOR_OPERATOR_DATABASE_URL`.
     pub admin: Option<conveyor_jobs::Admin>,
+    /// Where the UI links a job's trace (`CONVEYOR_TRACE_URL`).
+    pub trace_url: Option<String>,
     /// Checks operator credentials (`CONVEYOR_ADMIN_TOKEN`, operator JWTs).
     pub operator_auth: crate::operator_auth::OperatorAuth,
     /// Signs the operator UI's sessions and CSRF tokens (derived from the JWT secret and the operator token).

@@ -873,3 +873,48 @@ async fn a_flows_pages_link_a_parent_and_its_children_both_ways() {
     assert!(child.contains(&format!(r#"href="/ui/jobs/{}""#, ids.id.0)), "{child}");
     assert!(child.contains("the parent runs without it"), "{child}");
 }
+
+#[tokio::test]
+async fn a_jobs_page_links_to_its_trace_where_a_trace_url_is_configured() {
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{TRACE}-00f067aa0ba902b7-01");
+    let mut jobs = Vec::new();
+    for url in [Some("https://traces.example/trace/{trace_id}?from=conveyor"), None] {
+        let app = TestApp::spawn_with(|v| {
+            if let Some(url) = url {
+                v.insert("CONVEYOR_TRACE_URL".into(), url.into());
+            }
+        })
+        .await;
+        let ws = common::principal().workspace_id;
+        let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
+        let options = EnqueueOptions::new().traceparent(traceparent.clone());
+        let job = conveyor_jobs::enqueue_tx(&mut tx, &Flaky { wait_for_flag: false }, options).await.unwrap();
+        tx.commit().await.unwrap();
+        let cookie = login(&app, ADMIN_TOKEN).await.unwrap();
+        let page = http()
+            .get(ui(&app, &format!("/ui/jobs/{}", job.id.0)))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let detail: Value = http()
+            .get(format!("http://{}/admin/v1/jobs/{}", app.admin_addr, job.id.0))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(detail["trace_id"], TRACE);
+        jobs.push(page);
+    }
+    let link = format!(r#"href="https://traces.example/trace/{TRACE}?from=conveyor""#);
+    assert!(jobs[0].contains(&link), "{}", jobs[0]);
+    // Without a trace URL, the id alone.
+    assert!(!jobs[1].contains("traces.example") && jobs[1].contains(TRACE), "{}", jobs[1]);
+}

@@ -175,6 +175,13 @@ fn detail(page: &Page, d: &JobDetail) -> Markup {
                     a href=(url_with(&page.at("/jobs"), &[("workspace", Some(j.workspace_id.to_string().as_str()))])) { (j.workspace_id) }
                 }
                 dt { "Operation" } dd.mono { (maybe(j.operation_id)) }
+                dt { "Trace" } dd.mono #trace {
+                    @match (&d.trace_id, &page.trace_url) {
+                        (Some(id), Some(url)) => a href=(url.replace("{trace_id}", id)) rel="noopener noreferrer" target="_blank" { (id) },
+                        (Some(id), None) => (id),
+                        (None, _) => "—",
+                    }
+                }
                 dt { "Priority" } dd { (match d.priority { 0 => "high", 1 => "normal", 2 => "low", _ => "other" }) }
                 dt { "Failed runs" } dd { (j.failed_runs) @if let Some(max) = d.max_attempts { " of at most " (max) " runs" } }
                 dt { "De-dup key" } dd.mono { (maybe(d.dedup_key.as_deref())) }

@@ -83,6 +83,8 @@ pub(super) struct Page {
     csrf: String,
     base: Base,
     logout: Option<String>,
+    /// The link to a trace, `{trace_id}` in it standing for the trace's id ([`super::Console::trace_url`]).
+    trace_url: Option<String>,
 }
 
 impl Page {
@@ -115,7 +117,8 @@ impl FromRequestParts<State> for Page {
         let base = parts.extensions.get::<Base>().cloned().ok_or(UiError::NoOperator)?;
         let admin = settings.admin.clone().ok_or_else(|| UiError::Unavailable(settings.unavailable.clone()))?;
         let csrf = operator.csrf.clone().unwrap_or_default();
-        Ok(Self { admin, operator, csrf, base, logout: settings.logout.clone() })
+        let (logout, trace_url) = (settings.logout.clone(), settings.trace_url.clone());
+        Ok(Self { admin, operator, csrf, base, logout, trace_url })
     }
 }
 

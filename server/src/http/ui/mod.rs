@@ -31,12 +31,16 @@ const NOT_CONFIGURED: &str = "set CONVEYOR_OPERATOR_DATABASE_URL (the operator r
 
 /// The UI at `/ui`, the admin API at `/admin/v1` and the login around them, to merge into the admin router.
 pub fn router(state: &AppState) -> Router<AppState> {
-    let console = match &state.admin {
+    let mut console = match &state.admin {
         Some(admin) => Console::new(admin.clone()),
         None => Console::unavailable(NOT_CONFIGURED),
     }
     .login_path("/ui/login")
     .logout_path("/ui/logout");
+    if let Some(url) = &state.trace_url {
+        console =
+            console.trace_url(url.clone()).expect("CONVEYOR_TRACE_URL was checked when the configuration was read");
+    }
     let login = Router::new()
         // The overview is `/ui` (what `nest` routes); `/ui/`, its address before, leads there.
         .route("/ui/", get(|uri: axum::http::Uri| async move { Redirect::permanent(&slashless(&uri)) }))
