@@ -124,8 +124,8 @@ pub use outbox::transitions::{Cancel as OperationCancel, cancel_operation_tx};
 pub use admin::{
     Actor, Admin, AdminError, Attempt, AuditEntry, BulkOutcome, CleanFilter, ConsumerInfo, DeadLetter,
     DeadLetterFilter, DrainFilter, DrainOutcome, FlowRelative, JobAction, JobDetail, JobFilter, JobSummary,
-    ObliterateFilter, Obliteration, OperationFilter, OperationSummary, Page as AdminPage, QueueSummary, Replay,
-    StateCounts,
+    ObliterateFilter, Obliteration, OperationFilter, OperationSummary, Page as AdminPage, QueueMinute, QueueSummary,
+    Replay, StateCounts,
 };
 
 // Connections: PostgreSQL, Redis (its TLS, its keys, the producer and consumer the dispatcher and worker use).

@@ -108,6 +108,21 @@ pub struct QueueSummary {
     pub paused: bool,
 }
 
+/// One minute of a queue's last hour ([`Admin::queue_minutes`]), recorded by maintenance at each pass.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueMinute {
+    /// The minute's start (UTC).
+    pub minute: DateTime<Utc>,
+    /// Jobs that succeeded in it.
+    pub done: u64,
+    /// Jobs dead-lettered in it.
+    pub failed: u64,
+    /// Due jobs waiting for the relay, the most a pass of the minute saw; `None` when no pass looked.
+    pub backlog: Option<u64>,
+    /// Of the jobs that ended in it, how long each had waited from due to hand-off, 95th percentile in ms.
+    pub wait_p95_ms: Option<f64>,
+}
+
 /// One page of a search, newest first. `next` is the cursor of the following page.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Page<T> {
@@ -386,6 +401,12 @@ impl Admin {
     /// One queue, or `None` when no registered kind names it and it has no live, dead or recently finished job.
     pub async fn queue(&self, actor: &Actor, name: &str) -> Result<Option<QueueSummary>, AdminError> {
         Ok(queues::list(self, actor, Some(name)).await?.into_iter().next())
+    }
+
+    /// The last hour of queue `name`, minute by minute, oldest first: sixty minutes, the current one last (audited as
+    /// `queue_minutes`). Maintenance records them at each pass; a minute before it ran reads zero.
+    pub async fn queue_minutes(&self, actor: &Actor, name: &str) -> Result<Vec<QueueMinute>, AdminError> {
+        queues::minutes(self, actor, name).await
     }
 
     /// Jobs matching `filter`, newest first.

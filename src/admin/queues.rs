@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use fred::prelude::StreamsInterface;
 use fred::types::Value;
 
-use super::{Actor, Admin, AdminError, QueueSummary, StateCounts, filters};
+use chrono::{DateTime, Utc};
+
+use super::{Actor, Admin, AdminError, QueueMinute, QueueSummary, StateCounts, filters};
 
 #[derive(sqlx::FromRow)]
 struct Row {
@@ -34,6 +36,30 @@ struct GroupInfo {
     lag: Option<u64>,
     pending: Option<u64>,
     consumers: Option<u64>,
+}
+
+/// The last hour of `name`, minute by minute.
+pub(super) async fn minutes(admin: &Admin, actor: &Actor, name: &str) -> Result<Vec<QueueMinute>, AdminError> {
+    filters::queue(Some(name))?;
+    type MinuteRow = (DateTime<Utc>, i64, i64, Option<i64>, Option<f64>);
+    let rows: Vec<MinuteRow> = sqlx::query_as(
+        "SELECT minute, done, failed, backlog, wait_p95_ms FROM conveyor.conveyor_admin_queue_minutes($1, $2)",
+    )
+    .bind(filters::actor(actor)?)
+    .bind(name)
+    .fetch_all(&admin.operator)
+    .await?;
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    Ok(rows
+        .into_iter()
+        .map(|(minute, done, failed, backlog, wait_p95_ms)| QueueMinute {
+            minute,
+            done: count(done),
+            failed: count(failed),
+            backlog: backlog.map(count),
+            wait_p95_ms,
+        })
+        .collect())
 }
 
 /// Every queue, or only `name`.

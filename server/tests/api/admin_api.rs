@@ -198,6 +198,7 @@ fn every_endpoint() -> Vec<(Method, String, Option<Value>)> {
     vec![
         (Method::GET, "/queues".into(), None),
         (Method::GET, "/queues/chores".into(), None),
+        (Method::GET, "/queues/chores/minutes".into(), None),
         (Method::GET, "/jobs".into(), None),
         (Method::GET, format!("/jobs/{id}"), None),
         (Method::POST, format!("/jobs/{id}/cancel"), None),
@@ -324,7 +325,7 @@ async fn queue_counts_match_jobs_put_in_each_state() {
     let chores = queues["items"].as_array().unwrap().iter().find(|q| q["name"] == "chores").expect("the chores queue");
     assert_eq!(
         chores["counts"],
-        json!({ "queued": 1, "delayed": 1, "running": 1, "retrying": 1, "dead": 1 }),
+        json!({ "queued": 1, "delayed": 1, "running": 1, "retrying": 1, "dead": 1, "waiting_children": 0 }),
         "{chores}"
     );
     // One completion and one dead letter in the last 5 minutes.
@@ -1382,6 +1383,7 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
 const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("GET", "/queues"),
     ("GET", "/queues/q"),
+    ("GET", "/queues/q/minutes"),
     ("GET", "/jobs"),
     ("GET", "/jobs/00000000-0000-0000-0000-000000000001"),
     ("POST", "/jobs/00000000-0000-0000-0000-000000000001/cancel"),
@@ -1561,4 +1563,83 @@ async fn a_jobs_detail_shows_its_flow_its_parent_and_its_children_on_the_api_and
     // The CLI's `jobs show` prints the same.
     let shown: Value = serde_json::from_str(&cli(&app, "jobs", &["show", &ids.id.0.to_string()]).unwrap()).unwrap();
     assert_eq!((shown["status"].clone(), shown["children"].as_array().unwrap().len()), (json!("waiting_children"), 2));
+}
+
+#[tokio::test]
+async fn a_queues_last_hour_is_recorded_by_maintenance_and_drawn_on_its_page() {
+    let app = TestApp::spawn().await;
+    let (a, b) = (principal().workspace_id, principal().workspace_id);
+    let redis = common::redis_client(&common::redis_url()).await;
+    let maintenance = conveyor_jobs::Maintenance::new(
+        app.db.runtime_pool.clone(),
+        redis,
+        conveyor_jobs::RedisKeys::new(&app.redis_prefix),
+        conveyor_jobs::Metrics::new(),
+        Duration::from_secs(1),
+        Duration::from_secs(7 * 86400),
+        Duration::from_secs(3600),
+    );
+    // Before anything ran: sixty minutes, the current one last, all empty.
+    let minutes = op(&app, Method::GET, "/queues/chores/minutes", None).await.expect(StatusCode::OK);
+    let minutes = minutes.as_array().unwrap();
+    assert_eq!(minutes.len(), 60);
+    assert!(minutes.iter().all(|m| m["done"] == 0 && m["failed"] == 0 && m["backlog"].is_null()), "{minutes:?}");
+
+    // Three jobs due with no worker: the backlog a pass samples, summed over workspaces.
+    let mut jobs = Vec::new();
+    for (ws, mode) in [(a, "ok"), (b, "ok"), (a, "fail")] {
+        jobs.push((ws, enqueue(&app, ws, mode, EnqueueOptions::new()).await));
+    }
+    maintenance.run_once().await.unwrap();
+    let minutes = op(&app, Method::GET, "/queues/chores/minutes", None).await.expect(StatusCode::OK);
+    let sampled: Vec<u64> = minutes.as_array().unwrap().iter().filter_map(|m| m["backlog"].as_u64()).collect();
+    assert_eq!(sampled, [3], "{minutes}");
+
+    // They run: two done, one failed, each counted once however often maintenance passes.
+    let platform = Platform::start(&app, &Arc::new(AtomicBool::new(false))).await;
+    for (ws, job) in &jobs {
+        ended(&app, *ws, *job).await;
+    }
+    platform.stop().await;
+    maintenance.run_once().await.unwrap();
+    maintenance.run_once().await.unwrap();
+    let minutes = op(&app, Method::GET, "/queues/chores/minutes", None).await.expect(StatusCode::OK);
+    let minutes = minutes.as_array().unwrap();
+    let sum = |field: &str| minutes.iter().map(|m| m[field].as_u64().unwrap()).sum::<u64>();
+    assert_eq!((sum("done"), sum("failed")), (2, 1), "{minutes:?}");
+    assert!(minutes.iter().any(|m| m["wait_p95_ms"].as_f64().is_some_and(|w| w >= 0.0)), "{minutes:?}");
+
+    // The queue's page draws them: the bars of the minutes with ends, each titled with its minute and count.
+    let cookie = ui_login(&app).await;
+    let page = reqwest::Client::new()
+        .get(format!("http://{}/ui/queues/chores", app.admin_addr))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(r#"data-chart="throughput""#) && page.contains("<svg"), "{page}");
+    assert_eq!(page.matches(r#"<rect class="failed""#).count(), 1, "{page}");
+    assert!(page.contains(" done</title>") && page.contains("1 failed</title>"), "{page}");
+    assert!(page.contains("max 3 jobs"), "the backlog's scale: {page}");
+    // The reads are on the audit trail.
+    let trail = op(&app, Method::GET, "/audit?limit=50", None).await.expect(StatusCode::OK);
+    assert!(trail["items"].as_array().unwrap().iter().any(|e| e["action"] == "queue_minutes"), "{trail}");
+}
+
+/// A UI session of the operator token: its cookie.
+async fn ui_login(app: &TestApp) -> String {
+    let response = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("http://{}/ui/login", app.admin_addr))
+        .form(&[("credential", ADMIN_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    let cookie = response.headers().get(reqwest::header::SET_COOKIE).expect("a session cookie").to_str().unwrap();
+    cookie.split(';').next().unwrap().to_owned()
 }

@@ -586,11 +586,30 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
     assert_eq!(counts, ["0", "1", "0", "0", "1"], "queued, delayed, running, retrying, dead");
     browser.screenshot(&shots, "overview").await;
 
-    // The queue: its counts and its jobs.
+    // The queue: its counts, its last hour (recorded by a maintenance pass) and its jobs.
+    let redis = common::redis_client(&common::redis_url()).await;
+    conveyor_jobs::Maintenance::new(
+        app.db.runtime_pool.clone(),
+        redis,
+        conveyor_jobs::RedisKeys::new(&app.redis_prefix),
+        conveyor_jobs::Metrics::new(),
+        Duration::from_secs(1),
+        Duration::from_secs(7 * 86400),
+        Duration::from_secs(3600),
+    )
+    .run_once()
+    .await
+    .unwrap();
     browser.click(&format!("{row} td:first-child a")).await;
     assert_eq!(browser.path_at("/ui/queues/ui-demo").await, "/ui/queues/ui-demo");
     assert_eq!(browser.text("#counts [data-state=dead] .n").await, "1");
     assert_eq!(browser.text("#counts [data-state=delayed] .n").await, "1");
+    let charts = browser.client.find_all(Locator::Css("#charts svg")).await.unwrap();
+    assert_eq!(charts.len(), 3, "the queue's last hour in three charts");
+    let (_, _, width, height) = charts[0].rectangle().await.unwrap();
+    assert!(width > 200.0 && height > 40.0, "the chart is drawn at {width}x{height}");
+    let failed = browser.client.find_all(Locator::Css("#charts rect.failed")).await.unwrap();
+    assert_eq!(failed.len(), 1, "the dead letter's minute has its bar");
     let jobs = browser.client.find_all(Locator::Css("#jobs tbody tr")).await.unwrap();
     assert_eq!(jobs.len(), 4, "the queue's four jobs");
     browser.screenshot(&shots, "queue").await;

@@ -60,6 +60,7 @@ pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Route
     Router::new()
         .route("/queues", get(queues))
         .route("/queues/{name}", get(queue))
+        .route("/queues/{name}/minutes", get(queue_minutes))
         .route("/consumers", get(consumers))
         .route("/queues/{name}/drain", post(drain))
         .route("/queues/{name}/clean", post(clean))
@@ -153,6 +154,10 @@ async fn queue(op: Operating, Path(name): Path<String>) -> Answer {
         Some(queue) => ok(queue),
         None => Err(ApiError::NotFound("queue")),
     }
+}
+
+async fn queue_minutes(op: Operating, Path(name): Path<String>) -> Answer {
+    ok(op.admin.queue_minutes(&op.actor, &name).await?)
 }
 
 async fn jobs(op: Operating, query: RawQuery) -> Answer {

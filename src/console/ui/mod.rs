@@ -4,6 +4,7 @@
 //! [`guard`] holds the rules every page obeys: an [`super::Operator`] or a redirect to the host's login, origin and
 //! CSRF checks on every POST, security headers on every response, and the mount prefix every link is built on.
 
+mod charts;
 mod consumers;
 mod dead_letters;
 mod guard;

@@ -1,4 +1,4 @@
-//! One queue: its counts by state, its jobs (filtered by status, newest first, paginated), pause / resume, and the
+//! One queue: its counts by state, its last hour in charts, its jobs (filtered by status, newest first, paginated), pause / resume, and the
 //! queue operations: drain (a workspace or all), clean a workspace's ended jobs, obliterate a workspace's queue.
 
 use axum::Form;
@@ -67,10 +67,12 @@ pub(super) async fn show(
         ..JobFilter::default()
     };
     let jobs = page.admin.jobs(page.actor(), &filter).await?;
+    let minutes = page.admin.queue_minutes(page.actor(), &name).await?;
     let path = page.at(&format!("/queues/{}", segment(&name)));
     let status_text = field(&filters.status);
     let body = html! {
         (counts(&queue))
+        (super::charts::queue_charts(&minutes))
         div.actions {
             @if queue.paused {
                 (layout::status_badge("paused"))

@@ -1,0 +1,120 @@
+//! A queue's last hour drawn on the server, as inline SVG (no script): jobs done and failed per minute as stacked bars,
+//! the due backlog and the 95th percentile of the wait as lines. Each chart says its scale (the largest value) and its
+//! time axis (an hour ago to now, in UTC); every bar and point carries a `<title>` with its minute and value, which a
+//! browser shows on hover.
+
+use maud::{Markup, html};
+
+use crate::QueueMinute;
+
+/// The drawing's size, in SVG units (it scales to the card's width).
+const WIDTH: f64 = 600.0;
+const HEIGHT: f64 = 120.0;
+/// Room under the drawing for the time axis.
+const AXIS: f64 = 20.0;
+
+/// The three charts of a queue's minutes.
+pub(super) fn queue_charts(minutes: &[QueueMinute]) -> Markup {
+    let done: Vec<f64> = minutes.iter().map(|m| m.done as f64).collect();
+    let failed: Vec<f64> = minutes.iter().map(|m| m.failed as f64).collect();
+    let backlog: Vec<Option<f64>> = minutes.iter().map(|m| m.backlog.map(|b| b as f64)).collect();
+    let wait: Vec<Option<f64>> = minutes.iter().map(|m| m.wait_p95_ms).collect();
+    let label = |i: usize| minutes.get(i).map(|m| m.minute.format("%H:%M UTC").to_string()).unwrap_or_default();
+    html! {
+        div.charts #charts {
+            div.card.chart data-chart="throughput" {
+                h3 { "Done and failed per minute" }
+                (bars(&done, &failed, &label))
+            }
+            div.card.chart data-chart="backlog" {
+                h3 { "Backlog (due, not yet handed out)" }
+                (line(&backlog, "jobs", &label))
+            }
+            div.card.chart data-chart="wait" {
+                h3 { "Wait p95 (due to hand-off)" }
+                (line(&wait, "ms", &label))
+            }
+        }
+    }
+}
+
+/// The time axis under a drawing: an hour ago on the left, now on the right.
+fn axis(first: &str, last: &str) -> Markup {
+    html! {
+        line.axis x1="0" y1=(HEIGHT) x2=(WIDTH) y2=(HEIGHT) {}
+        text.tick x="0" y=(HEIGHT + AXIS - 3.0) { (first) }
+        text.tick x=(WIDTH) y=(HEIGHT + AXIS - 3.0) text-anchor="end" { (last) }
+    }
+}
+
+/// The scale's label: the largest value drawn, at the top left.
+fn scale(max: f64, unit: &str) -> Markup {
+    html! { text.scale x="2" y="14" { "max " (format_value(max)) " " (unit) } }
+}
+
+fn format_value(v: f64) -> String {
+    if v >= 100.0 || v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.1}") }
+}
+
+/// Stacked bars, `done` under `failed`, one per minute.
+fn bars(done: &[f64], failed: &[f64], label: &dyn Fn(usize) -> String) -> Markup {
+    let n = done.len().max(1) as f64;
+    let max = done.iter().zip(failed).map(|(d, f)| d + f).fold(0.0, f64::max);
+    let y = |v: f64| if max > 0.0 { v / max * (HEIGHT - 20.0) } else { 0.0 };
+    let slot = WIDTH / n;
+    html! {
+        svg viewBox=(format!("0 0 {WIDTH} {}", HEIGHT + AXIS)) role="img"
+            aria-label=(format!("jobs done and failed per minute over the last hour, at most {}", format_value(max))) {
+            @for (i, (d, f)) in done.iter().zip(failed).enumerate() {
+                @let x = i as f64 * slot;
+                @if *d > 0.0 {
+                    rect.done x=(x) y=(HEIGHT - y(*d)) width=(slot * 0.8) height=(y(*d)) {
+                        title { (label(i)) ": " (format_value(*d)) " done" }
+                    }
+                }
+                @if *f > 0.0 {
+                    rect.failed x=(x) y=(HEIGHT - y(*d) - y(*f)) width=(slot * 0.8) height=(y(*f)) {
+                        title { (label(i)) ": " (format_value(*f)) " failed" }
+                    }
+                }
+            }
+            (scale(max, "jobs/min"))
+            (axis(&label(0), &label(done.len().saturating_sub(1))))
+        }
+    }
+}
+
+/// A line through the minutes that have a value (a gap where none was recorded), with a dot on each.
+fn line(values: &[Option<f64>], unit: &str, label: &dyn Fn(usize) -> String) -> Markup {
+    let n = values.len().max(2) as f64;
+    let max = values.iter().flatten().copied().fold(0.0, f64::max);
+    let x = |i: usize| i as f64 * WIDTH / (n - 1.0);
+    let y = |v: f64| HEIGHT - if max > 0.0 { v / max * (HEIGHT - 20.0) } else { 0.0 };
+    // Runs of consecutive minutes with a value, each drawn as one polyline.
+    let mut runs: Vec<Vec<(usize, f64)>> = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        match (v, runs.last_mut()) {
+            (Some(v), Some(run)) if run.last().is_some_and(|(j, _)| *j + 1 == i) => run.push((i, *v)),
+            (Some(v), _) => runs.push(vec![(i, *v)]),
+            (None, _) => {}
+        }
+    }
+    html! {
+        svg viewBox=(format!("0 0 {WIDTH} {}", HEIGHT + AXIS)) role="img"
+            aria-label=(format!("{unit} per minute over the last hour, at most {}", format_value(max))) {
+            @if runs.is_empty() {
+                text.empty x=(WIDTH / 2.0) y=(HEIGHT / 2.0) text-anchor="middle" { "nothing recorded in the last hour" }
+            }
+            @for run in &runs {
+                polyline.series points=(run.iter().map(|(i, v)| format!("{:.1},{:.1}", x(*i), y(*v))).collect::<Vec<_>>().join(" ")) {}
+                @for (i, v) in run {
+                    circle.point cx=(format!("{:.1}", x(*i))) cy=(format!("{:.1}", y(*v))) r="2" {
+                        title { (label(*i)) ": " (format_value(*v)) " " (unit) }
+                    }
+                }
+            }
+            (scale(max, unit))
+            (axis(&label(0), &label(values.len().saturating_sub(1))))
+        }
+    }
+}
