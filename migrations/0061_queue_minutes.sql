@@ -19,9 +19,11 @@ CREATE TABLE queue_minutes (
 );
 REVOKE ALL ON queue_minutes FROM PUBLIC;
 
--- Counts the ends of the minute before and of this one again (a pass every interval, at most a minute apart, sees
--- every end once it is recorded, before any retention of the job's own removes it), samples the due backlog, and
--- forgets minutes older than two hours. Counts only grow: a job removed since is still counted. Returns the rows
+-- Counts again the ends since the minute of the previous pass (at least the minute before this one, at most the last
+-- hour), samples the due backlog, and forgets minutes older than two hours. Maintenance calls it before any retention
+-- of a job's own, in every pass; counts only grow, so a job removed since its minute was counted stays counted (one
+-- removed by such a retention within the minute it ended, before a later pass of that minute, is missing from it).
+-- One process at a time: a pass that finds another at it skips (its counts come with the other's). Returns the rows
 -- written.
 CREATE FUNCTION conveyor_record_queue_minutes() RETURNS integer
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -29,20 +31,30 @@ CREATE FUNCTION conveyor_record_queue_minutes() RETURNS integer
     AS $$
     DECLARE
         this_minute timestamptz := pg_catalog.date_trunc('minute', pg_catalog.now());
+        since timestamptz;
         ended integer;
         sampled integer;
     BEGIN
+        IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtextextended('conveyor-queue-minutes', 0)) THEN
+            RETURN 0;
+        END IF;
+        -- Every pass samples the backlog of every queue a worker registered at its minute: the latest such minute is
+        -- the previous pass's.
+        SELECT least(this_minute - interval '1 minute', greatest(max(m.minute), this_minute - interval '1 hour'))
+        INTO since
+        FROM conveyor.queue_minutes m WHERE m.minute < this_minute AND m.backlog IS NOT NULL;
+        since := coalesce(since, this_minute - interval '1 minute');
         WITH ends AS (
             SELECT e.queue, e.status,
                    CASE e.status WHEN 'completed' THEN e.finished_at ELSE e.dead_lettered_at END AS ended_at,
                    greatest(e.dispatched_at - e.next_attempt_at, interval '0') AS waited
             FROM conveyor.outbox_events e
-            WHERE e.status = 'completed' AND e.finished_at >= this_minute - interval '1 minute'
+            WHERE e.status = 'completed' AND e.finished_at >= since
             UNION ALL
             SELECT e.queue, e.status, e.dead_lettered_at,
                    greatest(e.dispatched_at - e.next_attempt_at, interval '0')
             FROM conveyor.outbox_events e
-            WHERE e.status = 'dead_letter' AND e.dead_lettered_at >= this_minute - interval '1 minute')
+            WHERE e.status = 'dead_letter' AND e.dead_lettered_at >= since)
         INSERT INTO conveyor.queue_minutes AS m (queue, minute, done, failed, wait_p95_ms)
         SELECT x.queue, pg_catalog.date_trunc('minute', x.ended_at),
                pg_catalog.count(*) FILTER (WHERE x.status = 'completed'),

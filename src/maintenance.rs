@@ -1,5 +1,6 @@
-//! The maintenance role: the queues' minutes for the operator's charts, periodic retention of ended outbox events, of dead letters and of the operators' audit trail
-//! (and of whatever a host adds with [`Maintenance::with_purge`]), and the reconciler that re-drives jobs Redis lost. Each pass is bounded; the loop sleeps
+//! The maintenance role: the queues' minutes for the operator's charts, periodic retention of ended outbox events, of
+//! dead letters and of the operators' audit trail (and of whatever a host adds with [`Maintenance::with_purge`]), and
+//! the reconciler that re-drives jobs Redis lost. Each pass is bounded; the loop sleeps
 //! between passes. Its pool is the runtime role's: it finds the workspaces to clean through functions that read
 //! across workspaces, then cleans each in its own context.
 
@@ -184,7 +185,10 @@ impl Maintenance {
 
     async fn run_once_inner(&self) -> anyhow::Result<PassReport> {
         // First, while the ends since the last pass are all still there (a retention of a job's own removes it below).
-        sqlx::query("SELECT conveyor.conveyor_record_queue_minutes()").execute(&self.pool).await?;
+        // The charts are worth less than the retention: a failure here is logged, and the pass goes on.
+        if let Err(e) = sqlx::query("SELECT conveyor.conveyor_record_queue_minutes()").execute(&self.pool).await {
+            tracing::warn!(error = %crate::redact(&e.to_string()), "Could not record the queues' minutes");
+        }
         let outbox_purged =
             claim::purge_finished(&self.pool, self.outbox_retention, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.outbox_events_purged.inc_by(outbox_purged);

@@ -368,8 +368,8 @@ impl Dispatcher {
 
     /// Refreshes the backlog gauges from `conveyor_outbox_backlog_due()` (migrations 0029, 0060): jobs per queue and
     /// state (`due`, `held` by a pause, `delayed`, `waiting_children`, `dispatching`, `dispatched` to the workers and
-    /// not ended, `dead_letter`), and per queue the age of the oldest due job, counted from when it fell due (0 when none is):
-    /// a job delayed on purpose, or a retry backing off, ages nothing until it is due.
+    /// not ended, `dead_letter`), and per queue the age of the oldest due job, counted from when it fell due (0 when
+    /// none is): a job delayed on purpose, or a retry backing off, ages nothing until it is due.
     pub async fn observe_backlog(&self) -> Result<(), sqlx::Error> {
         let rows: Vec<(String, String, i64, Option<f64>)> =
             sqlx::query_as("SELECT queue, state, jobs, oldest_due_seconds FROM conveyor.conveyor_outbox_backlog_due()")

@@ -1623,7 +1623,7 @@ async fn a_queues_last_hour_is_recorded_by_maintenance_and_drawn_on_its_page() {
     assert!(page.contains(r#"data-chart="throughput""#) && page.contains("<svg"), "{page}");
     assert_eq!(page.matches(r#"<rect class="failed""#).count(), 1, "{page}");
     assert!(page.contains(" done</title>") && page.contains("1 failed</title>"), "{page}");
-    assert!(page.contains("max 3 jobs"), "the backlog's scale: {page}");
+    assert!(page.contains("max 3 jobs</text>"), "the backlog's scale: {page}");
     // The reads are on the audit trail.
     let trail = op(&app, Method::GET, "/audit?limit=50", None).await.expect(StatusCode::OK);
     assert!(trail["items"].as_array().unwrap().iter().any(|e| e["action"] == "queue_minutes"), "{trail}");

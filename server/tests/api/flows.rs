@@ -62,6 +62,9 @@ type Runs = Arc<Mutex<HashMap<JobId, Vec<Vec<(JobStatus, Option<Value>)>>>>>;
 
 struct Steps;
 
+/// Told when a "hold" child holds its row.
+static HOLDING: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
 impl Handler<Step> for Steps {
     async fn handle(&self, job: Step, cx: &mut JobContext) -> Result<Value, JobError> {
         match job.mode.as_str() {
@@ -73,6 +76,7 @@ impl Handler<Step> for Steps {
                     .bind(id.0)
                     .execute(&mut **cx.tx().await?)
                     .await?;
+                HOLDING.notify_one();
                 tokio::time::sleep(Duration::from_millis(600)).await;
                 Ok(json!(job.name))
             }
@@ -255,12 +259,7 @@ async fn canceling_a_parent_while_its_child_ends_waits_for_that_end_and_never_de
     let (runs, shutdown) = (Runs::default(), CancellationToken::new());
     platform(&app, &runs, &shutdown).await;
     let held = ids.children[0].id;
-    common::eventually(Duration::from_secs(30), || async {
-        (job(&app, ws, held).await.status == JobStatus::Active).then_some(())
-    })
-    .await
-    .expect("the child runs");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(Duration::from_secs(30), HOLDING.notified()).await.expect("the child holds its row");
     conveyor_jobs::cancel_job(&app.db.pool, ws, ids.id).await.expect("the cancellation is not broken as a deadlock");
     assert_eq!(job(&app, ws, ids.id).await.status, JobStatus::Canceled);
     assert_eq!(job(&app, ws, held).await.status, JobStatus::Succeeded, "the child's end went first");

@@ -18,7 +18,7 @@ pub(super) fn queue_charts(minutes: &[QueueMinute]) -> Markup {
     let done: Vec<f64> = minutes.iter().map(|m| m.done as f64).collect();
     let failed: Vec<f64> = minutes.iter().map(|m| m.failed as f64).collect();
     let backlog: Vec<Option<f64>> = minutes.iter().map(|m| m.backlog.map(|b| b as f64)).collect();
-    let wait: Vec<Option<f64>> = minutes.iter().map(|m| m.wait_p95_ms).collect();
+    let wait: Vec<Option<f64>> = minutes.iter().map(|m| m.wait_p95_ms.filter(|w| w.is_finite())).collect();
     let label = |i: usize| minutes.get(i).map(|m| m.minute.format("%H:%M UTC").to_string()).unwrap_or_default();
     html! {
         div.charts #charts {
@@ -60,7 +60,8 @@ fn format_value(v: f64) -> String {
 fn bars(done: &[f64], failed: &[f64], label: &dyn Fn(usize) -> String) -> Markup {
     let n = done.len().max(1) as f64;
     let max = done.iter().zip(failed).map(|(d, f)| d + f).fold(0.0, f64::max);
-    let y = |v: f64| if max > 0.0 { v / max * (HEIGHT - 20.0) } else { 0.0 };
+    // At least one unit high, so that a minute of one job beside a busy one still shows, and can be hovered.
+    let y = |v: f64| if max > 0.0 { (v / max * (HEIGHT - 20.0)).max(1.0) } else { 0.0 };
     let slot = WIDTH / n;
     html! {
         svg viewBox=(format!("0 0 {WIDTH} {}", HEIGHT + AXIS)) role="img"

@@ -1,5 +1,6 @@
-//! One queue: its counts by state, its last hour in charts, its jobs (filtered by status, newest first, paginated), pause / resume, and the
-//! queue operations: drain (a workspace or all), clean a workspace's ended jobs, obliterate a workspace's queue.
+//! One queue: its counts by state, its last hour in charts, its jobs (filtered by status, newest first, paginated),
+//! pause / resume, and the queue operations: drain (a workspace or all), clean a workspace's ended jobs, obliterate a
+//! workspace's queue.
 
 use axum::Form;
 use axum::extract::{Path, Query};
