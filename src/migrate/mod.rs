@@ -247,8 +247,8 @@ pub(crate) fn quote_ident(name: &str) -> String {
 
 /// Applies Conveyor's schema to the database of `pool`, whose role owns it (a service's own role, as most have) and is
 /// then the one role Conveyor uses: requests, job handlers, the dispatcher, the worker's bookkeeping and maintenance
-/// all work through `pool`. Safe to run again, and from several processes at once (sqlx's migrator takes an advisory
-/// lock). The retentions of the audit trail and of dead letters are the defaults (90 and 30 days) where none is
+/// all work through `pool`. Safe to run again, and from several processes at once (one migrates while the others wait,
+/// between statements, for its advisory lock). The retentions of the audit trail and of dead letters are the defaults (90 and 30 days) where none is
 /// recorded yet. It grants no role: a database of the multi-tenant mode is migrated with
 /// [`migrate_with`](crate::migrate_with), which grants its roles what new migrations add.
 ///
@@ -268,11 +268,48 @@ pub async fn migrate(pool: &PgPool) -> Result<(), crate::Error> {
     migrate_single(pool).await.public()
 }
 
+/// Waits for, and takes, the lock that lets one process at a time migrate the database, on `conn`'s session (released
+/// by [`unlock_migrations`], or with the session). sqlx's migrator takes one too, but waits for it inside a statement,
+/// whose snapshot a `CREATE INDEX CONCURRENTLY` of the process migrating must wait for in turn: PostgreSQL breaks that
+/// cycle by failing one of them (seen with two processes migrating a new database at once). Here a process waits
+/// between statements, holding no snapshot, so an index built concurrently never waits for it.
+async fn lock_migrations(conn: &mut PgConnection) -> anyhow::Result<()> {
+    loop {
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended('conveyor-migrate', 0))")
+            .fetch_one(&mut *conn)
+            .await
+            .context("Failed to take the migrations' lock")?;
+        if locked {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// Releases the lock of [`lock_migrations`].
+async fn unlock_migrations(conn: &mut PgConnection) -> anyhow::Result<()> {
+    sqlx::query("SELECT pg_advisory_unlock(hashtextextended('conveyor-migrate', 0))").execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// Adopts an earlier release's layout and applies the migrations on `conn`, one process at a time.
+async fn apply(conn: &mut PgConnection, migrator: &Migrator) -> anyhow::Result<()> {
+    lock_migrations(conn).await?;
+    let applied = apply_locked(conn, migrator).await;
+    unlock_migrations(conn).await?;
+    applied
+}
+
+async fn apply_locked(conn: &mut PgConnection, migrator: &Migrator) -> anyhow::Result<()> {
+    adopt(conn, migrator).await.context("Failed to adopt the objects an earlier release kept in public")?;
+    migrator.run(conn).await.context("Failed to apply migrations")?;
+    Ok(())
+}
+
 async fn migrate_single(pool: &PgPool) -> anyhow::Result<()> {
     let mut conn = pool.acquire().await.context("Failed to connect to PostgreSQL")?;
     let migrator = migrator();
-    adopt(&mut conn, &migrator).await.context("Failed to adopt the objects an earlier release kept in public")?;
-    migrator.run(&mut *conn).await.context("Failed to apply migrations")?;
+    apply(&mut conn, &migrator).await?;
     let mut tx = conn.begin().await?;
     // The defaults where none is recorded: never lowers a floor `migrate_with` wrote.
     record_retentions(&mut tx, DEFAULT_AUDIT_RETENTION, DEFAULT_DEAD_LETTER_RETENTION, false).await?;
@@ -362,8 +399,7 @@ async fn run_inner(
 
     let mut conn = PgConnection::connect_with(&owner_options).await.context("Failed to connect as the owner role")?;
     let migrator = migrator();
-    adopt(&mut conn, &migrator).await.context("Failed to adopt the objects an earlier release kept in public")?;
-    migrator.run(&mut conn).await.context("Failed to apply migrations")?;
+    apply(&mut conn, &migrator).await?;
 
     check_role(&mut conn, &app_role, "application role").await?;
     if runtime_role == app_role {

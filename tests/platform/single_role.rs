@@ -218,3 +218,27 @@ async fn migrating_with_one_role_never_lowers_a_retention_floor_recorded_before(
         ]
     );
 }
+
+#[tokio::test]
+async fn four_migrations_of_a_new_database_at_once_all_succeed_and_leave_every_index_valid() {
+    // Each on a connection of its own, as four processes starting together would. Its indexes built concurrently must
+    // not wait for a migration waiting for its turn, nor be left half-built by one failing.
+    let url = kit::empty_database().await;
+    let migrating = (0..4).map(|_| async {
+        let pool = conveyor_jobs::connect_postgres(&url, 2).await.expect("connect as the database's owner");
+        conveyor_jobs::migrate(&pool).await
+    });
+    for migration in futures_util::future::join_all(migrating).await {
+        migration.expect("every migration succeeds");
+    }
+    let pool = conveyor_jobs::connect_postgres(&url, 2).await.unwrap();
+    assert_eq!(conveyor_jobs::pending_migrations(&pool).await.unwrap(), 0);
+    let invalid: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         WHERE i.indrelid = 'conveyor.outbox_events'::regclass AND NOT i.indisvalid",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(invalid.is_empty(), "indexes left invalid: {invalid:?}");
+}
