@@ -155,9 +155,9 @@ pub async fn enqueue_flow_tx(tx: &mut WorkspaceTx, flow: Flow) -> Result<Enqueue
     fn column<T>(nodes: &[Node], f: impl Fn(&Node) -> T) -> Vec<T> {
         nodes.iter().map(f).collect()
     }
-    let written: i64 = sqlx::query_scalar(
-        "WITH written AS (
-             INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id,
+    // No conflict clause: the whole flow is written, or the statement fails and nothing is.
+    sqlx::query(
+        "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id,
                                         traceparent, next_attempt_at, priority, max_attempts, timeout_ms, backoff_ms,
                                         backoff_max_ms, limit_key, keep_succeeded_s, keep_succeeded_n, keep_failed_s,
                                         keep_failed_n, parent_id, child_failure, children_left)
@@ -177,9 +177,7 @@ pub async fn enqueue_flow_tx(tx: &mut WorkspaceTx, flow: Flow) -> Result<Enqueue
                                              priority, max_attempts, timeout_ms, backoff_ms, backoff_max_ms,
                                              limit_key, keep_succeeded_s, keep_succeeded_n, keep_failed_s,
                                              keep_failed_n, parent_id, child_failure, children, n)
-             ORDER BY v.n
-             RETURNING 1)
-         SELECT count(*) FROM written",
+             ORDER BY v.n",
     )
     .bind(super::enqueue::notification_suffix(due))
     .bind(column(&nodes, |n| n.row.id))
@@ -203,15 +201,9 @@ pub async fn enqueue_flow_tx(tx: &mut WorkspaceTx, flow: Flow) -> Result<Enqueue
     .bind(column(&nodes, |n| n.parent))
     .bind(column(&nodes, |n| n.on_failure))
     .bind(column(&nodes, |n| n.children))
-    .fetch_one(&mut **tx)
+    .execute(&mut **tx)
     .await
     .map_err(no_workspace)?;
-    if written as usize != nodes.len() {
-        return Err(EnqueueError::Database(sqlx::Error::Protocol(format!(
-            "the flow's insert wrote {written} of {} jobs",
-            nodes.len()
-        ))));
-    }
     Ok(shape)
 }
 

@@ -1610,7 +1610,7 @@ async fn a_queues_last_hour_is_recorded_by_maintenance_and_drawn_on_its_page() {
     assert!(minutes.iter().any(|m| m["wait_p95_ms"].as_f64().is_some_and(|w| w >= 0.0)), "{minutes:?}");
 
     // The queue's page draws them: the bars of the minutes with ends, each titled with its minute and count.
-    let cookie = ui_login(&app).await;
+    let cookie = crate::ui::login(&app, ADMIN_TOKEN).await.expect("a UI session");
     let page = reqwest::Client::new()
         .get(format!("http://{}/ui/queues/chores", app.admin_addr))
         .header("cookie", cookie)
@@ -1627,19 +1627,4 @@ async fn a_queues_last_hour_is_recorded_by_maintenance_and_drawn_on_its_page() {
     // The reads are on the audit trail.
     let trail = op(&app, Method::GET, "/audit?limit=50", None).await.expect(StatusCode::OK);
     assert!(trail["items"].as_array().unwrap().iter().any(|e| e["action"] == "queue_minutes"), "{trail}");
-}
-
-/// A UI session of the operator token: its cookie.
-async fn ui_login(app: &TestApp) -> String {
-    let response = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-        .post(format!("http://{}/ui/login", app.admin_addr))
-        .form(&[("credential", ADMIN_TOKEN)])
-        .send()
-        .await
-        .unwrap();
-    let cookie = response.headers().get(reqwest::header::SET_COOKIE).expect("a session cookie").to_str().unwrap();
-    cookie.split(';').next().unwrap().to_owned()
 }

@@ -131,7 +131,7 @@ fn location(headers: &HeaderMap) -> &str {
 }
 
 /// Logs in with `credential`; the session cookie (`name=value`) on success.
-async fn login(app: &TestApp, credential: &str) -> Option<String> {
+pub(crate) async fn login(app: &TestApp, credential: &str) -> Option<String> {
     let response = http().post(ui(app, "/ui/login")).form(&[("credential", credential)]).send().await.unwrap();
     if response.status() != StatusCode::SEE_OTHER {
         return None;
