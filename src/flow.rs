@@ -105,7 +105,7 @@ pub enum FlowError {
 }
 
 /// Who the library's changes are recorded as on the audit trail (beside the role, which the database records).
-const LIBRARY_ACTOR: &str = "library";
+pub(crate) const LIBRARY_ACTOR: &str = "library";
 
 /// Holds the jobs of `scope` in the outbox from the relay's next claim on. `false` when that pause already held them.
 /// `pool` is the operator role's: the change is audited (`conveyor_admin_pause`); the application role's pool is

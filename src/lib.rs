@@ -88,8 +88,9 @@ pub use flow::{FlowError, Pause, PauseScope, list_pauses, pause, resume, set_wor
 pub use ids::{JobId, UserId, WorkspaceId};
 pub use kind::{JobKind, Keep, Priority, valid_queue_name};
 pub use limits::{
-    KeyLimit, KeyLimits, KindLimit, list_key_limits, list_kind_limits, remove_key_limit, remove_kind_limit,
-    set_key_limit, set_kind_limit,
+    GlobalLimit, GlobalLimits, GlobalScope, KeyLimit, KeyLimits, KindLimit, list_global_limits, list_key_limits,
+    list_kind_limits, remove_global_limit, remove_key_limit, remove_kind_limit, set_global_limit, set_key_limit,
+    set_kind_limit,
 };
 pub use migrate::migrate;
 pub use outbox::control::{

@@ -15,6 +15,12 @@
 //!
 //! Keys are tenant data (they name a workspace's own stores or accounts): their rows are under row-level security,
 //! and every call takes the workspace.
+//!
+//! - **Global limits.** [`set_global_limit`] holds a queue's or a kind's jobs of every workspace together to a
+//!   concurrency, a rate or both (migration 0062: "one provider key, 100 requests a second in all"). A global limit is
+//!   the operator's, as pauses and weights are: set through the operator role's pool, audited. The relay shares its
+//!   room between the workspaces whose jobs wait (each takes at most a fair part of it in a claim), so one flooding
+//!   workspace does not take it all.
 
 use std::time::Duration;
 
@@ -68,18 +74,14 @@ pub struct KeyLimits {
     pub updated_at: DateTime<Utc>,
 }
 
-fn check_key(key: &str) -> Result<(), FlowError> {
-    if valid_key(key) { Ok(()) } else { Err(FlowError::InvalidName("limit key (1 to 200 characters)")) }
-}
+/// A concurrency and a rate checked and put as stored: `max_in_flight`, `max_per_interval` and `interval_ms`.
+type StoredLimit = (Option<i32>, Option<i32>, Option<i64>);
 
-/// Sets the limits of `key` in `workspace` (replacing earlier ones; a block in force stays), and wakes the dispatchers
-/// (a higher limit lets held jobs go at once).
-pub async fn set_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str, limit: KeyLimit) -> Result<(), FlowError> {
-    check_key(key)?;
-    if limit.max_in_flight.is_some_and(|m| !(1..=1_000_000).contains(&m)) {
+fn stored(max_in_flight: Option<u32>, max_per_interval: Option<(u32, Duration)>) -> Result<StoredLimit, FlowError> {
+    if max_in_flight.is_some_and(|m| !(1..=1_000_000).contains(&m)) {
         return Err(FlowError::OutOfRange("max_in_flight is from 1 to 1000000"));
     }
-    if let Some((n, interval)) = limit.max_per_interval {
+    if let Some((n, interval)) = max_per_interval {
         if !(1..=MAX_PER_INTERVAL).contains(&n) {
             return Err(FlowError::OutOfRange("max_per_interval's count is from 1 to 10000"));
         }
@@ -90,10 +92,22 @@ pub async fn set_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str, lim
             return Err(FlowError::OutOfRange("max_per_interval's interval is from 1 ms to 1 day, in whole ms"));
         }
     }
-    let (per, interval_ms) = match limit.max_per_interval {
+    let (per, interval_ms) = match max_per_interval {
         Some((n, interval)) => (Some(n as i32), Some(interval.as_millis() as i64)),
         None => (None, None),
     };
+    Ok((max_in_flight.map(|m| m as i32), per, interval_ms))
+}
+
+fn check_key(key: &str) -> Result<(), FlowError> {
+    if valid_key(key) { Ok(()) } else { Err(FlowError::InvalidName("limit key (1 to 200 characters)")) }
+}
+
+/// Sets the limits of `key` in `workspace` (replacing earlier ones; a block in force stays), and wakes the dispatchers
+/// (a higher limit lets held jobs go at once).
+pub async fn set_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str, limit: KeyLimit) -> Result<(), FlowError> {
+    check_key(key)?;
+    let (max_in_flight, per, interval_ms) = stored(limit.max_in_flight, limit.max_per_interval)?;
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
     sqlx::query(
         "INSERT INTO conveyor.job_key_limits (workspace_id, key, max_in_flight, max_per_interval, interval_ms)
@@ -103,7 +117,7 @@ pub async fn set_key_limit(pool: &PgPool, workspace: WorkspaceId, key: &str, lim
              interval_ms = EXCLUDED.interval_ms, updated_at = now()",
     )
     .bind(key)
-    .bind(limit.max_in_flight.map(|m| m as i32))
+    .bind(max_in_flight)
     .bind(per)
     .bind(interval_ms)
     .execute(&mut *tx)
@@ -198,4 +212,166 @@ pub async fn list_kind_limits(pool: &PgPool, workspace: WorkspaceId) -> Result<V
         .await?;
     tx.commit().await?;
     Ok(rows)
+}
+
+/// What a global limit holds: every workspace's jobs of one queue, or of one kind.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(tag = "scope", content = "name", rename_all = "snake_case")]
+pub enum GlobalScope {
+    /// The jobs of a queue ([`crate::JobKind::QUEUE`]).
+    Queue(String),
+    /// The jobs of a kind ([`crate::JobKind::KIND`]).
+    Kind(String),
+}
+
+impl GlobalScope {
+    /// `queue` or `kind`, as stored.
+    pub fn scope(&self) -> &'static str {
+        match self {
+            Self::Queue(_) => "queue",
+            Self::Kind(_) => "kind",
+        }
+    }
+
+    /// The queue's or the kind's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Queue(name) | Self::Kind(name) => name,
+        }
+    }
+
+    /// The scope named `scope` (`queue` or `kind`) and `name`, its name checked.
+    pub fn parse(scope: &str, name: &str) -> Result<Self, FlowError> {
+        let parsed = match scope {
+            "queue" => Self::Queue(name.to_owned()),
+            "kind" => Self::Kind(name.to_owned()),
+            _ => return Err(FlowError::InvalidName("global limit scope (queue or kind)")),
+        };
+        parsed.check()?;
+        Ok(parsed)
+    }
+
+    pub(crate) fn check(&self) -> Result<(), FlowError> {
+        match self {
+            Self::Queue(name) if !crate::kind::valid_queue_name(name) => Err(FlowError::InvalidName("queue")),
+            Self::Kind(name) => check_kind(name),
+            Self::Queue(_) => Ok(()),
+        }
+    }
+}
+
+/// A global limit: at most `max_in_flight` of the scope's jobs, of every workspace, in the workers' hands at once, and
+/// at most `n` of them handed out in any `interval`; either or both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GlobalLimit {
+    /// At most this many in the workers' hands at once (1 to 1,000,000); `None`: no such limit.
+    pub max_in_flight: Option<u32>,
+    /// At most `n` handed out in any `interval` (`n` from 1 to 10,000, `interval` from 1 ms to a day, in whole
+    /// milliseconds): a sliding window, as a key's rate; `None`: no rate.
+    pub max_per_interval: Option<(u32, Duration)>,
+}
+
+/// A global limit as stored, with what it holds now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct GlobalLimits {
+    /// `queue` or `kind`.
+    pub scope: String,
+    /// The queue's or the kind's name.
+    pub name: String,
+    /// Its concurrency limit, if any.
+    pub max_in_flight: Option<i32>,
+    /// Its rate, if any: at most this many jobs handed out per [`GlobalLimits::interval_ms`].
+    pub max_per_interval: Option<i32>,
+    /// Its rate's interval, in milliseconds.
+    pub interval_ms: Option<i64>,
+    /// The scope's jobs in the workers' hands now, in every workspace.
+    pub in_flight: i64,
+    /// The scope's jobs handed out in the rate's last interval (0 without a rate).
+    pub handed_out_in_interval: i64,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Holds every workspace's jobs of `scope` to `limit` together, beside each workspace's own key and kind limits (a job
+/// obeys all that apply), replacing an earlier global limit of the scope, and wakes the dispatchers. The relay shares
+/// the room between the workspaces whose jobs wait: in each claim, each takes at most its fair part of it.
+///
+/// `pool` is the operator role's: a global limit is the operator's, as pauses and weights are, and the change is
+/// audited (`conveyor_admin_set_global_limit`).
+pub async fn set_global_limit(pool: &PgPool, scope: &GlobalScope, limit: GlobalLimit) -> Result<(), FlowError> {
+    set_global_limit_as(pool, crate::flow::LIBRARY_ACTOR, None, scope, limit).await
+}
+
+/// [`set_global_limit`] for `actor`, whose change's intent is the audit row `intent`.
+pub(crate) async fn set_global_limit_as(
+    operator: &PgPool,
+    actor: &str,
+    intent: Option<i64>,
+    scope: &GlobalScope,
+    limit: GlobalLimit,
+) -> Result<(), FlowError> {
+    check_global(scope, limit)?;
+    let (max_in_flight, per, interval_ms) = stored(limit.max_in_flight, limit.max_per_interval)?;
+    sqlx::query("SELECT conveyor.conveyor_admin_set_global_limit($1, $2, $3, $4, $5, $6, $7)")
+        .bind(actor)
+        .bind(intent)
+        .bind(scope.scope())
+        .bind(scope.name())
+        .bind(max_in_flight)
+        .bind(per)
+        .bind(interval_ms)
+        .execute(operator)
+        .await?;
+    Ok(())
+}
+
+/// Refuses a bad scope, a limit of nothing, or a number out of range, before anything is written.
+pub(crate) fn check_global(scope: &GlobalScope, limit: GlobalLimit) -> Result<(), FlowError> {
+    scope.check()?;
+    if limit.max_in_flight.is_none() && limit.max_per_interval.is_none() {
+        return Err(FlowError::OutOfRange("a global limit has max_in_flight, max_per_interval or both"));
+    }
+    stored(limit.max_in_flight, limit.max_per_interval).map(|_| ())
+}
+
+/// Removes the global limit of `scope` and wakes the dispatchers: its held jobs go. `false` when it had none. `pool` is
+/// the operator role's.
+pub async fn remove_global_limit(pool: &PgPool, scope: &GlobalScope) -> Result<bool, FlowError> {
+    remove_global_limit_as(pool, crate::flow::LIBRARY_ACTOR, None, scope).await
+}
+
+/// [`remove_global_limit`] for `actor`, whose change's intent is the audit row `intent`.
+pub(crate) async fn remove_global_limit_as(
+    operator: &PgPool,
+    actor: &str,
+    intent: Option<i64>,
+    scope: &GlobalScope,
+) -> Result<bool, FlowError> {
+    scope.check()?;
+    let (removed,): (bool,) = sqlx::query_as("SELECT conveyor.conveyor_admin_remove_global_limit($1, $2, $3, $4)")
+        .bind(actor)
+        .bind(intent)
+        .bind(scope.scope())
+        .bind(scope.name())
+        .fetch_one(operator)
+        .await?;
+    Ok(removed)
+}
+
+/// The global limits, by scope and name, each with its jobs in flight and its recent hand-outs. `pool` is the operator
+/// role's (the read is audited).
+pub async fn list_global_limits(pool: &PgPool) -> Result<Vec<GlobalLimits>, FlowError> {
+    list_global_limits_as(pool, crate::flow::LIBRARY_ACTOR).await
+}
+
+/// [`list_global_limits`] for `actor`.
+pub(crate) async fn list_global_limits_as(operator: &PgPool, actor: &str) -> Result<Vec<GlobalLimits>, FlowError> {
+    Ok(sqlx::query_as(
+        "SELECT scope, name, max_in_flight, max_per_interval, interval_ms, in_flight, handed_out_in_interval,
+                updated_at
+         FROM conveyor.conveyor_admin_global_limits($1)",
+    )
+    .bind(actor)
+    .fetch_all(operator)
+    .await?)
 }

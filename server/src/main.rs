@@ -385,6 +385,27 @@ impl Scope {
     }
 }
 
+/// What a global limit holds: a queue's jobs or a kind's, of every workspace.
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct GlobalScopeArgs {
+    /// Jobs of this queue.
+    #[arg(long)]
+    queue: Option<String>,
+    /// Jobs of this kind.
+    #[arg(long)]
+    kind: Option<String>,
+}
+
+impl GlobalScopeArgs {
+    fn into_scope(self) -> conveyor_jobs::GlobalScope {
+        match (self.queue, self.kind) {
+            (Some(queue), _) => conveyor_jobs::GlobalScope::Queue(queue),
+            (None, kind) => conveyor_jobs::GlobalScope::Kind(kind.unwrap_or_default()),
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum FlowCommand {
     /// Hold the jobs of a scope in the outbox; jobs already handed to workers finish.
@@ -402,6 +423,32 @@ enum FlowCommand {
     },
     /// The pauses in force.
     Pauses {
+        /// json (one object a line) or table.
+        #[arg(short, long, value_enum, default_value = "json")]
+        output: Output,
+    },
+    /// Hold every workspace's jobs of a queue or a kind together to a concurrency, a rate or both (replacing an
+    /// earlier global limit of it); each workspace's own limits still apply.
+    Limit {
+        #[command(flatten)]
+        scope: GlobalScopeArgs,
+        /// At most this many in the workers' hands at once, across workspaces (1 to 1000000).
+        #[arg(long)]
+        max_in_flight: Option<u32>,
+        /// At most this many handed out in any --interval (1 to 10000).
+        #[arg(long, requires = "interval")]
+        max_per_interval: Option<u32>,
+        /// The rate's interval (1ms to 1d, in whole milliseconds), e.g. 1s.
+        #[arg(long, value_parser = humantime::parse_duration, requires = "max_per_interval")]
+        interval: Option<std::time::Duration>,
+    },
+    /// Remove the global limit of a queue or a kind; its held jobs go.
+    Unlimit {
+        #[command(flatten)]
+        scope: GlobalScopeArgs,
+    },
+    /// The global limits, each with its jobs in flight and its hand-outs in its rate's last interval.
+    Limits {
         /// json (one object a line) or table.
         #[arg(short, long, value_enum, default_value = "json")]
         output: Output,
@@ -683,6 +730,37 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             ("WORKSPACE", &|p| output::maybe(&p.workspace_id)),
                             ("REASON", &|p| output::maybe(&p.reason)),
                             ("SINCE (UTC)", &|p| output::time(&p.created_at)),
+                        ],
+                    )?;
+                }
+                FlowCommand::Limit { scope, max_in_flight, max_per_interval, interval } => {
+                    let limit =
+                        conveyor_jobs::GlobalLimit { max_in_flight, max_per_interval: max_per_interval.zip(interval) };
+                    admin.set_global_limit(&actor, &scope.into_scope(), limit).await?;
+                    println!("limited");
+                }
+                FlowCommand::Unlimit { scope } => {
+                    if !admin.remove_global_limit(&actor, &scope.into_scope()).await? {
+                        anyhow::bail!("no global limit of that queue or kind (see `conveyor flow limits`)");
+                    }
+                    println!("unlimited");
+                }
+                FlowCommand::Limits { output } => {
+                    let limits = admin.global_limits(&actor).await?;
+                    output::print(
+                        output,
+                        &limits,
+                        &[
+                            ("SCOPE", &|l: &conveyor_jobs::GlobalLimits| l.scope.clone()),
+                            ("NAME", &|l| l.name.clone()),
+                            ("MAX IN FLIGHT", &|l| output::maybe(&l.max_in_flight)),
+                            ("IN FLIGHT", &|l| l.in_flight.to_string()),
+                            ("RATE", &|l| match (l.max_per_interval, l.interval_ms) {
+                                (Some(n), Some(ms)) => format!("{n}/{ms}ms"),
+                                _ => "-".to_owned(),
+                            }),
+                            ("IN INTERVAL", &|l| l.handed_out_in_interval.to_string()),
+                            ("SINCE (UTC)", &|l| output::time(&l.updated_at)),
                         ],
                     )?;
                 }

@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::{Actor, Admin, AdminError, audit, filters};
 use crate::flow::{self, FlowError, Pause, PauseScope};
 use crate::ids::WorkspaceId;
+use crate::limits::{self, GlobalLimit, GlobalLimits, GlobalScope};
 use crate::schedule::{self, Schedule, ScheduleError};
 
 impl From<FlowError> for AdminError {
@@ -99,6 +100,62 @@ pub(super) async fn set_weight(
     {
         // The function wrote the outcome row, naming the intent, with the weight.
         Ok(()) => Ok(()),
+        Err(e) => {
+            intent.failed(admin, actor, arguments, &e).await;
+            Err(e)
+        }
+    }
+}
+
+/// The global limits, with what each holds now (the read is audited by the function).
+pub(super) async fn global_limits(admin: &Admin, actor: &Actor) -> Result<Vec<GlobalLimits>, AdminError> {
+    Ok(limits::list_global_limits_as(&admin.operator, filters::actor(actor)?).await?)
+}
+
+fn global_arguments(scope: &GlobalScope, limit: Option<GlobalLimit>) -> serde_json::Value {
+    let mut arguments = json!({ "scope": scope.scope(), "name": scope.name() });
+    if let Some(limit) = limit {
+        arguments["max_in_flight"] = json!(limit.max_in_flight);
+        arguments["max_per_interval"] = json!(limit.max_per_interval.map(|(n, _)| n));
+        arguments["interval_ms"] = json!(limit.max_per_interval.map(|(_, i)| i.as_millis() as u64));
+    }
+    arguments
+}
+
+/// Sets the global limit of `scope`.
+pub(super) async fn set_global_limit(
+    admin: &Admin,
+    actor: &Actor,
+    scope: &GlobalScope,
+    limit: GlobalLimit,
+) -> Result<(), AdminError> {
+    limits::check_global(scope, limit)?;
+    let arguments = global_arguments(scope, Some(limit));
+    let intent = audit::intent(admin, actor, "global_limit", arguments.clone()).await?;
+    let who = filters::actor(actor)?;
+    match limits::set_global_limit_as(&admin.operator, who, Some(intent.id()), scope, limit)
+        .await
+        .map_err(AdminError::from)
+    {
+        // The function wrote the outcome row, naming the intent, with the limit.
+        Ok(()) => Ok(()),
+        Err(e) => {
+            intent.failed(admin, actor, arguments, &e).await;
+            Err(e)
+        }
+    }
+}
+
+/// Removes the global limit of `scope`; `false`: there was none.
+pub(super) async fn remove_global_limit(admin: &Admin, actor: &Actor, scope: &GlobalScope) -> Result<bool, AdminError> {
+    scope.check()?;
+    let arguments = global_arguments(scope, None);
+    let intent = audit::intent(admin, actor, "remove_global_limit", arguments.clone()).await?;
+    let who = filters::actor(actor)?;
+    match limits::remove_global_limit_as(&admin.operator, who, Some(intent.id()), scope).await.map_err(AdminError::from)
+    {
+        // The function wrote the outcome row, naming the intent, with the change.
+        Ok(removed) => Ok(removed),
         Err(e) => {
             intent.failed(admin, actor, arguments, &e).await;
             Err(e)

@@ -536,6 +536,26 @@ impl Admin {
         holds::set_weight(self, actor, workspace, weight).await
     }
 
+    /// The global limits, each with its jobs in flight and its recent hand-outs (see [`crate::set_global_limit`]).
+    pub async fn global_limits(&self, actor: &Actor) -> Result<Vec<crate::GlobalLimits>, AdminError> {
+        holds::global_limits(self, actor).await
+    }
+
+    /// Holds every workspace's jobs of `scope` to `limit` together (see [`crate::set_global_limit`]).
+    pub async fn set_global_limit(
+        &self,
+        actor: &Actor,
+        scope: &crate::GlobalScope,
+        limit: crate::GlobalLimit,
+    ) -> Result<(), AdminError> {
+        holds::set_global_limit(self, actor, scope, limit).await
+    }
+
+    /// Removes the global limit of `scope`; `false`: there was none.
+    pub async fn remove_global_limit(&self, actor: &Actor, scope: &crate::GlobalScope) -> Result<bool, AdminError> {
+        holds::remove_global_limit(self, actor, scope).await
+    }
+
     /// Schedules of every workspace (or of one).
     pub async fn schedules(
         &self,

@@ -221,6 +221,9 @@ fn every_endpoint() -> Vec<(Method, String, Option<Value>)> {
         (Method::GET, "/pauses".into(), None),
         (Method::POST, "/pauses".into(), Some(json!({ "queue": "chores", "reason": "test" }))),
         (Method::DELETE, "/pauses?queue=chores".into(), None),
+        (Method::GET, "/global-limits".into(), None),
+        (Method::PUT, "/global-limits/queue/chores".into(), Some(json!({ "max_in_flight": 2 }))),
+        (Method::DELETE, "/global-limits/queue/chores".into(), None),
         (Method::GET, "/schedules".into(), None),
         (Method::POST, format!("/schedules/{ws}/nightly/pause"), None),
         (Method::POST, format!("/schedules/{ws}/nightly/resume"), None),
@@ -1024,6 +1027,41 @@ async fn pauses_and_schedules_are_listed_and_changed_through_the_api() {
     op(&app, Method::DELETE, "/pauses", None).await.problem(StatusCode::BAD_REQUEST);
     assert!(conveyor_jobs::list_pauses(&app.db.runtime_pool).await.unwrap().is_empty());
 
+    // Global limits: set (a concurrency, a rate, both), listed, changed, refused when malformed, removed.
+    let set = op(&app, Method::PUT, "/global-limits/queue/chores", Some(json!({ "max_in_flight": 4 }))).await;
+    assert_eq!(set.expect(StatusCode::OK)["max_in_flight"], 4);
+    let rate = json!({ "max_per_interval": 100, "interval_ms": 1000 });
+    op(&app, Method::PUT, "/global-limits/kind/admin.chore", Some(rate)).await.expect(StatusCode::OK);
+    let both = json!({ "max_in_flight": 2, "max_per_interval": 10, "interval_ms": 60000 });
+    op(&app, Method::PUT, "/global-limits/queue/chores", Some(both)).await.expect(StatusCode::OK);
+    let limits = op(&app, Method::GET, "/global-limits", None).await.expect(StatusCode::OK);
+    let items = limits["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{limits}");
+    assert_eq!((items[0]["scope"].clone(), items[0]["name"].clone()), (json!("kind"), json!("admin.chore")));
+    assert_eq!((items[0]["max_per_interval"].clone(), items[0]["max_in_flight"].clone()), (json!(100), Value::Null));
+    assert_eq!(
+        (items[1]["max_in_flight"].clone(), items[1]["max_per_interval"].clone(), items[1]["interval_ms"].clone()),
+        (json!(2), json!(10), json!(60000))
+    );
+    assert_eq!(items[1]["in_flight"], 0);
+    for (path, body) in [
+        ("/global-limits/queue/chores", json!({})),
+        ("/global-limits/queue/chores", json!({ "max_per_interval": 5 })),
+        ("/global-limits/queue/chores", json!({ "max_in_flight": 0 })),
+        ("/global-limits/queue/chores", json!({ "max_in_flight": 2, "color": "red" })),
+        ("/global-limits/shard/chores", json!({ "max_in_flight": 2 })),
+        ("/global-limits/queue/Bad%7D", json!({ "max_in_flight": 2 })),
+    ] {
+        op(&app, Method::PUT, path, Some(body.clone())).await.problem(StatusCode::BAD_REQUEST);
+    }
+    let unchanged = op(&app, Method::GET, "/global-limits", None).await.expect(StatusCode::OK);
+    assert_eq!(unchanged["items"][1]["max_in_flight"], 2, "a refused change changes nothing");
+    op(&app, Method::DELETE, "/global-limits/queue/chores", None).await.expect(StatusCode::NO_CONTENT);
+    op(&app, Method::DELETE, "/global-limits/queue/chores", None).await.problem(StatusCode::NOT_FOUND);
+    op(&app, Method::DELETE, "/global-limits/kind/admin.chore", None).await.expect(StatusCode::NO_CONTENT);
+    let none = op(&app, Method::GET, "/global-limits", None).await.expect(StatusCode::OK);
+    assert!(none["items"].as_array().unwrap().is_empty());
+
     // Schedules of both workspaces; one workspace's; paused and resumed in their workspace.
     for ws in [a, b] {
         let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
@@ -1402,6 +1440,9 @@ const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("GET", "/pauses"),
     ("POST", "/pauses"),
     ("DELETE", "/pauses"),
+    ("GET", "/global-limits"),
+    ("PUT", "/global-limits/queue/q"),
+    ("DELETE", "/global-limits/queue/q"),
     ("GET", "/schedules"),
     ("POST", "/schedules/00000000-0000-0000-0000-000000000001/s/pause"),
     ("POST", "/schedules/00000000-0000-0000-0000-000000000001/s/resume"),

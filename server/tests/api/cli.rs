@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::process::{Command, Output};
 
 use common::{TestApp, principal, store_body};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn conveyor(args: &[&str], vars: &HashMap<String, String>) -> Output {
     Command::new(common::conveyor_bin())
@@ -223,6 +223,28 @@ async fn listings_print_a_table_or_json_lines_and_jobs_page_back_with_their_curs
     // Pauses and schedules take the same formats.
     let pauses = conveyor(&["flow", "pauses", "-o", "table"], &vars);
     assert!(text(&pauses.stdout).starts_with("QUEUE "), "{}", text(&pauses.stderr));
+    // A global limit: set, listed in both formats, refused when malformed, removed.
+    let set = conveyor(&["flow", "limit", "--queue", "stores", "--max-in-flight", "3"], &vars);
+    assert!(set.status.success(), "{}", text(&set.stderr));
+    let rate = ["flow", "limit", "--kind", "store.verify_credentials", "--max-per-interval", "10", "--interval", "1s"];
+    assert!(conveyor(&rate, &vars).status.success());
+    let limits = lines(&conveyor(&["flow", "limits"], &vars));
+    assert_eq!(limits.len(), 2, "{limits:?}");
+    assert_eq!((limits[0]["scope"].clone(), limits[0]["max_per_interval"].clone()), (json!("kind"), json!(10)));
+    assert_eq!((limits[1]["name"].clone(), limits[1]["max_in_flight"].clone()), (json!("stores"), json!(3)));
+    let table = text(&conveyor(&["flow", "limits", "-o", "table"], &vars).stdout);
+    assert!(table.starts_with("SCOPE ") && table.contains("10/1000ms"), "{table}");
+    for bad in [
+        &["flow", "limit", "--queue", "stores"][..],
+        &["flow", "limit", "--queue", "stores", "--max-per-interval", "10"],
+        &["flow", "limit", "--queue", "stores", "--kind", "k", "--max-in-flight", "1"],
+        &["flow", "limit", "--queue", "Bad}", "--max-in-flight", "1"],
+    ] {
+        assert!(!conveyor(bad, &vars).status.success(), "{bad:?} is refused");
+    }
+    assert!(conveyor(&["flow", "unlimit", "--queue", "stores"], &vars).status.success());
+    assert!(!conveyor(&["flow", "unlimit", "--queue", "stores"], &vars).status.success(), "nothing left to remove");
+    assert_eq!(lines(&conveyor(&["flow", "limits"], &vars)).len(), 1);
     let schedules = conveyor(&["schedule", "list", "--workspace", &ws, "-o", "table"], &vars);
     assert!(text(&schedules.stdout).starts_with("NAME "), "{}", text(&schedules.stderr));
 

@@ -17,6 +17,7 @@ mod definer;
 mod dispatcher;
 mod fairness;
 mod flows;
+mod global_limits;
 mod history;
 mod idempotency;
 mod keda;

@@ -15,6 +15,8 @@
 //! POST   /dead-letters/replay, /dead-letters/discard   body: a filter (queue, kind, workspace, since, until, limit)
 //!                                                      with at least one of its fields, or "all": true
 //! GET    /pauses   POST /pauses (scope + reason)   DELETE /pauses (scope in the body or the query)
+//! GET    /global-limits   PUT /global-limits/{queue|kind}/{name}   body: max_in_flight, max_per_interval + interval_ms
+//!                         DELETE /global-limits/{queue|kind}/{name}
 //! GET    /schedules?workspace   POST /schedules/{workspace}/{name}/pause|resume
 //! GET    /audit?limit
 //! ```
@@ -39,7 +41,7 @@ use axum::extract::{FromRequestParts, Path, Query};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -49,7 +51,7 @@ use uuid::Uuid;
 use self::params::Params;
 use self::problem::ApiError;
 use super::{CSRF_HEADER, Operator, Settings};
-use crate::{Actor, Admin, PauseScope};
+use crate::{Actor, Admin, GlobalLimit, GlobalScope, PauseScope};
 use crate::{DeadLetterFilter, JobAction, JobFilter, OperationFilter, Replay};
 use crate::{JobId, WorkspaceId};
 
@@ -77,6 +79,8 @@ pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Route
         .route("/dead-letters/{id}", delete(discard_dead_letter))
         .route("/dead-letters/{id}/replay", post(replay_dead_letter))
         .route("/pauses", get(pauses).post(pause).delete(resume))
+        .route("/global-limits", get(global_limits))
+        .route("/global-limits/{scope}/{name}", put(set_global_limit).delete(remove_global_limit))
         .route("/schedules", get(schedules))
         .route("/schedules/{workspace}/{name}/pause", post(pause_schedule))
         .route("/schedules/{workspace}/{name}/resume", post(resume_schedule))
@@ -448,6 +452,48 @@ async fn resume(op: Operating, query: RawQuery, bytes: Bytes) -> Answer {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::NotFound("pause of exactly that scope"))
+    }
+}
+
+async fn global_limits(op: Operating) -> Answer {
+    items(op.admin.global_limits(&op.actor).await?)
+}
+
+/// A global limit: a concurrency, a rate (a count and its interval), or both.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GlobalLimitBody {
+    max_in_flight: Option<u32>,
+    max_per_interval: Option<u32>,
+    interval_ms: Option<u64>,
+}
+
+fn global_scope(scope: &str, name: &str) -> Result<GlobalScope, ApiError> {
+    GlobalScope::parse(scope, name)
+        .map_err(|e| ApiError::BadParameter { parameter: "scope", detail: format!("`{scope}/{name}`: {e}") })
+}
+
+async fn set_global_limit(op: Operating, Path((scope, name)): Path<(String, String)>, bytes: Bytes) -> Answer {
+    let scope = global_scope(&scope, &name)?;
+    let limit: GlobalLimitBody = body(&bytes)?;
+    let max_per_interval = match (limit.max_per_interval, limit.interval_ms) {
+        (Some(n), Some(ms)) => Some((n, std::time::Duration::from_millis(ms))),
+        (None, None) => None,
+        _ => return Err(ApiError::BadBody("gives max_per_interval and interval_ms together, or neither".into())),
+    };
+    let limit = GlobalLimit { max_in_flight: limit.max_in_flight, max_per_interval };
+    op.admin.set_global_limit(&op.actor, &scope, limit).await?;
+    ok(json!({ "scope": scope.scope(), "name": scope.name(), "max_in_flight": limit.max_in_flight,
+               "max_per_interval": limit.max_per_interval.map(|(n, _)| n),
+               "interval_ms": limit.max_per_interval.map(|(_, i)| i.as_millis() as u64) }))
+}
+
+async fn remove_global_limit(op: Operating, Path((scope, name)): Path<(String, String)>) -> Answer {
+    let scope = global_scope(&scope, &name)?;
+    if op.admin.remove_global_limit(&op.actor, &scope).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::NotFound("global limit"))
     }
 }
 
