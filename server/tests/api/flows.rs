@@ -1,6 +1,8 @@
 //! Flows: a parent job that runs once its children have ended. Enqueued whole in the caller's transaction; released by
 //! the transaction that records its last child's end; failure policies; cancellation of a waiting parent; a replayed
-//! child; refusals; a PostgreSQL crash while children end. Real PostgreSQL, Redis, dispatcher and worker.
+//! child; refusals; a PostgreSQL crash while children end; a worker process killed after a child's commit and before
+//! its acknowledgement; a dispatcher process killed while it hands out a released parent. Real PostgreSQL, Redis,
+//! dispatcher and worker.
 
 use crate::common;
 
@@ -433,5 +435,139 @@ async fn a_postgres_crash_while_children_end_neither_loses_a_release_nor_runs_a_
     assert_eq!(waiting, 0, "no parent keeps a count");
     eprintln!("the crash struck with {done_at_crash} of {} children ended", FLOWS * CHILDREN);
     assert!(done_at_crash < (FLOWS * CHILDREN) as i64, "the crash struck mid-run");
+    shutdown.cancel();
+}
+
+/// A shipped kind whose run, for a store that does not exist, ends at once in its own transaction (the `conveyor
+/// worker` process runs it): the crash tests' children and parent.
+fn verify(options: EnqueueOptions) -> Flow {
+    let payload = conveyor_shop::jobs::VerifyCredentials { store_id: uuid::Uuid::now_v7(), credentials_version: 1 };
+    Flow::job(&payload, options).unwrap()
+}
+
+/// The entries ever added to `stream` (acknowledged ones are deleted from it).
+async fn entries_added(client: &conveyor_jobs::RedisClient, stream: &str) -> i64 {
+    use fred::prelude::StreamsInterface;
+    // No stream yet: nothing was ever added.
+    let Ok(info) = client.xinfo_stream::<HashMap<String, fred::types::Value>, _>(stream, false, None).await else {
+        return 0;
+    };
+    info["entries-added"].as_i64().expect("XINFO STREAM's entries-added")
+}
+
+/// The entries of the stream of `queue` that its workers read and have not acknowledged yet.
+async fn unacknowledged(client: &conveyor_jobs::RedisClient, app: &TestApp, queue: &str) -> i64 {
+    use fred::prelude::StreamsInterface;
+    let keys = conveyor_jobs::RedisKeys::new(&app.redis_prefix);
+    let summary: fred::types::Value = client.xpending(keys.stream(queue), keys.group(queue), ()).await.unwrap();
+    let fred::types::Value::Array(summary) = summary else { panic!("XPENDING answered {summary:?}") };
+    summary[0].as_i64().expect("XPENDING's count")
+}
+
+#[tokio::test]
+async fn a_worker_killed_after_a_childs_commit_and_before_its_acknowledgement_releases_the_parent_once() {
+    // The child's end, and its parent's count, commit in the child's transaction; the worker process dies before it
+    // acknowledges the entry. Another worker takes the entry over and finds the child ended: the parent's count is not
+    // taken again, so it waits for its other child, and then runs once.
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let (_sandbox, market) = common::sandbox(Default::default()).await;
+    let shutdown = CancellationToken::new();
+    common::run_dispatcher(
+        common::test_dispatcher(&app, &common::redis_url(), |v| {
+            v.insert("CONVEYOR_DISPATCH_POLL".into(), "200ms".into());
+        })
+        .await,
+        &shutdown,
+    );
+    let flow = verify(EnqueueOptions::new())
+        .child(verify(EnqueueOptions::new()))
+        .child(verify(EnqueueOptions::new().delay(Duration::from_secs(3600))));
+    let ids = enqueue(&app, ws, flow).await;
+    let (first, held) = (ids.children[0].id, ids.children[1].id);
+
+    let mut vars = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_MARKETPLACE_URL".into(), market);
+    vars.insert("CONVEYOR_WORKER_VISIBILITY".into(), "1s".into());
+    let mut crashing = vars.clone();
+    crashing.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    crashing.insert("FAILPOINTS".into(), "worker::before_ack=sleep(60000)".into());
+    let mut victim = common::Process::spawn(&["worker"], &crashing);
+    let committed = common::eventually(Duration::from_secs(30), || async {
+        (job(&app, ws, first).await.status == JobStatus::Succeeded).then_some(())
+    })
+    .await;
+    assert!(committed.is_some(), "the child's end committed; log:\n{}", victim.log());
+    victim.kill();
+    let client = common::redis_client(&common::redis_url()).await;
+    let stream = conveyor_jobs::RedisKeys::new(&app.redis_prefix).stream("stores");
+    assert_eq!(unacknowledged(&client, &app, "stores").await, 1, "the child's entry was never acknowledged");
+    assert_eq!(job(&app, ws, ids.id).await.children_left, 1, "the commit counted the child once");
+
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    let rescuer = common::Process::spawn(&["worker"], &vars);
+    let taken_over = common::eventually(Duration::from_secs(30), || async {
+        (unacknowledged(&client, &app, "stores").await == 0).then_some(())
+    })
+    .await;
+    assert!(taken_over.is_some(), "another worker took the entry over; log:\n{}", rescuer.log());
+    let parent = job(&app, ws, ids.id).await;
+    assert_eq!((parent.status, parent.children_left), (JobStatus::WaitingChildren, 1), "not released by the repeat");
+    assert_eq!(job(&app, ws, first).await.failed_runs, 0);
+
+    // The other child now: the parent goes, once.
+    conveyor_jobs::change_job(&app.db.pool, ws, held, &conveyor_jobs::JobChange::new().run_now()).await.unwrap();
+    let parent = conveyor_jobs::wait_for_job(&app.db.pool, ws, ids.id, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(parent.status, JobStatus::Succeeded, "log:\n{}", rescuer.log());
+    assert_eq!((parent.failed_runs, job(&app, ws, first).await.failed_runs), (0, 0));
+    assert_eq!(entries_added(&client, &stream).await, 3, "each of the three jobs was added to the stream once");
+    shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_dispatcher_killed_while_it_hands_out_a_released_parent_hands_it_out_once() {
+    // The child's end (a cancel, which the parent ignores) releases the parent; the dispatcher process claims it and
+    // adds it to its stream, and dies before it records the hand-off. Another dispatcher takes the lease over: the
+    // stream's de-duplication keeps one entry, and the parent runs once.
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let ids = enqueue(&app, ws, gather("p").child_on_failure(step("c", "later"), ChildFailure::Ignore)).await;
+    let mut vars = common::config_vars(&app.db, &app.redis_prefix);
+    vars.insert("CONVEYOR_DISPATCH_LEASE".into(), "2s".into());
+    vars.insert("CONVEYOR_DISPATCH_POLL".into(), "200ms".into());
+    let mut crashing = vars.clone();
+    crashing.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    crashing.insert("FAILPOINTS".into(), "dispatcher::after_xadd=sleep(60000)".into());
+    let mut victim = common::Process::spawn(&["dispatcher"], &crashing);
+    conveyor_jobs::cancel_job(&app.db.pool, ws, ids.children[0].id).await.unwrap();
+    let client = common::redis_client(&common::redis_url()).await;
+    let parents = conveyor_jobs::RedisKeys::new(&app.redis_prefix).stream(Gather::QUEUE);
+    let added = common::eventually(Duration::from_secs(30), || async {
+        (entries_added(&client, &parents).await == 1).then_some(())
+    })
+    .await;
+    assert!(added.is_some(), "the parent was released and added to its stream; log:\n{}", victim.log());
+    victim.kill();
+    let row = app.db.rows("outbox_events", ws).await.into_iter().find(|r| r["id"] == ids.id.0.to_string()).unwrap();
+    assert_eq!(row["status"], "dispatching", "added to the stream, the hand-off never recorded");
+
+    let (runs, shutdown) = (Runs::default(), CancellationToken::new());
+    let worker =
+        Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
+            .runtime_pool(app.db.runtime_pool.clone())
+            .handle::<Step>(Steps)
+            .handle::<Gather>(Gatherer(runs.clone()))
+            .build()
+            .unwrap();
+    tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
+    vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
+    let rescuer = common::Process::spawn(&["dispatcher"], &vars);
+    let parent = conveyor_jobs::wait_for_job(&app.db.pool, ws, ids.id, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(parent.status, JobStatus::Succeeded, "log:\n{}", rescuer.log());
+    // Past the lease, which the other dispatcher took over: the parent was added to its stream once, and ran once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(entries_added(&client, &parents).await, 1);
+    assert_eq!(runs.lock().unwrap()[&ids.id].len(), 1, "the parent ran once");
+    assert_eq!(parent.failed_runs, 0);
     shutdown.cancel();
 }
