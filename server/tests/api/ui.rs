@@ -428,6 +428,40 @@ async fn every_page_renders_and_its_forms_take_effect() {
     assert_eq!(to, "/ui?notice=paused");
     assert_eq!(conveyor_jobs::list_pauses(&app.db.runtime_pool).await.unwrap()[0].workspace_id, Some(s.workspace.0));
 
+    // A global limit: set from the limits page's form, listed there with what it holds, refused when malformed,
+    // removed from its button.
+    let (_, limits) = get("/ui/limits".into()).await;
+    assert!(limits.contains("No global limit.") && limits.contains(r#"id="set-limit""#), "{limits}");
+    let limit = vec![
+        ("scope", "queue".to_owned()),
+        ("name", "ui-demo".to_owned()),
+        ("max_in_flight", "3".to_owned()),
+        ("max_per_interval", "10".to_owned()),
+        ("interval_ms", "1000".to_owned()),
+    ];
+    assert_eq!(post("/ui/limits", limit).await, "/ui/limits?notice=limited");
+    let operator = conveyor_jobs::connect_postgres(&app.db.operator_url, 1).await.unwrap();
+    let held = conveyor_jobs::list_global_limits(&operator).await.unwrap();
+    assert_eq!((held.len(), held[0].max_in_flight, held[0].max_per_interval), (1, Some(3), Some(10)));
+    let (_, limits) = get("/ui/limits?notice=limited".into()).await;
+    assert!(limits.contains(r#"data-limit="queue/ui-demo""#) && limits.contains("Global limit set."), "{limits}");
+    for bad in [
+        vec![("scope", "queue"), ("name", "ui-demo"), ("max_per_interval", "10")],
+        vec![("scope", "shard"), ("name", "ui-demo"), ("max_in_flight", "1")],
+        vec![("scope", "queue"), ("name", "ui-demo"), ("max_in_flight", "lots")],
+        vec![("scope", "queue"), ("name", "ui-demo")],
+    ] {
+        let mut form = bad.clone();
+        form.push(("csrf", csrf.as_str()));
+        let response = http.post(ui(app, "/ui/limits")).header("cookie", &cookie).form(&form).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{bad:?}");
+    }
+    assert_eq!(conveyor_jobs::list_global_limits(&operator).await.unwrap()[0].max_in_flight, Some(3), "unchanged");
+    let target = vec![("scope", "queue".to_owned()), ("name", "ui-demo".to_owned())];
+    assert_eq!(post("/ui/limits/remove", target.clone()).await, "/ui/limits?notice=unlimited");
+    assert_eq!(post("/ui/limits/remove", target).await, "/ui/limits?notice=no-limit");
+    assert!(conveyor_jobs::list_global_limits(&operator).await.unwrap().is_empty());
+
     // Pause and resume the schedule.
     let target = || vec![("workspace", s.workspace.0.to_string()), ("name", "nightly-digest".to_owned())];
     assert_eq!(post("/ui/schedules/pause", target()).await, "/ui/schedules?notice=paused");

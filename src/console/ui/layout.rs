@@ -34,15 +34,17 @@ pub(super) enum Section {
     Operations,
     Schedules,
     Consumers,
+    Limits,
 }
 
-const SECTIONS: [(Section, &str, &str); 6] = [
+const SECTIONS: [(Section, &str, &str); 7] = [
     (Section::Overview, "/", "Overview"),
     (Section::Consumers, "/consumers", "Consumers"),
     (Section::Jobs, "/jobs", "Jobs"),
     (Section::DeadLetters, "/dead-letters", "Dead letters"),
     (Section::Operations, "/operations", "Operations"),
     (Section::Schedules, "/schedules", "Schedules"),
+    (Section::Limits, "/limits", "Limits"),
 ];
 
 /// A whole signed-in page.
@@ -307,6 +309,9 @@ impl Notice {
             ),
             "not-found" => ("No such job.".to_owned(), true),
             "no-schedule" => ("No such schedule.".to_owned(), true),
+            "limited" => ("Global limit set.".to_owned(), false),
+            "unlimited" => ("Global limit removed: its held jobs go.".to_owned(), false),
+            "no-limit" => ("There was no such global limit.".to_owned(), true),
             "key-held" => {
                 let holder = self.held.as_deref().and_then(|h| h.parse::<Uuid>().ok());
                 let text = match holder {

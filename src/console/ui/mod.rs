@@ -10,6 +10,7 @@ mod dead_letters;
 mod guard;
 mod jobs;
 mod layout;
+mod limits;
 mod operations;
 mod overview;
 mod queues;
@@ -63,6 +64,8 @@ pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Route
         .route("/schedules", get(schedules::list))
         .route("/schedules/pause", post(schedules::pause))
         .route("/schedules/resume", post(schedules::resume))
+        .route("/limits", get(limits::list).post(limits::set))
+        .route("/limits/remove", post(limits::remove))
         .route_layer(middleware::from_fn_with_state(settings.clone(), guard::require_operator));
     Router::new()
         .route("/static/ui.css", get(stylesheet))
