@@ -60,18 +60,29 @@ CREATE FUNCTION conveyor_global_rooms(workspaces uuid[])
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, conveyor, pg_temp
     SET enable_seqscan = off
+    SET lock_timeout = '2s'
     AS $$
     #variable_conflict use_column
     DECLARE
         locked text[];
+        -- The time after the locks, which the rates go by: a claim that waited for another's lock counts the
+        -- hand-outs of the interval up to now, not up to when its transaction began.
+        at_lock timestamptz;
     BEGIN
+        -- A queue's due jobs are found through its index (outbox_events_due_by_queue); a kind's by reading the
+        -- workspaces' due jobs (no index holds pending jobs by kind).
         locked := ARRAY(SELECT g.scope || '|' || g.name FROM conveyor.global_limits g
-                        WHERE EXISTS (SELECT 1 FROM conveyor.outbox_events d
-                                      WHERE d.workspace_id = ANY (workspaces) AND d.status = 'pending'
-                                        AND d.next_attempt_at <= pg_catalog.now()
-                                        AND CASE g.scope WHEN 'queue' THEN d.queue ELSE d.event_type END = g.name)
+                        WHERE (g.scope = 'queue'
+                               AND EXISTS (SELECT 1 FROM conveyor.outbox_events d
+                                           WHERE d.workspace_id = ANY (workspaces) AND d.queue = g.name
+                                             AND d.status = 'pending' AND d.next_attempt_at <= pg_catalog.now()))
+                           OR (g.scope = 'kind'
+                               AND EXISTS (SELECT 1 FROM conveyor.outbox_events d
+                                           WHERE d.workspace_id = ANY (workspaces) AND d.event_type = g.name
+                                             AND d.status = 'pending' AND d.next_attempt_at <= pg_catalog.now()))
                         ORDER BY g.scope, g.name
                         FOR UPDATE OF g);
+        at_lock := pg_catalog.clock_timestamp();
         -- A statement of its own, after the locks: its snapshot sees what the claims that held them took.
         RETURN QUERY
             SELECT g.scope, g.name,
@@ -86,7 +97,7 @@ CREATE FUNCTION conveyor_global_rooms(workspaces uuid[])
                                     2147483647),
                            coalesce(g.max_per_interval
                                     - (SELECT pg_catalog.count(*) FROM pg_catalog.unnest(g.handed_out) AS h(at)
-                                       WHERE h.at > pg_catalog.now() - g.interval_ms * interval '1 millisecond'),
+                                       WHERE h.at > at_lock - g.interval_ms * interval '1 millisecond'),
                                     2147483647)))::integer
                    END,
                    CASE WHEN (g.scope || '|' || g.name) = ANY (locked) THEN
@@ -114,9 +125,10 @@ CREATE FUNCTION conveyor_global_rooms(workspaces uuid[])
 REVOKE ALL ON FUNCTION conveyor_global_rooms(uuid[]) FROM PUBLIC;
 
 -- Records a claim's work on the limits it locked through conveyor_global_rooms (another's would wait for that
--- transaction): `taken[i]` jobs handed out of `scopes[i]`:`names[i]` go into its rate's log (entries older than its
--- interval forgotten), and its line becomes the entries of the line given (`line_scopes`, `line_names`,
--- `line_workspaces`, `line_taken`, `line_at`, in order) that name it, their counts less the smallest.
+-- transaction): `taken[i]` jobs handed out of `scopes[i]`:`names[i]` go into its rate's log, stamped now (after the
+-- lock, as the room was counted; at most the rate's count; entries older than its interval forgotten), and its line
+-- becomes the entries of the line given (`line_scopes`, `line_names`, `line_workspaces`, `line_taken`, `line_at`, in
+-- order) that name it, their counts less the smallest.
 CREATE FUNCTION conveyor_global_record(scopes text[], names text[], taken integer[], line_scopes text[],
                                        line_names text[], line_workspaces uuid[], line_taken integer[],
                                        line_at timestamptz[])
@@ -128,9 +140,11 @@ CREATE FUNCTION conveyor_global_record(scopes text[], names text[], taken intege
         UPDATE conveyor.global_limits g
         SET handed_out = CASE WHEN g.max_per_interval IS NULL OR t.n <= 0 THEN g.handed_out
                               ELSE ARRAY(SELECT h.at FROM pg_catalog.unnest(g.handed_out) AS h(at)
-                                         WHERE h.at > pg_catalog.now() - g.interval_ms * interval '1 millisecond'
+                                         WHERE h.at > pg_catalog.clock_timestamp()
+                                                      - g.interval_ms * interval '1 millisecond'
                                          UNION ALL
-                                         SELECT pg_catalog.now() FROM pg_catalog.generate_series(1, t.n)
+                                         SELECT pg_catalog.clock_timestamp()
+                                         FROM pg_catalog.generate_series(1, least(t.n, g.max_per_interval))
                                          ORDER BY 1) END,
             waiting = ARRAY(SELECT l.ws
                           FROM (SELECT l.*, pg_catalog.min(l.taken) OVER () AS least_taken
@@ -180,6 +194,7 @@ CREATE FUNCTION conveyor_admin_global_limits(actor text)
             SELECT g.scope, g.name, g.max_in_flight, g.max_per_interval, g.interval_ms,
                    (SELECT pg_catalog.count(*) FROM conveyor.outbox_events f
                     WHERE f.status IN ('dispatching', 'dispatched')
+                      AND NOT (f.status = 'dispatching' AND f.locked_until <= pg_catalog.now())
                       AND CASE g.scope WHEN 'queue' THEN f.queue ELSE f.event_type END = g.name),
                    CASE WHEN g.max_per_interval IS NULL THEN 0::bigint
                         ELSE (SELECT pg_catalog.count(*) FROM pg_catalog.unnest(g.handed_out) AS h(at)
@@ -335,7 +350,9 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                 FROM r CROSS JOIN LATERAL unnest(r.waiting_at) WITH ORDINALITY AS w(at, i))
         INTO g_queues, gq_cap, gq_total, g_kinds, gk_cap, gk_total, line_scopes, line_names, line_workspaces,
              line_taken, line_at;
-        any_global := cardinality(g_queues) + cardinality(g_kinds) > 0;
+        -- The limited statement only where this call holds a limit; elsewhere the jobs of every limited queue and kind
+        -- are held (none of them was due in the call's workspaces when the limits were looked at).
+        any_global := EXISTS (SELECT 1 FROM unnest(gq_total || gk_total) AS t(total) WHERE t.total IS NOT NULL);
         gq_left := gq_total;
         gk_left := gk_total;
         gq_taken := array_fill(0, ARRAY[cardinality(g_queues)]);
@@ -361,6 +378,10 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
             ELSE
                 held_queues := '{}';
                 held_kinds := '{}';
+            END IF;
+            IF NOT any_global THEN
+                held_queues := held_queues || g_queues;
+                held_kinds := held_kinds || g_kinds;
             END IF;
             PERFORM set_config('app.workspace_id', ws::text, true);
             room := per_workspace;
@@ -405,18 +426,19 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                                FROM unnest(gate_left, gated_room) WITH ORDINALITY AS g(left_over, total, i)
                                ORDER BY g.i);
             END IF;
-            -- This workspace's part of each global room: none where the call has no room of it or the workspace no due
-            -- job of it (held ones aside); else a fair part of the limit's capacity (divided by the workspaces in its
-            -- line, this one counted), at most the room left less a fair part for each workspace ahead of it.
+            -- This workspace's part of each global room: none where the call has no room of it, or the workspace no
+            -- room in its window or no due job of it (held ones aside); else a fair part of the limit's capacity
+            -- (divided by the workspaces in its line, this one counted), at most the room left less a fair part for
+            -- each workspace ahead of it.
             IF any_global THEN
-                wants_q := ARRAY(SELECT g.total IS NOT NULL AND EXISTS (
+                wants_q := ARRAY(SELECT room > 0 AND g.total IS NOT NULL AND EXISTS (
                                             SELECT 1 FROM conveyor.outbox_events d
                                             WHERE d.workspace_id = ws AND d.queue = g.name AND d.status = 'pending'
                                               AND d.next_attempt_at <= now()
                                               AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds))
                                  FROM unnest(g_queues, gq_total) WITH ORDINALITY AS g(name, total, i)
                                  ORDER BY g.i);
-                wants_k := ARRAY(SELECT g.total IS NOT NULL AND EXISTS (
+                wants_k := ARRAY(SELECT room > 0 AND g.total IS NOT NULL AND EXISTS (
                                             SELECT 1 FROM conveyor.outbox_events d
                                             WHERE d.workspace_id = ws AND d.event_type = g.name
                                               AND d.status = 'pending' AND d.next_attempt_at <= now()
@@ -751,26 +773,30 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                                   ORDER BY g.i);
                 -- The lines: where this workspace still has due jobs of a limit after this claim, it stays in the
                 -- line (or joins it, with the fewest jobs taken in it), its count grown by what it took, seen now;
-                -- elsewhere it leaves.
+                -- elsewhere it leaves. One that had a part and took none (its window, its own limits or another
+                -- global limit held it) goes to the end of the line, so that it does not keep the room from the
+                -- others while it cannot take.
                 WITH lims AS (
-                    SELECT 'queue'::text AS scope, g.name, g.n AS took, g.i,
+                    SELECT 'queue'::text AS scope, g.name, g.n AS took, g.share > 0 AND g.n = 0 AS passed, g.i,
                            g.wants AND EXISTS (
                                SELECT 1 FROM conveyor.outbox_events d
                                WHERE d.workspace_id = ws AND d.queue = g.name AND d.status = 'pending'
                                  AND d.next_attempt_at <= now()
                                  AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
                                  AND d.ctid <> ALL (due_ctids) AND d.ctid <> ALL (lease_ctids)) AS more
-                    FROM unnest(g_queues, gq_total, took_q, wants_q) WITH ORDINALITY AS g(name, total, n, wants, i)
+                    FROM unnest(g_queues, gq_total, gq_share, took_q, wants_q)
+                         WITH ORDINALITY AS g(name, total, share, n, wants, i)
                     WHERE g.total IS NOT NULL
                     UNION ALL
-                    SELECT 'kind', g.name, g.n, 1000000 + g.i,
+                    SELECT 'kind', g.name, g.n, g.share > 0 AND g.n = 0, 1000000 + g.i,
                            g.wants AND EXISTS (
                                SELECT 1 FROM conveyor.outbox_events d
                                WHERE d.workspace_id = ws AND d.event_type = g.name AND d.status = 'pending'
                                  AND d.next_attempt_at <= now()
                                  AND d.queue <> ALL (held_queues) AND d.event_type <> ALL (held_kinds)
                                  AND d.ctid <> ALL (due_ctids) AND d.ctid <> ALL (lease_ctids))
-                    FROM unnest(g_kinds, gk_total, took_k, wants_k) WITH ORDINALITY AS g(name, total, n, wants, i)
+                    FROM unnest(g_kinds, gk_total, gk_share, took_k, wants_k)
+                         WITH ORDINALITY AS g(name, total, share, n, wants, i)
                     WHERE g.total IS NOT NULL),
                 line AS (
                     SELECT l.* FROM unnest(line_scopes, line_names, line_workspaces, line_taken, line_at)
@@ -779,15 +805,22 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
                        coalesce(array_agg(n.wsp ORDER BY n.o), '{}'), coalesce(array_agg(n.taken ORDER BY n.o), '{}'),
                        coalesce(array_agg(n.at ORDER BY n.o), '{}')
                 INTO line_scopes, line_names, line_workspaces, line_taken, line_at
-                FROM (SELECT l.scope, l.name, l.wsp, l.taken + coalesce(m.took, 0) AS taken,
+                FROM (SELECT l.scope, l.name, l.wsp,
+                             CASE WHEN m.passed
+                                  THEN (SELECT max(o.taken) + 1 FROM line o
+                                        WHERE o.scope = l.scope AND o.name = l.name)
+                                  ELSE l.taken + coalesce(m.took, 0) END AS taken,
                              CASE WHEN l.wsp = ws THEN now() ELSE l.at END AS at, l.i AS o
                       FROM line l
                       LEFT JOIN lims m ON m.scope = l.scope AND m.name = l.name AND l.wsp = ws
                       WHERE l.wsp <> ws OR m.more
                       UNION ALL
                       SELECT m.scope, m.name, ws,
-                             coalesce((SELECT min(l.taken) FROM line l WHERE l.scope = m.scope AND l.name = m.name), 0)
-                             + m.took,
+                             CASE WHEN m.passed
+                                  THEN coalesce((SELECT max(l.taken) + 1 FROM line l
+                                                 WHERE l.scope = m.scope AND l.name = m.name), 0)
+                                  ELSE coalesce((SELECT min(l.taken) FROM line l
+                                                 WHERE l.scope = m.scope AND l.name = m.name), 0) + m.took END,
                              now(), 9000000000 + m.i
                       FROM lims m
                       WHERE m.more AND NOT EXISTS (SELECT 1 FROM line l
@@ -833,3 +866,25 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
         END IF;
     END
     $$;
+
+-- The claim calls the two functions above: a role that may claim (the runtime role, granted by an earlier `conveyor
+-- migrate`) may call them from now on, so that no claim fails between this migration and the grants that follow it.
+DO $$
+DECLARE
+    claimer text;
+BEGIN
+    FOR claimer IN
+        SELECT DISTINCT r.rolname
+        FROM pg_catalog.pg_proc p
+        CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) AS a
+        JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+        WHERE p.oid = 'conveyor.conveyor_claim_jobs_fair(uuid[], text, double precision, integer, integer, uuid[],
+                                                          text[], integer[], integer)'::pg_catalog.regprocedure
+          AND a.privilege_type = 'EXECUTE' AND r.rolname <> current_user
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_global_rooms(uuid[]) TO %I', claimer);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_global_record(text[], text[], integer[], '
+                                  'text[], text[], uuid[], integer[], timestamptz[]) TO %I', claimer);
+    END LOOP;
+END
+$$;

@@ -43,7 +43,8 @@ struct Seen {
 
 struct Caller {
     seen: Arc<Seen>,
-    cost: Duration,
+    /// How long a job of each workspace takes (the last one for workspaces past the list).
+    costs: Vec<Duration>,
 }
 
 impl Handler<Call> for Caller {
@@ -60,27 +61,30 @@ impl Handler<Call> for Caller {
             let most = max.entry(job.workspace).or_default();
             *most = (*most).max(*mine);
         }
-        tokio::time::sleep(self.cost).await;
+        tokio::time::sleep(self.costs[job.workspace.min(self.costs.len() - 1)]).await;
         *seen.running_of.lock().unwrap().get_mut(&job.workspace).unwrap() -= 1;
         seen.running.fetch_sub(1, Ordering::SeqCst);
         Ok(json!(null))
     }
 }
 
-async fn platform(app: &TestApp, seen: &Arc<Seen>, cost: Duration, shutdown: &CancellationToken) {
+/// A worker of 8 slots, and two dispatchers: their claims of one limit take turns on its row.
+async fn platform(app: &TestApp, seen: &Arc<Seen>, costs: &[Duration], shutdown: &CancellationToken) {
     let worker =
         Worker::builder(app.db.pool.clone(), Consumer::connect(&common::redis_url(), &app.redis_prefix).await.unwrap())
             .runtime_pool(app.db.runtime_pool.clone())
-            .handle::<Call>(Caller { seen: seen.clone(), cost })
+            .handle::<Call>(Caller { seen: seen.clone(), costs: costs.to_vec() })
             .settings(WorkerSettings { concurrency: 8, ..WorkerSettings::default() })
             .build()
             .unwrap();
     tokio::spawn(worker.run(shutdown.clone(), Duration::from_secs(5)));
-    let dispatcher = common::test_dispatcher(app, &common::redis_url(), |v| {
-        v.insert("CONVEYOR_DISPATCH_POLL".into(), "100ms".into());
-    })
-    .await;
-    common::run_dispatcher(dispatcher, shutdown);
+    for _ in 0..2 {
+        let dispatcher = common::test_dispatcher(app, &common::redis_url(), |v| {
+            v.insert("CONVEYOR_DISPATCH_POLL".into(), "100ms".into());
+        })
+        .await;
+        common::run_dispatcher(dispatcher, shutdown);
+    }
 }
 
 async fn operator(app: &TestApp) -> PgPool {
@@ -120,7 +124,7 @@ async fn a_global_concurrency_holds_every_workspace_together_and_each_takes_its_
     }
     let seen = Arc::new(Seen::default());
     let shutdown = CancellationToken::new();
-    platform(&app, &seen, Duration::from_millis(100), &shutdown).await;
+    platform(&app, &seen, &[Duration::from_millis(100)], &shutdown).await;
 
     // Sampled meanwhile: the operator's view never counts more than 2 in flight.
     let sampler = {
@@ -169,7 +173,7 @@ async fn a_global_rate_holds_in_any_interval_across_workspaces_and_a_flood_does_
     let few = enqueue(&app, b, 1, 5).await;
     let seen = Arc::new(Seen::default());
     let shutdown = CancellationToken::new();
-    platform(&app, &seen, Duration::from_millis(10), &shutdown).await;
+    platform(&app, &seen, &[Duration::from_millis(10)], &shutdown).await;
     wait_all(&app, a, &flood).await;
     wait_all(&app, b, &few).await;
 
@@ -210,18 +214,29 @@ async fn a_job_obeys_its_workspaces_limits_inside_the_global_room() {
     let operator = operator(&app).await;
     conveyor_jobs::set_global_limit(&operator, &GlobalScope::Queue(Call::QUEUE.into()), concurrency(3)).await.unwrap();
     let (a, b) = (principal().workspace_id, principal().workspace_id);
-    // The first workspace allows itself one of the kind at a time; the second has no limit of its own.
+    // The first workspace allows itself one of the kind at a time, and its jobs are long. It comes first, and waits
+    // in the global limit's line on its own limit: it keeps no part of the room from the second workspace, which has
+    // no limit of its own.
     conveyor_jobs::set_kind_limit(&app.db.pool, a, Call::KIND, 1).await.unwrap();
-    let from_a = enqueue(&app, a, 0, 6).await;
-    let from_b = enqueue(&app, b, 1, 6).await;
+    let from_a = enqueue(&app, a, 0, 4).await;
     let seen = Arc::new(Seen::default());
     let shutdown = CancellationToken::new();
-    platform(&app, &seen, Duration::from_millis(150), &shutdown).await;
-    wait_all(&app, a, &from_a).await;
+    platform(&app, &seen, &[Duration::from_millis(800), Duration::from_millis(100)], &shutdown).await;
+    common::eventually(Duration::from_secs(20), || async { (!seen.starts.lock().unwrap().is_empty()).then_some(()) })
+        .await
+        .expect("the first workspace's first job runs");
+    let from_b = enqueue(&app, b, 1, 12).await;
     wait_all(&app, b, &from_b).await;
+    wait_all(&app, a, &from_a).await;
     let most = seen.max_running_of.lock().unwrap().clone();
     assert_eq!(most[&0], 1, "the workspace's own kind limit");
     assert_eq!(seen.max_running.load(Ordering::SeqCst), 3, "the global room, filled by the other workspace: {most:?}");
+    // The second workspace ran while the first one's first job did: the first did not hold its place at the head of
+    // the line while its own limit held it.
+    let starts = seen.starts.lock().unwrap().clone();
+    let first_of_b = starts.iter().position(|w| *w == 1).unwrap();
+    let second_of_a = starts.iter().enumerate().filter(|(_, w)| **w == 0).nth(1).map(|(i, _)| i).unwrap();
+    assert!(first_of_b < second_of_a, "the other workspace waited for the first's own limit: {starts:?}");
     shutdown.cancel();
 }
 
