@@ -4,8 +4,8 @@
 --
 -- Operator data, as pauses and weights are: set and removed through the audited conveyor_admin_set_global_limit and
 -- conveyor_admin_remove_global_limit, read through conveyor_admin_global_limits. No role has a grant on the table: the
--- relay's claim reads the rooms and records what it did through two definer functions of the runtime role's, which
--- return and take counts and workspace ids only.
+-- relay's claim asks whether any limit exists, reads the rooms and records what it did through three definer
+-- functions of the runtime role's, which return and take a flag, counts and workspace ids only.
 --
 -- The claim (redefined below, same arguments and columns) asks conveyor_global_rooms once per call. It locks, in one
 -- order, the limits with due jobs in the call's workspaces, waiting for a claim that holds one (claims of one limit go
@@ -47,6 +47,16 @@ CREATE TABLE global_limits (
                                                AND cardinality(waiting) = cardinality(waiting_taken))
 );
 REVOKE ALL ON global_limits FROM PUBLIC;
+
+-- Whether any global limit exists: the claim asks this first, and the rooms only then.
+CREATE FUNCTION conveyor_global_limits_exist()
+    RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, conveyor, pg_temp
+    AS $$
+        SELECT EXISTS (SELECT 1 FROM conveyor.global_limits)
+    $$;
+REVOKE ALL ON FUNCTION conveyor_global_limits_exist() FROM PUBLIC;
 
 -- Every global limit, for a claim of `workspaces`: its capacity (the smaller of its concurrency and its rate's count);
 -- those with due jobs in the workspaces locked for the caller's transaction (in one order, waiting for another claim
@@ -331,25 +341,33 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
         took_k integer[];
     BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
-        WITH r AS MATERIALIZED (SELECT * FROM conveyor.conveyor_global_rooms(workspaces))
-        SELECT (SELECT coalesce(array_agg(r.name ORDER BY r.name) FILTER (WHERE r.scope = 'queue'), '{}') FROM r),
-               (SELECT coalesce(array_agg(r.capacity ORDER BY r.name) FILTER (WHERE r.scope = 'queue'), '{}') FROM r),
-               (SELECT coalesce(array_agg(r.room ORDER BY r.name) FILTER (WHERE r.scope = 'queue'), '{}') FROM r),
-               (SELECT coalesce(array_agg(r.name ORDER BY r.name) FILTER (WHERE r.scope = 'kind'), '{}') FROM r),
-               (SELECT coalesce(array_agg(r.capacity ORDER BY r.name) FILTER (WHERE r.scope = 'kind'), '{}') FROM r),
-               (SELECT coalesce(array_agg(r.room ORDER BY r.name) FILTER (WHERE r.scope = 'kind'), '{}') FROM r),
-               (SELECT coalesce(array_agg(r.scope ORDER BY r.scope, r.name, w.i), '{}')
-                FROM r CROSS JOIN LATERAL unnest(r.waiting) WITH ORDINALITY AS w(wsp, i)),
-               (SELECT coalesce(array_agg(r.name ORDER BY r.scope, r.name, w.i), '{}')
-                FROM r CROSS JOIN LATERAL unnest(r.waiting) WITH ORDINALITY AS w(wsp, i)),
-               (SELECT coalesce(array_agg(w.wsp ORDER BY r.scope, r.name, w.i), '{}')
-                FROM r CROSS JOIN LATERAL unnest(r.waiting) WITH ORDINALITY AS w(wsp, i)),
-               (SELECT coalesce(array_agg(w.taken ORDER BY r.scope, r.name, w.i), '{}')
-                FROM r CROSS JOIN LATERAL unnest(r.waiting_taken) WITH ORDINALITY AS w(taken, i)),
-               (SELECT coalesce(array_agg(w.at ORDER BY r.scope, r.name, w.i), '{}')
-                FROM r CROSS JOIN LATERAL unnest(r.waiting_at) WITH ORDINALITY AS w(at, i))
-        INTO g_queues, gq_cap, gq_total, g_kinds, gk_cap, gk_total, line_scopes, line_names, line_workspaces,
-             line_taken, line_at;
+        -- Global limits, where any exists (the look costs the claim a few microseconds; the rooms, tens).
+        IF conveyor.conveyor_global_limits_exist() THEN
+            WITH r AS MATERIALIZED (SELECT * FROM conveyor.conveyor_global_rooms(workspaces))
+            SELECT (SELECT coalesce(array_agg(r.name ORDER BY r.name) FILTER (WHERE r.scope = 'queue'), '{}') FROM r),
+                   (SELECT coalesce(array_agg(r.capacity ORDER BY r.name) FILTER (WHERE r.scope = 'queue'), '{}')
+                    FROM r),
+                   (SELECT coalesce(array_agg(r.room ORDER BY r.name) FILTER (WHERE r.scope = 'queue'), '{}') FROM r),
+                   (SELECT coalesce(array_agg(r.name ORDER BY r.name) FILTER (WHERE r.scope = 'kind'), '{}') FROM r),
+                   (SELECT coalesce(array_agg(r.capacity ORDER BY r.name) FILTER (WHERE r.scope = 'kind'), '{}')
+                    FROM r),
+                   (SELECT coalesce(array_agg(r.room ORDER BY r.name) FILTER (WHERE r.scope = 'kind'), '{}') FROM r),
+                   (SELECT coalesce(array_agg(r.scope ORDER BY r.scope, r.name, w.i), '{}')
+                    FROM r CROSS JOIN LATERAL unnest(r.waiting) WITH ORDINALITY AS w(wsp, i)),
+                   (SELECT coalesce(array_agg(r.name ORDER BY r.scope, r.name, w.i), '{}')
+                    FROM r CROSS JOIN LATERAL unnest(r.waiting) WITH ORDINALITY AS w(wsp, i)),
+                   (SELECT coalesce(array_agg(w.wsp ORDER BY r.scope, r.name, w.i), '{}')
+                    FROM r CROSS JOIN LATERAL unnest(r.waiting) WITH ORDINALITY AS w(wsp, i)),
+                   (SELECT coalesce(array_agg(w.taken ORDER BY r.scope, r.name, w.i), '{}')
+                    FROM r CROSS JOIN LATERAL unnest(r.waiting_taken) WITH ORDINALITY AS w(taken, i)),
+                   (SELECT coalesce(array_agg(w.at ORDER BY r.scope, r.name, w.i), '{}')
+                    FROM r CROSS JOIN LATERAL unnest(r.waiting_at) WITH ORDINALITY AS w(at, i))
+            INTO g_queues, gq_cap, gq_total, g_kinds, gk_cap, gk_total, line_scopes, line_names, line_workspaces,
+                 line_taken, line_at;
+        ELSE
+            g_queues := '{}'; gq_cap := '{}'; gq_total := '{}'; g_kinds := '{}'; gk_cap := '{}'; gk_total := '{}';
+            line_scopes := '{}'; line_names := '{}'; line_workspaces := '{}'; line_taken := '{}'; line_at := '{}';
+        END IF;
         -- The limited statement only where this call holds a limit; elsewhere the jobs of every limited queue and kind
         -- are held (none of them was due in the call's workspaces when the limits were looked at).
         any_global := EXISTS (SELECT 1 FROM unnest(gq_total || gk_total) AS t(total) WHERE t.total IS NOT NULL);
@@ -867,8 +885,9 @@ CREATE OR REPLACE FUNCTION conveyor_claim_jobs_fair(workspaces uuid[], holder te
     END
     $$;
 
--- The claim calls the two functions above: a role that may claim (the runtime role, granted by an earlier `conveyor
--- migrate`) may call them from now on, so that no claim fails between this migration and the grants that follow it.
+-- The claim calls the three functions above: a role that may claim (the runtime
+-- role, granted by an earlier `conveyor migrate`) may do so from now on, so that no claim fails between this migration
+-- and the grants that follow it.
 DO $$
 DECLARE
     claimer text;
@@ -882,9 +901,10 @@ BEGIN
                                                           text[], integer[], integer)'::pg_catalog.regprocedure
           AND a.privilege_type = 'EXECUTE' AND r.rolname <> current_user
     LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_global_limits_exist() TO %I', claimer);
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_global_rooms(uuid[]) TO %I', claimer);
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_global_record(text[], text[], integer[], '
-                                  'text[], text[], uuid[], integer[], timestamptz[]) TO %I', claimer);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_global_record(text[], text[], '
+                                  'integer[], text[], text[], uuid[], integer[], timestamptz[]) TO %I', claimer);
     END LOOP;
 END
 $$;

@@ -126,7 +126,7 @@ pub use admin::{
     Actor, Admin, AdminError, Attempt, AuditEntry, BulkOutcome, CleanFilter, ConsumerInfo, DeadLetter,
     DeadLetterFilter, DrainFilter, DrainOutcome, FlowRelative, JobAction, JobDetail, JobFilter, JobSummary,
     ObliterateFilter, Obliteration, OperationFilter, OperationSummary, Page as AdminPage, QueueMinute, QueueSummary,
-    Replay, StateCounts,
+    Replay, StateCounts, WorkspaceKeyLimit, WorkspaceKindLimit, WorkspaceShare,
 };
 
 // Connections: PostgreSQL, Redis (its TLS, its keys, the producer and consumer the dispatcher and worker use).

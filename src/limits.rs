@@ -99,6 +99,21 @@ fn stored(max_in_flight: Option<u32>, max_per_interval: Option<(u32, Duration)>)
     Ok((max_in_flight.map(|m| m as i32), per, interval_ms))
 }
 
+/// Refuses a bad key or limit before anything is written (the admin module checks before it audits an intent).
+pub(crate) fn check_key_limit(key: &str, limit: KeyLimit) -> Result<(), FlowError> {
+    check_key(key)?;
+    stored(limit.max_in_flight, limit.max_per_interval).map(|_| ())
+}
+
+/// Refuses a bad kind or count before anything is written.
+pub(crate) fn check_kind_limit(kind: &str, max_in_flight: u32) -> Result<(), FlowError> {
+    check_kind(kind)?;
+    if !(1..=1_000_000).contains(&max_in_flight) {
+        return Err(FlowError::OutOfRange("max_in_flight is from 1 to 1000000"));
+    }
+    Ok(())
+}
+
 fn check_key(key: &str) -> Result<(), FlowError> {
     if valid_key(key) { Ok(()) } else { Err(FlowError::InvalidName("limit key (1 to 200 characters)")) }
 }
@@ -175,10 +190,7 @@ pub async fn set_kind_limit(
     kind: &str,
     max_in_flight: u32,
 ) -> Result<(), FlowError> {
-    check_kind(kind)?;
-    if !(1..=1_000_000).contains(&max_in_flight) {
-        return Err(FlowError::OutOfRange("max_in_flight is from 1 to 1000000"));
-    }
+    check_kind_limit(kind, max_in_flight)?;
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
     sqlx::query(
         "INSERT INTO conveyor.job_kind_limits (workspace_id, kind, max_in_flight) VALUES (conveyor.conveyor_current_workspace(), $1, $2)

@@ -453,6 +453,30 @@ enum FlowCommand {
         #[arg(short, long, value_enum, default_value = "json")]
         output: Output,
     },
+    /// Workspaces with jobs in the workers' hands or a weight: each one's weight, jobs in flight and share of them.
+    Fairness {
+        /// json (one object a line) or table.
+        #[arg(short, long, value_enum, default_value = "json")]
+        output: Output,
+    },
+    /// Every workspace's key limits and blocks (or one workspace's), each with its jobs in flight.
+    KeyLimits {
+        /// Only this workspace's.
+        #[arg(long)]
+        workspace: Option<Uuid>,
+        /// json (one object a line) or table.
+        #[arg(short, long, value_enum, default_value = "json")]
+        output: Output,
+    },
+    /// Every workspace's kind limits (or one workspace's), each with its jobs in flight.
+    KindLimits {
+        /// Only this workspace's.
+        #[arg(long)]
+        workspace: Option<Uuid>,
+        /// json (one object a line) or table.
+        #[arg(short, long, value_enum, default_value = "json")]
+        output: Output,
+    },
     /// A workspace's weight: it keeps weight × CONVEYOR_DISPATCH_WINDOW jobs in the workers' hands (default 1).
     Weight {
         /// The workspace.
@@ -761,6 +785,50 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             }),
                             ("IN INTERVAL", &|l| l.handed_out_in_interval.to_string()),
                             ("SINCE (UTC)", &|l| output::time(&l.updated_at)),
+                        ],
+                    )?;
+                }
+                FlowCommand::Fairness { output } => {
+                    let shares = admin.workspace_shares(&actor).await?;
+                    output::print(
+                        output,
+                        &shares,
+                        &[
+                            ("WORKSPACE", &|w: &conveyor_jobs::WorkspaceShare| w.workspace_id.to_string()),
+                            ("WEIGHT", &|w| w.weight.to_string()),
+                            ("IN FLIGHT", &|w| w.in_flight.to_string()),
+                            ("SHARE", &|w| format!("{:.0}%", w.share * 100.0)),
+                        ],
+                    )?;
+                }
+                FlowCommand::KeyLimits { workspace, output } => {
+                    let limits = admin.key_limits(&actor, workspace.map(conveyor_jobs::WorkspaceId)).await?;
+                    output::print(
+                        output,
+                        &limits,
+                        &[
+                            ("WORKSPACE", &|l: &conveyor_jobs::WorkspaceKeyLimit| l.workspace_id.to_string()),
+                            ("KEY", &|l| l.key.clone()),
+                            ("MAX IN FLIGHT", &|l| output::maybe(&l.max_in_flight)),
+                            ("IN FLIGHT", &|l| l.in_flight.to_string()),
+                            ("RATE", &|l| match (l.max_per_interval, l.interval_ms) {
+                                (Some(n), Some(ms)) => format!("{n}/{ms}ms"),
+                                _ => "-".to_owned(),
+                            }),
+                            ("BLOCKED UNTIL (UTC)", &|l| l.blocked_until.as_ref().map_or("-".to_owned(), output::time)),
+                        ],
+                    )?;
+                }
+                FlowCommand::KindLimits { workspace, output } => {
+                    let limits = admin.kind_limits(&actor, workspace.map(conveyor_jobs::WorkspaceId)).await?;
+                    output::print(
+                        output,
+                        &limits,
+                        &[
+                            ("WORKSPACE", &|l: &conveyor_jobs::WorkspaceKindLimit| l.workspace_id.to_string()),
+                            ("KIND", &|l| l.kind.clone()),
+                            ("MAX IN FLIGHT", &|l| l.max_in_flight.to_string()),
+                            ("IN FLIGHT", &|l| l.in_flight.to_string()),
                         ],
                     )?;
                 }

@@ -13,6 +13,7 @@
 mod audit;
 mod consumers;
 mod dead_letters;
+mod fairness;
 mod filters;
 mod holds;
 mod jobs;
@@ -320,6 +321,7 @@ pub struct DeadLetterFilter {
 
 pub use crate::worker::dlq::{DeadLetter, Replay};
 pub use consumers::ConsumerInfo;
+pub use fairness::{WorkspaceKeyLimit, WorkspaceKindLimit, WorkspaceShare};
 pub use queue_ops::{CleanFilter, DrainFilter, DrainOutcome, ObliterateFilter, Obliteration};
 
 /// What a bulk replay or discard did.
@@ -554,6 +556,67 @@ impl Admin {
     /// Removes the global limit of `scope`; `false`: there was none.
     pub async fn remove_global_limit(&self, actor: &Actor, scope: &crate::GlobalScope) -> Result<bool, AdminError> {
         holds::remove_global_limit(self, actor, scope).await
+    }
+
+    /// Workspaces with jobs in the workers' hands or a weight of their own: each one's weight, jobs in flight and
+    /// share of all jobs in flight (the 500 with the most).
+    pub async fn workspace_shares(&self, actor: &Actor) -> Result<Vec<WorkspaceShare>, AdminError> {
+        fairness::workspace_shares(self, actor).await
+    }
+
+    /// Every workspace's key limits and blocks (or one workspace's), each with its jobs in flight.
+    pub async fn key_limits(
+        &self,
+        actor: &Actor,
+        workspace: Option<WorkspaceId>,
+    ) -> Result<Vec<WorkspaceKeyLimit>, AdminError> {
+        fairness::key_limits(self, actor, workspace).await
+    }
+
+    /// Every workspace's kind limits (or one workspace's), each with its jobs in flight.
+    pub async fn kind_limits(
+        &self,
+        actor: &Actor,
+        workspace: Option<WorkspaceId>,
+    ) -> Result<Vec<WorkspaceKindLimit>, AdminError> {
+        fairness::kind_limits(self, actor, workspace).await
+    }
+
+    /// Sets a key's limits in a workspace (see [`crate::set_key_limit`]), audited.
+    pub async fn set_key_limit(
+        &self,
+        actor: &Actor,
+        workspace: WorkspaceId,
+        key: &str,
+        limit: crate::KeyLimit,
+    ) -> Result<(), AdminError> {
+        fairness::set_key_limit(self, actor, workspace, key, limit).await
+    }
+
+    /// Removes a key's limits and block in a workspace; `false`: it had none.
+    pub async fn remove_key_limit(&self, actor: &Actor, workspace: WorkspaceId, key: &str) -> Result<bool, AdminError> {
+        fairness::remove_key_limit(self, actor, workspace, key).await
+    }
+
+    /// Sets a kind's concurrency limit in a workspace (see [`crate::set_kind_limit`]), audited.
+    pub async fn set_kind_limit(
+        &self,
+        actor: &Actor,
+        workspace: WorkspaceId,
+        kind: &str,
+        max_in_flight: u32,
+    ) -> Result<(), AdminError> {
+        fairness::set_kind_limit(self, actor, workspace, kind, max_in_flight).await
+    }
+
+    /// Removes a kind's limit in a workspace; `false`: it had none.
+    pub async fn remove_kind_limit(
+        &self,
+        actor: &Actor,
+        workspace: WorkspaceId,
+        kind: &str,
+    ) -> Result<bool, AdminError> {
+        fairness::remove_kind_limit(self, actor, workspace, kind).await
     }
 
     /// Schedules of every workspace (or of one).

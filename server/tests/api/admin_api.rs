@@ -224,6 +224,12 @@ fn every_endpoint() -> Vec<(Method, String, Option<Value>)> {
         (Method::GET, "/global-limits".into(), None),
         (Method::PUT, "/global-limits/queue/chores".into(), Some(json!({ "max_in_flight": 2 }))),
         (Method::DELETE, "/global-limits/queue/chores".into(), None),
+        (Method::GET, "/fairness".into(), None),
+        (Method::PUT, format!("/workspaces/{ws}/weight"), Some(json!({ "weight": 2 }))),
+        (Method::PUT, format!("/workspaces/{ws}/key-limits/store:1"), Some(json!({ "max_in_flight": 2 }))),
+        (Method::DELETE, format!("/workspaces/{ws}/key-limits/store:1"), None),
+        (Method::PUT, format!("/workspaces/{ws}/kind-limits/admin.chore"), Some(json!({ "max_in_flight": 2 }))),
+        (Method::DELETE, format!("/workspaces/{ws}/kind-limits/admin.chore"), None),
         (Method::GET, "/schedules".into(), None),
         (Method::POST, format!("/schedules/{ws}/nightly/pause"), None),
         (Method::POST, format!("/schedules/{ws}/nightly/resume"), None),
@@ -1062,6 +1068,54 @@ async fn pauses_and_schedules_are_listed_and_changed_through_the_api() {
     let none = op(&app, Method::GET, "/global-limits", None).await.expect(StatusCode::OK);
     assert!(none["items"].as_array().unwrap().is_empty());
 
+    // Fairness: a workspace's weight, key limit (with a rate) and kind limit set, listed with what they hold (the
+    // limits of one workspace or of all), refused when malformed, removed.
+    op(&app, Method::PUT, &format!("/workspaces/{a}/weight"), Some(json!({ "weight": 3 })))
+        .await
+        .expect(StatusCode::OK);
+    let key = json!({ "max_in_flight": 2, "max_per_interval": 5, "interval_ms": 1000 });
+    op(&app, Method::PUT, &format!("/workspaces/{a}/key-limits/store%3A7"), Some(key)).await.expect(StatusCode::OK);
+    let kind = json!({ "max_in_flight": 1 });
+    op(&app, Method::PUT, &format!("/workspaces/{b}/kind-limits/admin.chore"), Some(kind)).await.expect(StatusCode::OK);
+    let fair = op(&app, Method::GET, "/fairness", None).await.expect(StatusCode::OK);
+    let weighed = fair["workspaces"].as_array().unwrap().iter().find(|w| w["workspace_id"] == json!(a.0)).cloned();
+    assert_eq!(weighed.map(|w| (w["weight"].clone(), w["in_flight"].clone())), Some((json!(3), json!(0))), "{fair}");
+    assert_eq!(fair["key_limits"][0]["key"], "store:7");
+    assert_eq!(
+        (fair["key_limits"][0]["max_per_interval"].clone(), fair["key_limits"][0]["interval_ms"].clone()),
+        (json!(5), json!(1000))
+    );
+    assert_eq!(
+        (fair["kind_limits"][0]["workspace_id"].clone(), fair["kind_limits"][0]["kind"].clone()),
+        (json!(b.0), json!("admin.chore"))
+    );
+    let only_a = op(&app, Method::GET, &format!("/fairness?workspace={a}"), None).await.expect(StatusCode::OK);
+    assert_eq!(
+        (only_a["key_limits"].as_array().unwrap().len(), only_a["kind_limits"].as_array().unwrap().len()),
+        (1, 0)
+    );
+    for (method, path, body) in [
+        (Method::PUT, format!("/workspaces/{a}/weight"), json!({ "weight": 0 })),
+        (Method::PUT, format!("/workspaces/{a}/weight"), json!({ "weight": "heavy" })),
+        (Method::PUT, "/workspaces/nope/weight".to_owned(), json!({ "weight": 2 })),
+        (Method::PUT, format!("/workspaces/{a}/key-limits/k"), json!({})),
+        (Method::PUT, format!("/workspaces/{a}/key-limits/k"), json!({ "max_per_interval": 5 })),
+        (Method::PUT, format!("/workspaces/{a}/kind-limits/admin.chore"), json!({ "max_in_flight": 0 })),
+        (Method::PUT, format!("/workspaces/{a}/kind-limits/Bad%7D"), json!({ "max_in_flight": 1 })),
+    ] {
+        op(&app, method.clone(), &path, Some(body)).await.problem(StatusCode::BAD_REQUEST);
+    }
+    op(&app, Method::DELETE, &format!("/workspaces/{a}/key-limits/store%3A7"), None)
+        .await
+        .expect(StatusCode::NO_CONTENT);
+    op(&app, Method::DELETE, &format!("/workspaces/{a}/key-limits/store%3A7"), None)
+        .await
+        .problem(StatusCode::NOT_FOUND);
+    let path = format!("/workspaces/{b}/kind-limits/admin.chore");
+    op(&app, Method::DELETE, &path, None).await.expect(StatusCode::NO_CONTENT);
+    let none = op(&app, Method::GET, "/fairness", None).await.expect(StatusCode::OK);
+    assert!(none["key_limits"].as_array().unwrap().is_empty() && none["kind_limits"].as_array().unwrap().is_empty());
+
     // Schedules of both workspaces; one workspace's; paused and resumed in their workspace.
     for ws in [a, b] {
         let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, ws).await.unwrap();
@@ -1443,6 +1497,12 @@ const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("GET", "/global-limits"),
     ("PUT", "/global-limits/queue/q"),
     ("DELETE", "/global-limits/queue/q"),
+    ("GET", "/fairness"),
+    ("PUT", "/workspaces/00000000-0000-0000-0000-000000000001/weight"),
+    ("PUT", "/workspaces/00000000-0000-0000-0000-000000000001/key-limits/k"),
+    ("DELETE", "/workspaces/00000000-0000-0000-0000-000000000001/key-limits/k"),
+    ("PUT", "/workspaces/00000000-0000-0000-0000-000000000001/kind-limits/k"),
+    ("DELETE", "/workspaces/00000000-0000-0000-0000-000000000001/kind-limits/k"),
     ("GET", "/schedules"),
     ("POST", "/schedules/00000000-0000-0000-0000-000000000001/s/pause"),
     ("POST", "/schedules/00000000-0000-0000-0000-000000000001/s/resume"),

@@ -245,6 +245,24 @@ async fn listings_print_a_table_or_json_lines_and_jobs_page_back_with_their_curs
     assert!(conveyor(&["flow", "unlimit", "--queue", "stores"], &vars).status.success());
     assert!(!conveyor(&["flow", "unlimit", "--queue", "stores"], &vars).status.success(), "nothing left to remove");
     assert_eq!(lines(&conveyor(&["flow", "limits"], &vars)).len(), 1);
+    // Fairness: a weight set, listed with the workspace's share; a workspace's kind limit listed.
+    assert!(conveyor(&["flow", "weight", "--workspace", &ws, "--weight", "5"], &vars).status.success());
+    let shares = lines(&conveyor(&["flow", "fairness"], &vars));
+    assert!(shares.iter().any(|w| w["workspace_id"] == ws.as_str() && w["weight"] == 5), "{shares:?}");
+    let table = text(&conveyor(&["flow", "fairness", "-o", "table"], &vars).stdout);
+    assert!(table.starts_with("WORKSPACE ") && table.contains(&ws), "{table}");
+    conveyor_jobs::set_kind_limit(
+        &app.db.pool,
+        conveyor_jobs::WorkspaceId(ws.parse().unwrap()),
+        "store.verify_credentials",
+        2,
+    )
+    .await
+    .unwrap();
+    let kinds = lines(&conveyor(&["flow", "kind-limits", "--workspace", &ws], &vars));
+    assert_eq!((kinds.len(), kinds[0]["max_in_flight"].clone()), (1, json!(2)));
+    let keys = text(&conveyor(&["flow", "key-limits", "-o", "table"], &vars).stdout);
+    assert!(keys.starts_with("WORKSPACE "), "{keys}");
     let schedules = conveyor(&["schedule", "list", "--workspace", &ws, "-o", "table"], &vars);
     assert!(text(&schedules.stdout).starts_with("NAME "), "{}", text(&schedules.stderr));
 

@@ -428,10 +428,10 @@ async fn every_page_renders_and_its_forms_take_effect() {
     assert_eq!(to, "/ui?notice=paused");
     assert_eq!(conveyor_jobs::list_pauses(&app.db.runtime_pool).await.unwrap()[0].workspace_id, Some(s.workspace.0));
 
-    // A global limit: set from the limits page's form, listed there with what it holds, refused when malformed,
-    // removed from its button.
-    let (_, limits) = get("/ui/limits".into()).await;
-    assert!(limits.contains("No global limit.") && limits.contains(r#"id="set-limit""#), "{limits}");
+    // Fairness: a global limit set from its form, listed with what it holds, refused when malformed, removed from its
+    // button; a workspace's weight, key limit and kind limit, each set and removed from its form.
+    let (_, fair) = get("/ui/fairness".into()).await;
+    assert!(fair.contains("No global limit.") && fair.contains(r#"id="set-limit""#), "{fair}");
     let limit = vec![
         ("scope", "queue".to_owned()),
         ("name", "ui-demo".to_owned()),
@@ -439,28 +439,71 @@ async fn every_page_renders_and_its_forms_take_effect() {
         ("max_per_interval", "10".to_owned()),
         ("interval_ms", "1000".to_owned()),
     ];
-    assert_eq!(post("/ui/limits", limit).await, "/ui/limits?notice=limited");
+    assert_eq!(post("/ui/limits", limit).await, "/ui/fairness?notice=limited");
     let operator = conveyor_jobs::connect_postgres(&app.db.operator_url, 1).await.unwrap();
     let held = conveyor_jobs::list_global_limits(&operator).await.unwrap();
     assert_eq!((held.len(), held[0].max_in_flight, held[0].max_per_interval), (1, Some(3), Some(10)));
-    let (_, limits) = get("/ui/limits?notice=limited".into()).await;
-    assert!(limits.contains(r#"data-limit="queue/ui-demo""#) && limits.contains("Global limit set."), "{limits}");
-    for bad in [
-        vec![("scope", "queue"), ("name", "ui-demo"), ("max_per_interval", "10")],
-        vec![("scope", "shard"), ("name", "ui-demo"), ("max_in_flight", "1")],
-        vec![("scope", "queue"), ("name", "ui-demo"), ("max_in_flight", "lots")],
-        vec![("scope", "queue"), ("name", "ui-demo")],
+    let (_, fair) = get("/ui/fairness?notice=limited".into()).await;
+    assert!(fair.contains(r#"data-limit="queue/ui-demo""#) && fair.contains("Limit set."), "{fair}");
+    let ws = s.workspace.0.to_string();
+    for (path, bad) in [
+        ("/ui/limits", vec![("scope", "queue"), ("name", "ui-demo"), ("max_per_interval", "10")]),
+        ("/ui/limits", vec![("scope", "shard"), ("name", "ui-demo"), ("max_in_flight", "1")]),
+        ("/ui/limits", vec![("scope", "queue"), ("name", "ui-demo"), ("max_in_flight", "lots")]),
+        ("/ui/limits", vec![("scope", "queue"), ("name", "ui-demo")]),
+        ("/ui/weights", vec![("workspace", ws.as_str()), ("weight", "0")]),
+        ("/ui/weights", vec![("workspace", "nope"), ("weight", "2")]),
+        ("/ui/key-limits", vec![("workspace", ws.as_str()), ("key", "store:1")]),
+        ("/ui/kind-limits", vec![("workspace", ws.as_str()), ("kind", Flaky::KIND), ("max_in_flight", "0")]),
     ] {
         let mut form = bad.clone();
         form.push(("csrf", csrf.as_str()));
-        let response = http.post(ui(app, "/ui/limits")).header("cookie", &cookie).form(&form).send().await.unwrap();
-        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{bad:?}");
+        let response = http.post(ui(app, path)).header("cookie", &cookie).form(&form).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{path} {bad:?}");
     }
     assert_eq!(conveyor_jobs::list_global_limits(&operator).await.unwrap()[0].max_in_flight, Some(3), "unchanged");
     let target = vec![("scope", "queue".to_owned()), ("name", "ui-demo".to_owned())];
-    assert_eq!(post("/ui/limits/remove", target.clone()).await, "/ui/limits?notice=unlimited");
-    assert_eq!(post("/ui/limits/remove", target).await, "/ui/limits?notice=no-limit");
+    assert_eq!(post("/ui/limits/remove", target.clone()).await, "/ui/fairness?notice=unlimited");
+    assert_eq!(post("/ui/limits/remove", target).await, "/ui/fairness?notice=no-limit");
     assert!(conveyor_jobs::list_global_limits(&operator).await.unwrap().is_empty());
+
+    let weigh = vec![("workspace", ws.clone()), ("weight", "4".to_owned())];
+    assert_eq!(post("/ui/weights", weigh).await, "/ui/fairness?notice=weighed");
+    let key = vec![
+        ("workspace", ws.clone()),
+        ("key", "store:<1>".to_owned()),
+        ("max_in_flight", "2".to_owned()),
+        ("max_per_interval", "".to_owned()),
+        ("interval_ms", "".to_owned()),
+    ];
+    assert_eq!(post("/ui/key-limits", key).await, "/ui/fairness?notice=limited");
+    let kind = vec![("workspace", ws.clone()), ("kind", Flaky::KIND.to_owned()), ("max_in_flight", "1".to_owned())];
+    assert_eq!(post("/ui/kind-limits", kind).await, "/ui/fairness?notice=limited");
+    let (_, fair) = get(format!("/ui/fairness?workspace={ws}")).await;
+    let weighed = format!(r#"<tr data-workspace="{ws}"><td class="mono">{ws}</td><td class="num">4</td>"#);
+    assert!(fair.contains(&weighed), "{fair}");
+    assert!(
+        fair.contains(r#"data-key="store:&lt;1&gt;""#) && fair.contains(&format!(r#"data-kind="{}""#, Flaky::KIND))
+    );
+    assert_eq!(conveyor_jobs::list_key_limits(pool, s.workspace).await.unwrap()[0].max_in_flight, Some(2));
+    assert_eq!(conveyor_jobs::list_kind_limits(pool, s.workspace).await.unwrap()[0].max_in_flight, 1);
+    let (_, other) = get(format!("/ui/fairness?workspace={}", Uuid::new_v4())).await;
+    assert!(other.contains("No key limit or block.") && other.contains("No kind limit."), "another workspace's: none");
+    let key = vec![("workspace", ws.clone()), ("key", "store:<1>".to_owned())];
+    assert_eq!(post("/ui/key-limits/remove", key).await, "/ui/fairness?notice=unlimited");
+    let kind = vec![("workspace", ws.clone()), ("kind", Flaky::KIND.to_owned())];
+    assert_eq!(post("/ui/kind-limits/remove", kind.clone()).await, "/ui/fairness?notice=unlimited");
+    assert_eq!(post("/ui/kind-limits/remove", kind).await, "/ui/fairness?notice=no-limit");
+    assert!(conveyor_jobs::list_key_limits(pool, s.workspace).await.unwrap().is_empty());
+    let audited: Vec<(String,)> = sqlx::query_as(
+        "SELECT action FROM conveyor.conveyor_admin_audit WHERE action IN ('weight', 'key_limit', 'kind_limit')
+         ORDER BY id",
+    )
+    .fetch_all(&mut app.db.owner().await)
+    .await
+    .unwrap();
+    let actions: Vec<&str> = audited.iter().map(|(a,)| a.as_str()).collect();
+    assert_eq!(actions, ["weight", "weight", "key_limit", "key_limit", "kind_limit", "kind_limit"], "intent, outcome");
 
     // Pause and resume the schedule.
     let target = || vec![("workspace", s.workspace.0.to_string()), ("name", "nightly-digest".to_owned())];
@@ -712,6 +755,19 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
     let consumer = browser.text("#consumers tr[data-queue='ui-demo'] td:nth-child(3)").await;
     assert_eq!(consumer, "0", "nothing held once its jobs ended");
     browser.screenshot(&shots, "consumers").await;
+
+    // Fairness: a global limit set from its form, then shown with what it holds.
+    browser.click("header nav a[href='/ui/fairness']").await;
+    assert_eq!(browser.path_at("/ui/fairness").await, "/ui/fairness");
+    browser.type_into("#set-limit input[name=name]", "ui-demo").await;
+    browser.type_into("#set-limit input[name=max_in_flight]", "4").await;
+    browser.type_into("#set-limit input[name=max_per_interval]", "100").await;
+    browser.type_into("#set-limit input[name=interval_ms]", "1000").await;
+    browser.click("#set-limit button[type=submit]").await;
+    assert_eq!(browser.path_at("/ui/fairness?notice=limited").await, "/ui/fairness?notice=limited");
+    let limit = browser.text("#global-limits tr[data-limit='queue/ui-demo'] td:nth-child(3)").await;
+    assert_eq!(limit, "4");
+    browser.screenshot(&shots, "fairness").await;
 
     // A form posted from a page of another origin: SameSite=Strict keeps the cookie back, and nothing changes.
     let target = format!("http://{}/ui/jobs/{}/cancel", app.admin_addr, s.delayed.0);

@@ -17,6 +17,10 @@
 //! GET    /pauses   POST /pauses (scope + reason)   DELETE /pauses (scope in the body or the query)
 //! GET    /global-limits   PUT /global-limits/{queue|kind}/{name}   body: max_in_flight, max_per_interval + interval_ms
 //!                         DELETE /global-limits/{queue|kind}/{name}
+//! GET    /fairness?workspace   each workspace's weight, jobs in flight and share; key limits and blocks; kind limits
+//! PUT    /workspaces/{id}/weight   body: weight
+//! PUT    /workspaces/{id}/key-limits/{key}   body: max_in_flight, max_per_interval + interval_ms     DELETE the same
+//! PUT    /workspaces/{id}/kind-limits/{kind}   body: max_in_flight                                 DELETE the same
 //! GET    /schedules?workspace   POST /schedules/{workspace}/{name}/pause|resume
 //! GET    /audit?limit
 //! ```
@@ -81,6 +85,10 @@ pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Route
         .route("/pauses", get(pauses).post(pause).delete(resume))
         .route("/global-limits", get(global_limits))
         .route("/global-limits/{scope}/{name}", put(set_global_limit).delete(remove_global_limit))
+        .route("/fairness", get(fairness))
+        .route("/workspaces/{workspace}/weight", put(set_weight))
+        .route("/workspaces/{workspace}/key-limits/{key}", put(set_key_limit).delete(remove_key_limit))
+        .route("/workspaces/{workspace}/kind-limits/{kind}", put(set_kind_limit).delete(remove_kind_limit))
         .route("/schedules", get(schedules))
         .route("/schedules/{workspace}/{name}/pause", post(pause_schedule))
         .route("/schedules/{workspace}/{name}/resume", post(resume_schedule))
@@ -468,6 +476,16 @@ struct GlobalLimitBody {
     interval_ms: Option<u64>,
 }
 
+/// A concurrency and a rate from a body, the rate's count and interval together or neither.
+fn rate(limit: GlobalLimitBody) -> Result<GlobalLimit, ApiError> {
+    let max_per_interval = match (limit.max_per_interval, limit.interval_ms) {
+        (Some(n), Some(ms)) => Some((n, std::time::Duration::from_millis(ms))),
+        (None, None) => None,
+        _ => return Err(ApiError::BadBody("gives max_per_interval and interval_ms together, or neither".into())),
+    };
+    Ok(GlobalLimit { max_in_flight: limit.max_in_flight, max_per_interval })
+}
+
 fn global_scope(scope: &str, name: &str) -> Result<GlobalScope, ApiError> {
     GlobalScope::parse(scope, name)
         .map_err(|e| ApiError::BadParameter { parameter: "scope", detail: format!("`{scope}/{name}`: {e}") })
@@ -475,13 +493,7 @@ fn global_scope(scope: &str, name: &str) -> Result<GlobalScope, ApiError> {
 
 async fn set_global_limit(op: Operating, Path((scope, name)): Path<(String, String)>, bytes: Bytes) -> Answer {
     let scope = global_scope(&scope, &name)?;
-    let limit: GlobalLimitBody = body(&bytes)?;
-    let max_per_interval = match (limit.max_per_interval, limit.interval_ms) {
-        (Some(n), Some(ms)) => Some((n, std::time::Duration::from_millis(ms))),
-        (None, None) => None,
-        _ => return Err(ApiError::BadBody("gives max_per_interval and interval_ms together, or neither".into())),
-    };
-    let limit = GlobalLimit { max_in_flight: limit.max_in_flight, max_per_interval };
+    let limit = rate(body::<GlobalLimitBody>(&bytes)?)?;
     op.admin.set_global_limit(&op.actor, &scope, limit).await?;
     ok(json!({ "scope": scope.scope(), "name": scope.name(), "max_in_flight": limit.max_in_flight,
                "max_per_interval": limit.max_per_interval.map(|(n, _)| n),
@@ -494,6 +506,71 @@ async fn remove_global_limit(op: Operating, Path((scope, name)): Path<(String, S
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::NotFound("global limit"))
+    }
+}
+
+async fn fairness(op: Operating, query: RawQuery) -> Answer {
+    let p = params(query, &["workspace"])?;
+    let workspace = p.uuid("workspace")?.map(WorkspaceId);
+    let workspaces = op.admin.workspace_shares(&op.actor).await?;
+    let key_limits = op.admin.key_limits(&op.actor, workspace).await?;
+    let kind_limits = op.admin.kind_limits(&op.actor, workspace).await?;
+    ok(json!({ "workspaces": workspaces, "key_limits": key_limits, "kind_limits": kind_limits }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightBody {
+    weight: u32,
+}
+
+async fn set_weight(op: Operating, Path(workspace): Path<String>, bytes: Bytes) -> Answer {
+    let workspace = WorkspaceId(id(&workspace, "workspace")?);
+    let WeightBody { weight } = body(&bytes)?;
+    op.admin.set_workspace_weight(&op.actor, workspace, weight).await?;
+    ok(json!({ "workspace_id": workspace.0, "weight": weight }))
+}
+
+async fn set_key_limit(op: Operating, Path((workspace, key)): Path<(String, String)>, bytes: Bytes) -> Answer {
+    let workspace = WorkspaceId(id(&workspace, "workspace")?);
+    let limit: GlobalLimitBody = body(&bytes)?;
+    let limit = rate(limit)?;
+    let key_limit = crate::KeyLimit { max_in_flight: limit.max_in_flight, max_per_interval: limit.max_per_interval };
+    if key_limit == crate::KeyLimit::default() {
+        return Err(ApiError::BadBody("gives max_in_flight, max_per_interval with interval_ms, or both".into()));
+    }
+    op.admin.set_key_limit(&op.actor, workspace, &key, key_limit).await?;
+    ok(json!({ "workspace_id": workspace.0, "key": key }))
+}
+
+async fn remove_key_limit(op: Operating, Path((workspace, key)): Path<(String, String)>) -> Answer {
+    let workspace = WorkspaceId(id(&workspace, "workspace")?);
+    if op.admin.remove_key_limit(&op.actor, workspace, &key).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::NotFound("key limit"))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KindLimitBody {
+    max_in_flight: u32,
+}
+
+async fn set_kind_limit(op: Operating, Path((workspace, kind)): Path<(String, String)>, bytes: Bytes) -> Answer {
+    let workspace = WorkspaceId(id(&workspace, "workspace")?);
+    let KindLimitBody { max_in_flight } = body(&bytes)?;
+    op.admin.set_kind_limit(&op.actor, workspace, &kind, max_in_flight).await?;
+    ok(json!({ "workspace_id": workspace.0, "kind": kind, "max_in_flight": max_in_flight }))
+}
+
+async fn remove_kind_limit(op: Operating, Path((workspace, kind)): Path<(String, String)>) -> Answer {
+    let workspace = WorkspaceId(id(&workspace, "workspace")?);
+    if op.admin.remove_kind_limit(&op.actor, workspace, &kind).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::NotFound("kind limit"))
     }
 }
 

@@ -34,7 +34,7 @@ pub(super) enum Section {
     Operations,
     Schedules,
     Consumers,
-    Limits,
+    Fairness,
 }
 
 const SECTIONS: [(Section, &str, &str); 7] = [
@@ -44,7 +44,7 @@ const SECTIONS: [(Section, &str, &str); 7] = [
     (Section::DeadLetters, "/dead-letters", "Dead letters"),
     (Section::Operations, "/operations", "Operations"),
     (Section::Schedules, "/schedules", "Schedules"),
-    (Section::Limits, "/limits", "Limits"),
+    (Section::Fairness, "/fairness", "Fairness"),
 ];
 
 /// A whole signed-in page.
@@ -309,9 +309,10 @@ impl Notice {
             ),
             "not-found" => ("No such job.".to_owned(), true),
             "no-schedule" => ("No such schedule.".to_owned(), true),
-            "limited" => ("Global limit set.".to_owned(), false),
-            "unlimited" => ("Global limit removed: its held jobs go.".to_owned(), false),
-            "no-limit" => ("There was no such global limit.".to_owned(), true),
+            "limited" => ("Limit set.".to_owned(), false),
+            "unlimited" => ("Limit removed: its held jobs go.".to_owned(), false),
+            "no-limit" => ("There was no such limit.".to_owned(), true),
+            "weighed" => ("Weight set.".to_owned(), false),
             "key-held" => {
                 let holder = self.held.as_deref().and_then(|h| h.parse::<Uuid>().ok());
                 let text = match holder {

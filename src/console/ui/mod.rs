@@ -7,10 +7,10 @@
 mod charts;
 mod consumers;
 mod dead_letters;
+mod fairness;
 mod guard;
 mod jobs;
 mod layout;
-mod limits;
 mod operations;
 mod overview;
 mod queues;
@@ -64,8 +64,14 @@ pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Route
         .route("/schedules", get(schedules::list))
         .route("/schedules/pause", post(schedules::pause))
         .route("/schedules/resume", post(schedules::resume))
-        .route("/limits", get(limits::list).post(limits::set))
-        .route("/limits/remove", post(limits::remove))
+        .route("/fairness", get(fairness::show))
+        .route("/weights", post(fairness::weigh))
+        .route("/limits", post(fairness::set))
+        .route("/limits/remove", post(fairness::remove))
+        .route("/key-limits", post(fairness::set_key))
+        .route("/key-limits/remove", post(fairness::remove_key))
+        .route("/kind-limits", post(fairness::set_kind))
+        .route("/kind-limits/remove", post(fairness::remove_kind))
         .route_layer(middleware::from_fn_with_state(settings.clone(), guard::require_operator));
     Router::new()
         .route("/static/ui.css", get(stylesheet))
