@@ -34,9 +34,10 @@ use crate::ids::WorkspaceId;
 /// The longest limit key, in characters.
 pub(crate) const MAX_KEY_CHARS: usize = 200;
 
-/// Whether `key` can be a limit key: 1 to 200 characters.
+/// Whether `key` can be a limit key: 1 to 200 characters, none of them a control character (PostgreSQL's text holds
+/// no NUL, and a key is shown to operators).
 pub(crate) fn valid_key(key: &str) -> bool {
-    !key.is_empty() && key.chars().count() <= MAX_KEY_CHARS
+    !key.is_empty() && key.chars().count() <= MAX_KEY_CHARS && !key.chars().any(char::is_control)
 }
 
 /// An operator's limits of one key.
@@ -114,7 +115,7 @@ pub(crate) fn check_kind_limit(kind: &str, max_in_flight: u32) -> Result<(), Flo
     Ok(())
 }
 
-fn check_key(key: &str) -> Result<(), FlowError> {
+pub(crate) fn check_key(key: &str) -> Result<(), FlowError> {
     if valid_key(key) { Ok(()) } else { Err(FlowError::InvalidName("limit key (1 to 200 characters)")) }
 }
 
@@ -158,7 +159,7 @@ pub async fn list_key_limits(pool: &PgPool, workspace: WorkspaceId) -> Result<Ve
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
     let rows = sqlx::query_as(
         "SELECT key, max_in_flight, max_per_interval, interval_ms, blocked_until, block_reason, updated_at
-         FROM conveyor.job_key_limits ORDER BY key",
+         FROM conveyor.job_key_limits WHERE workspace_id = conveyor.conveyor_current_workspace() ORDER BY key",
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -177,7 +178,7 @@ pub struct KindLimit {
     pub updated_at: DateTime<Utc>,
 }
 
-fn check_kind(kind: &str) -> Result<(), FlowError> {
+pub(crate) fn check_kind(kind: &str) -> Result<(), FlowError> {
     if crate::kind::valid_kind_name(kind) { Ok(()) } else { Err(FlowError::InvalidName("kind")) }
 }
 
@@ -219,9 +220,12 @@ pub async fn remove_kind_limit(pool: &PgPool, workspace: WorkspaceId, kind: &str
 /// The kinds of `workspace` with limits, by kind.
 pub async fn list_kind_limits(pool: &PgPool, workspace: WorkspaceId) -> Result<Vec<KindLimit>, FlowError> {
     let mut tx = crate::db::begin_workspace(pool, workspace).await?;
-    let rows = sqlx::query_as("SELECT kind, max_in_flight, updated_at FROM conveyor.job_kind_limits ORDER BY kind")
-        .fetch_all(&mut *tx)
-        .await?;
+    let rows = sqlx::query_as(
+        "SELECT kind, max_in_flight, updated_at FROM conveyor.job_kind_limits
+         WHERE workspace_id = conveyor.conveyor_current_workspace() ORDER BY kind",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(rows)
 }

@@ -149,6 +149,7 @@ pub(super) async fn remove_key_limit(
     workspace: WorkspaceId,
     key: &str,
 ) -> Result<bool, AdminError> {
+    limits::check_key(key)?;
     let arguments = json!({ "workspace": workspace.0, "key": key });
     let change = limits::remove_key_limit(&admin.app, workspace, key);
     audited(admin, actor, "remove_key_limit", arguments, change, |&removed| if removed { "removed" } else { "none" })
@@ -174,6 +175,7 @@ pub(super) async fn remove_kind_limit(
     workspace: WorkspaceId,
     kind: &str,
 ) -> Result<bool, AdminError> {
+    limits::check_kind(kind)?;
     let arguments = json!({ "workspace": workspace.0, "kind": kind });
     let change = limits::remove_kind_limit(&admin.app, workspace, kind);
     audited(admin, actor, "remove_kind_limit", arguments, change, |&removed| if removed { "removed" } else { "none" })

@@ -1105,6 +1105,23 @@ async fn pauses_and_schedules_are_listed_and_changed_through_the_api() {
     ] {
         op(&app, method.clone(), &path, Some(body)).await.problem(StatusCode::BAD_REQUEST);
     }
+    // Refused before anything is written, the audit trail included: a key too long, a key with a NUL, a bad kind.
+    let mut owner = app.db.owner().await;
+    let audited = async |owner: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM conveyor.conveyor_admin_audit").fetch_one(owner).await.unwrap()
+    };
+    let before = audited(&mut owner).await;
+    let long = "k".repeat(201);
+    for (method, path) in [
+        (Method::DELETE, format!("/workspaces/{a}/key-limits/{long}")),
+        (Method::PUT, format!("/workspaces/{a}/key-limits/{long}")),
+        (Method::DELETE, format!("/workspaces/{a}/key-limits/a%00b")),
+        (Method::PUT, format!("/workspaces/{a}/key-limits/a%00b")),
+        (Method::DELETE, format!("/workspaces/{a}/kind-limits/Bad%7D")),
+    ] {
+        op(&app, method.clone(), &path, Some(json!({ "max_in_flight": 1 }))).await.problem(StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(audited(&mut owner).await, before, "nothing audited, nothing changed");
     op(&app, Method::DELETE, &format!("/workspaces/{a}/key-limits/store%3A7"), None)
         .await
         .expect(StatusCode::NO_CONTENT);

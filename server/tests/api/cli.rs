@@ -261,8 +261,16 @@ async fn listings_print_a_table_or_json_lines_and_jobs_page_back_with_their_curs
     .unwrap();
     let kinds = lines(&conveyor(&["flow", "kind-limits", "--workspace", &ws], &vars));
     assert_eq!((kinds.len(), kinds[0]["max_in_flight"].clone()), (1, json!(2)));
+    let rate = conveyor_jobs::KeyLimit {
+        max_per_interval: Some((4, std::time::Duration::from_secs(1))),
+        ..Default::default()
+    };
+    conveyor_jobs::set_key_limit(&app.db.pool, conveyor_jobs::WorkspaceId(ws.parse().unwrap()), "store:9", rate)
+        .await
+        .unwrap();
     let keys = text(&conveyor(&["flow", "key-limits", "-o", "table"], &vars).stdout);
-    assert!(keys.starts_with("WORKSPACE "), "{keys}");
+    let row = keys.lines().find(|l| l.contains("store:9")).unwrap_or_default();
+    assert!(keys.starts_with("WORKSPACE ") && row.starts_with(&ws) && row.contains("4/1000ms"), "{keys}");
     let schedules = conveyor(&["schedule", "list", "--workspace", &ws, "-o", "table"], &vars);
     assert!(text(&schedules.stdout).starts_with("NAME "), "{}", text(&schedules.stderr));
 

@@ -471,7 +471,7 @@ async fn every_page_renders_and_its_forms_take_effect() {
     assert_eq!(post("/ui/weights", weigh).await, "/ui/fairness?notice=weighed");
     let key = vec![
         ("workspace", ws.clone()),
-        ("key", "store:<1>".to_owned()),
+        ("key", " store:<1>".to_owned()),
         ("max_in_flight", "2".to_owned()),
         ("max_per_interval", "".to_owned()),
         ("interval_ms", "".to_owned()),
@@ -483,13 +483,14 @@ async fn every_page_renders_and_its_forms_take_effect() {
     let weighed = format!(r#"<tr data-workspace="{ws}"><td class="mono">{ws}</td><td class="num">4</td>"#);
     assert!(fair.contains(&weighed), "{fair}");
     assert!(
-        fair.contains(r#"data-key="store:&lt;1&gt;""#) && fair.contains(&format!(r#"data-kind="{}""#, Flaky::KIND))
+        fair.contains(r#"data-key=" store:&lt;1&gt;""#) && fair.contains(&format!(r#"data-kind="{}""#, Flaky::KIND))
     );
-    assert_eq!(conveyor_jobs::list_key_limits(pool, s.workspace).await.unwrap()[0].max_in_flight, Some(2));
+    let keys = conveyor_jobs::list_key_limits(pool, s.workspace).await.unwrap();
+    assert_eq!((keys[0].key.as_str(), keys[0].max_in_flight), (" store:<1>", Some(2)));
     assert_eq!(conveyor_jobs::list_kind_limits(pool, s.workspace).await.unwrap()[0].max_in_flight, 1);
     let (_, other) = get(format!("/ui/fairness?workspace={}", Uuid::new_v4())).await;
     assert!(other.contains("No key limit or block.") && other.contains("No kind limit."), "another workspace's: none");
-    let key = vec![("workspace", ws.clone()), ("key", "store:<1>".to_owned())];
+    let key = vec![("workspace", ws.clone()), ("key", " store:<1>".to_owned())];
     assert_eq!(post("/ui/key-limits/remove", key).await, "/ui/fairness?notice=unlimited");
     let kind = vec![("workspace", ws.clone()), ("kind", Flaky::KIND.to_owned())];
     assert_eq!(post("/ui/kind-limits/remove", kind.clone()).await, "/ui/fairness?notice=unlimited");

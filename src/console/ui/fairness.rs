@@ -165,7 +165,7 @@ pub(super) async fn show(
                             td.mono { (layout::short_id(k.workspace_id)) } td { (k.key) }
                             td.num { (maybe(k.max_in_flight)) } td.num { (k.in_flight) }
                             td { (rate(k.max_per_interval, k.interval_ms)) }
-                            td { (layout::maybe_time(k.blocked_until)) } td { (maybe(k.block_reason.as_deref())) }
+                            td { (layout::maybe_time(k.blocked_until)) } td { (layout::error_text(k.block_reason.as_deref())) }
                             td { (layout::post_button(&page.at("/key-limits/remove"), "Remove", csrf,
                                 &[("workspace", ws.as_str()), ("key", k.key.as_str())], "danger")) }
                         }
@@ -258,8 +258,9 @@ pub(super) struct OwnLimitForm {
 }
 
 impl OwnLimitForm {
+    /// A key or kind as given: a key is free text, so its spaces are its own and are kept.
     fn named<'a>(value: &'a Option<String>, what: &str) -> Result<&'a str, UiError> {
-        field(value).ok_or_else(|| UiError::Invalid(format!("{what} is required")))
+        value.as_deref().filter(|v| !v.is_empty()).ok_or_else(|| UiError::Invalid(format!("{what} is required")))
     }
 }
 

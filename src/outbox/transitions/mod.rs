@@ -910,11 +910,13 @@ async fn hold_of(
         return Ok(Some(format!("a pause of {} holds it until it is resumed", scope.join(", "))));
     }
     let Some(key) = key else { return Ok(None) };
-    let blocked: Option<(chrono::DateTime<chrono::Utc>,)> =
-        sqlx::query_as("SELECT blocked_until FROM conveyor.job_key_limits WHERE key = $1 AND blocked_until > now()")
-            .bind(key)
-            .fetch_optional(&mut **tx)
-            .await?;
+    let blocked: Option<(chrono::DateTime<chrono::Utc>,)> = sqlx::query_as(
+        "SELECT blocked_until FROM conveyor.job_key_limits
+             WHERE workspace_id = conveyor.conveyor_current_workspace() AND key = $1 AND blocked_until > now()",
+    )
+    .bind(key)
+    .fetch_optional(&mut **tx)
+    .await?;
     Ok(blocked.map(|(until,)| format!("its limit key {key} is blocked until {} (rate limited)", until.to_rfc3339())))
 }
 
