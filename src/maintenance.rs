@@ -1,8 +1,8 @@
-//! The maintenance role: the queues' minutes for the operator's charts, periodic retention of ended outbox events, of
-//! dead letters and of the operators' audit trail (and of whatever a host adds with [`Maintenance::with_purge`]), and
-//! the reconciler that re-drives jobs Redis lost. Each pass is bounded; the loop sleeps
-//! between passes. Its pool is the runtime role's: it finds the workspaces to clean through functions that read
-//! across workspaces, then cleans each in its own context.
+//! The maintenance role: the queues' minutes for the operator's charts, the expiry of jobs waiting past their deadline,
+//! periodic retention of ended outbox events, of dead letters and of the operators' audit trail (and of whatever a
+//! host adds with [`Maintenance::with_purge`]), and the reconciler that re-drives jobs Redis lost. Each pass is
+//! bounded; the loop sleeps between passes. Its pool is the runtime role's: it finds the workspaces to clean through
+//! functions that read across workspaces, then cleans each in its own context.
 
 use crate::error::Public;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 
 use crate::metrics::Metrics;
 use crate::outbox::reconcile;
-use crate::outbox::transitions::relay as claim;
+use crate::outbox::transitions::{self, relay as claim};
 use crate::stream::RedisClient;
 use crate::stream::keys::Keys;
 
@@ -41,10 +41,12 @@ pub struct PassReport {
     pub dedup_keys_purged: u64,
     /// Jobs past a retention of their own ([`crate::Keep`]) removed: succeeded ones deleted, failed ones discarded.
     pub kept_jobs_purged: u64,
+    /// Jobs waiting in the outbox past their deadline ([`crate::EnqueueOptions::expire_at`]) canceled as expired.
+    pub expired: u64,
 }
 
 impl PassReport {
-    /// Whether the pass removed or re-drove anything.
+    /// Whether the pass removed, re-drove or expired anything.
     pub fn removed_any(&self) -> bool {
         self.outbox_purged
             + self.redriven
@@ -52,6 +54,7 @@ impl PassReport {
             + self.dead_letters_purged
             + self.dedup_keys_purged
             + self.kept_jobs_purged
+            + self.expired
             > 0
             || self.host_purged.iter().any(|(_, n)| *n > 0)
     }
@@ -189,6 +192,9 @@ impl Maintenance {
         if let Err(e) = sqlx::query("SELECT conveyor.conveyor_record_queue_minutes()").execute(&self.pool).await {
             tracing::warn!(error = %crate::redact(&e.to_string()), "Could not record the queues' minutes");
         }
+        // Before retention: an expired job is kept as long as any canceled one.
+        let expired = transitions::expire_waiting(&self.pool, BATCH).await?;
+        self.metrics.jobs_expired.inc_by(expired);
         let outbox_purged =
             claim::purge_finished(&self.pool, self.outbox_retention, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.outbox_events_purged.inc_by(outbox_purged);
@@ -213,6 +219,7 @@ impl Maintenance {
             dead_letters_purged,
             dedup_keys_purged,
             kept_jobs_purged,
+            expired,
         })
     }
 

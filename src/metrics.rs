@@ -64,6 +64,9 @@ pub struct Metrics {
     pub dead_letters_purged: IntCounter,
     /// `conveyor_outbox_redriven_total`: events re-driven by the reconciler.
     pub outbox_redriven: IntCounter,
+    /// `conveyor_jobs_expired_total`: jobs waiting in the outbox that maintenance canceled past their deadline (a
+    /// worker counts those it expires as `conveyor_jobs_total{outcome="expired"}`).
+    pub jobs_expired: IntCounter,
     /// `conveyor_jobs_total{queue, outcome}`.
     pub jobs: IntCounterVec,
     /// `conveyor_job_duration_seconds{queue, outcome}`.
@@ -295,6 +298,11 @@ impl Metrics {
                 "Dead letters discarded by their retention (CONVEYOR_DEAD_LETTER_RETENTION)",
             )?,
             outbox_redriven: counter(r, "conveyor_outbox_redriven_total", "Events re-driven by the reconciler")?,
+            jobs_expired: counter(
+                r,
+                "conveyor_jobs_expired_total",
+                "Jobs waiting in the outbox canceled by maintenance because their deadline passed",
+            )?,
             jobs: counter_vec(
                 r,
                 "conveyor_jobs_total",

@@ -115,13 +115,17 @@ pub struct JobInfo {
     pub parent_id: Option<JobId>,
     /// The children it still waits for (its status is [`JobStatus::WaitingChildren`] while there are any).
     pub children_left: u32,
+    /// Its deadline, if it set one ([`crate::EnqueueOptions::expire_at`]): not started by then, it is canceled, its
+    /// last error saying it expired.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// The columns of [`JobInfo`], for `FROM outbox_events e LEFT JOIN operations o ON o.id = e.operation_id`.
 const COLUMNS: &str = "e.id, e.event_type, e.queue, e.status, e.priority, e.job_attempts, e.attempt_count,
     e.max_attempts, e.next_attempt_at, coalesce(o.progress, e.progress) AS progress,
     coalesce(e.result, o.result) AS result, e.last_error, e.operation_id, e.dedup_key, e.created_at, e.dispatched_at,
-    coalesce(e.finished_at, e.dead_lettered_at) AS finished_at, e.parent_id, e.children_left, now() AS now";
+    coalesce(e.finished_at, e.dead_lettered_at) AS finished_at, e.parent_id, e.children_left, e.expires_at,
+    now() AS now";
 
 #[derive(sqlx::FromRow)]
 struct Row {
@@ -144,6 +148,7 @@ struct Row {
     finished_at: Option<DateTime<Utc>>,
     parent_id: Option<Uuid>,
     children_left: i32,
+    expires_at: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 }
 
@@ -178,6 +183,7 @@ impl From<Row> for JobInfo {
             finished_at: r.finished_at,
             parent_id: r.parent_id.map(JobId),
             children_left: r.children_left.max(0) as u32,
+            expires_at: r.expires_at,
         }
     }
 }

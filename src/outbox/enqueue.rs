@@ -29,6 +29,8 @@ use crate::kind::{self, JobKind, Keep, Priority};
 pub struct EnqueueOptions {
     run_at: Option<DateTime<Utc>>,
     delay: Option<Duration>,
+    expire_at: Option<DateTime<Utc>>,
+    start_within: Option<Duration>,
     dedup_key: Option<String>,
     dedup_mode: DedupMode,
     limit_key: Option<String>,
@@ -59,6 +61,26 @@ impl EnqueueOptions {
     /// [`EnqueueOptions::run_at`].
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
+        self
+    }
+
+    /// Never started after `at`: a job not started by then is canceled instead, its last error saying it expired
+    /// (Faktory's expiring jobs, Hatchet's schedule timeout). Checked by the worker as it takes the job from its
+    /// stream, by PostgreSQL's clock; a job waiting in the outbox past it (paused, held by a limit, no worker) is
+    /// canceled by the next maintenance pass. Its operation is canceled with it, and a parent of a flow cancels its
+    /// live children. A job that has started runs to its end, and is not started again after `at` (a retry that
+    /// would come later expires). Must be later than [`EnqueueOptions::run_at`]; exclusive with
+    /// [`EnqueueOptions::start_within`] and a debounce.
+    pub fn expire_at(mut self, at: DateTime<Utc>) -> Self {
+        self.expire_at = Some(at);
+        self
+    }
+
+    /// Never started later than `within` after it falls due (its run-at time, its delay, or the transaction's start
+    /// by the database's clock; a parent of a flow counts from the transaction's start): see
+    /// [`EnqueueOptions::expire_at`]. More than zero and at most ten years.
+    pub fn start_within(mut self, within: Duration) -> Self {
+        self.start_within = Some(within);
         self
     }
 
@@ -162,6 +184,23 @@ impl EnqueueOptions {
         if self.delay.is_some_and(|d| d > TEN_YEARS) {
             return invalid("delay must be at most ten years");
         }
+        if self.expire_at.is_some() && self.start_within.is_some() {
+            return invalid("expire_at and start_within exclude each other");
+        }
+        if self.start_within.is_some_and(|d| d.is_zero() || d > TEN_YEARS) {
+            return invalid("start_within must be more than zero and at most ten years");
+        }
+        if let Some(at) = self.expire_at {
+            if at <= Utc::now() {
+                return invalid("expire_at is not in the future: the job could never start");
+            }
+            if self.run_at.is_some_and(|run_at| at <= run_at) {
+                return invalid("expire_at is not later than run_at: the job could never start");
+            }
+            if self.delay.is_some_and(|d| chrono::Duration::from_std(d).is_ok_and(|d| at <= Utc::now() + d)) {
+                return invalid("expire_at is not later than the delay's end: the job could never start");
+            }
+        }
         if let Some(key) = &self.dedup_key
             && (key.is_empty() || key.chars().count() > 256)
         {
@@ -180,6 +219,9 @@ impl EnqueueOptions {
                 }
                 if self.run_at.is_some() || self.delay.is_some() {
                     return invalid("a debounce sets the due time: run_at and delay exclude it");
+                }
+                if self.expire_at.is_some() || self.start_within.is_some() {
+                    return invalid("a debounce moves the due time: expire_at and start_within exclude it");
                 }
                 if self.operation.is_some() {
                     return invalid(
@@ -349,6 +391,10 @@ pub(super) struct Row {
     pub(super) payload: serde_json::Value,
     pub(super) run_at: Option<DateTime<Utc>>,
     pub(super) delay_secs: f64,
+    /// Its deadline, if it set one.
+    pub(super) expire_at: Option<DateTime<Utc>>,
+    /// How long after it falls due it may start, seconds, if it set that instead.
+    pub(super) start_within_secs: Option<f64>,
     pub(super) dedup_key: Option<String>,
     pub(super) dedup_mode: DedupMode,
     pub(super) limit_key: Option<String>,
@@ -393,6 +439,8 @@ impl Row {
                 _ => options.delay.unwrap_or_default(),
             }
             .as_secs_f64(),
+            expire_at: options.expire_at,
+            start_within_secs: options.start_within.map(|d| d.as_secs_f64()),
             dedup_key: options.dedup_key,
             dedup_mode: options.dedup_mode,
             limit_key: options.limit_key,
@@ -484,10 +532,12 @@ pub(super) async fn insert_row<K: JobKind>(
             "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                                         next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
                                         backoff_max_ms, limit_key, keep_succeeded_s, keep_succeeded_n, keep_failed_s,
-                                        keep_failed_n)
+                                        keep_failed_n, expires_at)
              SELECT $1, conveyor.conveyor_current_workspace(), $2, $3, $4, $5, $6,
                     coalesce($7, now() + make_interval(secs => $8)), $9, $10, $11, $12, $13, $14, $16, $17, $18, $19,
-                    $20
+                    $20,
+                    coalesce($21, greatest(coalesce($7, now() + make_interval(secs => $8)), now())
+                                  + make_interval(secs => $22))
              FROM conveyor.conveyor_wake_dispatchers(conveyor.conveyor_current_workspace()::text || $15) AS notified
              WHERE $5::uuid IS NULL
                 OR EXISTS (SELECT 1 FROM conveyor.operations o WHERE o.id = $5 AND o.status IN ('queued', 'running'))
@@ -516,6 +566,8 @@ pub(super) async fn insert_row<K: JobKind>(
         .bind(row.keep[1])
         .bind(row.keep[2])
         .bind(row.keep[3])
+        .bind(row.expire_at)
+        .bind(row.start_within_secs)
         .fetch_optional(&mut **tx)
         .await
         .map_err(no_workspace)?;
@@ -621,18 +673,21 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
         "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id, traceparent,
                                     next_attempt_at, dedup_key, priority, max_attempts, timeout_ms, backoff_ms,
                                     backoff_max_ms, limit_key, keep_succeeded_s, keep_succeeded_n, keep_failed_s,
-                                    keep_failed_n)
+                                    keep_failed_n, expires_at)
          SELECT v.id, conveyor.conveyor_current_workspace(), $1, $2, v.payload, v.operation_id, v.traceparent,
                 coalesce(v.run_at, now() + make_interval(secs => v.delay)), v.dedup_key, v.priority, v.max_attempts,
                 v.timeout_ms, v.backoff_ms, v.backoff_max_ms, v.limit_key, v.keep_succeeded_s, v.keep_succeeded_n,
-                v.keep_failed_s, v.keep_failed_n
+                v.keep_failed_s, v.keep_failed_n,
+                coalesce(v.expire_at, greatest(coalesce(v.run_at, now() + make_interval(secs => v.delay)), now())
+                                      + make_interval(secs => v.start_within))
          FROM conveyor.conveyor_wake_dispatchers(conveyor.conveyor_current_workspace()::text || $3) AS notified
          CROSS JOIN unnest($4::uuid[], $5::jsonb[], $6::uuid[], $7::text[], $8::timestamptz[], $9::float8[],
                            $10::text[], $11::int2[], $12::int4[], $13::int8[], $14::int8[], $15::int8[], $16::text[],
-                           $17::int4[], $18::int4[], $19::int4[], $20::int4[])
+                           $17::int4[], $18::int4[], $19::int4[], $20::int4[], $21::timestamptz[], $22::float8[])
                     WITH ORDINALITY AS v(id, payload, operation_id, traceparent, run_at, delay, dedup_key, priority,
                                          max_attempts, timeout_ms, backoff_ms, backoff_max_ms, limit_key,
-                                         keep_succeeded_s, keep_succeeded_n, keep_failed_s, keep_failed_n, n)
+                                         keep_succeeded_s, keep_succeeded_n, keep_failed_s, keep_failed_n, expire_at,
+                                         start_within, n)
          ORDER BY v.n
          ON CONFLICT (workspace_id, event_type, dedup_key)
              WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
@@ -659,6 +714,8 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     .bind(column(&rows, |r| r.keep[1]))
     .bind(column(&rows, |r| r.keep[2]))
     .bind(column(&rows, |r| r.keep[3]))
+    .bind(column(&rows, |r| r.expire_at))
+    .bind(column(&rows, |r| r.start_within_secs))
     .fetch_all(&mut **tx)
     .await
     .map_err(no_workspace)?;
@@ -714,6 +771,27 @@ mod tests {
         assert!(
             EnqueueOptions::new().max_attempts(1).dedup_key("k").timeout(Duration::from_millis(1)).validate().is_ok()
         );
+    }
+
+    #[test]
+    fn a_deadline_the_job_could_never_start_by_is_refused() {
+        let refused = |o: EnqueueOptions| o.validate().unwrap_err().to_string();
+        let soon = Utc::now() + chrono::Duration::seconds(60);
+        let past = Utc::now() - chrono::Duration::seconds(1);
+        assert!(refused(EnqueueOptions::new().expire_at(past)).contains("not in the future"));
+        assert!(refused(EnqueueOptions::new().expire_at(soon).run_at(soon)).contains("not later than run_at"));
+        let later = EnqueueOptions::new().expire_at(soon).delay(Duration::from_secs(120));
+        assert!(refused(later).contains("delay"));
+        let both = EnqueueOptions::new().expire_at(soon).start_within(Duration::from_secs(1));
+        assert!(refused(both).contains("exclude each other"));
+        assert!(refused(EnqueueOptions::new().start_within(Duration::ZERO)).contains("start_within"));
+        assert!(refused(EnqueueOptions::new().start_within(TEN_YEARS * 2)).contains("start_within"));
+        let debounced = EnqueueOptions::new().dedup("k", DedupMode::debounce(Duration::from_secs(1)));
+        assert!(refused(debounced.start_within(Duration::from_secs(5))).contains("debounce"));
+        // A deadline after a delayed start, or after a due time, is fine.
+        assert!(EnqueueOptions::new().expire_at(soon).delay(Duration::from_secs(30)).validate().is_ok());
+        assert!(EnqueueOptions::new().expire_at(soon).run_at(Utc::now()).validate().is_ok());
+        assert!(EnqueueOptions::new().start_within(Duration::from_millis(1)).run_at(past).validate().is_ok());
     }
 
     #[test]

@@ -160,23 +160,27 @@ pub async fn enqueue_flow_tx(tx: &mut WorkspaceTx, flow: Flow) -> Result<Enqueue
         "INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, operation_id,
                                         traceparent, next_attempt_at, priority, max_attempts, timeout_ms, backoff_ms,
                                         backoff_max_ms, limit_key, keep_succeeded_s, keep_succeeded_n, keep_failed_s,
-                                        keep_failed_n, parent_id, child_failure, children_left)
+                                        keep_failed_n, parent_id, child_failure, children_left, expires_at)
              SELECT v.id, conveyor.conveyor_current_workspace(), v.queue, v.kind, v.payload, v.operation_id,
                     v.traceparent,
                     CASE WHEN v.children > 0 THEN '9999-12-31 00:00:00+00'::timestamptz
                          ELSE coalesce(v.run_at, now() + make_interval(secs => v.delay)) END,
                     v.priority, v.max_attempts, v.timeout_ms, v.backoff_ms, v.backoff_max_ms, v.limit_key,
                     v.keep_succeeded_s, v.keep_succeeded_n, v.keep_failed_s, v.keep_failed_n, v.parent_id,
-                    v.child_failure, v.children
+                    v.child_failure, v.children,
+                    -- A parent's start_within counts from now: it falls due when its last child ends.
+                    coalesce(v.expire_at, greatest(coalesce(v.run_at, now() + make_interval(secs => v.delay)), now())
+                                          + make_interval(secs => v.start_within))
              FROM conveyor.conveyor_wake_dispatchers(conveyor.conveyor_current_workspace()::text || $1) AS notified
              CROSS JOIN unnest($2::uuid[], $3::text[], $4::text[], $5::jsonb[], $6::uuid[], $7::text[],
                                $8::timestamptz[], $9::float8[], $10::int2[], $11::int4[], $12::int8[], $13::int8[],
                                $14::int8[], $15::text[], $16::int4[], $17::int4[], $18::int4[], $19::int4[],
-                               $20::uuid[], $21::text[], $22::int4[])
+                               $20::uuid[], $21::text[], $22::int4[], $23::timestamptz[], $24::float8[])
                         WITH ORDINALITY AS v(id, queue, kind, payload, operation_id, traceparent, run_at, delay,
                                              priority, max_attempts, timeout_ms, backoff_ms, backoff_max_ms,
                                              limit_key, keep_succeeded_s, keep_succeeded_n, keep_failed_s,
-                                             keep_failed_n, parent_id, child_failure, children, n)
+                                             keep_failed_n, parent_id, child_failure, children, expire_at,
+                                             start_within, n)
              ORDER BY v.n",
     )
     .bind(super::enqueue::notification_suffix(due))
@@ -201,6 +205,8 @@ pub async fn enqueue_flow_tx(tx: &mut WorkspaceTx, flow: Flow) -> Result<Enqueue
     .bind(column(&nodes, |n| n.parent))
     .bind(column(&nodes, |n| n.on_failure))
     .bind(column(&nodes, |n| n.children))
+    .bind(column(&nodes, |n| n.row.expire_at))
+    .bind(column(&nodes, |n| n.row.start_within_secs))
     .execute(&mut **tx)
     .await
     .map_err(no_workspace)?;

@@ -42,8 +42,19 @@ pub(super) struct Delivery {
     pub(super) max_attempts: Option<u32>,
     pub(super) timeout: Option<Duration>,
     pub(super) backoff: Option<Backoff>,
+    /// How its entry came to be started.
+    pub(super) start: Start,
+}
+
+/// How a job's entry came to be started, which decides what is checked before its handler runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Start {
+    /// Read new from its stream, and checked as it was read: it runs.
+    Read,
     /// Taken over from a worker that stopped while it held the entry (`XAUTOCLAIM`), rather than read new.
-    pub(super) taken_over: bool,
+    TakenOver,
+    /// Read, and found past its deadline as it was read: expired instead of run.
+    Expire,
 }
 
 impl Delivery {
@@ -71,7 +82,7 @@ impl Delivery {
             payload: f.take("payload").unwrap_or_default(),
             traceparent: f.take("traceparent").unwrap_or_default(),
             tracestate: f.take("tracestate"),
-            taken_over: false,
+            start: Start::Read,
         })
     }
 }
@@ -100,7 +111,7 @@ impl Executor {
         queue: Arc<Queue>,
         mut entry: Entry,
         abandon: CancellationToken,
-        taken_over: bool,
+        start: Start,
     ) -> Outcome {
         let started = Instant::now();
         let kind = queue.kind_slot(entry.fields.get("type"));
@@ -111,7 +122,7 @@ impl Executor {
                 (Outcome::Malformed, None)
             }
             Some(mut delivery) => {
-                delivery.taken_over = taken_over;
+                delivery.start = start;
                 // From when the job fell due: a delayed job, or a retry backing off, waits on purpose until then.
                 if let Some(since) = delivery.due_at_ms.or(delivery.enqueued_at_ms) {
                     let wait = (chrono::Utc::now().timestamp_millis() - since).max(0) as f64 / 1000.0;
@@ -166,11 +177,25 @@ impl Executor {
         abandon: &CancellationToken,
     ) -> anyhow::Result<(Outcome, Option<Finished>)> {
         let pool = &self.pool;
+        // Past its deadline, it never starts (an entry taken over is checked here, one read new as it was read).
+        match d.start {
+            Start::Expire => {
+                // Crash point for tests: the worker dies before the expiry commits.
+                crate::fail_point!("worker::before_expire");
+                let expired = Box::pin(transitions::expire_job(pool, d.workspace_id, d.event_id)).await?;
+                // Not expired now: it ended meanwhile.
+                return Ok((if expired { Outcome::Expired } else { Outcome::Skipped }, None));
+            }
+            Start::TakenOver if Box::pin(transitions::expire_job(pool, d.workspace_id, d.event_id)).await? => {
+                return Ok((Outcome::Expired, None));
+            }
+            Start::TakenOver | Start::Read => {}
+        }
         let Some(handler) = self.handlers.get(&*d.event_type).cloned() else {
             let reason = format!("no handler registered for kind `{}`", redact(&d.event_type));
             return Ok((Box::pin(self.dead_letter(d, &reason, "no_handler")).await?, None));
         };
-        if d.taken_over {
+        if d.start == Start::TakenOver {
             // The delivery before this one started and never ended: its worker stopped. Counted before this run, so
             // that a run that stops this worker too is counted by the next one.
             match Box::pin(transitions::count_stop(pool, d.workspace_id, d.event_id, d.redrive)).await? {

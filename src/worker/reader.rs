@@ -1,7 +1,7 @@
 //! The reading side of a worker: new entries (`XREADGROUP`), entries of dead consumers (`XAUTOCLAIM`), and starting
 //! a job for each as job slots free up, after one look at PostgreSQL for jobs that must not run (canceled, ended).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,13 +11,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use super::execute::Executor;
+use super::execute::{Executor, Start};
 use super::runtime::{Done, Lane, Outcome, Queue, Tracker, WorkerSettings};
 use super::slots::{Slot, Slots};
 use crate::db;
 use crate::ids::WorkspaceId;
 use crate::metrics::Metrics;
-use crate::outbox::transitions;
+use crate::outbox::transitions::{self, Skip};
 use crate::redact::redact;
 use crate::stream::RedisError;
 use crate::stream::consumer::{Consumer, Entry};
@@ -88,14 +88,14 @@ impl Reader {
         entry: Entry,
         permit: Slot,
         abandon: CancellationToken,
-        taken_over: bool,
+        start: Start,
     ) {
         // One Arc per job: the executor holds the same metrics (a `Metrics` clone is a few dozen).
         let executor = self.executor.clone();
         executor.metrics.worker_jobs_in_flight.inc();
         jobs.spawn(async move {
             let _permit = permit;
-            executor.process(queue, entry, abandon, taken_over).await;
+            executor.process(queue, entry, abandon, start).await;
             executor.metrics.worker_jobs_in_flight.dec();
         });
     }
@@ -163,14 +163,15 @@ impl Reader {
         let ids: Vec<(WorkspaceId, Uuid, Option<i32>)> = entries.iter().filter_map(job_of).collect();
         let checked = if taken_over {
             transitions::taken_over(&self.runtime, &ids).await.map(|counted| {
-                let skip = counted.iter().filter(|(_, stops)| stops.is_none()).map(|(id, _)| *id).collect();
+                let skip = counted.iter().filter(|(_, stops)| stops.is_none()).map(|(id, _)| (*id, Skip::NotToRun));
+                let skip = skip.collect();
                 let stops = counted.into_iter().filter_map(|(id, stops)| Some((id, stops?))).collect();
                 (skip, stops)
             })
         } else {
-            transitions::not_to_run(&self.runtime, &ids).await.map(|skip| (skip, HashMap::new()))
+            transitions::to_skip(&self.runtime, &ids).await.map(|skip| (skip, HashMap::new()))
         };
-        let (skip, stopped): (HashSet<Uuid>, HashMap<Uuid, u32>) = match checked {
+        let (skip, stopped): (HashMap<Uuid, Skip>, HashMap<Uuid, u32>) = match checked {
             Ok(checked) => checked,
             Err(e) => {
                 tracing::warn!(queue = %queue.name, error = %redact(&e.to_string()), "Cannot check jobs before running them; leaving them for later");
@@ -181,11 +182,17 @@ impl Reader {
         let mut first = first;
         let mut entries = entries.into_iter();
         while let Some(entry) = entries.next() {
-            if !skip.is_empty() && job_of(&entry).is_some_and(|(_, id, _)| skip.contains(&id)) {
+            let skipped = if skip.is_empty() { None } else { job_of(&entry).and_then(|(_, id, _)| skip.get(&id)) };
+            if skipped == Some(&Skip::NotToRun) {
                 queue.ended(queue.kind_slot(entry.fields.get("type")), Outcome::Skipped, Duration::ZERO);
                 let _ = self.acks.send((queue.clone(), partition, entry.id, None));
                 continue;
             }
+            let start = match (skipped, taken_over) {
+                (Some(_), _) => Start::Expire,
+                (None, true) => Start::TakenOver,
+                (None, false) => Start::Read,
+            };
             let alone = job_of(&entry).and_then(|(_, id, _)| stopped.get(&id)).is_some_and(|&stops| stops >= 1);
             let held = first.take();
             let permit = if alone {
@@ -206,7 +213,7 @@ impl Reader {
                     return;
                 }
             };
-            self.spawn_job(jobs, queue.clone(), entry, permit, abandon.clone(), taken_over);
+            self.spawn_job(jobs, queue.clone(), entry, permit, abandon.clone(), start);
         }
     }
 
@@ -220,15 +227,19 @@ impl Reader {
             let Some(entry) = self.consumer.read_now_in(&queue.name, *partition, 1).await?.pop() else { continue };
             self.tracker.track(&queue.name, *partition, [entry.id.clone()]);
             let skip = match job_of(&entry) {
-                Some(job) => transitions::not_to_run(&self.runtime, &[job]).await?.contains(&job.1),
-                None => false,
+                Some(job) => transitions::to_skip(&self.runtime, &[job]).await?.remove(&job.1),
+                None => None,
             };
-            if skip {
-                queue.ended(queue.kind_slot(entry.fields.get("type")), Outcome::Skipped, Duration::ZERO);
-                let _ = self.acks.send((queue.clone(), *partition, entry.id, None));
-                return Ok(Some(Outcome::Skipped));
-            }
-            return Ok(Some(self.executor.process(queue.clone(), entry, CancellationToken::new(), false).await));
+            let start = match skip {
+                Some(Skip::NotToRun) => {
+                    queue.ended(queue.kind_slot(entry.fields.get("type")), Outcome::Skipped, Duration::ZERO);
+                    let _ = self.acks.send((queue.clone(), *partition, entry.id, None));
+                    return Ok(Some(Outcome::Skipped));
+                }
+                Some(Skip::Expired) => Start::Expire,
+                None => Start::Read,
+            };
+            return Ok(Some(self.executor.process(queue.clone(), entry, CancellationToken::new(), start).await));
         }
         Ok(None)
     }

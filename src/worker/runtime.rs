@@ -92,6 +92,8 @@ pub enum Outcome {
     DeadLettered,
     /// Canceled while it ran: its writes rolled back, it stays canceled.
     Canceled,
+    /// Not started by its deadline ([`crate::EnqueueOptions::expire_at`]): canceled as expired instead of run.
+    Expired,
     /// Not a Conveyor job at all (no event id or workspace): acknowledged and dropped.
     Malformed,
     /// Stopped by shutdown; left unacknowledged for another worker.
@@ -101,12 +103,13 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub(super) const ALL: [Outcome; 8] = [
+    pub(super) const ALL: [Outcome; 9] = [
         Self::Succeeded,
         Self::Skipped,
         Self::Retried,
         Self::DeadLettered,
         Self::Canceled,
+        Self::Expired,
         Self::Malformed,
         Self::Abandoned,
         Self::Failed,
@@ -119,6 +122,7 @@ impl Outcome {
             Self::Retried => "retried",
             Self::DeadLettered => "dead_lettered",
             Self::Canceled => "canceled",
+            Self::Expired => "expired",
             Self::Malformed => "malformed",
             Self::Abandoned => "abandoned",
             Self::Failed => "failed",

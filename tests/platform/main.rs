@@ -8,6 +8,7 @@ mod kit;
 
 mod console;
 mod dedup_modes;
+mod expiry;
 mod gate;
 mod job_logs;
 mod metrics;

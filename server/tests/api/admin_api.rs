@@ -1463,7 +1463,7 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
             built.push(v);
         }
     }
-    assert_eq!(built, [27, 28, 31, 40, 49, 50, 51, 52, 57]);
+    assert_eq!(built, [27, 28, 31, 40, 49, 50, 51, 52, 57, 65]);
     // Applied by `conveyor migrate`, they are there and valid.
     let app = TestApp::spawn().await;
     let mut owner = app.db.owner().await;
@@ -1471,7 +1471,8 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
         "SELECT c.relname::text, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
          WHERE i.indrelid = 'conveyor.outbox_events'::regclass
            AND c.relname IN ('outbox_events_completed_at', 'outbox_events_dead_by_id', 'outbox_events_delayed',
-                             'outbox_events_due_by_queue', 'outbox_events_next_due') ORDER BY 1",
+                             'outbox_events_due_by_queue', 'outbox_events_next_due', 'outbox_events_expiring')
+         ORDER BY 1",
     )
     .fetch_all(&mut owner)
     .await
@@ -1483,7 +1484,8 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
             ("outbox_events_completed_at".to_owned(), true),
             ("outbox_events_dead_by_id".to_owned(), true),
             ("outbox_events_delayed".to_owned(), true),
-            ("outbox_events_due_by_queue".to_owned(), true)
+            ("outbox_events_due_by_queue".to_owned(), true),
+            ("outbox_events_expiring".to_owned(), true)
         ]
     );
 }

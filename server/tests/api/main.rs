@@ -15,6 +15,7 @@ mod cli;
 mod cluster;
 mod definer;
 mod dispatcher;
+mod expiry;
 mod fairness;
 mod flows;
 mod global_limits;

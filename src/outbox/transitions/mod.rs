@@ -14,7 +14,7 @@
 pub(crate) mod relay;
 pub(crate) mod waiting;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -236,26 +236,34 @@ pub(crate) async fn complete_many(pool: &PgPool, finished: &[Finished]) -> Resul
     Ok(done as u64)
 }
 
-/// Of the delivered jobs (workspace, id, the delivery's generation), those that must not run: ended (canceled,
-/// completed, dead-lettered), or moved to a newer generation (whose own delivery decides). One round trip for a whole
-/// read.
-pub(crate) async fn not_to_run(
+/// Why a delivered job does not run as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Skip {
+    /// Ended (canceled, completed, dead-lettered), gone, or moved to a newer generation (whose own delivery decides).
+    NotToRun,
+    /// Live and past its deadline: to expire ([`expire_job_tx`]) instead of running.
+    Expired,
+}
+
+/// Of the delivered jobs (workspace, id, the delivery's generation), those that must not run, and those past their
+/// deadline (migration 0064). One round trip for a whole read.
+pub(crate) async fn to_skip(
     pool: &PgPool,
     jobs: &[(WorkspaceId, Uuid, Option<i32>)],
-) -> Result<HashSet<Uuid>, sqlx::Error> {
+) -> Result<HashMap<Uuid, Skip>, sqlx::Error> {
     if jobs.is_empty() {
-        return Ok(HashSet::new());
+        return Ok(HashMap::new());
     }
     let workspaces: Vec<Uuid> = jobs.iter().map(|(w, _, _)| w.0).collect();
     let ids: Vec<Uuid> = jobs.iter().map(|(_, id, _)| *id).collect();
     let redrives: Vec<Option<i32>> = jobs.iter().map(|(_, _, r)| *r).collect();
-    let rows: Vec<(Uuid,)> = sqlx::query_as("SELECT id FROM conveyor.conveyor_jobs_not_to_run($1, $2, $3)")
+    let rows: Vec<(Uuid, bool)> = sqlx::query_as("SELECT id, expired FROM conveyor.conveyor_jobs_to_skip($1, $2, $3)")
         .bind(&workspaces)
         .bind(&ids)
         .bind(&redrives)
         .fetch_all(pool)
         .await?;
-    Ok(rows.into_iter().map(|(id,)| id).collect())
+    Ok(rows.into_iter().map(|(id, expired)| (id, if expired { Skip::Expired } else { Skip::NotToRun })).collect())
 }
 
 /// For `jobs`, entries taken over from a worker that stopped while it held them (migration 0036): by job id, the
@@ -432,6 +440,113 @@ pub(crate) async fn cancel_job_tx(
     }
     announce_cancel_tx(tx, workspace, &[job.0]).await?;
     Ok(Cancel::Canceled)
+}
+
+/// The last error of a job canceled because it was not started by its deadline, and its operation's error.
+pub(crate) const EXPIRED: &str = "expired: not started by its deadline";
+
+/// Cancels the job `job` because it expired: live and past its deadline (`expires_at`) by PostgreSQL's clock, which
+/// either the worker that took it from its stream or maintenance saw. As a cancellation does, with [`EXPIRED`] as its
+/// last error: its operation is canceled (with that error) with every other live job of it, a parent of a flow
+/// cancels its live children, and the workers running any of them hear it. False, and nothing changes, when the job
+/// is not there, has ended, or is not past a deadline.
+pub(crate) async fn expire_job_tx(
+    tx: &mut WorkspaceTx,
+    workspace: WorkspaceId,
+    job: Uuid,
+) -> Result<bool, sqlx::Error> {
+    let found: Option<(Option<Uuid>, i32)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT operation_id, children_left FROM conveyor.outbox_events
+         WHERE id = $1 AND status IN {LIVE} AND expires_at <= now()"
+    )))
+    .bind(job)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some((operation, children_left)) = found else { return Ok(false) };
+    // The locks a cancellation takes, in its order: the descendants, the operation, then the job.
+    if children_left > 0 {
+        lock_descendants_tx(tx, &[job]).await?;
+    }
+    lock_operation_tx(tx, operation).await?;
+    let expired = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE conveyor.outbox_events
+         SET status = 'canceled', last_error = $2, finished_at = clock_timestamp(), locked_by = NULL,
+             locked_until = NULL
+         WHERE id = $1 AND status IN {LIVE} AND expires_at <= now()"
+    )))
+    .bind(job)
+    .bind(EXPIRED)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if expired == 0 {
+        return Ok(false);
+    }
+    let mut canceled = vec![job];
+    if let Some(operation) = operation {
+        // The operation can no longer be advanced by it: canceled, with every other live job of it.
+        let ended = sqlx::query(
+            "UPDATE conveyor.operations SET status = 'canceled', error = $2, finished_at = clock_timestamp(),
+                 updated_at = now()
+             WHERE id = $1 AND status IN ('queued', 'running')",
+        )
+        .bind(operation)
+        .bind(EXPIRED)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        if ended == 1 {
+            let others: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "UPDATE conveyor.outbox_events
+                 SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL
+                 WHERE operation_id = $1 AND status IN {LIVE}
+                 RETURNING id"
+            )))
+            .bind(operation)
+            .fetch_all(&mut **tx)
+            .await?;
+            canceled.extend(others);
+        }
+    }
+    announce_cancel_tx(tx, workspace, &canceled).await?;
+    Ok(true)
+}
+
+/// [`expire_job_tx`] in a transaction of its own.
+pub(crate) async fn expire_job(pool: &PgPool, workspace: WorkspaceId, job: Uuid) -> Result<bool, sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let expired = expire_job_tx(&mut tx, workspace, job).await?;
+    tx.commit().await?;
+    Ok(expired)
+}
+
+/// Jobs waiting in the outbox past their deadline (pending: not handed to the workers), expired, at most `limit` a
+/// workspace and 1,000 workspaces a call, each in a transaction of its own; how many. The workspaces come from the
+/// `SECURITY DEFINER` `conveyor_expiring_workspaces` (ids only); each job is read and expired in its workspace under
+/// row-level security.
+pub(crate) async fn expire_waiting(pool: &PgPool, limit: i64) -> Result<u64, sqlx::Error> {
+    let workspaces: Vec<Uuid> =
+        sqlx::query_scalar("SELECT workspace_id FROM conveyor.conveyor_expiring_workspaces(1000)")
+            .fetch_all(pool)
+            .await?;
+    let mut expired = 0;
+    for workspace in workspaces.into_iter().map(WorkspaceId) {
+        let mut tx = db::begin_workspace(pool, workspace).await?;
+        let jobs: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM conveyor.outbox_events
+             WHERE status = 'pending' AND expires_at <= now() AND workspace_id = $1
+             ORDER BY expires_at LIMIT $2",
+        )
+        .bind(workspace.0)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        for job in jobs {
+            expired += u64::from(expire_job(pool, workspace, job).await?);
+        }
+    }
+    Ok(expired)
 }
 
 /// Locks what the cancellation of `parents` will reach: a parent of a flow canceled while it waits cancels its live

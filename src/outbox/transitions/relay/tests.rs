@@ -145,7 +145,7 @@ async fn the_relay_and_the_pre_run_check_never_read_the_whole_outbox_even_with_p
         assert!(events.is_empty());
         settle(&pool, "me", &[], &[], 10).await.unwrap();
         assert!(due_workspaces(&pool, 10).await.unwrap().is_empty());
-        assert_eq!(crate::outbox::transitions::not_to_run(&pool, &[unknown]).await.unwrap().len(), 1);
+        assert_eq!(crate::outbox::transitions::to_skip(&pool, &[unknown]).await.unwrap().len(), 1);
     }
     let seq_scans = || async {
         let mut owner = db.owner().await;
@@ -170,7 +170,7 @@ async fn the_relay_and_the_pre_run_check_never_read_the_whole_outbox_even_with_p
             break;
         }
         let read: Vec<_> = events.iter().map(|e| (ws, e.id, Some(e.redrive_count))).collect();
-        assert!(crate::outbox::transitions::not_to_run(&pool, &read).await.unwrap().is_empty());
+        assert!(crate::outbox::transitions::to_skip(&pool, &read).await.unwrap().is_empty());
         let delivered: Vec<Delivered> = events.iter().map(|e| Delivered::new(e, "1-1".into())).collect();
         relayed += settle(&pool, "me", &delivered, &[], 10).await.unwrap().dispatched;
     }
@@ -487,7 +487,8 @@ async fn the_relays_functions_keep_their_plans() {
         "SELECT p.proname::text, l.lanname::text, coalesce(p.proconfig, '{}')
          FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
          WHERE p.pronamespace = 'conveyor'::regnamespace
-           AND p.proname IN ('conveyor_due_workspaces', 'conveyor_claim_jobs_fair', 'conveyor_jobs_not_to_run')
+           AND p.proname IN ('conveyor_due_workspaces', 'conveyor_claim_jobs_fair', 'conveyor_jobs_not_to_run',
+                             'conveyor_jobs_to_skip')
            AND (p.proname <> 'conveyor_claim_jobs_fair' OR p.pronargs = 9)
          ORDER BY 1",
     )
@@ -495,7 +496,10 @@ async fn the_relays_functions_keep_their_plans() {
     .await
     .unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
-    assert_eq!(names, ["conveyor_claim_jobs_fair", "conveyor_due_workspaces", "conveyor_jobs_not_to_run"]);
+    assert_eq!(
+        names,
+        ["conveyor_claim_jobs_fair", "conveyor_due_workspaces", "conveyor_jobs_not_to_run", "conveyor_jobs_to_skip"]
+    );
     for (name, language, config) in &rows {
         assert_eq!(language, "plpgsql", "{name} caches its plans");
         assert!(config.iter().any(|c| c == "plan_cache_mode=force_generic_plan"), "{name}: {config:?}");
