@@ -1,14 +1,14 @@
 -- Expiring jobs (Faktory's expiring jobs, Hatchet's schedule timeout): a job may carry a deadline (`expires_at`) past
 -- which it never starts. One not started by then is canceled, its reason `expired: ...` in its last error, as a
--- cancellation: its operation is canceled, a parent of a flow cancels its live children, a child's parent decides by
--- the child's failure policy. No new state: every reader, sweep, index and trigger already knows `canceled`.
+-- cancellation: its operation is canceled, a child's parent decides by the child's failure policy (a job with
+-- children takes no deadline). No new state: every reader, sweep, index and trigger already knows `canceled`.
 --
 -- Two places see a deadline pass:
 -- - the worker, as it takes the job from its stream (`conveyor_jobs_to_skip` names the jobs past their deadline
 --   among those it read, beside those that must not run), and expires it instead of running it;
--- - maintenance, for jobs still waiting in the outbox (a paused queue, a limit, no worker, a parent waiting for its
---   children): `conveyor_expiring_workspaces` names the workspaces that hold any, through the index of the next
---   migration, and each job is expired in its workspace as the runtime role, under row-level security.
+-- - maintenance, for jobs still waiting in the outbox (a paused queue, a limit): `conveyor_expiring_workspaces` names
+--   the workspaces that hold any, through the index of the next migration, and each job is expired in its workspace
+--   as the runtime role, under row-level security.
 SET LOCAL search_path = conveyor;
 
 -- Nullable, no default: added without rewriting the table.

@@ -192,9 +192,13 @@ impl Maintenance {
         if let Err(e) = sqlx::query("SELECT conveyor.conveyor_record_queue_minutes()").execute(&self.pool).await {
             tracing::warn!(error = %crate::redact(&e.to_string()), "Could not record the queues' minutes");
         }
-        // Before retention: an expired job is kept as long as any canceled one.
-        let expired = transitions::expire_waiting(&self.pool, BATCH).await?;
+        // Before retention: an expired job is kept as long as any canceled one. A failure is logged, and the pass
+        // goes on: the next one expires what this one could not.
+        let (expired, done) = transitions::expire_waiting(&self.pool, BATCH).await;
         self.metrics.jobs_expired.inc_by(expired);
+        if let Err(e) = done {
+            tracing::warn!(error = %crate::redact(&e.to_string()), expired, "Could not expire every job past its deadline");
+        }
         let outbox_purged =
             claim::purge_finished(&self.pool, self.outbox_retention, BATCH, MAX_BATCHES_PER_PASS).await?;
         self.metrics.outbox_events_purged.inc_by(outbox_purged);

@@ -65,20 +65,20 @@ impl EnqueueOptions {
     }
 
     /// Never started after `at`: a job not started by then is canceled instead, its last error saying it expired
-    /// (Faktory's expiring jobs, Hatchet's schedule timeout). Checked by the worker as it takes the job from its
-    /// stream, by PostgreSQL's clock; a job waiting in the outbox past it (paused, held by a limit, no worker) is
-    /// canceled by the next maintenance pass. Its operation is canceled with it, and a parent of a flow cancels its
-    /// live children. A job that has started runs to its end, and is not started again after `at` (a retry that
-    /// would come later expires). Must be later than [`EnqueueOptions::run_at`]; exclusive with
-    /// [`EnqueueOptions::start_within`] and a debounce.
+    /// (Faktory's expiring jobs, Hatchet's schedule timeout). A worker checks as it takes the job from its stream, by
+    /// PostgreSQL's clock; a job waiting in the outbox past it (paused, held by a limit, a child waiting) is canceled
+    /// by the next maintenance pass; an enqueue of its de-dup key expires it and takes the key. Its operation is
+    /// canceled with it. A job that has started runs to its end, and is not started again after `at` (a retry that
+    /// would come later expires, and so does a job whose worker stopped). Must be in the future and later than
+    /// [`EnqueueOptions::run_at`] (by this process's clock); exclusive with [`EnqueueOptions::start_within`], a
+    /// debounce, and children (a parent of a flow starts when its last child ends).
     pub fn expire_at(mut self, at: DateTime<Utc>) -> Self {
         self.expire_at = Some(at);
         self
     }
 
-    /// Never started later than `within` after it falls due (its run-at time, its delay, or the transaction's start
-    /// by the database's clock; a parent of a flow counts from the transaction's start): see
-    /// [`EnqueueOptions::expire_at`]. More than zero and at most ten years.
+    /// Never started later than `within` after it falls due (its run-at time, its delay, or the transaction's start,
+    /// by the database's clock): see [`EnqueueOptions::expire_at`]. At least 1 ms and at most ten years.
     pub fn start_within(mut self, within: Duration) -> Self {
         self.start_within = Some(within);
         self
@@ -187,8 +187,8 @@ impl EnqueueOptions {
         if self.expire_at.is_some() && self.start_within.is_some() {
             return invalid("expire_at and start_within exclude each other");
         }
-        if self.start_within.is_some_and(|d| d.is_zero() || d > TEN_YEARS) {
-            return invalid("start_within must be more than zero and at most ten years");
+        if self.start_within.is_some_and(|d| d < Duration::from_millis(1) || d > TEN_YEARS) {
+            return invalid("start_within must be at least 1 ms and at most ten years");
         }
         if let Some(at) = self.expire_at {
             if at <= Utc::now() {
@@ -580,19 +580,23 @@ pub(super) async fn insert_row<K: JobKind>(
         let Some(key) = row.live_key() else {
             return Err(EnqueueError::Database(sqlx::Error::Protocol("the insert wrote nothing".into())));
         };
-        if let Some(id) = holder::<K>(tx, key).await? {
-            return Ok(Enqueued { id: JobId(id), created: false });
+        match holder::<K>(tx, key).await? {
+            Some((id, false)) => return Ok(Enqueued { id: JobId(id), created: false }),
+            // Past its deadline, it will never run: expired here, it frees the key for this job.
+            Some((id, true)) => expire_holder(tx, id).await?,
+            // The holder ended between the insert and the look-up: the key is free again.
+            None => {}
         }
-        // The holder ended between the insert and the look-up: the key is free again; try again.
+        // Try again.
     }
     Err(EnqueueError::Database(sqlx::Error::Protocol("the de-dup key keeps changing hands; try again".into())))
 }
 
-/// The live job of kind `K` holding the de-dup key `key`, if any. A statement of its own, so that under READ COMMITTED
-/// its snapshot sees a job that committed while the insert waited for it.
-async fn holder<K: JobKind>(tx: &mut WorkspaceTx, key: &str) -> Result<Option<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT id FROM conveyor.outbox_events
+/// The live job of kind `K` holding the de-dup key `key`, if any, and whether it is past its deadline. A statement of
+/// its own, so that under READ COMMITTED its snapshot sees a job that committed while the insert waited for it.
+async fn holder<K: JobKind>(tx: &mut WorkspaceTx, key: &str) -> Result<Option<(Uuid, bool)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, coalesce(expires_at <= now(), false) FROM conveyor.outbox_events
          WHERE workspace_id = conveyor.conveyor_current_workspace() AND event_type = $1 AND dedup_key = $2
            AND status IN ('pending', 'dispatching', 'dispatched')",
     )
@@ -600,6 +604,15 @@ async fn holder<K: JobKind>(tx: &mut WorkspaceTx, key: &str) -> Result<Option<Uu
     .bind(key)
     .fetch_optional(&mut **tx)
     .await
+}
+
+/// Cancels, as expired, the live holder `job` of a de-dup key that is past its deadline: it would never run, and an
+/// enqueue answered with it would be lost (a worker or maintenance would have expired it soon).
+async fn expire_holder(tx: &mut WorkspaceTx, job: Uuid) -> Result<(), sqlx::Error> {
+    let workspace: Uuid =
+        sqlx::query_scalar("SELECT conveyor.conveyor_current_workspace()").fetch_one(&mut **tx).await?;
+    super::transitions::expire_job_tx(tx, crate::ids::WorkspaceId(workspace), job, super::transitions::EXPIRED).await?;
+    Ok(())
 }
 
 /// Refuses operations that are not live operations of the transaction's workspace.
@@ -726,8 +739,8 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     let created: std::collections::HashSet<Uuid> = inserted.into_iter().map(|(id,)| id).collect();
     let held: Vec<String> =
         rows.iter().filter(|r| !created.contains(&r.id)).filter_map(|r| r.dedup_key.clone()).collect();
-    let holders: Vec<(String, Uuid)> = sqlx::query_as(
-        "SELECT dedup_key, id FROM conveyor.outbox_events
+    let holders: Vec<(String, Uuid, bool)> = sqlx::query_as(
+        "SELECT dedup_key, id, coalesce(expires_at <= now(), false) FROM conveyor.outbox_events
          WHERE workspace_id = conveyor.conveyor_current_workspace() AND event_type = $1 AND dedup_key = ANY($2)
            AND status IN ('pending', 'dispatching', 'dispatched')",
     )
@@ -735,7 +748,16 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     .bind(&held)
     .fetch_all(&mut **tx)
     .await?;
-    let holders: std::collections::HashMap<String, Uuid> = holders.into_iter().collect();
+    let mut live = std::collections::HashMap::new();
+    for (key, id, expired) in holders {
+        if expired {
+            // Past its deadline: expired, its key goes to this call's job (inserted one at a time below).
+            expire_holder(tx, id).await?;
+        } else {
+            live.insert(key, id);
+        }
+    }
+    let holders = live;
     let mut answers = Vec::with_capacity(rows.len());
     for r in &rows {
         if created.contains(&r.id) {
@@ -785,6 +807,7 @@ mod tests {
         let both = EnqueueOptions::new().expire_at(soon).start_within(Duration::from_secs(1));
         assert!(refused(both).contains("exclude each other"));
         assert!(refused(EnqueueOptions::new().start_within(Duration::ZERO)).contains("start_within"));
+        assert!(refused(EnqueueOptions::new().start_within(Duration::from_micros(999))).contains("1 ms"));
         assert!(refused(EnqueueOptions::new().start_within(TEN_YEARS * 2)).contains("start_within"));
         let debounced = EnqueueOptions::new().dedup("k", DedupMode::debounce(Duration::from_secs(1)));
         assert!(refused(debounced.start_within(Duration::from_secs(5))).contains("debounce"));

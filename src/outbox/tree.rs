@@ -168,7 +168,6 @@ pub async fn enqueue_flow_tx(tx: &mut WorkspaceTx, flow: Flow) -> Result<Enqueue
                     v.priority, v.max_attempts, v.timeout_ms, v.backoff_ms, v.backoff_max_ms, v.limit_key,
                     v.keep_succeeded_s, v.keep_succeeded_n, v.keep_failed_s, v.keep_failed_n, v.parent_id,
                     v.child_failure, v.children,
-                    -- A parent's start_within counts from now: it falls due when its last child ends.
                     coalesce(v.expire_at, greatest(coalesce(v.run_at, now() + make_interval(secs => v.delay)), now())
                                           + make_interval(secs => v.start_within))
              FROM conveyor.conveyor_wake_dispatchers(conveyor.conveyor_current_workspace()::text || $1) AS notified
@@ -231,6 +230,13 @@ fn flatten(flow: Flow) -> Result<Vec<Node>, EnqueueError> {
         if !children.is_empty() && (row.run_at.is_some() || row.delay_secs > 0.0) {
             return Err(EnqueueError::InvalidOptions(format!(
                 "{kind}: a job with children takes no due time or delay: it is due when its last child ends"
+            )));
+        }
+        if !children.is_empty() && (row.expire_at.is_some() || row.start_within_secs.is_some()) {
+            // Expired while it waited, it would cancel its children mid-run: a deadline for the whole flow.
+            return Err(EnqueueError::InvalidOptions(format!(
+                "{kind}: a job with children takes no deadline (expire_at, start_within): it starts when its last \
+                 child ends"
             )));
         }
         let id = row.id;

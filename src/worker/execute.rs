@@ -182,11 +182,21 @@ impl Executor {
             Start::Expire => {
                 // Crash point for tests: the worker dies before the expiry commits.
                 crate::fail_point!("worker::before_expire");
-                let expired = Box::pin(transitions::expire_job(pool, d.workspace_id, d.event_id)).await?;
+                let expired =
+                    Box::pin(transitions::expire_job(pool, d.workspace_id, d.event_id, transitions::EXPIRED)).await?;
                 // Not expired now: it ended meanwhile.
                 return Ok((if expired { Outcome::Expired } else { Outcome::Skipped }, None));
             }
-            Start::TakenOver if Box::pin(transitions::expire_job(pool, d.workspace_id, d.event_id)).await? => {
+            // Its worker stopped while it held it: past its deadline, it is not started again.
+            Start::TakenOver
+                if Box::pin(transitions::expire_job(
+                    pool,
+                    d.workspace_id,
+                    d.event_id,
+                    transitions::EXPIRED_ON_TAKE_OVER,
+                ))
+                .await? =>
+            {
                 return Ok((Outcome::Expired, None));
             }
             Start::TakenOver | Start::Read => {}

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use conveyor_jobs::{
-    EnqueueOptions, Flow, Handler, JobContext, JobError, JobId, JobKind, JobStatus, Outcome, UserId, Worker,
-    WorkspaceId,
+    ChildFailure, EnqueueOptions, Flow, Handler, JobContext, JobError, JobId, JobKind, JobStatus, Outcome, UserId,
+    Worker, WorkspaceId,
 };
 use fred::prelude::StreamsInterface;
 use serde::{Deserialize, Serialize};
@@ -140,8 +140,7 @@ async fn a_job_taken_from_its_stream_past_its_deadline_is_canceled_as_expired_wi
 }
 
 #[tokio::test]
-async fn jobs_waiting_past_their_deadline_are_canceled_by_maintenance_and_a_flows_expired_parent_cancels_its_children()
-{
+async fn jobs_waiting_past_their_deadline_are_canceled_by_maintenance_and_an_expired_child_releases_its_parent() {
     let platform = Platform::new(8).await;
     let (ws, other) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
     let soon = || EnqueueOptions::new().expire_at(Utc::now() + chrono::Duration::milliseconds(400));
@@ -159,40 +158,80 @@ async fn jobs_waiting_past_their_deadline_are_canceled_by_maintenance_and_a_flow
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    // A parent that must start within 400 ms of its enqueue, waiting for a child due in an hour.
-    let child = Flow::job(&Reminder { n: 4 }, EnqueueOptions::new().delay(Duration::from_secs(3600))).unwrap();
-    let flow = Flow::job(&Reminder { n: 5 }, EnqueueOptions::new().start_within(Duration::from_millis(400)))
-        .unwrap()
-        .child(child);
+    // A child that must start within 400 ms, under a parent that ignores its failure; a parent takes no deadline.
+    let child = Flow::job(&Reminder { n: 4 }, EnqueueOptions::new().start_within(Duration::from_millis(400))).unwrap();
+    let flow =
+        Flow::job(&Reminder { n: 5 }, EnqueueOptions::new()).unwrap().child_on_failure(child, ChildFailure::Ignore);
     let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
     let flow = conveyor_jobs::enqueue_flow_tx(&mut tx, flow).await.unwrap();
+    let with_deadline = Flow::job(&Reminder { n: 6 }, EnqueueOptions::new().start_within(Duration::from_secs(60)))
+        .unwrap()
+        .child(Flow::job(&Reminder { n: 7 }, EnqueueOptions::new()).unwrap());
+    let refused = conveyor_jobs::enqueue_flow_tx(&mut tx, with_deadline).await.unwrap_err().to_string();
+    assert!(refused.contains("takes no deadline"), "{refused}");
     tx.commit().await.unwrap();
     assert_eq!(job(&platform, ws, flow.id).await.status, JobStatus::WaitingChildren);
-    assert!(job(&platform, ws, flow.children[0].id).await.expires_at.is_none());
 
     // Before the deadline, maintenance leaves them alone.
     assert_eq!(maintenance_pass(&platform).await.expired, 0);
     past_deadline(&platform, ws, alone).await;
-    past_deadline(&platform, ws, flow.id).await;
+    past_deadline(&platform, ws, flow.children[0].id).await;
     past_deadline(&platform, other, batch[2].id).await;
 
     let report = maintenance_pass(&platform).await;
-    assert_eq!(report.expired, 4, "the one alone, two of the batch, the parent: {report:?}");
-    for (workspace, id) in [(ws, alone), (other, batch[0].id), (other, batch[2].id), (ws, flow.id)] {
+    assert_eq!(report.expired, 4, "the one alone, two of the batch, the child: {report:?}");
+    for (workspace, id) in [(ws, alone), (other, batch[0].id), (other, batch[2].id), (ws, flow.children[0].id)] {
         let info = job(&platform, workspace, id).await;
         assert_eq!(info.status, JobStatus::Canceled, "{id:?}");
         assert_eq!(info.last_error.as_deref(), Some("expired: not started by its deadline"), "{id:?}");
     }
-    let child = job(&platform, ws, flow.children[0].id).await;
-    assert_eq!((child.status, child.last_error.as_deref()), (JobStatus::Canceled, Some("its parent was canceled")));
+    // The expired child ended, for its parent: released.
+    assert_eq!(job(&platform, ws, flow.id).await.status, JobStatus::Queued);
     assert_eq!(job(&platform, other, batch[1].id).await.status, JobStatus::Queued, "no deadline, not touched");
     assert_eq!(maintenance_pass(&platform).await.expired, 0, "each expires once");
 
-    // A worker runs only the job without a deadline.
+    // A worker runs only the jobs without a deadline: the one of the batch and the parent.
     let send = Send::default();
     let worker = worker(&platform, &send).await;
     let dispatcher = platform.dispatcher(|_| {}).await;
     let outcomes = conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
-    assert_eq!(outcomes, [Outcome::Succeeded]);
-    assert_eq!(send.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(outcomes, [Outcome::Succeeded, Outcome::Succeeded]);
+    assert_eq!(send.runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_de_dup_key_held_by_a_job_past_its_deadline_goes_to_the_next_enqueue() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let keyed = |key: &str| EnqueueOptions::new().dedup_key(key).start_within(Duration::from_millis(300));
+    let first = enqueue(&platform, ws, keyed("a")).await;
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let batch = conveyor_jobs::enqueue_many_tx(&mut tx, [(&Reminder { n: 1 }, keyed("b"))]).await.unwrap();
+    tx.commit().await.unwrap();
+    // While in time, the key answers its holder.
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let again = conveyor_jobs::enqueue_tx(&mut tx, &Reminder { n: 2 }, keyed("a")).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((again.id, again.created), (first, false));
+    past_deadline(&platform, ws, first).await;
+    past_deadline(&platform, ws, batch[0].id).await;
+
+    // Past it, the holder would never run: the next enqueue of each key expires it and writes a job of its own.
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let one =
+        conveyor_jobs::enqueue_tx(&mut tx, &Reminder { n: 3 }, EnqueueOptions::new().dedup_key("a")).await.unwrap();
+    let many = conveyor_jobs::enqueue_many_tx(&mut tx, [(&Reminder { n: 4 }, EnqueueOptions::new().dedup_key("b"))])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(one.created && one.id != first, "{one:?}");
+    assert!(many[0].created && many[0].id != batch[0].id, "{many:?}");
+    for old in [first, batch[0].id] {
+        let info = job(&platform, ws, old).await;
+        assert_eq!(
+            (info.status, info.last_error.as_deref()),
+            (JobStatus::Canceled, Some("expired: not started by its deadline"))
+        );
+    }
+    assert_eq!(job(&platform, ws, one.id).await.status, JobStatus::Queued);
 }

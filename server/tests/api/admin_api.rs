@@ -1699,17 +1699,19 @@ async fn a_queues_last_hour_is_recorded_by_maintenance_and_drawn_on_its_page() {
         Duration::from_secs(7 * 86400),
         Duration::from_secs(3600),
     );
-    // Before anything ran: sixty minutes, the current one last, all empty.
-    let minutes = op(&app, Method::GET, "/queues/chores/minutes", None).await.expect(StatusCode::OK);
-    let minutes = minutes.as_array().unwrap();
-    assert_eq!(minutes.len(), 60);
-    assert!(minutes.iter().all(|m| m["done"] == 0 && m["failed"] == 0 && m["backlog"].is_null()), "{minutes:?}");
+    // A queue nobody knows (no job, no kind, nothing recorded): 404, as for its summary.
+    op(&app, Method::GET, "/queues/chores/minutes", None).await.expect(StatusCode::NOT_FOUND);
 
-    // Three jobs due with no worker: the backlog a pass samples, summed over workspaces.
+    // Three jobs due with no worker. Before maintenance passed: sixty minutes, the current one last, all empty.
     let mut jobs = Vec::new();
     for (ws, mode) in [(a, "ok"), (b, "ok"), (a, "fail")] {
         jobs.push((ws, enqueue(&app, ws, mode, EnqueueOptions::new()).await));
     }
+    let minutes = op(&app, Method::GET, "/queues/chores/minutes", None).await.expect(StatusCode::OK);
+    let minutes = minutes.as_array().unwrap();
+    assert_eq!(minutes.len(), 60);
+    assert!(minutes.iter().all(|m| m["done"] == 0 && m["failed"] == 0 && m["backlog"].is_null()), "{minutes:?}");
+    // The backlog a pass samples, summed over workspaces.
     maintenance.run_once().await.unwrap();
     let minutes = op(&app, Method::GET, "/queues/chores/minutes", None).await.expect(StatusCode::OK);
     let sampled: Vec<u64> = minutes.as_array().unwrap().iter().filter_map(|m| m["backlog"].as_u64()).collect();

@@ -82,7 +82,10 @@ async fn a_worker_killed_before_its_expiry_of_a_job_commits_leaves_it_to_the_nex
     assert!(taken_over.is_some(), "another worker took the entry over; log:\n{}", rescuer.log());
     let expired = job(&app, ws, id).await;
     assert_eq!(expired.status, JobStatus::Canceled, "log:\n{}", rescuer.log());
-    assert_eq!(expired.last_error.as_deref(), Some("expired: not started by its deadline"));
+    assert_eq!(
+        expired.last_error.as_deref(),
+        Some("expired: its worker stopped, and its deadline passed before another took it")
+    );
     assert_eq!(expired.failed_runs, 0);
     shutdown.cancel();
 }

@@ -169,7 +169,13 @@ async fn queue(op: Operating, Path(name): Path<String>) -> Answer {
 }
 
 async fn queue_minutes(op: Operating, Path(name): Path<String>) -> Answer {
-    ok(op.admin.queue_minutes(&op.actor, &name).await?)
+    let minutes = op.admin.queue_minutes(&op.actor, &name).await?;
+    // An hour with nothing recorded is a queue of no job and no kind, unless the queues know it: a typo is a 404.
+    let recorded = |m: &crate::QueueMinute| m.done + m.failed > 0 || m.backlog.is_some();
+    if !minutes.iter().any(recorded) && op.admin.queue(&op.actor, &name).await?.is_none() {
+        return Err(ApiError::NotFound("queue"));
+    }
+    ok(minutes)
 }
 
 async fn jobs(op: Operating, query: RawQuery) -> Answer {

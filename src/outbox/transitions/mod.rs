@@ -445,15 +445,22 @@ pub(crate) async fn cancel_job_tx(
 /// The last error of a job canceled because it was not started by its deadline, and its operation's error.
 pub(crate) const EXPIRED: &str = "expired: not started by its deadline";
 
+/// The same, for a job whose worker stopped while it held it (it may have started), and whose deadline passed before
+/// another worker took it over: it is not started again.
+pub(crate) const EXPIRED_ON_TAKE_OVER: &str =
+    "expired: its worker stopped, and its deadline passed before another took it";
+
 /// Cancels the job `job` because it expired: live and past its deadline (`expires_at`) by PostgreSQL's clock, which
-/// either the worker that took it from its stream or maintenance saw. As a cancellation does, with [`EXPIRED`] as its
-/// last error: its operation is canceled (with that error) with every other live job of it, a parent of a flow
-/// cancels its live children, and the workers running any of them hear it. False, and nothing changes, when the job
-/// is not there, has ended, or is not past a deadline.
+/// the worker that took it from its stream, maintenance or an enqueue that found it holding a de-dup key saw. As a
+/// cancellation does, with `reason` ([`EXPIRED`], [`EXPIRED_ON_TAKE_OVER`]) as its last error: its operation is
+/// canceled (with that error) with every other live job of it, and the workers running any of them hear it. A job
+/// handed to the workers keeps its hand-off time, as every end does. False, and nothing changes, when the job is not
+/// there, has ended, or is not past a deadline.
 pub(crate) async fn expire_job_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     job: Uuid,
+    reason: &str,
 ) -> Result<bool, sqlx::Error> {
     let found: Option<(Option<Uuid>, i32)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT operation_id, children_left FROM conveyor.outbox_events
@@ -471,11 +478,12 @@ pub(crate) async fn expire_job_tx(
     let expired = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE conveyor.outbox_events
          SET status = 'canceled', last_error = $2, finished_at = clock_timestamp(), locked_by = NULL,
-             locked_until = NULL
+             locked_until = NULL,
+             dispatched_at = CASE WHEN status = 'pending' THEN dispatched_at ELSE coalesce(dispatched_at, now()) END
          WHERE id = $1 AND status IN {LIVE} AND expires_at <= now()"
     )))
     .bind(job)
-    .bind(EXPIRED)
+    .bind(reason)
     .execute(&mut **tx)
     .await?
     .rows_affected();
@@ -491,7 +499,7 @@ pub(crate) async fn expire_job_tx(
              WHERE id = $1 AND status IN ('queued', 'running')",
         )
         .bind(operation)
-        .bind(EXPIRED)
+        .bind(reason)
         .execute(&mut **tx)
         .await?
         .rows_affected();
@@ -513,40 +521,53 @@ pub(crate) async fn expire_job_tx(
 }
 
 /// [`expire_job_tx`] in a transaction of its own.
-pub(crate) async fn expire_job(pool: &PgPool, workspace: WorkspaceId, job: Uuid) -> Result<bool, sqlx::Error> {
+pub(crate) async fn expire_job(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    job: Uuid,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
-    let expired = expire_job_tx(&mut tx, workspace, job).await?;
+    let expired = expire_job_tx(&mut tx, workspace, job, reason).await?;
     tx.commit().await?;
     Ok(expired)
 }
 
-/// Jobs waiting in the outbox past their deadline (pending: not handed to the workers), expired, at most `limit` a
-/// workspace and 1,000 workspaces a call, each in a transaction of its own; how many. The workspaces come from the
-/// `SECURITY DEFINER` `conveyor_expiring_workspaces` (ids only); each job is read and expired in its workspace under
-/// row-level security.
-pub(crate) async fn expire_waiting(pool: &PgPool, limit: i64) -> Result<u64, sqlx::Error> {
-    let workspaces: Vec<Uuid> =
-        sqlx::query_scalar("SELECT workspace_id FROM conveyor.conveyor_expiring_workspaces(1000)")
-            .fetch_all(pool)
+/// Jobs waiting in the outbox past their deadline (pending: not handed to the workers), expired, the most overdue
+/// workspaces first, at most `limit` in all, each in a transaction of its own: how many, and the first error, which
+/// stops it. The workspaces come from the `SECURITY DEFINER` `conveyor_expiring_workspaces` (ids only); each job is
+/// read and expired in its workspace under row-level security.
+pub(crate) async fn expire_waiting(pool: &PgPool, limit: i64) -> (u64, Result<(), sqlx::Error>) {
+    let mut expired = 0u64;
+    let done = async {
+        let workspaces: Vec<Uuid> =
+            sqlx::query_scalar("SELECT workspace_id FROM conveyor.conveyor_expiring_workspaces(1000)")
+                .fetch_all(pool)
+                .await?;
+        for workspace in workspaces.into_iter().map(WorkspaceId) {
+            let left = limit - i64::try_from(expired).unwrap_or(i64::MAX);
+            if left <= 0 {
+                break;
+            }
+            let mut tx = db::begin_workspace(pool, workspace).await?;
+            let jobs: Vec<Uuid> = sqlx::query_scalar(
+                "SELECT id FROM conveyor.outbox_events
+                 WHERE status = 'pending' AND expires_at <= now() AND workspace_id = $1
+                 ORDER BY expires_at LIMIT $2",
+            )
+            .bind(workspace.0)
+            .bind(left)
+            .fetch_all(&mut *tx)
             .await?;
-    let mut expired = 0;
-    for workspace in workspaces.into_iter().map(WorkspaceId) {
-        let mut tx = db::begin_workspace(pool, workspace).await?;
-        let jobs: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM conveyor.outbox_events
-             WHERE status = 'pending' AND expires_at <= now() AND workspace_id = $1
-             ORDER BY expires_at LIMIT $2",
-        )
-        .bind(workspace.0)
-        .bind(limit)
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        for job in jobs {
-            expired += u64::from(expire_job(pool, workspace, job).await?);
+            tx.commit().await?;
+            for job in jobs {
+                expired += u64::from(expire_job(pool, workspace, job, EXPIRED).await?);
+            }
         }
+        Ok(())
     }
-    Ok(expired)
+    .await;
+    (expired, done)
 }
 
 /// Locks what the cancellation of `parents` will reach: a parent of a flow canceled while it waits cancels its live
