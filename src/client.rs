@@ -35,6 +35,8 @@ pub const DEFAULT_RECONCILE_AFTER: Duration = Duration::from_secs(300);
 /// job may hold a connection for its transaction) plus about four: the dispatcher holds one for `LISTEN`, each
 /// [`Conveyor::wait_for_job`] one while it waits, and the relay and the worker's bookkeeping take one briefly. The
 /// worker opens two connections of its own for progress and cancellations. sqlx's `PgPool::connect` makes 10.
+/// [`crate::connect_postgres`] (or [`crate::postgres_pool_options`]) opens it as Conveyor opens its own: without
+/// sqlx's round trip to check each connection it hands out, but for one idle a second or more.
 ///
 /// One worker per `Conveyor`: [`Conveyor::worker`] gives every worker the same blocking Redis client, on which their
 /// `XREADGROUP BLOCK` calls would wait behind each other. A second worker in one process takes a second `Conveyor`.

@@ -49,10 +49,31 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     Ok(options.ssl_mode(sqlx::postgres::PgSslMode::Disable))
 }
 
-/// Opens a pool on `url` with at most `max_connections`.
+/// A connection of [`pool_options`]' pools idle at least this long is checked (a round trip) before the pool hands
+/// it out again.
+pub const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
+
+/// The options of every pool Conveyor opens: sqlx's, but a connection is checked before it is handed out only when it
+/// has been idle [`CHECK_IDLE_AFTER`] or longer (HikariCP's rule). sqlx checks every connection twice per use, a round
+/// trip each, as it takes it and as it gives it back: the second flushes what a dropped transaction left (its
+/// `ROLLBACK`) and stays; the first, on the way of every statement and transaction, found nothing the second had not
+/// found an instant before. A connection PostgreSQL closed within the last second fails its first statement instead,
+/// as one closed during that statement would, and the pool replaces it.
+pub fn pool_options() -> PgPoolOptions {
+    PgPoolOptions::new().test_before_acquire(false).before_acquire(|conn, meta| {
+        Box::pin(async move {
+            if meta.idle_for >= CHECK_IDLE_AFTER {
+                sqlx::Connection::ping(conn).await?;
+            }
+            Ok(true)
+        })
+    })
+}
+
+/// Opens a pool on `url` with at most `max_connections` ([`pool_options`]).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
     let options = connect_options(url)?;
-    PgPoolOptions::new()
+    pool_options()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(options.application_name("conveyor"))

@@ -131,7 +131,8 @@ pub use admin::{
 
 // Connections: PostgreSQL, Redis (its TLS, its keys, the producer and consumer the dispatcher and worker use).
 pub use db::{
-    connect as connect_postgres, connect_options as postgres_options, is_unavailable as is_postgres_unavailable,
+    CHECK_IDLE_AFTER as POSTGRES_CHECK_IDLE_AFTER, connect as connect_postgres, connect_options as postgres_options,
+    is_unavailable as is_postgres_unavailable, pool_options as postgres_pool_options,
 };
 pub use ids::instance_name;
 pub use stream::admin::{ServerCheck as RedisCheck, check_server as check_redis};

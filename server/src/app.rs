@@ -73,7 +73,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
         Some(url) => {
             let options = conveyor_jobs::postgres_options(url.expose())
                 .context("CONVEYOR_OPERATOR_DATABASE_URL is not a valid PostgreSQL URL")?;
-            let operator = sqlx::postgres::PgPoolOptions::new()
+            let operator = conveyor_jobs::postgres_pool_options()
                 .max_connections(4)
                 .acquire_timeout(Duration::from_secs(5))
                 .connect_lazy_with(options);
@@ -335,7 +335,7 @@ pub async fn build_worker(config: &Config, state: &AppState) -> anyhow::Result<W
     // Every running job with an operation holds a connection of the worker's pool in its transaction for its whole
     // run; handlers that commit transactions of their own (a catalog page, AI reservations) take them from this pool,
     // one per job slot at most, so they never wait for connections their own jobs hold.
-    let handler_pool = sqlx::postgres::PgPoolOptions::new()
+    let handler_pool = conveyor_jobs::postgres_pool_options()
         .max_connections(u32::try_from(config.worker_concurrency).unwrap_or(u32::MAX))
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with((*state.pool.connect_options()).clone());

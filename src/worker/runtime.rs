@@ -16,7 +16,6 @@ use std::time::Duration;
 use anyhow::Context;
 use prometheus::{Histogram, IntCounter};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -385,7 +384,7 @@ impl WorkerBuilder {
             })
             .collect();
         let control = self.control.unwrap_or_else(|| {
-            PgPoolOptions::new()
+            crate::db::pool_options()
                 .max_connections(2)
                 .acquire_timeout(Duration::from_secs(5))
                 .connect_lazy_with((*self.pool.connect_options()).clone())

@@ -346,3 +346,24 @@ async fn a_request_whose_statement_postgres_terminates_answers_503_with_retry_af
         app.send_with_key(reqwest::Method::POST, "/v1/stores", who, Some(&key), Some(&common::store_body("cut"))).await;
     assert_eq!(resp.status(), 202);
 }
+
+#[tokio::test]
+async fn a_pool_checks_no_connection_it_used_an_instant_ago_and_comes_back_after_a_restart() {
+    // Conveyor's pools check a connection before handing it out only when it sat idle a second or more: sqlx checks
+    // every one, a round trip in the way of each statement and transaction. The price: PostgreSQL closing a connection
+    // that was used an instant ago is seen by the next statement, which fails as one in flight would, and the pool
+    // replaces the connection for the one after. After a restart, the pool's first statement works.
+    let mut pg = TestPostgres::start().await;
+    let pool = conveyor_jobs::connect_postgres(&pg.url("conveyor_app"), 1).await.unwrap();
+    let backend = || async { sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()").fetch_one(&pool).await };
+    let first = backend().await.unwrap();
+    assert_eq!(backend().await.unwrap(), first, "one connection, used again");
+    pg.terminate_backends().await;
+    assert!(backend().await.is_err(), "not checked: the statement met the closed connection");
+    let second = backend().await.expect("a new connection");
+    assert_ne!(second, first);
+    pg.stop_fast().await;
+    pg.start_again().await;
+    tokio::time::sleep(conveyor_jobs::POSTGRES_CHECK_IDLE_AFTER + Duration::from_millis(100)).await;
+    assert_ne!(backend().await.expect("a live connection after the restart"), second);
+}

@@ -169,7 +169,7 @@ impl TransferAssetHandler {
     /// A handler storing into `storage` through `fetcher`; its progress connections (at most 4, opened on demand)
     /// go where `pool`'s do.
     pub fn new(pool: &PgPool, storage: ObjectStorage, fetcher: Arc<Fetcher>, max_attempts: u32) -> Self {
-        let progress_pool = sqlx::postgres::PgPoolOptions::new()
+        let progress_pool = conveyor_jobs::postgres_pool_options()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(5))
             .connect_lazy_with((*pool.connect_options()).clone());
