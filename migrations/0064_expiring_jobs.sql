@@ -66,9 +66,49 @@ CREATE FUNCTION conveyor_expiring_workspaces(max_workspaces integer)
     $$;
 REVOKE ALL ON FUNCTION conveyor_expiring_workspaces(integer) FROM PUBLIC;
 
--- A worker or a maintenance process of this release may run before `conveyor migrate` has granted the new functions
--- (a host that runs the migrations itself, then grants): each goes to every role that may call the function it
--- stands beside.
+-- The operator's view of a job's family (0058's), with the job's deadline on its own row: a new name, so that an API of
+-- the previous release keeps calling the function it knows.
+CREATE FUNCTION conveyor_admin_job_family_v2(actor text, of_job uuid)
+    RETURNS TABLE (relation text, id uuid, kind text, queue text, state text, child_failure text,
+                   children_left integer, finished_at timestamptz, traceparent text, expires_at timestamptz)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, conveyor, pg_temp
+    AS $$
+    #variable_conflict use_column
+    BEGIN
+        PERFORM conveyor.conveyor_admin_audit_write(actor, 'job_family', pg_catalog.jsonb_build_object('job_id', of_job));
+        RETURN QUERY
+            SELECT 'self'::text, e.id, e.event_type, e.queue,
+                   conveyor.conveyor_job_state(e.status, e.next_attempt_at, e.job_attempts + e.attempt_count),
+                   e.child_failure, e.children_left, coalesce(e.finished_at, e.dead_lettered_at), e.traceparent,
+                   e.expires_at
+            FROM conveyor.outbox_events e
+            WHERE e.id = of_job AND e.status <> 'discarded'
+            UNION ALL
+            SELECT 'parent'::text, p.id, p.event_type, p.queue,
+                   conveyor.conveyor_job_state(p.status, p.next_attempt_at, p.job_attempts + p.attempt_count),
+                   c.child_failure, p.children_left, coalesce(p.finished_at, p.dead_lettered_at), NULL::text,
+                   NULL::timestamptz
+            FROM conveyor.outbox_events c
+            JOIN conveyor.outbox_events p ON p.id = c.parent_id
+            WHERE c.id = of_job AND p.status <> 'discarded'
+            UNION ALL
+            SELECT * FROM (
+                SELECT 'child'::text, c.id, c.event_type, c.queue,
+                       conveyor.conveyor_job_state(c.status, c.next_attempt_at, c.job_attempts + c.attempt_count),
+                       c.child_failure, c.children_left, coalesce(c.finished_at, c.dead_lettered_at), NULL::text,
+                       NULL::timestamptz
+                FROM conveyor.outbox_events c
+                WHERE c.parent_id = of_job AND c.status <> 'discarded'
+                ORDER BY c.id
+                LIMIT 1000) children;
+    END
+    $$;
+REVOKE ALL ON FUNCTION conveyor_admin_job_family_v2(text, uuid) FROM PUBLIC;
+
+-- A worker, a maintenance process or an API of this release may run before `conveyor migrate` has granted the new
+-- functions (a host that runs the migrations itself, then grants): each goes to every role that may call the function
+-- it stands beside.
 DO $$
 DECLARE
     grantee text;
@@ -93,6 +133,17 @@ BEGIN
           AND a.privilege_type = 'EXECUTE' AND r.rolname <> current_user
     LOOP
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_expiring_workspaces(integer) TO %I',
+                                  grantee);
+    END LOOP;
+    FOR grantee IN
+        SELECT DISTINCT r.rolname
+        FROM pg_catalog.pg_proc p
+        CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) AS a
+        JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+        WHERE p.oid = 'conveyor.conveyor_admin_job_family(text, uuid)'::pg_catalog.regprocedure
+          AND a.privilege_type = 'EXECUTE' AND r.rolname <> current_user
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_admin_job_family_v2(text, uuid) TO %I',
                                   grantee);
     END LOOP;
 END

@@ -112,20 +112,32 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
         .bind(id.0)
         .fetch_all(&admin.operator)
         .await?;
-    type FamilyRow = (String, Uuid, String, String, String, Option<String>, i32, Option<DateTime<Utc>>, Option<String>);
+    type FamilyRow = (
+        String,
+        Uuid,
+        String,
+        String,
+        String,
+        Option<String>,
+        i32,
+        Option<DateTime<Utc>>,
+        Option<String>,
+        Option<DateTime<Utc>>,
+    );
     let family: Vec<FamilyRow> = sqlx::query_as(
-        "SELECT relation, id, kind, queue, state, child_failure, children_left, finished_at, traceparent
-         FROM conveyor.conveyor_admin_job_family($1, $2)",
+        "SELECT relation, id, kind, queue, state, child_failure, children_left, finished_at, traceparent, expires_at
+         FROM conveyor.conveyor_admin_job_family_v2($1, $2)",
     )
     .bind(filters::actor(actor)?)
     .bind(id.0)
     .fetch_all(&admin.operator)
     .await?;
-    let (mut parent, mut children, mut waits_for, mut trace_id) = (None, Vec::new(), 0, None);
-    for (relation, id, kind, queue, state, on_failure, children_left, finished_at, traceparent) in family {
+    let (mut parent, mut children, mut waits_for, mut trace_id, mut deadline) = (None, Vec::new(), 0, None, None);
+    for (relation, id, kind, queue, state, on_failure, children_left, finished_at, traceparent, expires_at) in family {
         if relation == "self" {
             waits_for = children_left.max(0) as u32;
             trace_id = traceparent.as_deref().and_then(crate::telemetry::trace_id_of);
+            deadline = expires_at;
             continue;
         }
         let relative = FlowRelative {
@@ -154,6 +166,7 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
         children,
         children_left: waits_for,
         trace_id,
+        expires_at: deadline,
     }))
 }
 

@@ -230,6 +230,9 @@ pub struct JobDetail {
     /// The W3C trace id of the request that enqueued it (32 hex digits), when it came with a `traceparent`.
     #[serde(default)]
     pub trace_id: Option<String>,
+    /// Its deadline, if it set one ([`crate::EnqueueOptions::expire_at`]).
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// A parent or a child of a job in a flow, as its page lists it.

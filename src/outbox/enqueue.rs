@@ -592,11 +592,12 @@ pub(super) async fn insert_row<K: JobKind>(
     Err(EnqueueError::Database(sqlx::Error::Protocol("the de-dup key keeps changing hands; try again".into())))
 }
 
-/// The live job of kind `K` holding the de-dup key `key`, if any, and whether it is past its deadline. A statement of
-/// its own, so that under READ COMMITTED its snapshot sees a job that committed while the insert waited for it.
+/// The live job of kind `K` holding the de-dup key `key`, if any, and whether it waits in the outbox past its deadline.
+/// A statement of its own, so that under READ COMMITTED its snapshot sees a job that committed while the insert waited
+/// for it.
 async fn holder<K: JobKind>(tx: &mut WorkspaceTx, key: &str) -> Result<Option<(Uuid, bool)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, coalesce(expires_at <= now(), false) FROM conveyor.outbox_events
+        "SELECT id, coalesce(status = 'pending' AND expires_at <= now(), false) FROM conveyor.outbox_events
          WHERE workspace_id = conveyor.conveyor_current_workspace() AND event_type = $1 AND dedup_key = $2
            AND status IN ('pending', 'dispatching', 'dispatched')",
     )
@@ -606,12 +607,14 @@ async fn holder<K: JobKind>(tx: &mut WorkspaceTx, key: &str) -> Result<Option<(U
     .await
 }
 
-/// Cancels, as expired, the live holder `job` of a de-dup key that is past its deadline: it would never run, and an
-/// enqueue answered with it would be lost (a worker or maintenance would have expired it soon).
+/// Cancels, as expired, the holder `job` of a de-dup key that waits in the outbox past its deadline: it would never
+/// run, and an enqueue answered with it would be lost (maintenance would have expired it soon). A holder handed to the
+/// workers is left alone, even past its deadline: it may be running.
 async fn expire_holder(tx: &mut WorkspaceTx, job: Uuid) -> Result<(), sqlx::Error> {
     let workspace: Uuid =
         sqlx::query_scalar("SELECT conveyor.conveyor_current_workspace()").fetch_one(&mut **tx).await?;
-    super::transitions::expire_job_tx(tx, crate::ids::WorkspaceId(workspace), job, super::transitions::EXPIRED).await?;
+    super::transitions::expire_job_tx(tx, crate::ids::WorkspaceId(workspace), job, super::transitions::EXPIRED, true)
+        .await?;
     Ok(())
 }
 
@@ -740,9 +743,10 @@ pub async fn enqueue_many_tx<'a, K: JobKind>(
     let held: Vec<String> =
         rows.iter().filter(|r| !created.contains(&r.id)).filter_map(|r| r.dedup_key.clone()).collect();
     let holders: Vec<(String, Uuid, bool)> = sqlx::query_as(
-        "SELECT dedup_key, id, coalesce(expires_at <= now(), false) FROM conveyor.outbox_events
+        "SELECT dedup_key, id, coalesce(status = 'pending' AND expires_at <= now(), false) FROM conveyor.outbox_events
          WHERE workspace_id = conveyor.conveyor_current_workspace() AND event_type = $1 AND dedup_key = ANY($2)
-           AND status IN ('pending', 'dispatching', 'dispatched')",
+           AND status IN ('pending', 'dispatching', 'dispatched')
+         ORDER BY id",
     )
     .bind(K::KIND)
     .bind(&held)

@@ -183,7 +183,8 @@ impl Executor {
                 // Crash point for tests: the worker dies before the expiry commits.
                 crate::fail_point!("worker::before_expire");
                 let expired =
-                    Box::pin(transitions::expire_job(pool, d.workspace_id, d.event_id, transitions::EXPIRED)).await?;
+                    Box::pin(transitions::expire_job(pool, d.workspace_id, d.event_id, transitions::EXPIRED, false))
+                        .await?;
                 // Not expired now: it ended meanwhile.
                 return Ok((if expired { Outcome::Expired } else { Outcome::Skipped }, None));
             }
@@ -194,6 +195,7 @@ impl Executor {
                     d.workspace_id,
                     d.event_id,
                     transitions::EXPIRED_ON_TAKE_OVER,
+                    false,
                 ))
                 .await? =>
             {

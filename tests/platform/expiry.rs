@@ -235,3 +235,48 @@ async fn a_de_dup_key_held_by_a_job_past_its_deadline_goes_to_the_next_enqueue()
     }
     assert_eq!(job(&platform, ws, one.id).await.status, JobStatus::Queued);
 }
+
+/// Holds its run until told to end.
+#[derive(Clone, Default)]
+struct Slow {
+    started: Arc<tokio::sync::Notify>,
+    end: Arc<tokio::sync::Notify>,
+}
+
+impl Handler<Reminder> for Slow {
+    async fn handle(&self, _job: Reminder, _cx: &mut JobContext) -> Result<Value, JobError> {
+        self.started.notify_one();
+        self.end.notified().await;
+        Ok(Value::Null)
+    }
+}
+
+#[tokio::test]
+async fn a_job_that_started_before_its_deadline_runs_to_its_end_and_keeps_its_de_dup_key_past_it() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let slow = Slow::default();
+    let worker = Worker::builder(platform.pool.clone(), platform.consumer("expiry").await)
+        .runtime_pool(platform.runtime_pool.clone())
+        .handle::<Reminder>(slow.clone())
+        .build()
+        .unwrap();
+    worker.ensure_groups().await.unwrap();
+    let dispatcher = platform.dispatcher(|_| {}).await;
+    let keyed = EnqueueOptions::new().dedup_key("k").start_within(Duration::from_millis(300));
+    let id = enqueue(&platform, ws, keyed).await;
+    dispatcher.dispatch_once().await.unwrap();
+    let running = tokio::spawn(async move { worker.process_one().await.unwrap() });
+    slow.started.notified().await;
+    past_deadline(&platform, ws, id).await;
+
+    // Running past its deadline: an enqueue of its key is answered with it, and maintenance leaves it alone.
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let again = conveyor_jobs::enqueue_tx(&mut tx, &Reminder { n: 2 }, EnqueueOptions::new().dedup_key("k")).await;
+    tx.commit().await.unwrap();
+    assert_eq!(again.unwrap(), conveyor_jobs::Enqueued { id, created: false });
+    assert_eq!(maintenance_pass(&platform).await.expired, 0);
+    slow.end.notify_one();
+    assert_eq!(running.await.unwrap(), Some(Outcome::Succeeded));
+    assert_eq!(job(&platform, ws, id).await.status, JobStatus::Succeeded);
+}

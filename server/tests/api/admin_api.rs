@@ -1750,3 +1750,46 @@ async fn a_queues_last_hour_is_recorded_by_maintenance_and_drawn_on_its_page() {
     let trail = op(&app, Method::GET, "/audit?limit=50", None).await.expect(StatusCode::OK);
     assert!(trail["items"].as_array().unwrap().iter().any(|e| e["action"] == "queue_minutes"), "{trail}");
 }
+
+#[tokio::test]
+async fn a_jobs_deadline_is_shown_by_the_admin_api_and_its_page_and_an_expired_job_says_why_it_ended() {
+    let app = TestApp::spawn().await;
+    let ws = principal().workspace_id;
+    let within = enqueue(&app, ws, "ok", EnqueueOptions::new().start_within(Duration::from_millis(300))).await;
+    let without = enqueue(&app, ws, "ok", EnqueueOptions::new()).await;
+    let deadline = conveyor_jobs::get_job(&app.db.pool, ws, within).await.unwrap().unwrap().expires_at.unwrap();
+    let detail = op(&app, Method::GET, &format!("/jobs/{}", within.0), None).await.expect(StatusCode::OK);
+    let shown: chrono::DateTime<chrono::Utc> = serde_json::from_value(detail["expires_at"].clone()).unwrap();
+    assert_eq!(shown, deadline, "{detail}");
+    let detail = op(&app, Method::GET, &format!("/jobs/{}", without.0), None).await.expect(StatusCode::OK);
+    assert!(detail["expires_at"].is_null(), "{detail}");
+
+    // Past it, with nothing to run it: maintenance expires it, and its page says so.
+    tokio::time::sleep((deadline - chrono::Utc::now()).to_std().unwrap_or_default() + Duration::from_millis(100)).await;
+    let redis = common::redis_client(&common::redis_url()).await;
+    let maintenance = conveyor_jobs::Maintenance::new(
+        app.db.runtime_pool.clone(),
+        redis,
+        conveyor_jobs::RedisKeys::new(&app.redis_prefix),
+        conveyor_jobs::Metrics::new(),
+        Duration::from_secs(1),
+        Duration::from_secs(7 * 86400),
+        Duration::from_secs(3600),
+    );
+    assert_eq!(maintenance.run_once().await.unwrap().expired, 1);
+    let cookie = crate::ui::login(&app, ADMIN_TOKEN).await.expect("a UI session");
+    let page = reqwest::Client::new()
+        .get(format!("http://{}/ui/jobs/{}", app.admin_addr, within.0))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(r#"data-status="canceled""#), "{page}");
+    assert!(page.contains("expired: not started by its deadline"), "{page}");
+    let row = page.split(r#"id="deadline""#).nth(1).expect("a deadline row");
+    let shown = format!(r#"><time datetime="{}">"#, deadline.to_rfc3339());
+    assert!(row.starts_with(&shown), "the deadline is shown: {row:.120}");
+}

@@ -356,12 +356,17 @@ async fn a_pool_checks_no_connection_it_used_an_instant_ago_and_comes_back_after
     let mut pg = TestPostgres::start().await;
     let pool = conveyor_jobs::connect_postgres(&pg.url("conveyor_app"), 1).await.unwrap();
     let backend = || async { sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()").fetch_one(&pool).await };
+    let mut superuser = pg.superuser().await;
     let first = backend().await.unwrap();
     assert_eq!(backend().await.unwrap(), first, "one connection, used again");
-    pg.terminate_backends().await;
+    // Terminated through a connection already open: at once, well within the second.
+    let terminated: bool =
+        sqlx::query_scalar("SELECT pg_terminate_backend($1)").bind(first).fetch_one(&mut superuser).await.unwrap();
+    assert!(terminated);
     assert!(backend().await.is_err(), "not checked: the statement met the closed connection");
     let second = backend().await.expect("a new connection");
     assert_ne!(second, first);
+    drop(superuser);
     pg.stop_fast().await;
     pg.start_again().await;
     tokio::time::sleep(conveyor_jobs::POSTGRES_CHECK_IDLE_AFTER + Duration::from_millis(100)).await;

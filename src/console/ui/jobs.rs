@@ -189,6 +189,7 @@ fn detail(page: &Page, d: &JobDetail) -> Markup {
                 dt { "Runs at" } dd {
                     @if j.status == JobStatus::WaitingChildren { "when its last child ends" } @else { (layout::time(j.run_at)) }
                 }
+                dt { "Deadline" } dd #deadline { (maybe_time(d.expires_at)) }
                 dt { "Last handed to workers" } dd { (maybe_time(d.dispatched_at)) }
                 dt { "Ended" } dd { (maybe_time(j.finished_at)) }
                 dt { "Last error" } dd.err { (layout::error_text(j.last_error.as_deref())) }

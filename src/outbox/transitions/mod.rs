@@ -455,16 +455,20 @@ pub(crate) const EXPIRED_ON_TAKE_OVER: &str =
 /// cancellation does, with `reason` ([`EXPIRED`], [`EXPIRED_ON_TAKE_OVER`]) as its last error: its operation is
 /// canceled (with that error) with every other live job of it, and the workers running any of them hear it. A job
 /// handed to the workers keeps its hand-off time, as every end does. False, and nothing changes, when the job is not
-/// there, has ended, or is not past a deadline.
+/// there, has ended, is not past a deadline, or (with `waiting_only`, for whoever does not hold its delivery:
+/// maintenance, an enqueue) is no longer waiting in the outbox: a job handed to the workers may be running, and only
+/// the worker that takes it from its stream knows it has not started.
 pub(crate) async fn expire_job_tx(
     tx: &mut WorkspaceTx,
     workspace: WorkspaceId,
     job: Uuid,
     reason: &str,
+    waiting_only: bool,
 ) -> Result<bool, sqlx::Error> {
+    let statuses = if waiting_only { "('pending')" } else { LIVE };
     let found: Option<(Option<Uuid>, i32)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT operation_id, children_left FROM conveyor.outbox_events
-         WHERE id = $1 AND status IN {LIVE} AND expires_at <= now()"
+         WHERE id = $1 AND status IN {statuses} AND expires_at <= now()"
     )))
     .bind(job)
     .fetch_optional(&mut **tx)
@@ -480,7 +484,7 @@ pub(crate) async fn expire_job_tx(
          SET status = 'canceled', last_error = $2, finished_at = clock_timestamp(), locked_by = NULL,
              locked_until = NULL,
              dispatched_at = CASE WHEN status = 'pending' THEN dispatched_at ELSE coalesce(dispatched_at, now()) END
-         WHERE id = $1 AND status IN {LIVE} AND expires_at <= now()"
+         WHERE id = $1 AND status IN {statuses} AND expires_at <= now()"
     )))
     .bind(job)
     .bind(reason)
@@ -526,29 +530,35 @@ pub(crate) async fn expire_job(
     workspace: WorkspaceId,
     job: Uuid,
     reason: &str,
+    waiting_only: bool,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
-    let expired = expire_job_tx(&mut tx, workspace, job, reason).await?;
+    let expired = expire_job_tx(&mut tx, workspace, job, reason, waiting_only).await?;
     tx.commit().await?;
     Ok(expired)
 }
 
 /// Jobs waiting in the outbox past their deadline (pending: not handed to the workers), expired, the most overdue
-/// workspaces first, at most `limit` in all, each in a transaction of its own: how many, and the first error, which
-/// stops it. The workspaces come from the `SECURITY DEFINER` `conveyor_expiring_workspaces` (ids only); each job is
-/// read and expired in its workspace under row-level security.
+/// workspaces first, at most `limit` in all, each in a transaction of its own: how many, and the first error. A
+/// workspace that fails is passed over, so that it holds up no other. The workspaces come from the `SECURITY DEFINER`
+/// `conveyor_expiring_workspaces` (ids only); each job is read and expired in its workspace under row-level security,
+/// only while it still waits (one handed to the workers meanwhile is the worker's to expire).
 pub(crate) async fn expire_waiting(pool: &PgPool, limit: i64) -> (u64, Result<(), sqlx::Error>) {
-    let mut expired = 0u64;
-    let done = async {
-        let workspaces: Vec<Uuid> =
-            sqlx::query_scalar("SELECT workspace_id FROM conveyor.conveyor_expiring_workspaces(1000)")
-                .fetch_all(pool)
-                .await?;
-        for workspace in workspaces.into_iter().map(WorkspaceId) {
-            let left = limit - i64::try_from(expired).unwrap_or(i64::MAX);
-            if left <= 0 {
-                break;
-            }
+    let workspaces: Vec<Uuid> =
+        match sqlx::query_scalar("SELECT workspace_id FROM conveyor.conveyor_expiring_workspaces(1000)")
+            .fetch_all(pool)
+            .await
+        {
+            Ok(workspaces) => workspaces,
+            Err(e) => return (0, Err(e)),
+        };
+    let (mut expired, mut first_error) = (0u64, None);
+    for workspace in workspaces.into_iter().map(WorkspaceId) {
+        let left = limit - i64::try_from(expired).unwrap_or(i64::MAX);
+        if left <= 0 {
+            break;
+        }
+        let done = async {
             let mut tx = db::begin_workspace(pool, workspace).await?;
             let jobs: Vec<Uuid> = sqlx::query_scalar(
                 "SELECT id FROM conveyor.outbox_events
@@ -561,13 +571,16 @@ pub(crate) async fn expire_waiting(pool: &PgPool, limit: i64) -> (u64, Result<()
             .await?;
             tx.commit().await?;
             for job in jobs {
-                expired += u64::from(expire_job(pool, workspace, job, EXPIRED).await?);
+                expired += u64::from(expire_job(pool, workspace, job, EXPIRED, true).await?);
             }
+            Ok::<_, sqlx::Error>(())
         }
-        Ok(())
+        .await;
+        if let Err(e) = done {
+            first_error.get_or_insert(e);
+        }
     }
-    .await;
-    (expired, done)
+    (expired, first_error.map_or(Ok(()), Err))
 }
 
 /// Locks what the cancellation of `parents` will reach: a parent of a flow canceled while it waits cancels its live
