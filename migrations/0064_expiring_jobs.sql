@@ -111,40 +111,27 @@ REVOKE ALL ON FUNCTION conveyor_admin_job_family_v2(text, uuid) FROM PUBLIC;
 -- it stands beside.
 DO $$
 DECLARE
+    pair record;
     grantee text;
 BEGIN
-    FOR grantee IN
-        SELECT DISTINCT r.rolname
-        FROM pg_catalog.pg_proc p
-        CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) AS a
-        JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
-        WHERE p.oid = 'conveyor.conveyor_jobs_not_to_run(uuid[], uuid[], integer[])'::pg_catalog.regprocedure
-          AND a.privilege_type = 'EXECUTE' AND r.rolname <> current_user
+    FOR pair IN SELECT * FROM (VALUES
+        ('conveyor.conveyor_jobs_not_to_run(uuid[], uuid[], integer[])',
+         'conveyor.conveyor_jobs_to_skip(uuid[], uuid[], integer[])'),
+        ('conveyor.conveyor_stalled_operation_workspaces(interval, integer)',
+         'conveyor.conveyor_expiring_workspaces(integer)'),
+        ('conveyor.conveyor_admin_job_family(text, uuid)', 'conveyor.conveyor_admin_job_family_v2(text, uuid)'))
+        AS p(beside, granted)
     LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_jobs_to_skip(uuid[], uuid[], integer[]) '
-                                  'TO %I', grantee);
-    END LOOP;
-    FOR grantee IN
-        SELECT DISTINCT r.rolname
-        FROM pg_catalog.pg_proc p
-        CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) AS a
-        JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
-        WHERE p.oid = 'conveyor.conveyor_stalled_operation_workspaces(interval, integer)'::pg_catalog.regprocedure
-          AND a.privilege_type = 'EXECUTE' AND r.rolname <> current_user
-    LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_expiring_workspaces(integer) TO %I',
-                                  grantee);
-    END LOOP;
-    FOR grantee IN
-        SELECT DISTINCT r.rolname
-        FROM pg_catalog.pg_proc p
-        CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) AS a
-        JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
-        WHERE p.oid = 'conveyor.conveyor_admin_job_family(text, uuid)'::pg_catalog.regprocedure
-          AND a.privilege_type = 'EXECUTE' AND r.rolname <> current_user
-    LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION conveyor.conveyor_admin_job_family_v2(text, uuid) TO %I',
-                                  grantee);
+        FOR grantee IN
+            SELECT DISTINCT r.rolname
+            FROM pg_catalog.pg_proc p
+            CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) AS a
+            JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+            WHERE p.oid = pair.beside::pg_catalog.regprocedure
+              AND a.privilege_type = 'EXECUTE' AND r.rolname <> current_user
+        LOOP
+            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I', pair.granted, grantee);
+        END LOOP;
     END LOOP;
 END
 $$;

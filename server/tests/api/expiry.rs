@@ -13,19 +13,6 @@ async fn job(app: &TestApp, ws: WorkspaceId, id: JobId) -> JobInfo {
     conveyor_jobs::get_job(&app.db.pool, ws, id).await.unwrap().expect("the job exists")
 }
 
-/// The entries of the stream of `queue` that its workers read and have not acknowledged yet.
-async fn unacknowledged(client: &conveyor_jobs::RedisClient, app: &TestApp, queue: &str) -> i64 {
-    use fred::prelude::StreamsInterface;
-    let keys = conveyor_jobs::RedisKeys::new(&app.redis_prefix);
-    // No group yet (no worker has started): nothing read.
-    let Ok(summary) = client.xpending::<fred::types::Value, _, _, _>(keys.stream(queue), keys.group(queue), ()).await
-    else {
-        return 0;
-    };
-    let fred::types::Value::Array(summary) = summary else { panic!("XPENDING answered {summary:?}") };
-    summary[0].as_i64().expect("XPENDING's count")
-}
-
 #[tokio::test]
 async fn a_worker_killed_before_its_expiry_of_a_job_commits_leaves_it_to_the_next_which_expires_it_unrun() {
     let app = TestApp::spawn().await;
@@ -63,7 +50,7 @@ async fn a_worker_killed_before_its_expiry_of_a_job_commits_leaves_it_to_the_nex
     let mut victim = common::Process::spawn(&["worker"], &crashing);
     let client = common::redis_client(&common::redis_url()).await;
     let read = common::eventually(Duration::from_secs(30), || async {
-        (unacknowledged(&client, &app, "stores").await == 1).then_some(())
+        (common::unacknowledged(&client, &app, "stores").await == 1).then_some(())
     })
     .await;
     assert!(read.is_some(), "the worker read the entry; log:\n{}", victim.log());
@@ -71,12 +58,12 @@ async fn a_worker_killed_before_its_expiry_of_a_job_commits_leaves_it_to_the_nex
     tokio::time::sleep(Duration::from_millis(300)).await;
     victim.kill();
     assert_eq!(job(&app, ws, id).await.status, JobStatus::Active, "the expiry never committed");
-    assert_eq!(unacknowledged(&client, &app, "stores").await, 1, "nor was the entry acknowledged");
+    assert_eq!(common::unacknowledged(&client, &app, "stores").await, 1, "nor was the entry acknowledged");
 
     vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
     let rescuer = common::Process::spawn(&["worker"], &vars);
     let taken_over = common::eventually(Duration::from_secs(30), || async {
-        (unacknowledged(&client, &app, "stores").await == 0).then_some(())
+        (common::unacknowledged(&client, &app, "stores").await == 0).then_some(())
     })
     .await;
     assert!(taken_over.is_some(), "another worker took the entry over; log:\n{}", rescuer.log());

@@ -455,15 +455,6 @@ async fn entries_added(client: &conveyor_jobs::RedisClient, stream: &str) -> i64
     info["entries-added"].as_i64().expect("XINFO STREAM's entries-added")
 }
 
-/// The entries of the stream of `queue` that its workers read and have not acknowledged yet.
-async fn unacknowledged(client: &conveyor_jobs::RedisClient, app: &TestApp, queue: &str) -> i64 {
-    use fred::prelude::StreamsInterface;
-    let keys = conveyor_jobs::RedisKeys::new(&app.redis_prefix);
-    let summary: fred::types::Value = client.xpending(keys.stream(queue), keys.group(queue), ()).await.unwrap();
-    let fred::types::Value::Array(summary) = summary else { panic!("XPENDING answered {summary:?}") };
-    summary[0].as_i64().expect("XPENDING's count")
-}
-
 #[tokio::test]
 async fn a_worker_killed_after_a_childs_commit_and_before_its_acknowledgement_releases_the_parent_once() {
     // The child's end, and its parent's count, commit in the child's transaction; the worker process dies before it
@@ -501,13 +492,13 @@ async fn a_worker_killed_after_a_childs_commit_and_before_its_acknowledgement_re
     victim.kill();
     let client = common::redis_client(&common::redis_url()).await;
     let stream = conveyor_jobs::RedisKeys::new(&app.redis_prefix).stream("stores");
-    assert_eq!(unacknowledged(&client, &app, "stores").await, 1, "the child's entry was never acknowledged");
+    assert_eq!(common::unacknowledged(&client, &app, "stores").await, 1, "the child's entry was never acknowledged");
     assert_eq!(job(&app, ws, ids.id).await.children_left, 1, "the commit counted the child once");
 
     vars.insert("CONVEYOR_ADMIN_ADDR".into(), format!("127.0.0.1:{}", common::free_port()));
     let rescuer = common::Process::spawn(&["worker"], &vars);
     let taken_over = common::eventually(Duration::from_secs(30), || async {
-        (unacknowledged(&client, &app, "stores").await == 0).then_some(())
+        (common::unacknowledged(&client, &app, "stores").await == 0).then_some(())
     })
     .await;
     assert!(taken_over.is_some(), "another worker took the entry over; log:\n{}", rescuer.log());

@@ -590,6 +590,19 @@ pub async fn redis_client_with(url: &str, tls: &conveyor_jobs::RedisTls) -> conv
     conveyor_jobs::connect_redis_with(url, Duration::from_secs(5), tls).await.expect("connect to redis")
 }
 
+/// The entries of the stream of `queue` (under `app`'s prefix) that its workers read and have not acknowledged yet: 0
+/// before any worker made the group.
+pub async fn unacknowledged(client: &conveyor_jobs::RedisClient, app: &TestApp, queue: &str) -> i64 {
+    use fred::prelude::StreamsInterface;
+    let keys = conveyor_jobs::RedisKeys::new(&app.redis_prefix);
+    let Ok(summary) = client.xpending::<fred::types::Value, _, _, _>(keys.stream(queue), keys.group(queue), ()).await
+    else {
+        return 0;
+    };
+    let fred::types::Value::Array(summary) = summary else { panic!("XPENDING answered {summary:?}") };
+    summary[0].as_i64().expect("XPENDING's count")
+}
+
 /// The `event_id` field of every entry of `stream`, in stream order.
 pub async fn stream_event_ids(client: &conveyor_jobs::RedisClient, stream: &str) -> Vec<String> {
     use fred::prelude::StreamsInterface;
