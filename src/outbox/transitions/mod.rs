@@ -497,27 +497,8 @@ pub(crate) async fn expire_job_tx(
     let mut canceled = vec![job];
     if let Some(operation) = operation {
         // The operation can no longer be advanced by it: canceled, with every other live job of it.
-        let ended = sqlx::query(
-            "UPDATE conveyor.operations SET status = 'canceled', error = $2, finished_at = clock_timestamp(),
-                 updated_at = now()
-             WHERE id = $1 AND status IN ('queued', 'running')",
-        )
-        .bind(operation)
-        .bind(reason)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected();
-        if ended == 1 {
-            let others: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                "UPDATE conveyor.outbox_events
-                 SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL
-                 WHERE operation_id = $1 AND status IN {LIVE}
-                 RETURNING id"
-            )))
-            .bind(operation)
-            .fetch_all(&mut **tx)
-            .await?;
-            canceled.extend(others);
+        if cancel_operation_row_tx(tx, operation, Some(reason)).await? {
+            canceled.extend(cancel_operation_jobs_tx(tx, operation).await?);
         }
     }
     announce_cancel_tx(tx, workspace, &canceled).await?;
@@ -671,14 +652,21 @@ pub async fn cancel_operation_tx(
     workspace: WorkspaceId,
     operation: Uuid,
 ) -> Result<Cancel, sqlx::Error> {
-    if !cancel_operation_row_tx(tx, operation).await? {
+    if !cancel_operation_row_tx(tx, operation, None).await? {
         let status: Option<(String,)> = sqlx::query_as("SELECT status FROM conveyor.operations WHERE id = $1")
             .bind(operation)
             .fetch_optional(&mut **tx)
             .await?;
         return Ok(status.map_or(Cancel::NotFound, |(s,)| Cancel::Finished(s)));
     }
-    let jobs: Vec<(Uuid,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let jobs = cancel_operation_jobs_tx(tx, operation).await?;
+    announce_cancel_tx(tx, workspace, &jobs).await?;
+    Ok(Cancel::Canceled)
+}
+
+/// Cancels the live jobs of `operation` (whose row the caller canceled); their ids.
+async fn cancel_operation_jobs_tx(tx: &mut WorkspaceTx, operation: Uuid) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "UPDATE conveyor.outbox_events
          SET status = 'canceled', finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL
          WHERE operation_id = $1 AND status IN {LIVE}
@@ -686,18 +674,21 @@ pub async fn cancel_operation_tx(
     )))
     .bind(operation)
     .fetch_all(&mut **tx)
-    .await?;
-    let jobs: Vec<Uuid> = jobs.into_iter().map(|(id,)| id).collect();
-    announce_cancel_tx(tx, workspace, &jobs).await?;
-    Ok(Cancel::Canceled)
+    .await
 }
 
-async fn cancel_operation_row_tx(tx: &mut WorkspaceTx, operation: Uuid) -> Result<bool, sqlx::Error> {
+/// Cancels `operation` if it is live, with `error` (none for a cancellation); whether it did.
+async fn cancel_operation_row_tx(
+    tx: &mut WorkspaceTx,
+    operation: Uuid,
+    error: Option<&str>,
+) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
-        "UPDATE conveyor.operations SET status = 'canceled', error = NULL, finished_at = clock_timestamp(), updated_at = now()
+        "UPDATE conveyor.operations SET status = 'canceled', error = $2, finished_at = clock_timestamp(), updated_at = now()
          WHERE id = $1 AND status IN ('queued', 'running')",
     )
     .bind(operation)
+    .bind(error)
     .execute(&mut **tx)
     .await?
     .rows_affected();
