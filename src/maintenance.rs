@@ -43,6 +43,8 @@ pub struct PassReport {
     pub kept_jobs_purged: u64,
     /// Jobs waiting in the outbox past their deadline ([`crate::EnqueueOptions::expire_at`]) canceled as expired.
     pub expired: u64,
+    /// Job events ([`crate::subscribe_events`]) older than an hour, and event subscriptions that expired, removed.
+    pub job_events_purged: u64,
 }
 
 impl PassReport {
@@ -55,6 +57,7 @@ impl PassReport {
             + self.dedup_keys_purged
             + self.kept_jobs_purged
             + self.expired
+            + self.job_events_purged
             > 0
             || self.host_purged.iter().any(|(_, n)| *n > 0)
     }
@@ -211,6 +214,7 @@ impl Maintenance {
         self.metrics.dead_letters_purged.inc_by(dead_letters_purged);
         let dedup_keys_purged = self.batches("SELECT conveyor.conveyor_dedup_keys_purge($1)").await?;
         let kept_jobs_purged = self.batches("SELECT conveyor.conveyor_kept_jobs_purge($1)").await?;
+        let job_events_purged = self.batches("SELECT conveyor.conveyor_job_events_purge($1)").await?;
         let mut host_purged = Vec::with_capacity(self.purges.len());
         for (name, purge) in &self.purges {
             host_purged.push((*name, purge(self.pool.clone()).await?));
@@ -224,6 +228,7 @@ impl Maintenance {
             dedup_keys_purged,
             kept_jobs_purged,
             expired,
+            job_events_purged,
         })
     }
 

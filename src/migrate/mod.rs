@@ -147,10 +147,13 @@ const TABLES: &[&str] = &[
     "dispatchers_awake",
     "job_logs",
     "dedup_keys",
+    "job_events",
+    "event_listeners",
 ];
 
 /// Tables created after the move into `conveyor` (0038): a database of the old layout has none of them.
-const TABLES_SINCE_THE_MOVE: &[&str] = &["dispatchers_awake", "job_logs", "dedup_keys"];
+const TABLES_SINCE_THE_MOVE: &[&str] =
+    &["dispatchers_awake", "job_logs", "dedup_keys", "job_events", "event_listeners"];
 
 /// The tables the runtime role works on (DML): the platform's own. A product's tables are never the runtime's: the
 /// dispatcher, maintenance and the worker's bookkeeping read and write jobs, operations, limits and schedules only (a
@@ -166,6 +169,8 @@ const RUNTIME_TABLES: &[&str] = &[
     "job_failures",
     "dispatchers_awake",
     "dedup_keys",
+    "job_events",
+    "event_listeners",
 ];
 
 /// The operator's functions (`LIKE` pattern): granted to the operator role only, never to the application role.

@@ -1,7 +1,6 @@
 //! Job control: look a job up, cancel it, wait for its end. Everything runs under row-level security in the caller's
 //! workspace: another workspace's job is indistinguishable from one that does not exist.
 
-use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -121,15 +120,15 @@ pub struct JobInfo {
 }
 
 /// The columns of [`JobInfo`], for `FROM outbox_events e LEFT JOIN operations o ON o.id = e.operation_id`.
-const COLUMNS: &str = "e.id, e.event_type, e.queue, e.status, e.priority, e.job_attempts, e.attempt_count,
+pub(super) const COLUMNS: &str = "e.id, e.event_type, e.queue, e.status, e.priority, e.job_attempts, e.attempt_count,
     e.max_attempts, e.next_attempt_at, coalesce(o.progress, e.progress) AS progress,
     coalesce(e.result, o.result) AS result, e.last_error, e.operation_id, e.dedup_key, e.created_at, e.dispatched_at,
     coalesce(e.finished_at, e.dead_lettered_at) AS finished_at, e.parent_id, e.children_left, e.expires_at,
     now() AS now";
 
 #[derive(sqlx::FromRow)]
-struct Row {
-    id: Uuid,
+pub(super) struct Row {
+    pub(super) id: Uuid,
     event_type: String,
     queue: String,
     status: String,
@@ -346,100 +345,6 @@ pub async fn wait_for_job(
                     }
                     break;
                 }
-            }
-        }
-    }
-}
-
-/// How far back each look of a [`JobEnds`] reads again: an end is recorded with the time of its statement and becomes
-/// visible at its commit, which follows within moments; an end committed later than this after its statement could be
-/// missed.
-const ENDS_WINDOW: Duration = Duration::from_secs(5);
-
-/// Ends per look.
-const ENDS_PAGE: i64 = 500;
-
-/// A subscription to the ends (succeeded, failed, canceled) of a workspace's jobs, from the moment it was made
-/// ([`subscribe`]): BullMQ's `QueueEvents`, for one tenant. Each end is delivered once, in about the order the ends
-/// happened, within moments of its commit (it listens; a look every few seconds covers a lost notification).
-pub struct JobEnds {
-    pool: PgPool,
-    workspace: WorkspaceId,
-    listener: PgListener,
-    /// The latest end time delivered.
-    since: DateTime<Utc>,
-    /// Jobs delivered whose end is within [`ENDS_WINDOW`] of `since`, so that a second look does not repeat them.
-    seen: HashMap<Uuid, DateTime<Utc>>,
-    ready: VecDeque<JobInfo>,
-}
-
-/// Subscribes to the ends of `workspace`'s jobs from now on. Holds one connection of `pool` (for `LISTEN`) while it
-/// lives.
-pub async fn subscribe(pool: &PgPool, workspace: WorkspaceId) -> Result<JobEnds, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen(DONE_CHANNEL).await?;
-    let since: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(pool).await?;
-    Ok(JobEnds { pool: pool.clone(), workspace, listener, since, seen: HashMap::new(), ready: VecDeque::new() })
-}
-
-impl JobEnds {
-    /// The next job of the workspace that ended, waiting for one as long as it takes.
-    pub async fn next(&mut self) -> Result<JobInfo, sqlx::Error> {
-        let me = self.workspace.0.to_string();
-        loop {
-            if let Some(job) = self.ready.pop_front() {
-                return Ok(job);
-            }
-            self.look().await?;
-            if !self.ready.is_empty() {
-                continue;
-            }
-            tokio::select! {
-                next = self.listener.recv() => match next {
-                    Ok(n) if n.payload() != me => continue,
-                    Ok(_) => {}
-                    // The listener reconnects on its next recv; look meanwhile.
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                },
-                _ = tokio::time::sleep(Duration::from_secs(3)) => {}
-            }
-        }
-    }
-
-    /// Reads the ends recorded since shortly before the latest one delivered, page by page, skipping those already
-    /// delivered.
-    async fn look(&mut self) -> Result<(), sqlx::Error> {
-        let window = chrono::Duration::from_std(ENDS_WINDOW).expect("a small window");
-        let mut after = (self.since - window, Uuid::nil());
-        loop {
-            let mut tx = db::begin_workspace(&self.pool, self.workspace).await?;
-            let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT {COLUMNS} FROM conveyor.outbox_events e LEFT JOIN conveyor.operations o ON o.id = e.operation_id
-                 WHERE ((e.status IN ('completed', 'canceled') AND e.finished_at >= $1)
-                        OR (e.status = 'dead_letter' AND e.dead_lettered_at >= $1))
-                   AND (coalesce(e.finished_at, e.dead_lettered_at), e.id) > ($1, $2)
-                 ORDER BY coalesce(e.finished_at, e.dead_lettered_at), e.id
-                 LIMIT $3"
-            )))
-            .bind(after.0)
-            .bind(after.1)
-            .bind(ENDS_PAGE)
-            .fetch_all(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            let full = rows.len() as i64 == ENDS_PAGE;
-            for row in rows {
-                let ended = row.finished_at.unwrap_or(row.now);
-                after = (ended, row.id);
-                if self.seen.insert(row.id, ended).is_none() {
-                    self.since = self.since.max(ended);
-                    self.ready.push_back(JobInfo::from(row));
-                }
-            }
-            let horizon = self.since - window;
-            self.seen.retain(|_, ended| *ended > horizon);
-            if !full {
-                return Ok(());
             }
         }
     }

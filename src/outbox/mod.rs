@@ -5,6 +5,7 @@
 pub(crate) mod control;
 mod dedup;
 mod enqueue;
+pub(crate) mod events;
 mod queue_ops;
 pub(crate) mod reconcile;
 pub(crate) mod transitions;
@@ -26,6 +27,10 @@ pub(crate) const NOTIFY_CHANNEL: &str = "conveyor_outbox";
 
 /// The channel a job's end (completed, failed, canceled) is announced on; the payload is its workspace.
 pub(crate) const DONE_CHANNEL: &str = "conveyor_jobs_done";
+
+/// The channel a job event other than an end (`job_events`) is announced on, where a subscription wants it; the
+/// payload is its workspace.
+pub(crate) const EVENTS_CHANNEL: &str = "conveyor_job_events";
 
 /// The channel a cancellation is announced on, for the worker running the job; the payload is the job id.
 pub(crate) const CANCEL_CHANNEL: &str = "conveyor_jobs_canceled";

@@ -14,6 +14,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::handler::{Backing, JobContext, JobError, Registered};
+use super::listeners::Listeners;
 use super::runtime::{Cancellation, Done, Outcome, Queue, Running, Tracker, WorkerSettings};
 use crate::backoff::Backoff;
 use crate::ids::{JobId, WorkspaceId};
@@ -102,6 +103,8 @@ pub(super) struct Executor {
     pub(super) tracker: Arc<Tracker>,
     /// Finished entries, for the acker.
     pub(super) acks: mpsc::UnboundedSender<Done>,
+    /// The workspaces whose event subscriptions want a job's start written, and its events announced.
+    pub(super) listeners: Listeners,
 }
 
 impl Executor {
@@ -210,7 +213,7 @@ impl Executor {
         if d.start == Start::TakenOver {
             // The delivery before this one started and never ended: its worker stopped. Counted before this run, so
             // that a run that stops this worker too is counted by the next one.
-            match Box::pin(transitions::count_stop(pool, d.workspace_id, d.event_id, d.redrive)).await? {
+            match Box::pin(transitions::count_stop(pool, d.workspace_id, d.event_id, d.redrive, d.attempt)).await? {
                 None => return Ok((Outcome::Skipped, None)),
                 Some(stops) if stops >= self.settings.max_deliveries => {
                     // Its runs keep stopping their worker (killed, out of memory): it would stop the next one too.
@@ -224,6 +227,7 @@ impl Executor {
             }
         }
         abort_on_job(d.event_id);
+        let listening = self.listeners.of(d.workspace_id).await;
         let max_attempts = d.max_attempts.unwrap_or_else(|| handler.max_attempts());
         let mut cx = JobContext {
             id: JobId(d.event_id),
@@ -236,7 +240,7 @@ impl Executor {
             enqueued_at: d.enqueued_at_ms.and_then(chrono::DateTime::from_timestamp_millis),
             cancel: cancellation.token.clone(),
             tx: None,
-            backing: Backing::Pools { pool: pool.clone(), control: self.control.clone() },
+            backing: Backing::Pools { pool: pool.clone(), control: self.control.clone(), announce: listening.announce },
             ended: false,
             operation_ended: false,
             ended_canceled: false,
@@ -263,6 +267,13 @@ impl Executor {
                     tx.commit().await?;
                 }
                 return Ok((Outcome::Skipped, None));
+            }
+        }
+        if listening.active {
+            // Best effort, as a log line: a start PostgreSQL could not take is a warning, and the job runs on.
+            let (ws, job) = (d.workspace_id, d.event_id);
+            if let Err(e) = Box::pin(transitions::record_active(&self.control, ws, job, d.attempt)).await {
+                tracing::warn!(event_id = %job, error = %redact(&e.to_string()), "Could not record the job's start");
             }
         }
         let timeout = d.timeout.unwrap_or_else(|| handler.timeout());

@@ -93,7 +93,7 @@ impl From<sqlx::Error> for JobError {
 pub(crate) enum Backing {
     /// A worker's run: the transaction opens on `pool`; progress goes through `control`, connections of their own, so
     /// that jobs holding every connection of `pool` cannot starve it.
-    Pools { pool: PgPool, control: PgPool },
+    Pools { pool: PgPool, control: PgPool, announce: bool },
     /// A test's run ([`crate::testing::work`]): the transaction is the test's, progress is noted here.
     #[cfg(feature = "testing")]
     Test { progress: std::sync::Mutex<Vec<serde_json::Value>>, logs: std::sync::Mutex<Vec<String>> },
@@ -221,11 +221,13 @@ impl JobContext {
     }
 
     /// Records progress, visible at once (outside the job's transaction): on the operation when the job has one,
-    /// else on the job. Answers [`JobError::Canceled`] once the job has been canceled: return it to stop.
+    /// else on the job, and as a `progress` event for [`crate::subscribe_events`]. Answers [`JobError::Canceled`] once
+    /// the job has been canceled: return it to stop.
     pub async fn progress(&self, progress: serde_json::Value) -> Result<(), JobError> {
         let live = match &self.backing {
-            Backing::Pools { control, .. } => {
-                transitions::progress(control, self.workspace, self.id.0, self.operation, &progress).await?
+            Backing::Pools { control, announce, .. } => {
+                let (ws, job, op) = (self.workspace, self.id.0, self.operation);
+                transitions::progress(control, ws, job, op, self.attempt, &progress, *announce).await?
             }
             #[cfg(feature = "testing")]
             Backing::Test { progress: noted, .. } => {

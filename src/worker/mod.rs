@@ -17,6 +17,7 @@ mod acker;
 pub(crate) mod dlq;
 mod execute;
 pub(crate) mod handler;
+mod listeners;
 mod reader;
 pub(crate) mod runtime;
 mod slots;

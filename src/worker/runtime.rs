@@ -24,6 +24,7 @@ use uuid::Uuid;
 use super::acker::Acker;
 use super::execute::Executor;
 use super::handler::{Handler, Registered, Typed};
+use super::listeners::Listeners;
 use super::reader::Reader;
 use super::slots::Slots;
 use crate::kind::{self, JobKind};
@@ -403,6 +404,7 @@ impl WorkerBuilder {
             running: running.clone(),
             tracker: tracker.clone(),
             acks: acks.clone(),
+            listeners: Listeners::new(runtime.clone()),
         });
         let reader = Arc::new(Reader {
             consumer: self.consumer.clone(),

@@ -62,7 +62,7 @@ async fn job(platform: &Platform, ws: WorkspaceId, id: JobId) -> conveyor_jobs::
     conveyor_jobs::get_job(&platform.pool, ws, id).await.unwrap().unwrap()
 }
 
-async fn maintenance_pass(platform: &Platform) -> conveyor_jobs::PassReport {
+pub(crate) async fn maintenance_pass(platform: &Platform) -> conveyor_jobs::PassReport {
     let maintenance = conveyor_jobs::Maintenance::new(
         platform.runtime_pool.clone(),
         crate::kit::redis().await,

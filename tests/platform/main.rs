@@ -8,6 +8,7 @@ mod kit;
 
 mod console;
 mod dedup_modes;
+mod events;
 mod expiry;
 mod gate;
 mod job_logs;

@@ -20,7 +20,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{CANCEL_CHANNEL, DONE_CHANNEL};
+use super::{CANCEL_CHANNEL, DONE_CHANNEL, EVENTS_CHANNEL};
 use crate::db::{self, WorkspaceTx};
 use crate::ids::{JobId, WorkspaceId};
 
@@ -290,24 +290,35 @@ pub(crate) async fn taken_over(
 }
 
 /// Counts a stop of the job as a delivery taken over from a stopped worker starts it: the delivery before it started
-/// and never ended. The stops so far, this one included; `None` when the job must not run (ended, re-driven since
-/// the entry was written, or gone).
+/// and never ended (run `attempt`: a `stalled` event, announced). The stops so far, this one included; `None` when the
+/// job must not run (ended, re-driven since the entry was written, or gone).
 pub(crate) async fn count_stop(
     pool: &PgPool,
     workspace: WorkspaceId,
     job: Uuid,
     redrive: Option<i32>,
+    attempt: u32,
 ) -> Result<Option<u32>, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
+    // The stop is a `stalled` event of the run that stopped, recorded by the same statement.
     let stops: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "UPDATE conveyor.outbox_events SET stops = stops + 1
-         WHERE id = $1 AND status IN {LIVE} AND NOT ($2::integer IS NOT NULL AND redrive_count > $2)
-         RETURNING stops"
+        "WITH counted AS (
+             UPDATE conveyor.outbox_events SET stops = stops + 1
+             WHERE id = $1 AND status IN {LIVE} AND NOT ($2::integer IS NOT NULL AND redrive_count > $2)
+             RETURNING id, workspace_id, stops),
+         stalled AS (
+             INSERT INTO conveyor.job_events (workspace_id, job_id, event, attempt)
+             SELECT workspace_id, id, 'stalled', $3 FROM counted)
+         SELECT stops FROM counted"
     )))
     .bind(job)
     .bind(redrive)
+    .bind(i32::try_from(attempt.max(1)).unwrap_or(i32::MAX))
     .fetch_optional(&mut *tx)
     .await?;
+    if stops.is_some() {
+        announce_event_tx(&mut tx, workspace).await?;
+    }
     tx.commit().await?;
     Ok(stops.map(|s| s.max(0) as u32))
 }
@@ -351,32 +362,74 @@ pub(crate) async fn append_log(
     Ok(kept == 1)
 }
 
-/// Records `progress` of a running job: on its operation when it has one, else on the job. False when the job is no
-/// longer live (canceled): the handler should stop.
+/// Records `progress` of a running job, run `attempt`: on its operation when it has one, else on the job, and as a
+/// `progress` event (`job_events`) by the same statement; announced when a subscription listens (`announce`). False
+/// when the job is no longer live (canceled): the handler should stop.
 pub(crate) async fn progress(
     pool: &PgPool,
     workspace: WorkspaceId,
     job: Uuid,
     operation: Option<Uuid>,
+    attempt: u32,
     progress: &serde_json::Value,
+    announce: bool,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
-    let live = match operation {
-        Some(operation) => sqlx::query(
-            "UPDATE conveyor.operations SET progress = $2, updated_at = now() WHERE id = $1 AND status IN ('queued', 'running')",
-        )
-        .bind(operation),
-        None => sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE conveyor.outbox_events SET progress = $2 WHERE id = $1 AND status IN {LIVE}"
-        )))
-        .bind(job),
-    }
+    let noted = match operation {
+        Some(_) => "UPDATE conveyor.operations SET progress = $2, updated_at = now()
+                    WHERE id = $5 AND status IN ('queued', 'running')"
+            .to_owned(),
+        None => format!("UPDATE conveyor.outbox_events SET progress = $2 WHERE id = $1 AND status IN {LIVE}"),
+    };
+    let live = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH noted AS ({noted} RETURNING 1)
+         INSERT INTO conveyor.job_events (workspace_id, job_id, event, attempt, progress)
+         SELECT $3, $1, 'progress', $4, $2 FROM noted"
+    )))
+    .bind(job)
     .bind(progress)
+    .bind(workspace.0)
+    .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+    .bind(operation)
     .execute(&mut *tx)
     .await?
     .rows_affected();
+    if live == 1 && announce {
+        announce_event_tx(&mut tx, workspace).await?;
+    }
     tx.commit().await?;
     Ok(live == 1)
+}
+
+/// At commit: tells the subscriptions of `workspace` that one of its jobs has a new event.
+async fn announce_event_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(EVENTS_CHANNEL)
+        .bind(workspace.0.to_string())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Records that run `attempt` of `job` started (an `active` event), in a statement of its own, and announces it: for
+/// a workspace where a subscription wants it. One round trip: the workspace, the row and the notification in one
+/// implicit transaction.
+pub(crate) async fn record_active(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    job: Uuid,
+    attempt: u32,
+) -> Result<(), sqlx::Error> {
+    // Typed values only (UUIDs, an integer, a constant channel): nothing to quote.
+    let statement = format!(
+        "SELECT set_config('app.workspace_id', '{ws}', true);
+         INSERT INTO conveyor.job_events (workspace_id, job_id, event, attempt) VALUES ('{ws}', '{job}', 'active', {attempt});
+         SELECT pg_notify('{EVENTS_CHANNEL}', '{ws}')",
+        ws = workspace.0,
+        attempt = attempt.clamp(1, i32::MAX as u32),
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(pool).await?;
+    Ok(())
 }
 
 /// How a cancellation ended.
@@ -733,7 +786,7 @@ async fn retry(
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     lock_operation_tx(&mut tx, operation).await?;
-    // The failed run is recorded in `job_failures` by the same statement.
+    // The failed run is recorded in `job_failures`, and as a `retrying` event, by the same statement.
     let moved = sqlx::query(
         "WITH moved AS (
              UPDATE conveyor.outbox_events
@@ -742,9 +795,12 @@ async fn retry(
                  stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
              WHERE id = $1 AND redrive_count = coalesce($4, redrive_count)
                AND status IN ('pending', 'dispatching', 'dispatched')
-             RETURNING id, workspace_id, job_attempts)
-         INSERT INTO conveyor.job_failures (job_id, workspace_id, attempt, stage, error)
-         SELECT id, workspace_id, job_attempts, 'job', left($3, 2000) FROM moved",
+             RETURNING id, workspace_id, job_attempts),
+         failed AS (
+             INSERT INTO conveyor.job_failures (job_id, workspace_id, attempt, stage, error)
+             SELECT id, workspace_id, job_attempts, 'job', left($3, 2000) FROM moved)
+         INSERT INTO conveyor.job_events (workspace_id, job_id, event, attempt, error)
+         SELECT workspace_id, id, 'retrying', job_attempts, left($3, 2000) FROM moved",
     )
     .bind(event_id)
     .bind(delay.as_secs_f64())
@@ -761,6 +817,8 @@ async fn retry(
             .bind(format!("{}@{}", workspace.0, due.timestamp_millis()))
             .execute(&mut *tx)
             .await?;
+        // Its subscriptions too: this transaction notifies already, so one more costs nothing at commit.
+        announce_event_tx(&mut tx, workspace).await?;
     }
     if let Some(operation) = operation.filter(|_| moved == 1) {
         sqlx::query(

@@ -1,0 +1,414 @@
+//! Job events, across processes: a subscription reads what happened to a workspace's jobs from PostgreSQL (BullMQ's
+//! `QueueEvents`, for one tenant). Ends (completed, failed, canceled) are read from the jobs themselves; a start
+//! (`active`), a progress, a failed run that will run again (`retrying`) and a run whose worker stopped (`stalled`) from
+//! `job_events` (migration 0066), written by the statement that records each, so that a job's events commit in the
+//! order they happened.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use uuid::Uuid;
+
+use super::control::{COLUMNS, JobInfo, Row};
+use super::{DONE_CHANNEL, EVENTS_CHANNEL};
+use crate::db;
+use crate::ids::{JobId, WorkspaceId};
+
+/// What happened to a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobEventType {
+    /// A worker started its handler (a run). Recorded only while a subscription that wants it is open in the job's
+    /// workspace: see [`subscribe_events`].
+    Active,
+    /// Its handler reported progress ([`crate::JobContext::progress`]).
+    Progress,
+    /// A run failed, and the job will run again after its back-off.
+    Retrying,
+    /// The worker running it stopped (killed, out of memory), and another worker took it over.
+    Stalled,
+    /// It succeeded.
+    Completed,
+    /// It failed for good (dead-lettered).
+    Failed,
+    /// It was canceled (or expired, or its parent's flow canceled it).
+    Canceled,
+}
+
+impl JobEventType {
+    /// Every event, in the order of a job's life.
+    pub const ALL: [JobEventType; 7] =
+        [Self::Active, Self::Progress, Self::Retrying, Self::Stalled, Self::Completed, Self::Failed, Self::Canceled];
+
+    /// The ends: what [`subscribe`] hears.
+    pub const ENDS: [JobEventType; 3] = [Self::Completed, Self::Failed, Self::Canceled];
+
+    /// Its name, as JSON writes it (`retrying`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Progress => "progress",
+            Self::Retrying => "retrying",
+            Self::Stalled => "stalled",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+        }
+    }
+
+    /// The event named `name` ([`JobEventType::as_str`]), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.as_str() == name)
+    }
+
+    /// Whether it ends the job.
+    pub fn is_end(self) -> bool {
+        Self::ENDS.contains(&self)
+    }
+}
+
+/// One event of a job ([`JobEvents::next`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct JobEvent {
+    /// What happened.
+    pub event: JobEventType,
+    /// When (PostgreSQL's clock).
+    pub at: DateTime<Utc>,
+    /// The run it happened in (1 = the first); for an end, the run that ended it.
+    pub attempt: u32,
+    /// For [`JobEventType::Progress`], the value reported.
+    pub progress: Option<serde_json::Value>,
+    /// For [`JobEventType::Retrying`], the run's error, redacted.
+    pub error: Option<String>,
+    /// The job as it was when the event was read: an `active` event read late may find it ended already. An end's
+    /// result and last error are here.
+    pub job: JobInfo,
+}
+
+/// Which events a subscription reads ([`subscribe_events`]): by default every event of every job of the workspace,
+/// from the moment it is made.
+#[derive(Clone, Debug, Default)]
+pub struct EventFilter {
+    events: Option<Vec<JobEventType>>,
+    kinds: Vec<String>,
+    queues: Vec<String>,
+    job: Option<JobId>,
+    since: Option<DateTime<Utc>>,
+}
+
+impl EventFilter {
+    /// Every event of every job.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only these events.
+    pub fn events(mut self, events: impl IntoIterator<Item = JobEventType>) -> Self {
+        self.events = Some(events.into_iter().collect());
+        self
+    }
+
+    /// Only jobs of this kind ([`crate::JobKind::KIND`]); may be given more than once.
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kinds.push(kind.into());
+        self
+    }
+
+    /// Only jobs of this queue; may be given more than once.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queues.push(queue.into());
+        self
+    }
+
+    /// Only this job.
+    pub fn job(mut self, id: JobId) -> Self {
+        self.job = Some(id);
+        self
+    }
+
+    /// From `at` rather than from the moment the subscription is made: a subscriber that stopped resumes from the
+    /// time of the last event it handled (events are delivered again from there: at least once). Events other than
+    /// ends are kept an hour; ends as long as their jobs are.
+    pub fn since(mut self, at: DateTime<Utc>) -> Self {
+        self.since = Some(at);
+        self
+    }
+
+    fn wants(&self, event: JobEventType) -> bool {
+        self.events.as_ref().is_none_or(|e| e.contains(&event))
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        JobEventType::ALL.into_iter().filter(|&e| self.wants(e)).map(JobEventType::as_str).collect()
+    }
+}
+
+/// How far back each look of a subscription reads again: an event is recorded with the time of its statement and
+/// becomes visible at its commit, which follows within moments; one committed later than this after its statement
+/// could be missed.
+const WINDOW: Duration = Duration::from_secs(5);
+
+/// Events per look.
+const PAGE: i64 = 500;
+
+/// How long a subscription's registration lives unless renewed, and how often it is renewed.
+const LISTENER_TTL_SECS: f64 = 60.0;
+const LISTENER_RENEWAL: Duration = Duration::from_secs(20);
+
+/// A subscription to the events of a workspace's jobs ([`subscribe_events`]). Each event is delivered once, in the
+/// order its job lived them (and, across jobs, in about the order they happened), within moments of its commit (it
+/// listens; a look every few seconds covers a lost notification).
+pub struct JobEvents {
+    pool: PgPool,
+    workspace: WorkspaceId,
+    filter: EventFilter,
+    names: Vec<&'static str>,
+    listener: PgListener,
+    /// The earliest time it reads from.
+    floor: DateTime<Utc>,
+    /// The latest event time delivered.
+    since: DateTime<Utc>,
+    /// Events delivered whose time is within [`WINDOW`] of `since`, so that a second look does not repeat them: by
+    /// (job, event id or 0 for an end, time).
+    seen: HashSet<(Uuid, i64, DateTime<Utc>)>,
+    ready: VecDeque<JobEvent>,
+    /// Renews the registration that makes workers write `active` events and announce the others, while it lives.
+    registration: Option<Registration>,
+}
+
+/// A row of `event_listeners`, renewed by a task until dropped; then deleted.
+struct Registration {
+    pool: PgPool,
+    workspace: WorkspaceId,
+    id: Uuid,
+    renewal: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.renewal.abort();
+        let (pool, workspace, id) = (self.pool.clone(), self.workspace, self.id);
+        // Best effort: a row left behind expires within a minute.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = listener_statement(&pool, workspace, id, "DELETE FROM conveyor.event_listeners WHERE id = $1")
+                    .await;
+            });
+        }
+    }
+}
+
+async fn listener_statement(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    id: Uuid,
+    statement: &'static str,
+) -> Result<(), sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    sqlx::query(statement).bind(id).bind(workspace.0).execute(&mut *tx).await?;
+    tx.commit().await
+}
+
+/// Registers (or renews) the listener `id`: wanting `active` events or not.
+const REGISTER: &str = "INSERT INTO conveyor.event_listeners (id, workspace_id, active, expires_at)
+     VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+     ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at";
+
+async fn register(pool: &PgPool, workspace: WorkspaceId, id: Uuid, active: bool) -> Result<(), sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    sqlx::query(REGISTER).bind(id).bind(workspace.0).bind(active).bind(LISTENER_TTL_SECS).execute(&mut *tx).await?;
+    tx.commit().await
+}
+
+/// Subscribes to the events of `workspace`'s jobs that `filter` selects, from now on (or from
+/// [`EventFilter::since`]). Holds one connection of `pool` (for `LISTEN`) while it lives.
+///
+/// Ends, progress, retries and stalls are always recorded. A start (`active`) costs a write per job, so the workers
+/// record it only while a subscription that wants it is open in the workspace: they learn of a new one within a
+/// second, and a job that starts before then has no `active` event. A subscription to anything but ends registers
+/// itself in PostgreSQL (a row it renews every 20 s and removes when dropped) so that workers announce its events as
+/// they happen.
+pub async fn subscribe_events(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    filter: EventFilter,
+) -> Result<JobEvents, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    let names = filter.names();
+    let ends = JobEventType::ENDS.into_iter().any(|e| filter.wants(e));
+    let others = JobEventType::ALL.into_iter().any(|e| !e.is_end() && filter.wants(e));
+    if ends {
+        listener.listen(DONE_CHANNEL).await?;
+    }
+    let registration = if others {
+        listener.listen(EVENTS_CHANNEL).await?;
+        let id = Uuid::now_v7();
+        let active = filter.wants(JobEventType::Active);
+        register(pool, workspace, id, active).await?;
+        let renewing = pool.clone();
+        let renewal = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(LISTENER_RENEWAL).await;
+                if let Err(e) = register(&renewing, workspace, id, active).await {
+                    tracing::warn!(error = %crate::redact(&e.to_string()), "Could not renew an event subscription");
+                }
+            }
+        });
+        Some(Registration { pool: pool.clone(), workspace, id, renewal })
+    } else {
+        None
+    };
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(pool).await?;
+    let floor = filter.since.unwrap_or(now);
+    Ok(JobEvents {
+        pool: pool.clone(),
+        workspace,
+        filter,
+        names,
+        listener,
+        floor,
+        since: floor,
+        seen: HashSet::new(),
+        ready: VecDeque::new(),
+        registration,
+    })
+}
+
+/// An event as read: where it came from, and the job's columns.
+#[derive(sqlx::FromRow)]
+struct EventRow {
+    seq: i64,
+    event: String,
+    at: DateTime<Utc>,
+    attempt: i32,
+    event_progress: Option<serde_json::Value>,
+    event_error: Option<String>,
+    #[sqlx(flatten)]
+    job: Row,
+}
+
+impl JobEvents {
+    /// The next event, waiting for one as long as it takes.
+    pub async fn next(&mut self) -> Result<JobEvent, sqlx::Error> {
+        let me = self.workspace.0.to_string();
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Ok(event);
+            }
+            self.look().await?;
+            if !self.ready.is_empty() {
+                continue;
+            }
+            tokio::select! {
+                next = self.listener.recv() => match next {
+                    Ok(n) if n.payload() != me => continue,
+                    Ok(_) => {}
+                    // The listener reconnects on its next recv; look meanwhile.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                },
+                _ = tokio::time::sleep(Duration::from_secs(3)) => {}
+            }
+        }
+    }
+
+    /// Whether the subscription is registered for the workers (it wants events other than ends).
+    pub fn is_registered(&self) -> bool {
+        self.registration.is_some()
+    }
+
+    /// Reads the events recorded since shortly before the latest one delivered, page by page, skipping those already
+    /// delivered. One statement per page, so that it sees a job's events up to a point, none after it missing.
+    async fn look(&mut self) -> Result<(), sqlx::Error> {
+        let window = chrono::Duration::from_std(WINDOW).expect("a small window");
+        let mut after = ((self.since - window).max(self.floor), -1_i64, Uuid::nil());
+        loop {
+            let mut tx = db::begin_workspace(&self.pool, self.workspace).await?;
+            // An end is `seq` 0, after every recorded event of its time.
+            let rows: Vec<EventRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT x.seq, x.event, x.at, x.attempt, x.event_progress, x.event_error, {COLUMNS}
+                 FROM (
+                     SELECT v.id AS seq, v.job_id, v.event, v.at, v.attempt, v.progress AS event_progress,
+                            v.error AS event_error
+                     FROM conveyor.job_events v
+                     WHERE v.at >= $1 AND v.event = ANY($4)
+                     UNION ALL
+                     SELECT 0, e.id,
+                            CASE e.status WHEN 'completed' THEN 'completed' WHEN 'dead_letter' THEN 'failed'
+                                          ELSE 'canceled' END,
+                            coalesce(e.finished_at, e.dead_lettered_at),
+                            CASE WHEN e.status = 'dead_letter' THEN greatest(e.job_attempts, 1)
+                                 ELSE e.job_attempts + 1 END,
+                            NULL::jsonb, NULL::text
+                     FROM conveyor.outbox_events e
+                     WHERE ((e.status IN ('completed', 'canceled') AND e.finished_at >= $1)
+                            OR (e.status = 'dead_letter' AND e.dead_lettered_at >= $1))
+                       AND CASE e.status WHEN 'completed' THEN 'completed' WHEN 'dead_letter' THEN 'failed'
+                                         ELSE 'canceled' END = ANY($4)
+                 ) x
+                 JOIN conveyor.outbox_events e ON e.id = x.job_id
+                 LEFT JOIN conveyor.operations o ON o.id = e.operation_id
+                 WHERE (x.at, x.seq, x.job_id) > ($1, $2, $3)
+                   AND e.status <> 'discarded'
+                   AND (cardinality($5::text[]) = 0 OR e.event_type = ANY($5))
+                   AND (cardinality($6::text[]) = 0 OR e.queue = ANY($6))
+                   AND ($7::uuid IS NULL OR e.id = $7)
+                 ORDER BY x.at, x.seq, x.job_id
+                 LIMIT $8"
+            )))
+            .bind(after.0)
+            .bind(after.1)
+            .bind(after.2)
+            .bind(&self.names)
+            .bind(&self.filter.kinds)
+            .bind(&self.filter.queues)
+            .bind(self.filter.job.map(|j| j.0))
+            .bind(PAGE)
+            .fetch_all(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            let full = rows.len() as i64 == PAGE;
+            for row in rows {
+                after = (row.at, row.seq, row.job.id);
+                if !self.seen.insert((row.job.id, row.seq, row.at)) {
+                    continue;
+                }
+                let Some(event) = JobEventType::from_name(&row.event) else { continue };
+                self.since = self.since.max(row.at);
+                self.ready.push_back(JobEvent {
+                    event,
+                    at: row.at,
+                    attempt: row.attempt.max(1) as u32,
+                    progress: row.event_progress,
+                    error: row.event_error,
+                    job: JobInfo::from(row.job),
+                });
+            }
+            let horizon = self.since - window;
+            self.seen.retain(|(_, _, at)| *at > horizon);
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// A subscription to the ends (succeeded, failed, canceled) of a workspace's jobs, from the moment it was made
+/// ([`subscribe`]): [`JobEvents`] of [`JobEventType::ENDS`], each as its job.
+pub struct JobEnds(JobEvents);
+
+/// Subscribes to the ends of `workspace`'s jobs from now on. Holds one connection of `pool` (for `LISTEN`) while it
+/// lives. [`subscribe_events`] hears more: starts, progress, retries, stalls.
+pub async fn subscribe(pool: &PgPool, workspace: WorkspaceId) -> Result<JobEnds, sqlx::Error> {
+    Ok(JobEnds(subscribe_events(pool, workspace, EventFilter::all().events(JobEventType::ENDS)).await?))
+}
+
+impl JobEnds {
+    /// The next job of the workspace that ended, waiting for one as long as it takes.
+    pub async fn next(&mut self) -> Result<JobInfo, sqlx::Error> {
+        Ok(self.0.next().await?.job)
+    }
+}
