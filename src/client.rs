@@ -257,6 +257,11 @@ impl Conveyor {
         crate::cancel_job(&self.pool, self.workspace, id).await
     }
 
+    /// Subscribes to the events of its workspace's jobs that `filter` selects ([`crate::subscribe_events`]).
+    pub async fn subscribe_events(&self, filter: crate::EventFilter) -> Result<crate::JobEvents, sqlx::Error> {
+        crate::subscribe_events(&self.pool, self.workspace, filter).await
+    }
+
     /// The log of the job `id`, oldest line first ([`crate::get_job_logs`]).
     pub async fn job_logs(&self, id: JobId) -> Result<Vec<crate::LogLine>, sqlx::Error> {
         crate::get_job_logs(&self.pool, self.workspace, id).await
