@@ -414,6 +414,15 @@ impl Admin {
         queues::minutes(self, actor, name).await
     }
 
+    /// The last hour of every queue that recorded a minute in it, as [`Admin::queue_minutes`] answers for one, by
+    /// queue name (one audit entry, `queues_minutes`): the overview's charts.
+    pub async fn every_queue_minutes(
+        &self,
+        actor: &Actor,
+    ) -> Result<std::collections::BTreeMap<String, Vec<QueueMinute>>, AdminError> {
+        queues::every_minutes(self, actor).await
+    }
+
     /// Jobs matching `filter`, newest first.
     pub async fn jobs(&self, actor: &Actor, filter: &JobFilter) -> Result<Page<JobSummary>, AdminError> {
         jobs::search(self, actor, filter).await

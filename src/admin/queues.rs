@@ -38,10 +38,18 @@ struct GroupInfo {
     consumers: Option<u64>,
 }
 
+/// A minute as the operator's functions answer it, and with its queue.
+type MinuteRow = (DateTime<Utc>, i64, i64, Option<i64>, Option<f64>);
+type QueueMinuteRow = (String, DateTime<Utc>, i64, i64, Option<i64>, Option<f64>);
+
+fn minute((minute, done, failed, backlog, wait_p95_ms): MinuteRow) -> QueueMinute {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    QueueMinute { minute, done: count(done), failed: count(failed), backlog: backlog.map(count), wait_p95_ms }
+}
+
 /// The last hour of `name`, minute by minute.
 pub(super) async fn minutes(admin: &Admin, actor: &Actor, name: &str) -> Result<Vec<QueueMinute>, AdminError> {
     filters::queue(Some(name))?;
-    type MinuteRow = (DateTime<Utc>, i64, i64, Option<i64>, Option<f64>);
     let rows: Vec<MinuteRow> = sqlx::query_as(
         "SELECT minute, done, failed, backlog, wait_p95_ms FROM conveyor.conveyor_admin_queue_minutes($1, $2)",
     )
@@ -49,17 +57,25 @@ pub(super) async fn minutes(admin: &Admin, actor: &Actor, name: &str) -> Result<
     .bind(name)
     .fetch_all(&admin.operator)
     .await?;
-    let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    Ok(rows
-        .into_iter()
-        .map(|(minute, done, failed, backlog, wait_p95_ms)| QueueMinute {
-            minute,
-            done: count(done),
-            failed: count(failed),
-            backlog: backlog.map(count),
-            wait_p95_ms,
-        })
-        .collect())
+    Ok(rows.into_iter().map(minute).collect())
+}
+
+/// The last hour of every queue that recorded a minute in it, by queue name, each minute by minute.
+pub(super) async fn every_minutes(
+    admin: &Admin,
+    actor: &Actor,
+) -> Result<std::collections::BTreeMap<String, Vec<QueueMinute>>, AdminError> {
+    let rows: Vec<QueueMinuteRow> = sqlx::query_as(
+        "SELECT queue, minute, done, failed, backlog, wait_p95_ms FROM conveyor.conveyor_admin_queues_minutes($1)",
+    )
+    .bind(filters::actor(actor)?)
+    .fetch_all(&admin.operator)
+    .await?;
+    let mut queues = std::collections::BTreeMap::<String, Vec<QueueMinute>>::new();
+    for (queue, at, done, failed, backlog, wait) in rows {
+        queues.entry(queue).or_default().push(minute((at, done, failed, backlog, wait)));
+    }
+    Ok(queues)
 }
 
 /// Every queue, or only `name`.

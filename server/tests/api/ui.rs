@@ -676,6 +676,14 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
         v
     };
     assert_eq!(counts, ["0", "1", "0", "0", "1"], "queued, delayed, running, retrying, dead");
+    // Its last hour as a small chart in the row: the dead letter's minute has its bar, and the label says the totals.
+    let spark = browser.element(&format!("{row} svg.spark")).await;
+    let label = spark.attr("aria-label").await.unwrap().unwrap_or_default();
+    assert!(label.starts_with("last hour: ") && label.contains(", 1 failed,"), "{label}");
+    let (_, _, width, height) = spark.rectangle().await.unwrap();
+    assert!(width >= 100.0 && height >= 20.0, "the sparkline is drawn at {width}x{height}");
+    let failed = browser.client.find_all(Locator::Css(&format!("{row} svg.spark rect.failed"))).await.unwrap();
+    assert_eq!(failed.len(), 1, "the dead letter's minute has its bar");
     browser.screenshot(&shots, "overview").await;
 
     // The queue: its counts, its last hour (recorded by the maintenance pass at the start) and its jobs.

@@ -38,6 +38,40 @@ pub(super) fn queue_charts(minutes: &[QueueMinute]) -> Markup {
     }
 }
 
+/// The sparkline's size, in pixels.
+const SPARK_WIDTH: f64 = 120.0;
+const SPARK_HEIGHT: f64 = 24.0;
+
+/// A queue's last hour in a table cell: jobs done and failed per minute as stacked bars, no axis; its label and
+/// tooltip say the hour's totals and its busiest minute.
+pub(super) fn sparkline(minutes: &[QueueMinute]) -> Markup {
+    let n = minutes.len().max(1) as f64;
+    let max = minutes.iter().map(|m| m.done + m.failed).max().unwrap_or(0) as f64;
+    let (done, failed) = minutes.iter().fold((0, 0), |(d, f), m| (d + m.done, f + m.failed));
+    let summary = format!("last hour: {done} done, {failed} failed, busiest minute {}", format_value(max));
+    // At least one pixel high, so that a minute of one job beside a busy one still shows.
+    let y = |v: f64| if max > 0.0 && v > 0.0 { (v / max * SPARK_HEIGHT).max(1.0) } else { 0.0 };
+    let slot = SPARK_WIDTH / n;
+    html! {
+        svg.spark width=(SPARK_WIDTH) height=(SPARK_HEIGHT) viewBox=(format!("0 0 {SPARK_WIDTH} {SPARK_HEIGHT}"))
+            role="img" aria-label=(summary) {
+            title { (summary) }
+            line.base x1="0" y1=(SPARK_HEIGHT - 0.5) x2=(SPARK_WIDTH) y2=(SPARK_HEIGHT - 0.5) {}
+            @for (i, m) in minutes.iter().enumerate() {
+                @let (d, f) = (y(m.done as f64), y(m.failed as f64));
+                @if d > 0.0 {
+                    rect.done x=(format!("{:.1}", i as f64 * slot)) y=(format!("{:.1}", SPARK_HEIGHT - d))
+                        width=(format!("{:.1}", slot * 0.8)) height=(format!("{d:.1}")) {}
+                }
+                @if f > 0.0 {
+                    rect.failed x=(format!("{:.1}", i as f64 * slot)) y=(format!("{:.1}", SPARK_HEIGHT - d - f))
+                        width=(format!("{:.1}", slot * 0.8)) height=(format!("{f:.1}")) {}
+                }
+            }
+        }
+    }
+}
+
 /// The time axis under a drawing: an hour ago on the left, now on the right.
 fn axis(first: &str, last: &str) -> Markup {
     html! {

@@ -1,5 +1,7 @@
-//! The overview: every queue with its counts by state, lag, throughput and oldest age, and the pauses in force (with
-//! a form to add one and a button to lift each).
+//! The overview: every queue with its counts by state, lag, throughput, its last hour as a small chart and oldest age,
+//! and the pauses in force (with a form to add one and a button to lift each).
+
+use std::collections::BTreeMap;
 
 use axum::Form;
 use axum::extract::Query;
@@ -8,10 +10,8 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::layout::{self, Notice, Section, age, field, maybe, segment, url_with};
-use super::{Page, UiError};
-use crate::QueueSummary;
-use crate::WorkspaceId;
-use crate::{Pause, PauseScope};
+use super::{Page, UiError, charts};
+use crate::{Pause, PauseScope, QueueMinute, QueueSummary, WorkspaceId};
 
 /// The overview's options.
 #[derive(Deserialize)]
@@ -46,6 +46,7 @@ pub(super) async fn show(
     Query(notice): Query<Notice>,
 ) -> Result<Markup, UiError> {
     let queues = page.admin.queues(page.actor()).await?;
+    let minutes = page.admin.every_queue_minutes(page.actor()).await?;
     let pauses = page.admin.pauses(page.actor()).await?;
     let mut chrome = page.chrome();
     chrome.refresh = view.refresh.and_then(|s| s.parse().ok()).filter(|s| (2..=300).contains(s));
@@ -57,7 +58,7 @@ pub(super) async fn show(
                 a href=(page.at("/?refresh=5")) { "Reload every 5 s" }
             }
         }
-        (queue_table(&page, &queues))
+        (queue_table(&page, &queues, &minutes))
         h2 { "Pauses" }
         // A reload would wipe what is typed into a form: while reloading, the page shows data alone.
         @if chrome.refresh.is_some() {
@@ -71,7 +72,7 @@ pub(super) async fn show(
     Ok(layout::page("Overview", Section::Overview, &chrome, notice.render(), body))
 }
 
-fn queue_table(page: &Page, queues: &[QueueSummary]) -> Markup {
+fn queue_table(page: &Page, queues: &[QueueSummary], minutes: &BTreeMap<String, Vec<QueueMinute>>) -> Markup {
     html! {
         h2 { "Queues" }
         @if queues.is_empty() {
@@ -81,7 +82,8 @@ fn queue_table(page: &Page, queues: &[QueueSummary]) -> Markup {
                 thead { tr {
                     th { "Queue" } th.num { "Queued" } th.num { "Delayed" } th.num { "Running" } th.num { "Retrying" }
                     th.num { "Dead" } th.num { "Stream lag" } th.num { "Pending" } th.num { "Consumers" }
-                    th.num { "Done/min" } th.num { "Failed/min" } th.num { "Oldest queued" } th { "" }
+                    th.num { "Done/min" } th.num { "Failed/min" } th { "Last hour" } th.num { "Oldest queued" }
+                    th { "" }
                 } }
                 tbody {
                     @for q in queues {
@@ -94,6 +96,10 @@ fn queue_table(page: &Page, queues: &[QueueSummary]) -> Markup {
                             td.num { (maybe(q.lag)) } td.num { (maybe(q.pending)) } td.num { (maybe(q.consumers)) }
                             td.num { (format!("{:.1}", q.completed_per_minute)) }
                             td.num { (format!("{:.1}", q.failed_per_minute)) }
+                            td.spark { @match minutes.get(&q.name) {
+                                Some(hour) => (charts::sparkline(hour)),
+                                None => span.muted { "nothing recorded" },
+                            } }
                             td.num { (maybe(q.oldest_queued_seconds.map(age))) }
                             td { @if q.paused { (layout::status_badge("paused")) } }
                         }
