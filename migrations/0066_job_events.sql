@@ -24,6 +24,8 @@ CREATE TABLE job_events (
     error        text        CHECK (char_length(error) <= 2000)
 );
 CREATE INDEX job_events_by_time ON job_events (workspace_id, at);
+-- For maintenance's purge across workspaces: rows come in time order, so a block range index is enough, and cheap.
+CREATE INDEX job_events_at ON job_events USING brin (at);
 
 ALTER TABLE job_events ENABLE ROW LEVEL SECURITY;
 ALTER TABLE job_events FORCE ROW LEVEL SECURITY;
@@ -31,7 +33,9 @@ CREATE POLICY workspace_isolation ON job_events
     USING (workspace_id = conveyor_current_workspace())
     WITH CHECK (workspace_id = conveyor_current_workspace());
 
--- An open subscription to events other than ends, kept alive by its subscriber (it expires unless renewed).
+-- An open subscription to events other than ends, kept alive by its subscriber (it expires unless renewed: a
+-- subscription renews a one-minute lease). A row that claims to live longer than two minutes is not one: the workers
+-- ignore it, and maintenance removes it.
 CREATE TABLE event_listeners (
     id           uuid        PRIMARY KEY,
     workspace_id uuid        NOT NULL,
@@ -62,13 +66,13 @@ CREATE FUNCTION conveyor_event_listened_workspaces()
     SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
         SELECT l.workspace_id, pg_catalog.bool_or(l.active) FROM conveyor.event_listeners l
-        WHERE l.expires_at > pg_catalog.now()
+        WHERE l.expires_at > pg_catalog.now() AND l.expires_at <= pg_catalog.now() + interval '2 minutes'
         GROUP BY l.workspace_id
     $$;
 REVOKE ALL ON FUNCTION conveyor_event_listened_workspaces() FROM PUBLIC;
 
--- Maintenance: removes events older than an hour and subscriptions that expired, at most max_rows of each, in every
--- workspace; how many in all.
+-- Maintenance: removes events older than an hour, at most max_rows, and subscriptions that expired (or claim to live
+-- longer than a subscription does), in every workspace; how many in all.
 CREATE FUNCTION conveyor_job_events_purge(max_rows integer)
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -100,10 +104,13 @@ CREATE FUNCTION conveyor_job_events_purge(max_rows integer)
         FOR ws IN
             SELECT DISTINCT l.workspace_id FROM conveyor.event_listeners l
             WHERE l.expires_at < pg_catalog.now() - interval '1 minute'
+               OR l.expires_at > pg_catalog.now() + interval '2 minutes'
         LOOP
             PERFORM pg_catalog.set_config('app.workspace_id', ws::text, true);
             DELETE FROM conveyor.event_listeners l
-            WHERE l.workspace_id = ws AND l.expires_at < pg_catalog.now() - interval '1 minute';
+            WHERE l.workspace_id = ws
+              AND (l.expires_at < pg_catalog.now() - interval '1 minute'
+                   OR l.expires_at > pg_catalog.now() + interval '2 minutes');
             GET DIAGNOSTICS n = ROW_COUNT;
             purged := purged + n;
         END LOOP;

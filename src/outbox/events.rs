@@ -78,7 +78,8 @@ pub struct JobEvent {
     pub event: JobEventType,
     /// When (PostgreSQL's clock).
     pub at: DateTime<Utc>,
-    /// The run it happened in (1 = the first); for an end, the run that ended it.
+    /// The run it happened in (1 = the first); for an end, the last run that started (1 when none did: a job canceled
+    /// or dead-lettered by the relay before any run).
     pub attempt: u32,
     /// For [`JobEventType::Progress`], the value reported.
     pub progress: Option<serde_json::Value>,
@@ -172,6 +173,9 @@ pub struct JobEvents {
     floor: DateTime<Utc>,
     /// The latest event time delivered.
     since: DateTime<Utc>,
+    /// When the last look that read every page began (PostgreSQL's clock): the next starts there, less the window,
+    /// even when nothing matched meanwhile.
+    scanned: DateTime<Utc>,
     /// Events delivered whose time is within [`WINDOW`] of `since`, so that a second look does not repeat them: by
     /// (job, event id or 0 for an end, time).
     seen: HashSet<(Uuid, i64, DateTime<Utc>)>,
@@ -272,6 +276,7 @@ pub async fn subscribe_events(
         listener,
         floor,
         since: floor,
+        scanned: floor,
         seen: HashSet::new(),
         ready: VecDeque::new(),
         registration,
@@ -303,14 +308,22 @@ impl JobEvents {
             if !self.ready.is_empty() {
                 continue;
             }
-            tokio::select! {
-                next = self.listener.recv() => match next {
-                    Ok(n) if n.payload() != me => continue,
-                    Ok(_) => {}
-                    // The listener reconnects on its next recv; look meanwhile.
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                },
-                _ = tokio::time::sleep(Duration::from_secs(3)) => {}
+            // Until a notification names this workspace (another's costs no look), or the fallback look is due.
+            let fallback = tokio::time::sleep(Duration::from_secs(3));
+            tokio::pin!(fallback);
+            loop {
+                tokio::select! {
+                    next = self.listener.recv() => match next {
+                        Ok(n) if n.payload() != me => continue,
+                        Ok(_) => break,
+                        // The listener reconnects on its next recv; look meanwhile.
+                        Err(_) => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            break;
+                        }
+                    },
+                    _ = &mut fallback => break,
+                }
             }
         }
     }
@@ -324,32 +337,40 @@ impl JobEvents {
     /// delivered. One statement per page, so that it sees a job's events up to a point, none after it missing.
     async fn look(&mut self) -> Result<(), sqlx::Error> {
         let window = chrono::Duration::from_std(WINDOW).expect("a small window");
-        let mut after = ((self.since - window).max(self.floor), -1_i64, Uuid::nil());
+        let mut after = ((self.since.max(self.scanned) - window).max(self.floor), -1_i64, Uuid::nil());
+        let mut began = None;
         loop {
             let mut tx = db::begin_workspace(&self.pool, self.workspace).await?;
-            // An end is `seq` 0, after every recorded event of its time.
+            if began.is_none() {
+                began = Some(sqlx::query_scalar::<_, DateTime<Utc>>("SELECT now()").fetch_one(&mut *tx).await?);
+            }
+            // An end is `seq` i64::MAX, after every recorded event of its time. The workspace is named, not left to
+            // row-level security alone: the owner of the single-role mode reads every workspace's rows.
             let rows: Vec<EventRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT x.seq, x.event, x.at, x.attempt, x.event_progress, x.event_error, {COLUMNS}
                  FROM (
                      SELECT v.id AS seq, v.job_id, v.event, v.at, v.attempt, v.progress AS event_progress,
                             v.error AS event_error
                      FROM conveyor.job_events v
-                     WHERE v.at >= $1 AND v.event = ANY($4)
+                     WHERE v.workspace_id = $9 AND v.at >= $1 AND v.event = ANY($4)
                      UNION ALL
-                     SELECT 0, e.id,
+                     SELECT 9223372036854775807, e.id,
                             CASE e.status WHEN 'completed' THEN 'completed' WHEN 'dead_letter' THEN 'failed'
                                           ELSE 'canceled' END,
                             coalesce(e.finished_at, e.dead_lettered_at),
-                            CASE WHEN e.status = 'dead_letter' THEN greatest(e.job_attempts, 1)
-                                 ELSE e.job_attempts + 1 END,
+                            CASE e.status WHEN 'completed' THEN e.job_attempts + 1
+                                          WHEN 'dead_letter' THEN greatest(e.job_attempts, 1)
+                                          ELSE greatest(e.job_attempts + (e.dispatched_at IS NOT NULL)::integer, 1)
+                                          END,
                             NULL::jsonb, NULL::text
                      FROM conveyor.outbox_events e
-                     WHERE ((e.status IN ('completed', 'canceled') AND e.finished_at >= $1)
+                     WHERE e.workspace_id = $9
+                       AND ((e.status IN ('completed', 'canceled') AND e.finished_at >= $1)
                             OR (e.status = 'dead_letter' AND e.dead_lettered_at >= $1))
                        AND CASE e.status WHEN 'completed' THEN 'completed' WHEN 'dead_letter' THEN 'failed'
                                          ELSE 'canceled' END = ANY($4)
                  ) x
-                 JOIN conveyor.outbox_events e ON e.id = x.job_id
+                 JOIN conveyor.outbox_events e ON e.id = x.job_id AND e.workspace_id = $9
                  LEFT JOIN conveyor.operations o ON o.id = e.operation_id
                  WHERE (x.at, x.seq, x.job_id) > ($1, $2, $3)
                    AND e.status <> 'discarded'
@@ -367,6 +388,7 @@ impl JobEvents {
             .bind(&self.filter.queues)
             .bind(self.filter.job.map(|j| j.0))
             .bind(PAGE)
+            .bind(self.workspace.0)
             .fetch_all(&mut *tx)
             .await?;
             tx.commit().await?;
@@ -388,8 +410,9 @@ impl JobEvents {
                 });
             }
             let horizon = self.since - window;
-            self.seen.retain(|(_, _, at)| *at > horizon);
+            self.seen.retain(|(_, _, at)| *at >= horizon);
             if !full {
+                self.scanned = began.unwrap_or(self.scanned);
                 return Ok(());
             }
         }

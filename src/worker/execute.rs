@@ -210,10 +210,20 @@ impl Executor {
             let reason = format!("no handler registered for kind `{}`", redact(&d.event_type));
             return Ok((Box::pin(self.dead_letter(d, &reason, "no_handler")).await?, None));
         };
+        let listening = self.listeners.of(d.workspace_id).await;
         if d.start == Start::TakenOver {
             // The delivery before this one started and never ended: its worker stopped. Counted before this run, so
             // that a run that stops this worker too is counted by the next one.
-            match Box::pin(transitions::count_stop(pool, d.workspace_id, d.event_id, d.redrive, d.attempt)).await? {
+            match Box::pin(transitions::count_stop(
+                pool,
+                d.workspace_id,
+                d.event_id,
+                d.redrive,
+                d.attempt,
+                listening.announce,
+            ))
+            .await?
+            {
                 None => return Ok((Outcome::Skipped, None)),
                 Some(stops) if stops >= self.settings.max_deliveries => {
                     // Its runs keep stopping their worker (killed, out of memory): it would stop the next one too.
@@ -227,7 +237,6 @@ impl Executor {
             }
         }
         abort_on_job(d.event_id);
-        let listening = self.listeners.of(d.workspace_id).await;
         let max_attempts = d.max_attempts.unwrap_or_else(|| handler.max_attempts());
         let mut cx = JobContext {
             id: JobId(d.event_id),

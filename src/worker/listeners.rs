@@ -3,6 +3,7 @@
 //! as jobs start; nothing is looked up while no job starts.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,44 +33,70 @@ struct Heard {
     workspaces: HashMap<Uuid, bool>,
 }
 
-pub(super) struct Listeners {
+pub(super) struct Listeners(Arc<Shared>);
+
+struct Shared {
     /// The runtime role's: the look-up works across workspaces (`conveyor_event_listened_workspaces`, ids only).
     runtime: PgPool,
     heard: Mutex<Arc<Heard>>,
-    /// Held by the one job that looks up, while the others go by the view they have.
-    looking: tokio::sync::Mutex<()>,
+    /// Held through the first look-up, which the first jobs wait for; later ones run in a task of their own.
+    first: tokio::sync::Mutex<()>,
+    /// A later look-up is under way.
+    looking: AtomicBool,
 }
 
-impl Listeners {
-    pub(super) fn new(runtime: PgPool) -> Self {
-        Self { runtime, heard: Mutex::new(Arc::default()), looking: tokio::sync::Mutex::new(()) }
-    }
-
+impl Shared {
     fn heard(&self) -> Arc<Heard> {
         self.heard.lock().expect("listeners lock").clone()
     }
 
-    /// What the subscriptions of `workspace` ask of a job starting now.
+    async fn look_up(&self) {
+        let rows: Result<Vec<(Uuid, bool)>, sqlx::Error> =
+            sqlx::query_as("SELECT workspace_id, active FROM conveyor.conveyor_event_listened_workspaces()")
+                .fetch_all(&self.runtime)
+                .await;
+        let workspaces = match rows {
+            Ok(rows) => rows.into_iter().collect(),
+            Err(e) => {
+                tracing::warn!(error = %redact(&e.to_string()), "Cannot look up event subscriptions; going by the last look");
+                self.heard().workspaces.clone()
+            }
+        };
+        *self.heard.lock().expect("listeners lock") = Arc::new(Heard { at: Some(Instant::now()), workspaces });
+    }
+}
+
+impl Listeners {
+    pub(super) fn new(runtime: PgPool) -> Self {
+        Self(Arc::new(Shared {
+            runtime,
+            heard: Mutex::new(Arc::default()),
+            first: tokio::sync::Mutex::new(()),
+            looking: AtomicBool::new(false),
+        }))
+    }
+
+    /// What the subscriptions of `workspace` ask of a job starting now. The worker's first jobs wait for the first
+    /// look-up; after that a job never waits for one: a stale view is refreshed in the background.
     pub(super) async fn of(&self, workspace: WorkspaceId) -> Listening {
-        let stale = |h: &Heard| h.at.is_none_or(|at| at.elapsed() >= FRESH_FOR);
-        if stale(&self.heard())
-            && let Ok(_looking) = self.looking.try_lock()
-            && stale(&self.heard())
-        {
-            let rows: Result<Vec<(Uuid, bool)>, sqlx::Error> =
-                sqlx::query_as("SELECT workspace_id, active FROM conveyor.conveyor_event_listened_workspaces()")
-                    .fetch_all(&self.runtime)
-                    .await;
-            let workspaces = match rows {
-                Ok(rows) => rows.into_iter().collect(),
-                Err(e) => {
-                    tracing::warn!(error = %redact(&e.to_string()), "Cannot look up event subscriptions; going by the last look");
-                    self.heard().workspaces.clone()
+        let heard = self.0.heard();
+        match heard.at {
+            None => {
+                let _first = self.0.first.lock().await;
+                if self.0.heard().at.is_none() {
+                    self.0.look_up().await;
                 }
-            };
-            *self.heard.lock().expect("listeners lock") = Arc::new(Heard { at: Some(Instant::now()), workspaces });
+            }
+            Some(at) if at.elapsed() >= FRESH_FOR && !self.0.looking.swap(true, Ordering::AcqRel) => {
+                let shared = self.0.clone();
+                tokio::spawn(async move {
+                    shared.look_up().await;
+                    shared.looking.store(false, Ordering::Release);
+                });
+            }
+            Some(_) => {}
         }
-        match self.heard().workspaces.get(&workspace.0) {
+        match self.0.heard().workspaces.get(&workspace.0) {
             Some(&active) => Listening { announce: true, active },
             None => Listening::default(),
         }

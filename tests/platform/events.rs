@@ -249,21 +249,51 @@ async fn maintenance_removes_events_past_an_hour_and_subscriptions_that_expired(
         .unwrap()
         .rows_affected();
     assert_eq!(aged, 3);
+    // And one that claims to live a day, which no subscription does (one renews a one-minute lease): the workers ignore
+    // it, so that no row can make them write every start for good.
     sqlx::query(
         "INSERT INTO conveyor.event_listeners (id, workspace_id, active, expires_at)
-         VALUES (gen_random_uuid(), $1, true, now() - interval '1 hour')",
+         VALUES (gen_random_uuid(), $1, true, now() - interval '1 hour'), (gen_random_uuid(), $1, true, now() + interval '1 day')",
     )
     .bind(ws.0)
     .execute(&mut owner)
     .await
     .unwrap();
+    let listened: i64 = sqlx::query_scalar("SELECT count(*) FROM conveyor.conveyor_event_listened_workspaces()")
+        .fetch_one(&platform.runtime_pool)
+        .await
+        .unwrap();
+    assert_eq!(listened, 0);
 
     let pass = crate::expiry::maintenance_pass(&platform).await;
-    assert_eq!(pass.job_events_purged, 4, "three events and one subscription");
+    assert_eq!(pass.job_events_purged, 5, "three events and two subscriptions");
     let left: Vec<(Uuid, String)> = sqlx::query_as("SELECT job_id, event FROM conveyor.job_events ORDER BY id")
         .fetch_all(&mut owner)
         .await
         .unwrap();
     assert_eq!(left, [(recent.0, "progress".to_owned())], "the recent event stays");
     assert_eq!(crate::expiry::maintenance_pass(&platform).await.job_events_purged, 0);
+}
+
+#[tokio::test]
+async fn in_the_single_role_mode_a_subscription_hears_its_workspace_alone() {
+    // One role owns everything and reads every workspace's rows: the subscription names its workspace itself.
+    let platform = Platform::single_role().await;
+    let (ws, other) = (WorkspaceId(Uuid::new_v4()), WorkspaceId(Uuid::new_v4()));
+    let mut events = conveyor_jobs::subscribe_events(&platform.pool, ws, EventFilter::all()).await.unwrap();
+    let mut ends = conveyor_jobs::subscribe(&platform.pool, ws).await.unwrap();
+    enqueue(&platform, other, Sync { flaky: true }).await;
+    let mine = enqueue(&platform, ws, Sync { flaky: false }).await;
+    let dispatcher = platform.dispatcher(|_| {}).await;
+    let worker = worker(&platform, "single", WorkerSettings::default()).await;
+    worker.ensure_groups().await.unwrap();
+    conveyor_jobs::testing::drain(&dispatcher, &worker).await.unwrap();
+    let heard = next(&mut events, 3).await;
+    use JobEventType::*;
+    assert_eq!(seen(&heard), [(Active, 1), (Progress, 1), (Completed, 1)]);
+    assert!(heard.iter().all(|e| e.job.id == mine), "another workspace's job was heard");
+    silent(&mut events).await;
+    let end = tokio::time::timeout(Duration::from_secs(30), ends.next()).await.unwrap().unwrap();
+    assert_eq!(end.id, mine);
+    assert!(tokio::time::timeout(Duration::from_millis(500), ends.next()).await.is_err(), "another workspace's end");
 }

@@ -290,14 +290,15 @@ pub(crate) async fn taken_over(
 }
 
 /// Counts a stop of the job as a delivery taken over from a stopped worker starts it: the delivery before it started
-/// and never ended (run `attempt`: a `stalled` event, announced). The stops so far, this one included; `None` when the
-/// job must not run (ended, re-driven since the entry was written, or gone).
+/// and never ended (run `attempt`: a `stalled` event, announced where a subscription listens, `announce`). The stops so
+/// far, this one included; `None` when the job must not run (ended, re-driven since the entry was written, or gone).
 pub(crate) async fn count_stop(
     pool: &PgPool,
     workspace: WorkspaceId,
     job: Uuid,
     redrive: Option<i32>,
     attempt: u32,
+    announce: bool,
 ) -> Result<Option<u32>, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     // The stop is a `stalled` event of the run that stopped, recorded by the same statement.
@@ -316,7 +317,7 @@ pub(crate) async fn count_stop(
     .bind(i32::try_from(attempt.max(1)).unwrap_or(i32::MAX))
     .fetch_optional(&mut *tx)
     .await?;
-    if stops.is_some() {
+    if stops.is_some() && announce {
         announce_event_tx(&mut tx, workspace).await?;
     }
     tx.commit().await?;
@@ -812,13 +813,15 @@ async fn retry(
     if moved == 1 {
         // Wakes the dispatchers when the retry is due, not at their next sweep.
         let due = chrono::Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
-        sqlx::query("SELECT pg_notify($1, $2)")
+        // Its subscriptions too, in the same statement: this transaction notifies already, so one more costs nothing
+        // at commit.
+        sqlx::query("SELECT pg_notify($1, $2), pg_notify($3, $4)")
             .bind(super::NOTIFY_CHANNEL)
             .bind(format!("{}@{}", workspace.0, due.timestamp_millis()))
+            .bind(EVENTS_CHANNEL)
+            .bind(workspace.0.to_string())
             .execute(&mut *tx)
             .await?;
-        // Its subscriptions too: this transaction notifies already, so one more costs nothing at commit.
-        announce_event_tx(&mut tx, workspace).await?;
     }
     if let Some(operation) = operation.filter(|_| moved == 1) {
         sqlx::query(
