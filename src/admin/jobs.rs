@@ -105,8 +105,24 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
     .fetch_optional(&admin.operator)
     .await?;
     let Some(row) = row else { return Ok(None) };
-    let attempts: Vec<Attempt> = serde_json::from_value(row.failures)
+    let mut attempts: Vec<Attempt> = serde_json::from_value(row.failures)
         .map_err(|e| sqlx::Error::Decode(format!("a job's failures do not decode: {e}").into()))?;
+    // Each run's start and worker (migration 0068): the failed runs in the same order as `failures`, then the last.
+    let runs: Vec<(bool, Option<DateTime<Utc>>, Option<String>)> =
+        sqlx::query_as("SELECT last, run_started_at, run_by FROM conveyor.conveyor_admin_job_runs($1, $2)")
+            .bind(filters::actor(actor)?)
+            .bind(id.0)
+            .fetch_all(&admin.operator)
+            .await?;
+    let (mut run_started_at, mut ran_by) = (None, None);
+    let mut failed = attempts.iter_mut();
+    for (last, started_at, by) in runs {
+        if last {
+            (run_started_at, ran_by) = (started_at, by);
+        } else if let Some(attempt) = failed.next() {
+            (attempt.started_at, attempt.ran_by) = (started_at, by);
+        }
+    }
     let logs = sqlx::query_as("SELECT seq, attempt, at, line FROM conveyor.conveyor_admin_job_logs($1, $2)")
         .bind(filters::actor(actor)?)
         .bind(id.0)
@@ -167,6 +183,8 @@ pub(super) async fn detail(admin: &Admin, actor: &Actor, id: JobId) -> Result<Op
         children_left: waits_for,
         trace_id,
         expires_at: deadline,
+        run_started_at,
+        ran_by,
     }))
 }
 

@@ -192,6 +192,13 @@ pub struct Attempt {
     pub error: Option<String>,
     /// When it failed.
     pub failed_at: DateTime<Utc>,
+    /// When its handler started, by the worker's clock (a run recorded by a worker of an earlier release, or a failed
+    /// hand-off, has none).
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    /// The worker (its consumer name) that ran it.
+    #[serde(default)]
+    pub ran_by: Option<String>,
 }
 
 /// One job in full: what the list shows, its payload, progress, result and its failed runs.
@@ -233,6 +240,13 @@ pub struct JobDetail {
     /// Its deadline, if it set one ([`crate::EnqueueOptions::expire_at`]).
     #[serde(default)]
     pub expires_at: Option<DateTime<Utc>>,
+    /// When its last recorded run's handler started, by the worker's clock: its run to success, or its last failed
+    /// run.
+    #[serde(default)]
+    pub run_started_at: Option<DateTime<Utc>>,
+    /// The worker (its consumer name) that ran its last recorded run.
+    #[serde(default)]
+    pub ran_by: Option<String>,
 }
 
 /// A parent or a child of a job in a flow, as its page lists it.

@@ -114,7 +114,7 @@ impl Acker {
     /// Records the ends of jobs that ran without a transaction, trying three times.
     async fn record_ends(&self, finished: &[Finished]) -> bool {
         for attempt in 0..3 {
-            match transitions::complete_many(&self.runtime, finished).await {
+            match transitions::complete_many(&self.runtime, finished, self.consumer.name()).await {
                 Ok(_) => return true,
                 Err(e) if attempt == 2 => {
                     tracing::warn!(count = finished.len(), error = %redact(&e.to_string()), "Could not record finished jobs; they will run again");

@@ -19,7 +19,7 @@ use super::runtime::{Cancellation, Done, Outcome, Queue, Running, Tracker, Worke
 use crate::backoff::Backoff;
 use crate::ids::{JobId, WorkspaceId};
 use crate::metrics::Metrics;
-use crate::outbox::transitions::{self, Completion, End, Finished, Run};
+use crate::outbox::transitions::{self, Completion, End, Finished, Ran, Run};
 use crate::redact::redact;
 use crate::stream::consumer::{Entry, Text};
 
@@ -45,6 +45,8 @@ pub(super) struct Delivery {
     pub(super) backoff: Option<Backoff>,
     /// How its entry came to be started.
     pub(super) start: Start,
+    /// When its handler started (the worker's clock), once it has.
+    pub(super) started_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// How a job's entry came to be started, which decides what is checked before its handler runs.
@@ -84,6 +86,7 @@ impl Delivery {
             traceparent: f.take("traceparent").unwrap_or_default(),
             tracestate: f.take("tracestate"),
             start: Start::Read,
+            started_at: None,
         })
     }
 }
@@ -105,6 +108,8 @@ pub(super) struct Executor {
     pub(super) acks: mpsc::UnboundedSender<Done>,
     /// The workspaces whose event subscriptions want a job's start written, and its events announced.
     pub(super) listeners: Listeners,
+    /// The worker's consumer name, recorded with each run's end as the worker that ran it.
+    pub(super) consumer: Arc<str>,
 }
 
 impl Executor {
@@ -145,7 +150,7 @@ impl Executor {
                 };
                 let cancellation = Cancellation { requested: CancellationToken::new(), token: abandon.child_token() };
                 let ran = if self.running.lock().expect("running lock").start(delivery.event_id, cancellation.clone()) {
-                    let ran = self.execute(&delivery, &cancellation, &abandon).instrument(span).await;
+                    let ran = self.execute(&mut delivery, &cancellation, &abandon).instrument(span).await;
                     self.running.lock().expect("running lock").jobs.remove(&delivery.event_id);
                     ran
                 } else {
@@ -175,7 +180,7 @@ impl Executor {
     /// Runs the job; with its outcome, the completion the ack loop records when the job had no transaction of its own.
     async fn execute(
         &self,
-        d: &Delivery,
+        d: &mut Delivery,
         cancellation: &Cancellation,
         abandon: &CancellationToken,
     ) -> anyhow::Result<(Outcome, Option<Finished>)> {
@@ -272,7 +277,7 @@ impl Executor {
             }
             if cx.operation_ended {
                 if let Some(mut tx) = cx.tx.take() {
-                    transitions::end_run(pool, run(d), End::Orphaned { tx: &mut tx }).await?;
+                    transitions::end_run(pool, self.run(d), End::Orphaned { tx: &mut tx }).await?;
                     tx.commit().await?;
                 }
                 return Ok((Outcome::Skipped, None));
@@ -286,6 +291,8 @@ impl Executor {
             }
         }
         let timeout = d.timeout.unwrap_or_else(|| handler.timeout());
+        d.started_at = Some(chrono::Utc::now());
+        let d = &*d;
         // Boxed, and only for a job with an operation: the job's own future stays small.
         let keepalive = d.operation_id.map(|operation| {
             Box::pin(keep_alive(self.control.clone(), d.workspace_id, operation, self.settings.keepalive))
@@ -356,7 +363,7 @@ impl Executor {
                     let reason = redact(reason);
                     tracing::info!(event_id = %d.event_id, %until, reason = %reason, "Job rate limited; its key waits until then");
                     let throttled = End::Throttled { until: *until, reason: &reason };
-                    if Box::pin(transitions::end_run(pool, run(d), throttled)).await? != Completion::Recorded {
+                    if Box::pin(transitions::end_run(pool, self.run(d), throttled)).await? != Completion::Recorded {
                         tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not throttling it");
                         return Ok((Outcome::Skipped, None));
                     }
@@ -383,7 +390,7 @@ impl Executor {
                     };
                     tracing::warn!(event_id = %d.event_id, attempt = d.attempt, ?delay, error = %error, "Job failed; retrying after back-off");
                     let retry = End::Retry { delay, error: &error };
-                    if Box::pin(transitions::end_run(pool, run(d), retry)).await? != Completion::Recorded {
+                    if Box::pin(transitions::end_run(pool, self.run(d), retry)).await? != Completion::Recorded {
                         tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not scheduling a retry");
                         return Ok((Outcome::Skipped, None));
                     }
@@ -411,10 +418,12 @@ impl Executor {
         }
         let Some(mut tx) = cx.tx.take() else {
             // No transaction (and so no operation): recorded in the acker's batch, the funnel's batched form.
-            let finished = Finished { workspace: d.workspace_id, job: d.event_id, redrive: None, result: value };
+            let started_at = d.started_at.unwrap_or_else(chrono::Utc::now);
+            let finished =
+                Finished { workspace: d.workspace_id, job: d.event_id, redrive: None, result: value, started_at };
             return Ok((Outcome::Succeeded, Some(finished)));
         };
-        match transitions::end_run(&self.pool, run(d), End::Succeeded { tx: &mut tx, result: &value }).await? {
+        match transitions::end_run(&self.pool, self.run(d), End::Succeeded { tx: &mut tx, result: &value }).await? {
             Completion::OperationEnded => {
                 // The operation is no longer live (canceled after the run began): roll back, and end the job.
                 tx.rollback().await?;
@@ -441,7 +450,7 @@ impl Executor {
     /// Ends a live job whose operation has already ended ([`End::Orphaned`]).
     async fn end_orphan(&self, d: &Delivery) -> anyhow::Result<()> {
         let mut tx = crate::db::begin_workspace(&self.pool, d.workspace_id).await?;
-        transitions::end_run(&self.pool, run(d), End::Orphaned { tx: &mut tx }).await?;
+        transitions::end_run(&self.pool, self.run(d), End::Orphaned { tx: &mut tx }).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -457,7 +466,8 @@ impl Executor {
     /// Dead-letters the delivered job with `reason` (redacted), counted under `why`; skipped when the delivery's
     /// generation is no longer the event's (a newer delivery exists, and it decides).
     async fn dead_letter(&self, d: &Delivery, reason: &str, why: &str) -> anyhow::Result<Outcome> {
-        if transitions::end_run(&self.pool, run(d), End::DeadLettered { error: reason }).await? != Completion::Recorded
+        if transitions::end_run(&self.pool, self.run(d), End::DeadLettered { error: reason }).await?
+            != Completion::Recorded
         {
             tracing::warn!(event_id = %d.event_id, redrive = ?d.redrive, "A newer delivery of this job exists; not dead-lettering it");
             return Ok(Outcome::Skipped);
@@ -467,9 +477,12 @@ impl Executor {
     }
 }
 
-/// The run `d` delivers, as the completion funnel fences it.
-fn run(d: &Delivery) -> Run {
-    Run { workspace: d.workspace_id, job: d.event_id, redrive: d.redrive, operation: d.operation_id }
+impl Executor {
+    /// The run `d` delivers, as the completion funnel fences it, with when it started and this worker's name.
+    fn run(&self, d: &Delivery) -> Run {
+        let ran = Ran { started_at: d.started_at, by: Some(self.consumer.clone()) };
+        Run { workspace: d.workspace_id, job: d.event_id, redrive: d.redrive, operation: d.operation_id, ran }
+    }
 }
 
 /// Crash tests (`worker::abort_on_job=return(<job id>)`): the worker process aborts 0.3 s into that job, as one the

@@ -405,6 +405,7 @@ impl WorkerBuilder {
             tracker: tracker.clone(),
             acks: acks.clone(),
             listeners: Listeners::new(runtime.clone()),
+            consumer: Arc::from(self.consumer.name()),
         });
         let reader = Arc::new(Reader {
             consumer: self.consumer.clone(),

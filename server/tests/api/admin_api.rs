@@ -646,6 +646,15 @@ async fn a_replayed_dead_letter_runs_to_success_and_its_detail_keeps_its_failure
     assert_eq!(detail["status"], "succeeded");
     assert_eq!(detail["attempts"].as_array().unwrap().len(), 1);
     assert_eq!(detail["attempts"][0]["error"], "not healed yet");
+    // Each run with when its handler started and the worker that ran it: the failed one, and the one that succeeded.
+    let time = |v: &Value| v.as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()).expect("a time");
+    let failed = &detail["attempts"][0];
+    let worker = failed["ran_by"].as_str().expect("the failed run's worker");
+    assert!(!worker.is_empty());
+    assert!(time(&failed["started_at"]) <= time(&failed["failed_at"]), "{detail}");
+    assert_eq!(detail["ran_by"], worker, "one worker ran both");
+    assert!(time(&failed["started_at"]) < time(&detail["run_started_at"]), "{detail}");
+    assert!(time(&detail["run_started_at"]) <= time(&detail["finished_at"]), "{detail}");
     // Not a dead letter any more: neither replayed nor discarded again.
     op(&app, Method::POST, &format!("/dead-letters/{heal}/replay"), None).await.problem(StatusCode::NOT_FOUND);
     op(&app, Method::DELETE, &format!("/dead-letters/{heal}"), None).await.problem(StatusCode::NOT_FOUND);

@@ -951,9 +951,14 @@ async fn the_job_search_goes_to_an_id_filters_by_time_and_a_job_page_shows_its_t
     // The dead letter's timeline: enqueued, its failed run, handed out, ended, each with the time since the one before.
     let (_, _, page) = get(format!("/ui/jobs/{dead}")).await;
     let timeline = page.split(r#"id="timeline""#).nth(1).expect("a timeline").split("</table>").next().unwrap();
-    for step in ["enqueued", "run 1 failed", "ended failed"] {
+    for step in ["enqueued", "run 1 started on ", "run 1 failed", "ended failed"] {
         assert!(timeline.contains(step), "{step}: {timeline}");
     }
+    // The worker that ran it, by its consumer name, and when its run started.
+    let ran_by = page.split(r#"id="ran-by""#).nth(1).and_then(|r| r.split('<').next()).expect("a worker row");
+    let worker = ran_by.trim_start_matches('>').trim();
+    assert!(!worker.is_empty() && worker != "—" && timeline.contains(&format!("started on {worker}")), "{page}");
+    assert!(!page.split(r#"id="run-started""#).nth(1).unwrap().starts_with(">—"), "a start time");
     assert!(timeline.matches(" ms<").count() + timeline.matches(" s<").count() >= 2, "durations: {timeline}");
     // A delayed job's timeline ends with when it is due.
     let (_, _, page) = get(format!("/ui/jobs/{delayed}")).await;

@@ -191,6 +191,8 @@ fn detail(page: &Page, d: &JobDetail) -> Markup {
                 }
                 dt { "Deadline" } dd #deadline { (maybe_time(d.expires_at)) }
                 dt { "Last handed to workers" } dd { (maybe_time(d.dispatched_at)) }
+                dt { "Last run started" } dd #run-started { (maybe_time(d.run_started_at)) }
+                dt { "Ran on" } dd.mono #ran-by { (maybe(d.ran_by.as_deref())) }
                 dt { "Ended" } dd { (maybe_time(j.finished_at)) }
                 dt { "Last error" } dd.err { (layout::error_text(j.last_error.as_deref())) }
             }
@@ -278,6 +280,7 @@ fn family(page: &Page, d: &JobDetail) -> Markup {
 /// workers, ended (what PostgreSQL records; a run's start is not).
 fn timeline(d: &JobDetail) -> Markup {
     let j = &d.job;
+    let on = |by: &Option<String>| by.as_deref().map(|w| format!(" on {w}")).unwrap_or_default();
     let mut steps: Vec<(String, chrono::DateTime<chrono::Utc>)> = vec![("enqueued".into(), j.created_at)];
     for a in &d.attempts {
         // A failed run of the handler, or a failed hand-off to the stream; a replay's earlier ones stay listed.
@@ -285,7 +288,17 @@ fn timeline(d: &JobDetail) -> Markup {
             "dispatch" => format!("hand-off {} failed", a.attempt),
             _ => format!("run {} failed", a.attempt),
         };
+        if let Some(started) = a.started_at {
+            steps.push((format!("run {} started{}", a.attempt, on(&a.ran_by)), started));
+        }
         steps.push((step, a.failed_at));
+    }
+    // The run that succeeded (a failed last run is among the attempts already).
+    if j.status == JobStatus::Succeeded
+        && let Some(started) = d.run_started_at
+        && !d.attempts.iter().any(|a| a.started_at == Some(started))
+    {
+        steps.push((format!("run {} started{}", j.failed_runs + 1, on(&d.ran_by)), started));
     }
     if let Some(at) = d.dispatched_at {
         steps.push(("last handed to the workers".into(), at));

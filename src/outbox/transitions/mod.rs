@@ -99,12 +99,22 @@ async fn succeed_tx(tx: &mut WorkspaceTx, operation: Uuid, result: &serde_json::
 /// The run a delivery is ending: its job, the generation it was delivered as (`None`: whichever is current; where a
 /// newer one was delivered since, a retry, throttle or dead letter of this run is not recorded) and the operation it
 /// advances.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Run {
     pub(crate) workspace: WorkspaceId,
     pub(crate) job: Uuid,
     pub(crate) redrive: Option<i32>,
     pub(crate) operation: Option<Uuid>,
+    /// When its handler started (the worker's clock), and the consumer that ran it: recorded with its end.
+    pub(crate) ran: Ran,
+}
+
+/// When a run's handler started (the worker's clock; `None` for one that never started) and the worker's consumer
+/// that ran it, recorded with the run's end (`run_started_at`, `run_by`: migration 0068).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Ran {
+    pub(crate) started_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub(crate) by: Option<std::sync::Arc<str>>,
 }
 
 /// How a run ended, as the worker hands it to [`end_run`].
@@ -147,7 +157,7 @@ pub(crate) enum Completion {
 /// ends a live job (its writes are the job's effect) and an orphan's end needs only the job live.
 pub(crate) async fn end_run(pool: &PgPool, run: Run, end: End<'_>) -> Result<Completion, sqlx::Error> {
     let recorded = |done: bool| if done { Completion::Recorded } else { Completion::Stale };
-    let Run { workspace, job, redrive, operation } = run;
+    let Run { workspace, job, redrive, operation, ran } = run;
     Ok(match end {
         End::Succeeded { tx, result } => {
             if let Some(operation) = operation
@@ -155,14 +165,18 @@ pub(crate) async fn end_run(pool: &PgPool, run: Run, end: End<'_>) -> Result<Com
             {
                 return Ok(Completion::OperationEnded);
             }
-            complete_tx(tx, workspace, job, Some(result)).await?
+            complete_tx(tx, workspace, job, Some(result), &ran).await?
         }
         End::Orphaned { tx } => recorded(end_orphan_tx(tx, workspace, job).await?),
-        End::Retry { delay, error } => recorded(retry(pool, workspace, job, redrive, operation, delay, error).await?),
+        End::Retry { delay, error } => {
+            recorded(retry(pool, workspace, job, redrive, operation, delay, error, &ran).await?)
+        }
         End::Throttled { until, reason } => {
             recorded(throttle(pool, workspace, job, redrive, operation, until, reason).await?)
         }
-        End::DeadLettered { error } => recorded(dead_letter(pool, workspace, job, redrive, operation, error).await?),
+        End::DeadLettered { error } => {
+            recorded(dead_letter(pool, workspace, job, redrive, operation, error, &ran).await?)
+        }
     })
 }
 
@@ -175,15 +189,18 @@ async fn complete_tx(
     workspace: WorkspaceId,
     job: Uuid,
     result: Option<&serde_json::Value>,
+    ran: &Ran,
 ) -> Result<Completion, sqlx::Error> {
     let done = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE conveyor.outbox_events
          SET status = 'completed', finished_at = clock_timestamp(), result = $2, locked_by = NULL, locked_until = NULL,
-             dispatched_at = coalesce(dispatched_at, now())
+             dispatched_at = coalesce(dispatched_at, now()), run_started_at = $3, run_by = left($4, 200)
          WHERE id = $1 AND status IN {LIVE}"
     )))
     .bind(job)
     .bind(result)
+    .bind(ran.started_at)
+    .bind(ran.by.as_deref())
     .execute(&mut **tx)
     .await?
     .rows_affected();
@@ -213,12 +230,14 @@ pub(crate) struct Finished {
     pub redrive: Option<i32>,
     /// The handler's result.
     pub result: serde_json::Value,
+    /// When its handler started (the worker's clock).
+    pub started_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// Records many jobs `completed` in one call (each workspace's statement under row-level security for it), skipping
-/// those canceled, dead-lettered or moved to a newer generation meanwhile; announces them to waiters. Returns how
-/// many it recorded.
-pub(crate) async fn complete_many(pool: &PgPool, finished: &[Finished]) -> Result<u64, sqlx::Error> {
+/// those canceled, dead-lettered or moved to a newer generation meanwhile; announces them to waiters. Each with its
+/// start and the `consumer` that ran it. Returns how many it recorded.
+pub(crate) async fn complete_many(pool: &PgPool, finished: &[Finished], consumer: &str) -> Result<u64, sqlx::Error> {
     if finished.is_empty() {
         return Ok(0);
     }
@@ -226,11 +245,14 @@ pub(crate) async fn complete_many(pool: &PgPool, finished: &[Finished]) -> Resul
     let ids: Vec<Uuid> = finished.iter().map(|f| f.job).collect();
     let redrives: Vec<Option<i32>> = finished.iter().map(|f| f.redrive).collect();
     let results: Vec<&serde_json::Value> = finished.iter().map(|f| &f.result).collect();
-    let (done,): (i64,) = sqlx::query_as("SELECT conveyor.conveyor_complete_jobs($1, $2, $3, $4)")
+    let started: Vec<chrono::DateTime<chrono::Utc>> = finished.iter().map(|f| f.started_at).collect();
+    let (done,): (i64,) = sqlx::query_as("SELECT conveyor.conveyor_complete_jobs_v2($1, $2, $3, $4, $5, $6)")
         .bind(&workspaces)
         .bind(&ids)
         .bind(&redrives)
         .bind(&results)
+        .bind(&started)
+        .bind(consumer)
         .fetch_one(pool)
         .await?;
     Ok(done as u64)
@@ -776,6 +798,7 @@ pub(crate) async fn notify_done_tx(tx: &mut WorkspaceTx, workspace: WorkspaceId)
 /// and nothing changes, when the generation has moved on (another delivery is already under way). `redrive` is
 /// `None` for an entry that carries no generation: it is taken for the current one. The failed run is recorded in
 /// `job_failures` (attempt, redacted error) in the same transaction.
+#[allow(clippy::too_many_arguments)]
 async fn retry(
     pool: &PgPool,
     workspace: WorkspaceId,
@@ -784,6 +807,7 @@ async fn retry(
     operation: Option<Uuid>,
     delay: Duration,
     error: &str,
+    ran: &Ran,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     lock_operation_tx(&mut tx, operation).await?;
@@ -793,13 +817,14 @@ async fn retry(
              UPDATE conveyor.outbox_events
              SET status = 'pending', next_attempt_at = now() + make_interval(secs => $2),
                  job_attempts = job_attempts + 1, redrive_count = redrive_count + 1, last_error = $3, stops = 0,
-                 stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL
+                 stream_id = NULL, dispatched_at = NULL, locked_by = NULL, locked_until = NULL,
+                 run_started_at = $5, run_by = left($6, 200)
              WHERE id = $1 AND redrive_count = coalesce($4, redrive_count)
                AND status IN ('pending', 'dispatching', 'dispatched')
-             RETURNING id, workspace_id, job_attempts),
+             RETURNING id, workspace_id, job_attempts, run_started_at, run_by),
          failed AS (
-             INSERT INTO conveyor.job_failures (job_id, workspace_id, attempt, stage, error)
-             SELECT id, workspace_id, job_attempts, 'job', left($3, 2000) FROM moved)
+             INSERT INTO conveyor.job_failures (job_id, workspace_id, attempt, stage, error, run_started_at, run_by)
+             SELECT id, workspace_id, job_attempts, 'job', left($3, 2000), run_started_at, run_by FROM moved)
          INSERT INTO conveyor.job_events (workspace_id, job_id, event, attempt, error)
          SELECT workspace_id, id, 'retrying', job_attempts, left($3, 2000) FROM moved",
     )
@@ -807,6 +832,8 @@ async fn retry(
     .bind(delay.as_secs_f64())
     .bind(error)
     .bind(redrive)
+    .bind(ran.started_at)
+    .bind(ran.by.as_deref())
     .execute(&mut *tx)
     .await?
     .rows_affected();
@@ -916,6 +943,7 @@ async fn dead_letter(
     redrive: Option<i32>,
     operation: Option<Uuid>,
     error: &str,
+    ran: &Ran,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
     lock_operation_tx(&mut tx, operation).await?;
@@ -925,16 +953,18 @@ async fn dead_letter(
              UPDATE conveyor.outbox_events
              SET status = 'dead_letter', failure_stage = 'job', dead_lettered_at = now(), last_error = $2,
                  job_attempts = job_attempts + 1, locked_by = NULL, locked_until = NULL,
-                 dispatched_at = coalesce(dispatched_at, now())
+                 dispatched_at = coalesce(dispatched_at, now()), run_started_at = $4, run_by = left($5, 200)
              WHERE id = $1 AND redrive_count = coalesce($3, redrive_count)
                AND status IN ('pending', 'dispatching', 'dispatched')
-             RETURNING id, workspace_id, job_attempts)
-         INSERT INTO conveyor.job_failures (job_id, workspace_id, attempt, stage, error)
-         SELECT id, workspace_id, job_attempts, 'job', left($2, 2000) FROM moved",
+             RETURNING id, workspace_id, job_attempts, run_started_at, run_by)
+         INSERT INTO conveyor.job_failures (job_id, workspace_id, attempt, stage, error, run_started_at, run_by)
+         SELECT id, workspace_id, job_attempts, 'job', left($2, 2000), run_started_at, run_by FROM moved",
     )
     .bind(event_id)
     .bind(error)
     .bind(redrive)
+    .bind(ran.started_at)
+    .bind(ran.by.as_deref())
     .execute(&mut *tx)
     .await?
     .rows_affected();
