@@ -55,11 +55,12 @@ CREATE FUNCTION conveyor_complete_jobs_v2(workspaces uuid[], ids uuid[], redrive
     $$;
 REVOKE ALL ON FUNCTION conveyor_complete_jobs_v2(uuid[], uuid[], integer[], jsonb[], timestamptz[], text) FROM PUBLIC;
 
--- One job's runs, for an operator (audited as every conveyor_admin_ read is): each failed one (`job_failures`, oldest
--- first, `last` false) and the job's last one (`last` true), each with its start and its worker where recorded.
+-- One job's runs, for an operator (audited as every conveyor_admin_ read is): each failed one (`job_failures`, in the
+-- order of their ids, as conveyor_admin_job lists them; `last` false) and the job's last one (`last` true), each with
+-- its start and its worker where recorded.
 CREATE FUNCTION conveyor_admin_job_runs(actor text, of_job uuid)
-    RETURNS TABLE (last boolean, attempt integer, stage text, failed_at timestamptz, run_started_at timestamptz,
-                   run_by text)
+    RETURNS TABLE (last boolean, failure bigint, attempt integer, stage text, failed_at timestamptz,
+                   run_started_at timestamptz, run_by text)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, conveyor, pg_temp
     AS $$
@@ -67,15 +68,15 @@ CREATE FUNCTION conveyor_admin_job_runs(actor text, of_job uuid)
     BEGIN
         PERFORM conveyor.conveyor_admin_audit_write(actor, 'job_runs', pg_catalog.jsonb_build_object('job_id', of_job));
         RETURN QUERY
-            SELECT * FROM (
-                SELECT false, f.attempt, f.stage, f.failed_at, f.run_started_at, f.run_by
+            SELECT r.* FROM (
+                SELECT false AS last, f.id AS failure, f.attempt, f.stage, f.failed_at, f.run_started_at, f.run_by
                 FROM conveyor.job_failures f
                 WHERE f.job_id = of_job
-                ORDER BY f.id) failed
-            UNION ALL
-            SELECT true, NULL::integer, NULL::text, NULL::timestamptz, e.run_started_at, e.run_by
-            FROM conveyor.outbox_events e
-            WHERE e.id = of_job AND e.status <> 'discarded';
+                UNION ALL
+                SELECT true, NULL::bigint, NULL::integer, NULL::text, NULL::timestamptz, e.run_started_at, e.run_by
+                FROM conveyor.outbox_events e
+                WHERE e.id = of_job AND e.status <> 'discarded') r
+            ORDER BY r.last, r.failure;
     END
     $$;
 REVOKE ALL ON FUNCTION conveyor_admin_job_runs(text, uuid) FROM PUBLIC;

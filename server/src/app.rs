@@ -84,6 +84,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
     Ok(Shared {
         admin,
         trace_url: config.trace_url.clone(),
+        worker_visibility: config.worker_visibility,
         operator_auth: crate::operator_auth::OperatorAuth::new(
             config.admin_token.clone(),
             &[&config.operator_jwt_secret, &config.operator_jwt_previous_secret]

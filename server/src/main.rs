@@ -525,6 +525,9 @@ enum ScheduleCommand {
         /// Set it paused.
         #[arg(long)]
         paused: bool,
+        /// Each job it enqueues must start within this of its tick (e.g. 10m), or it is canceled as expired.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        start_within: Option<Duration>,
     },
     /// Remove a schedule (the jobs it enqueued stay).
     Remove {
@@ -928,7 +931,7 @@ async fn schedule(command: ScheduleCommand) -> anyhow::Result<()> {
                 ],
             )?;
         }
-        ScheduleCommand::Set { workspace, name, kind, payload, cron, tz, every, paused } => {
+        ScheduleCommand::Set { workspace, name, kind, payload, cron, tz, every, paused, start_within } => {
             let spec = match (cron, every) {
                 (Some(expression), _) => ScheduleSpec::cron(&expression, &tz)?,
                 (None, Some(period)) => ScheduleSpec::every(period)?,
@@ -943,7 +946,10 @@ async fn schedule(command: ScheduleCommand) -> anyhow::Result<()> {
                 )
             };
             let mut tx = conveyor_jobs::begin_workspace(&pool, workspace.into()).await?;
-            let options = ScheduleOptions::new().paused(paused);
+            let mut options = ScheduleOptions::new().paused(paused);
+            if let Some(within) = start_within {
+                options = options.start_within(within);
+            }
             let schedule =
                 conveyor_jobs::upsert_schedule_raw_tx(&mut tx, &name, &kind, &queue, payload, &spec, options).await?;
             tx.commit().await?;

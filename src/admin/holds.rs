@@ -2,7 +2,7 @@
 //! set and lifted through `conveyor_admin_pause` and `conveyor_admin_resume`, as the operator role: pauses and
 //! weights are operator data, which the application role only reads; weights likewise, through
 //! `conveyor_admin_set_weight`) and
-//! schedules (read across workspaces through `conveyor_admin_schedules`; paused and resumed as the application role
+//! schedules (read across workspaces through `conveyor_admin_schedules_v2`; paused and resumed as the application role
 //! in their workspace through [`crate::schedule`]). Every call is audited; a change writes its intent first (and is
 //! not made if that fails), then its outcome.
 
@@ -178,8 +178,8 @@ pub(super) async fn schedules(
 ) -> Result<Vec<(Uuid, Schedule)>, AdminError> {
     let rows: Vec<ScheduleRow> = sqlx::query_as(
         "SELECT workspace_id, id, name, kind, queue, payload, cron, time_zone, every_ms, priority, max_attempts,
-                paused, next_run_at, last_tick_at, created_at, updated_at
-         FROM conveyor.conveyor_admin_schedules($1, $2)",
+                start_within_ms, paused, next_run_at, last_tick_at, created_at, updated_at
+         FROM conveyor.conveyor_admin_schedules_v2($1, $2)",
     )
     .bind(filters::actor(actor)?)
     .bind(workspace.map(|w| w.0))

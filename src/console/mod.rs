@@ -132,6 +132,8 @@ struct Settings {
     login: Option<String>,
     logout: Option<String>,
     trace_url: Option<String>,
+    /// A consumer idle this long while it holds entries is shown stalled ([`Console::stalled_after`]).
+    stalled_after: std::time::Duration,
 }
 
 impl Console {
@@ -147,7 +149,9 @@ impl Console {
     }
 
     fn with(admin: Option<Admin>, unavailable: String) -> Self {
-        Self { settings: Arc::new(Settings { admin, unavailable, login: None, logout: None, trace_url: None }) }
+        let stalled_after = crate::WorkerSettings::default().visibility;
+        let settings = Settings { admin, unavailable, login: None, logout: None, trace_url: None, stalled_after };
+        Self { settings: Arc::new(settings) }
     }
 
     fn settings_mut(&mut self) -> &mut Settings {
@@ -178,6 +182,14 @@ impl Console {
         check_trace_url(&template)?;
         self.settings_mut().trace_url = Some(template);
         Ok(self)
+    }
+
+    /// How long a consumer may be idle while it holds entries before the consumers page shows it stalled: the workers'
+    /// visibility time-out ([`crate::WorkerSettings::visibility`], 5 s by default), past which another worker takes
+    /// its entries over (a live worker's heartbeat touches its entries, and so its idle time, three times within it).
+    pub fn stalled_after(mut self, after: std::time::Duration) -> Self {
+        self.settings_mut().stalled_after = after;
+        self
     }
 
     /// The web UI alone, its overview at `/`. It carries its own state, so it nests into a router of any state.

@@ -112,6 +112,7 @@ struct Due {
     every_ms: Option<i64>,
     priority: Option<i16>,
     max_attempts: Option<i32>,
+    start_within_ms: Option<i64>,
     next_run_at: DateTime<Utc>,
     now: DateTime<Utc>,
 }
@@ -123,7 +124,8 @@ async fn fire_one(pool: &PgPool, workspace: WorkspaceId, schedule: Uuid) -> Resu
     // Under READ COMMITTED a row another dispatcher advanced and committed since this statement's snapshot is
     // checked again in its new version (no longer due); one it still holds is skipped.
     let found: Option<Due> = sqlx::query_as(
-        "SELECT kind, queue, payload, cron, time_zone, every_ms, priority, max_attempts, next_run_at, now() AS now
+        "SELECT kind, queue, payload, cron, time_zone, every_ms, priority, max_attempts, start_within_ms, next_run_at,
+                now() AS now
          FROM conveyor.job_schedules WHERE id = $1 AND NOT paused AND next_run_at <= now() FOR UPDATE SKIP LOCKED",
     )
     .bind(schedule)
@@ -157,8 +159,9 @@ async fn fire_one(pool: &PgPool, workspace: WorkspaceId, schedule: Uuid) -> Resu
              RETURNING job_id),
          job AS (
              INSERT INTO conveyor.outbox_events (id, workspace_id, queue, event_type, event_payload, dedup_key, priority,
-                                        max_attempts)
-             SELECT run.job_id, conveyor.conveyor_current_workspace(), $4, $5, $6, $7, coalesce($8, 1), $9
+                                        max_attempts, expires_at)
+             SELECT run.job_id, conveyor.conveyor_current_workspace(), $4, $5, $6, $7, coalesce($8, 1), $9,
+                    $2 + make_interval(secs => $13::bigint / 1000.0)
              FROM run CROSS JOIN (SELECT pg_notify($10, conveyor.conveyor_current_workspace()::text)) AS notified
              ON CONFLICT (workspace_id, event_type, dedup_key)
                  WHERE dedup_key IS NOT NULL AND status IN ('pending', 'dispatching', 'dispatched')
@@ -182,6 +185,7 @@ async fn fire_one(pool: &PgPool, workspace: WorkspaceId, schedule: Uuid) -> Resu
     .bind(NOTIFY_CHANNEL)
     .bind(next)
     .bind(RUNS_KEPT_DAYS)
+    .bind(due.start_within_ms)
     .fetch_one(&mut *tx)
     .await?;
     if recorded && !enqueued {

@@ -25,6 +25,7 @@ pub struct ScheduleOptions {
     priority: Option<Priority>,
     max_attempts: Option<u32>,
     paused: bool,
+    start_within: Option<Duration>,
 }
 
 impl ScheduleOptions {
@@ -45,12 +46,23 @@ impl ScheduleOptions {
         self
     }
 
+    /// Each job it enqueues must start within `within` of its tick (1 ms to ten years), or it is canceled as expired,
+    /// as [`crate::EnqueueOptions::start_within`] does for one job: a report that is worthless an hour late. A tick
+    /// fired later than that (no dispatcher ran meanwhile) still enqueues its job, which expires instead of running.
+    pub fn start_within(mut self, within: Duration) -> Self {
+        self.start_within = Some(within);
+        self
+    }
+
     /// Set it paused: it fires nothing until [`resume_schedule`].
     pub fn paused(mut self, paused: bool) -> Self {
         self.paused = paused;
         self
     }
 }
+
+/// The longest deadline a schedule's jobs take (as [`crate::EnqueueOptions::start_within`]'s).
+const TEN_YEARS: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// A schedule as stored: what [`list_schedules`] and [`upsert_schedule_tx`] answer.
 #[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow)]
@@ -75,6 +87,8 @@ pub struct Schedule {
     pub priority: Option<i16>,
     /// Runs of each of its jobs before dead-lettering; `None`: the kind's default.
     pub max_attempts: Option<i32>,
+    /// How long after its tick each of its jobs may start, in milliseconds ([`ScheduleOptions::start_within`]).
+    pub start_within_ms: Option<i64>,
     /// Paused: fires nothing.
     pub paused: bool,
     /// The next tick it fires for.
@@ -87,8 +101,8 @@ pub struct Schedule {
     pub updated_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, name, kind, queue, payload, cron, time_zone, every_ms, priority, max_attempts, paused, \
-                       next_run_at, last_tick_at, created_at, updated_at";
+const COLUMNS: &str = "id, name, kind, queue, payload, cron, time_zone, every_ms, priority, max_attempts, \
+                       start_within_ms, paused, next_run_at, last_tick_at, created_at, updated_at";
 
 /// The spec of a stored schedule.
 pub(crate) fn stored_spec(
@@ -169,6 +183,9 @@ pub async fn upsert_schedule_raw_tx(
     if options.max_attempts.is_some_and(|a| !(1..=1000).contains(&a)) {
         return Err(ScheduleError::BadJob("max_attempts must be between 1 and 1000".to_owned()));
     }
+    if options.start_within.is_some_and(|d| d < Duration::from_millis(1) || d > TEN_YEARS) {
+        return Err(ScheduleError::BadJob("start_within must be at least 1 ms and at most ten years".to_owned()));
+    }
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut **tx).await?;
     let next =
         spec.next_after(now).ok_or_else(|| ScheduleError::BadJob("the schedule has no tick after now".to_owned()))?;
@@ -176,12 +193,13 @@ pub async fn upsert_schedule_raw_tx(
     let every_ms = spec.period().map(|p| i64::try_from(p.as_millis()).unwrap_or(i64::MAX));
     let schedule: Schedule = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO conveyor.job_schedules AS s (id, workspace_id, name, kind, queue, payload, cron, time_zone, every_ms,
-                                         priority, max_attempts, paused, next_run_at)
-         VALUES ($1, conveyor.conveyor_current_workspace(), $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                                         priority, max_attempts, paused, next_run_at, start_within_ms)
+         VALUES ($1, conveyor.conveyor_current_workspace(), $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
          ON CONFLICT (workspace_id, name) DO UPDATE SET
              kind = EXCLUDED.kind, queue = EXCLUDED.queue, payload = EXCLUDED.payload, cron = EXCLUDED.cron,
              time_zone = EXCLUDED.time_zone, every_ms = EXCLUDED.every_ms, priority = EXCLUDED.priority,
              max_attempts = EXCLUDED.max_attempts, paused = EXCLUDED.paused, updated_at = now(),
+             start_within_ms = EXCLUDED.start_within_ms,
              next_run_at = CASE WHEN s.cron IS NOT DISTINCT FROM EXCLUDED.cron
                                  AND s.time_zone IS NOT DISTINCT FROM EXCLUDED.time_zone
                                  AND s.every_ms IS NOT DISTINCT FROM EXCLUDED.every_ms
@@ -201,6 +219,7 @@ pub async fn upsert_schedule_raw_tx(
     .bind(options.max_attempts.map(|a| a as i32))
     .bind(options.paused)
     .bind(next)
+    .bind(options.start_within.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
     .fetch_one(&mut **tx)
     .await
     .map_err(no_workspace)?;

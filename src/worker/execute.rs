@@ -480,7 +480,8 @@ impl Executor {
 impl Executor {
     /// The run `d` delivers, as the completion funnel fences it, with when it started and this worker's name.
     fn run(&self, d: &Delivery) -> Run {
-        let ran = Ran { started_at: d.started_at, by: Some(self.consumer.clone()) };
+        // A run that never started (no handler, a worker stopped by it before) was run by no worker of this one.
+        let ran = Ran { started_at: d.started_at, by: d.started_at.map(|_| self.consumer.clone()) };
         Run { workspace: d.workspace_id, job: d.event_id, redrive: d.redrive, operation: d.operation_id, ran }
     }
 }

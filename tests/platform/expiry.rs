@@ -280,3 +280,52 @@ async fn a_job_that_started_before_its_deadline_runs_to_its_end_and_keeps_its_de
     assert_eq!(running.await.unwrap(), Some(Outcome::Succeeded));
     assert_eq!(job(&platform, ws, id).await.status, JobStatus::Succeeded);
 }
+
+#[tokio::test]
+async fn a_schedules_jobs_carry_its_deadline_from_their_tick_and_expire_unstarted() {
+    let platform = Platform::new(8).await;
+    let ws = WorkspaceId(Uuid::new_v4());
+    let spec = || conveyor_jobs::ScheduleSpec::every(Duration::from_secs(1)).unwrap();
+    let set = |options: conveyor_jobs::ScheduleOptions| {
+        let pool = platform.pool.clone();
+        async move {
+            let mut tx = conveyor_jobs::begin_workspace(&pool, ws).await.unwrap();
+            let set = conveyor_jobs::upsert_schedule_tx(&mut tx, "nudge", &Reminder { n: 7 }, spec(), options).await;
+            tx.commit().await.unwrap();
+            set
+        }
+    };
+    // Refused, with nothing written: a deadline under 1 ms or over ten years.
+    for within in [Duration::ZERO, Duration::from_secs(11 * 365 * 86_400)] {
+        let refused = set(conveyor_jobs::ScheduleOptions::new().start_within(within)).await.unwrap_err();
+        assert!(refused.to_string().contains("start_within must be at least 1 ms"), "{refused}");
+    }
+    assert!(conveyor_jobs::list_schedules(&platform.pool, ws).await.unwrap().is_empty());
+
+    let schedule = set(conveyor_jobs::ScheduleOptions::new().start_within(Duration::from_millis(300))).await.unwrap();
+    assert_eq!(schedule.start_within_ms, Some(300));
+    // Its next tick comes within the second; no worker runs.
+    let fired = crate::kit::eventually(Duration::from_secs(10), || async {
+        let outcome = conveyor_jobs::fire_due_schedules(&platform.runtime_pool).await.unwrap();
+        (outcome.fired > 0).then_some(())
+    })
+    .await;
+    assert!(fired.is_some(), "the schedule fired");
+    let tick = conveyor_jobs::list_schedules(&platform.pool, ws).await.unwrap()[0].last_tick_at.expect("a tick");
+    let mut owner = platform.owner().await;
+    let id: Uuid = sqlx::query_scalar("SELECT id FROM conveyor.outbox_events WHERE workspace_id = $1")
+        .bind(ws.0)
+        .fetch_one(&mut owner)
+        .await
+        .unwrap();
+    let fired_job = job(&platform, ws, JobId(id)).await;
+    assert_eq!(fired_job.expires_at, Some(tick + chrono::Duration::milliseconds(300)), "its tick + start_within");
+
+    // Never started by then: the next maintenance pass cancels it as expired.
+    past_deadline(&platform, ws, JobId(id)).await;
+    let pass = maintenance_pass(&platform).await;
+    assert_eq!(pass.expired, 1);
+    let expired = job(&platform, ws, JobId(id)).await;
+    assert_eq!(expired.status, JobStatus::Canceled);
+    assert_eq!(expired.last_error.as_deref(), Some("expired: not started by its deadline"));
+}

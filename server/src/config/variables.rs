@@ -164,7 +164,12 @@ pub const VARIABLES: &[Variable] = &[
         "how long dead letters are kept before maintenance discards them (>= 1d; migrate writes the floor)",
     ),
     var("CONVEYOR_WORKER_CONCURRENCY", WORKER, Some("16"), "jobs a worker process runs at once"),
-    var("CONVEYOR_WORKER_VISIBILITY", WORKER, Some("5s"), "idle time before a dead consumer's entry is reclaimed"),
+    var(
+        "CONVEYOR_WORKER_VISIBILITY",
+        API | WORKER,
+        Some("5s"),
+        "idle time before a dead consumer's entry is reclaimed (the operator UI shows a consumer idle past it stalled)",
+    ),
     var(
         "CONVEYOR_WORKER_QUEUE_CONCURRENCY",
         WORKER,

@@ -66,6 +66,9 @@ pub struct Shared {
     pub admin: Option<conveyor_jobs::Admin>,
     /// Where the UI links a job's trace (`CONVEYOR_TRACE_URL`).
     pub trace_url: Option<String>,
+    /// The workers' visibility time-out (`CONVEYOR_WORKER_VISIBILITY`): the UI shows a consumer idle past it while it
+    /// holds entries as stalled.
+    pub worker_visibility: std::time::Duration,
     /// Checks operator credentials (`CONVEYOR_ADMIN_TOKEN`, operator JWTs).
     pub operator_auth: crate::operator_auth::OperatorAuth,
     /// Signs the operator UI's sessions and CSRF tokens (derived from the JWT secret and the operator token).

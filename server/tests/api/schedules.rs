@@ -386,7 +386,7 @@ async fn the_cli_sets_lists_and_removes_schedules_of_registered_kinds() {
     assert!(out.status.success(), "{out:?}");
     let mut every = set_args("test.ping");
     every[5] = "often";
-    every.extend(["--every", "5m"]);
+    every.extend(["--every", "5m", "--start-within", "2m"]);
     assert!(cli(&app, &every).status.success());
 
     let out = cli(&app, &["schedule", "list", "--workspace", &ws]);
@@ -398,6 +398,10 @@ async fn the_cli_sets_lists_and_removes_schedules_of_registered_kinds() {
         (&lines[0]["name"], &lines[0]["queue"], &lines[0]["cron"]),
         (&"hourly".into(), &"pings".into(), &"0 * * * *".into())
     );
+    // Each of the every-5-minutes schedule's jobs must start within 2 minutes of its tick; the hourly one's need not.
+    let deadlines: Vec<(&serde_json::Value, &serde_json::Value)> =
+        lines.iter().map(|l| (&l["name"], &l["start_within_ms"])).collect();
+    assert_eq!(deadlines, [(&"hourly".into(), &serde_json::Value::Null), (&"often".into(), &120_000.into())]);
     assert_eq!((&lines[1]["name"], &lines[1]["every_ms"]), (&"often".into(), &300_000.into()));
 
     assert!(cli(&app, &["schedule", "remove", "--workspace", &ws, "--name", "hourly"]).status.success());

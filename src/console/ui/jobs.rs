@@ -276,8 +276,8 @@ fn family(page: &Page, d: &JobDetail) -> Markup {
     }
 }
 
-/// The job's life so far, each step with the time since the one before: enqueued, each failed run, last handed to the
-/// workers, ended (what PostgreSQL records; a run's start is not).
+/// The job's life so far, each step with the time since the one before: enqueued, each run's start (by the worker's
+/// clock, where recorded) and the worker that ran it, each failed run, last handed to the workers, ended.
 fn timeline(d: &JobDetail) -> Markup {
     let j = &d.job;
     let on = |by: &Option<String>| by.as_deref().map(|w| format!(" on {w}")).unwrap_or_default();
@@ -293,12 +293,13 @@ fn timeline(d: &JobDetail) -> Markup {
         }
         steps.push((step, a.failed_at));
     }
-    // The run that succeeded (a failed last run is among the attempts already).
+    // The run that succeeded (a failed last run is among the attempts already). Not numbered: a replay counts its
+    // runs from 1 again.
     if j.status == JobStatus::Succeeded
         && let Some(started) = d.run_started_at
         && !d.attempts.iter().any(|a| a.started_at == Some(started))
     {
-        steps.push((format!("run {} started{}", j.failed_runs + 1, on(&d.ran_by)), started));
+        steps.push((format!("last run started{}", on(&d.ran_by)), started));
     }
     if let Some(at) = d.dispatched_at {
         steps.push(("last handed to the workers".into(), at));

@@ -95,6 +95,8 @@ pub(super) struct Page {
     logout: Option<String>,
     /// The link to a trace, `{trace_id}` in it standing for the trace's id ([`super::Console::trace_url`]).
     trace_url: Option<String>,
+    /// [`super::Console::stalled_after`].
+    stalled_after: std::time::Duration,
 }
 
 impl Page {
@@ -128,7 +130,7 @@ impl FromRequestParts<State> for Page {
         let admin = settings.admin.clone().ok_or_else(|| UiError::Unavailable(settings.unavailable.clone()))?;
         let csrf = operator.csrf.clone().unwrap_or_default();
         let (logout, trace_url) = (settings.logout.clone(), settings.trace_url.clone());
-        Ok(Self { admin, operator, csrf, base, logout, trace_url })
+        Ok(Self { admin, operator, csrf, base, logout, trace_url, stalled_after: settings.stalled_after })
     }
 }
 

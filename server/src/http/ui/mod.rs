@@ -36,7 +36,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
         None => Console::unavailable(NOT_CONFIGURED),
     }
     .login_path("/ui/login")
-    .logout_path("/ui/logout");
+    .logout_path("/ui/logout")
+    .stalled_after(state.worker_visibility);
     if let Some(url) = &state.trace_url {
         console =
             console.trace_url(url.clone()).expect("CONVEYOR_TRACE_URL was checked when the configuration was read");
