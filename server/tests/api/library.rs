@@ -537,7 +537,22 @@ async fn another_language_enqueues_with_one_select_in_its_own_transaction_under_
     let attempts =
         psql(&app, &in_ws("SELECT conveyor.conveyor_enqueue('test.greet', '{}', max_attempts => 0)")).unwrap_err();
     assert!(attempts.contains("max_attempts must be at least 1"), "{attempts}");
+    let within =
+        |d: &str| in_ws(&format!("SELECT conveyor.conveyor_enqueue('test.greet', '{{}}', start_within => '{d}')"));
+    for bad in ["0 seconds", "11 years"] {
+        let refused = psql(&app, &within(bad)).unwrap_err();
+        assert!(refused.contains("start_within must be at least 1 ms and at most ten years"), "{refused}");
+    }
     assert_eq!(jobs_in(&app, ws).await, 1);
+    // A deadline, counted from when the job falls due: a day ahead, it must start within the hour after.
+    let deadline = in_ws(
+        "SELECT conveyor.conveyor_enqueue('test.greet', '{}', run_at => now() + interval '1 day',
+                                          start_within => interval '1 hour')",
+    );
+    let id: Uuid = psql(&app, &deadline).unwrap().lines().last().unwrap().parse().expect("the job id");
+    let job = conveyor_jobs::get_job(&app.db.pool, ws, JobId(id)).await.unwrap().unwrap();
+    assert_eq!(job.expires_at, Some(job.run_at + chrono::Duration::hours(1)), "{job:?}");
+    conveyor_jobs::cancel_job(&app.db.pool, ws, JobId(id)).await.unwrap();
     assert_eq!(jobs_in(&app, other).await, 0);
     shutdown.cancel();
 }
