@@ -3,7 +3,8 @@
 //! scenario prints one JSON line.
 //!
 //! - `idempotency`: idempotent creates per second and replays per second over HTTP at 32 concurrent clients, and
-//!   the same SQL run by `pgbench` with 32 clients against the same database.
+//!   the same SQL run by `pgbench` with 32 clients against the same database. Replays are measured twice: as the API
+//!   answers them (from its copies of the records it completed), and by an API that keeps no copy (from PostgreSQL).
 //! - `worker-memory`: peak resident memory of a real `conveyor worker` process at concurrency CONC draining a backlog
 //!   of N jobs committed into the outbox and relayed before it starts.
 //!
@@ -54,8 +55,7 @@ async fn idempotency() {
     let app = Arc::new(common::TestApp::spawn().await);
     let body = common::store_body("bench");
     // Creates: every request a new key.
-    let run = |replay: bool| {
-        let app = app.clone();
+    let run = |app: Arc<common::TestApp>, replay: bool| {
         let body = body.clone();
         async move {
             let deadline = Instant::now() + Duration::from_secs(seconds);
@@ -95,8 +95,9 @@ async fn idempotency() {
             total as f64 / seconds as f64
         }
     };
-    let creates = run(false).await;
-    // Replays: one record per client, created once, then replayed.
+    let creates = run(app.clone(), false).await;
+    // Replays: one record per client, created once, then replayed: answered from the API's copies of its records
+    // (the default), and by an API that keeps none, from the records in PostgreSQL (what pgbench runs).
     for client in 1..=clients {
         let principal = conveyor_server::auth::Principal {
             workspace_id: WorkspaceId(derived_uuid(&format!("ws{client}"))),
@@ -106,7 +107,11 @@ async fn idempotency() {
         let resp = app.send_with_key(reqwest::Method::POST, "/v1/stores", principal, Some(&key), Some(&body)).await;
         assert_eq!(resp.status(), 202);
     }
-    let replays = run(true).await;
+    let replays = run(app.clone(), true).await;
+    let uncached = Arc::new(
+        app.spawn_sharing(|vars| drop(vars.insert("CONVEYOR_IDEMPOTENCY_REPLAY_CACHE".into(), "0".into()))).await,
+    );
+    let replays_from_records = run(uncached, true).await;
 
     // pgbench's client ids count from 0, the HTTP clients' labels from 1.
     let uuid =
@@ -144,6 +149,8 @@ ROLLBACK;
         "creates_ratio": round(creates / pg_creates),
         "replays_per_s": replays.round(), "pgbench_replays_per_s": pg_replays.round(),
         "replays_ratio": round(replays / pg_replays),
+        "replays_from_records_per_s": replays_from_records.round(),
+        "replays_from_records_ratio": round(replays_from_records / pg_replays),
     }));
 }
 

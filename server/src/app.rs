@@ -108,6 +108,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
         max_body_bytes: config.max_body_bytes,
         fingerprinter: Fingerprinter::new(config.idempotency_keys.clone()),
         idempotency_ttl: config.idempotency_ttl,
+        replays: crate::idempotency::ReplayCache::new(config.idempotency_replay_cache),
         storage: conveyor_shop::storage::ObjectStorage::open(&config.scenarios.object_store_url)
             .context("Failed to open object storage (CONVEYOR_OBJECT_STORE_URL)")?,
         scenarios: config.scenarios.clone(),

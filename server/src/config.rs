@@ -86,6 +86,9 @@ pub struct Config {
     pub idempotency_keys: Vec<FingerprintKey>,
     /// Retention of idempotency records (`CONVEYOR_IDEMPOTENCY_TTL`), never below 24 hours.
     pub idempotency_ttl: Duration,
+    /// Bytes of completed idempotency records an API process keeps copies of, to answer their replays without
+    /// PostgreSQL (`CONVEYOR_IDEMPOTENCY_REPLAY_CACHE`, default 16 MiB; 0 keeps none).
+    pub idempotency_replay_cache: u64,
     /// 32-byte AES-256-GCM key for stored credentials (`CONVEYOR_ENCRYPTION_KEY`, base64).
     pub encryption_key: Secret<Vec<u8>>,
     /// Base URL of the marketplace API (`CONVEYOR_MARKETPLACE_URL`); workers need it.
@@ -656,6 +659,7 @@ impl Config {
             operator_jwt_previous_secret: optional_hmac_secret(src, "CONVEYOR_OPERATOR_JWT_PREVIOUS_SECRET")?,
             idempotency_keys: idempotency_keys(src)?,
             idempotency_ttl,
+            idempotency_replay_cache: number(src, "CONVEYOR_IDEMPOTENCY_REPLAY_CACHE", 16 * 1024 * 1024)?,
             encryption_key: encryption_key(src)?,
             marketplace_url,
             trace_url,

@@ -16,6 +16,12 @@ pub struct ServerMetrics {
     pub idempotency_requests: IntCounterVec,
     /// `conveyor_idempotency_records_purged_total`.
     pub idempotency_records_purged: IntCounter,
+    /// `conveyor_idempotency_replays_from_memory_total`: the replays answered from this process's copies, without
+    /// PostgreSQL (counted in `replayed` too).
+    pub idempotency_replays_from_memory: IntCounter,
+    /// `conveyor_idempotency_replay_cache_bytes`: what those copies weigh (at most
+    /// `CONVEYOR_IDEMPOTENCY_REPLAY_CACHE`).
+    pub idempotency_replay_cache_bytes: IntGauge,
     /// `conveyor_media_uploads_in_progress`: media uploads this API process is receiving (at most
     /// `CONVEYOR_MEDIA_MAX_CONCURRENT_UPLOADS`).
     pub media_uploads_in_progress: IntGauge,
@@ -59,6 +65,22 @@ impl ServerMetrics {
                 IntCounter::new(
                     "conveyor_idempotency_records_purged_total",
                     "Expired idempotency records deleted by maintenance",
+                )
+                .expect("valid metric"),
+            ),
+            idempotency_replays_from_memory: registered(
+                registry,
+                IntCounter::new(
+                    "conveyor_idempotency_replays_from_memory_total",
+                    "Idempotent replays answered from this process's copies of completed records, without PostgreSQL",
+                )
+                .expect("valid metric"),
+            ),
+            idempotency_replay_cache_bytes: registered(
+                registry,
+                IntGauge::new(
+                    "conveyor_idempotency_replay_cache_bytes",
+                    "Bytes held by the copies of completed idempotency records (CONVEYOR_IDEMPOTENCY_REPLAY_CACHE)",
                 )
                 .expect("valid metric"),
             ),

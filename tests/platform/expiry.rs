@@ -18,6 +18,8 @@ use uuid::Uuid;
 
 use crate::kit::Platform;
 
+const EXPIRED: &str = "expired: not started by its deadline";
+
 #[derive(Serialize, Deserialize)]
 struct Reminder {
     n: u32,
@@ -234,6 +236,53 @@ async fn a_de_dup_key_held_by_a_job_past_its_deadline_goes_to_the_next_enqueue()
         );
     }
     assert_eq!(job(&platform, ws, one.id).await.status, JobStatus::Queued);
+}
+
+#[tokio::test]
+async fn the_sql_enqueue_expires_a_de_dup_key_holder_past_its_deadline_and_takes_the_key() {
+    let platform = Platform::new(8).await;
+    worker(&platform, &Send::default()).await.register_kinds().await.unwrap();
+    let ws = WorkspaceId(Uuid::new_v4());
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let operation =
+        conveyor_jobs::create_operation_tx(&mut tx, ws, UserId(Uuid::new_v4()), "test.reminder", None).await.unwrap();
+    let options = EnqueueOptions::new().dedup_key("a").operation(operation.id).start_within(Duration::from_millis(300));
+    let first = conveyor_jobs::enqueue_tx(&mut tx, &Reminder { n: 1 }, options).await.unwrap().id;
+    tx.commit().await.unwrap();
+    let sql_enqueue = async |n: u32| -> JobId {
+        let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+        let id = sqlx::query_scalar("SELECT conveyor.conveyor_enqueue('test.reminder', $1, dedup_key => 'a')")
+            .bind(serde_json::json!({ "n": n }))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        JobId(id)
+    };
+    assert_eq!(sql_enqueue(2).await, first, "while in time, the key answers its holder");
+    past_deadline(&platform, ws, first).await;
+
+    let mut canceled = sqlx::postgres::PgListener::connect_with(&platform.pool).await.unwrap();
+    canceled.listen("conveyor_jobs_canceled").await.unwrap();
+    let next = sql_enqueue(3).await;
+    assert_ne!(next, first, "past it, the holder would never run: the enqueue writes a job of its own");
+    let old = job(&platform, ws, first).await;
+    assert_eq!((old.status, old.last_error.as_deref()), (JobStatus::Canceled, Some(EXPIRED)));
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let op = conveyor_jobs::get_operation_tx(&mut tx, operation.id).await.unwrap().unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((op.status.as_str(), op.error.as_deref()), ("canceled", Some(EXPIRED)), "its operation ends with it");
+    let heard = tokio::time::timeout(Duration::from_secs(5), canceled.recv()).await.unwrap().unwrap();
+    assert_eq!(heard.payload(), first.0.to_string(), "the workers are told, as of any cancellation");
+    let (status, payload): (String, Value) = {
+        let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+        sqlx::query_as("SELECT status, event_payload FROM conveyor.outbox_events WHERE id = $1")
+            .bind(next.0)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap()
+    };
+    assert_eq!((status.as_str(), payload), ("pending", serde_json::json!({ "n": 3 })));
 }
 
 /// Holds its run until told to end.

@@ -109,6 +109,13 @@ pub const VARIABLES: &[Variable] = &[
     ),
     required("CONVEYOR_IDEMPOTENCY_KEYS", SERVERS, true, "fingerprint keys, id:secret[,id:secret...]"),
     var("CONVEYOR_IDEMPOTENCY_TTL", API | MAINTENANCE, Some("48h"), "retention of idempotency records (>= 24h)"),
+    var(
+        "CONVEYOR_IDEMPOTENCY_REPLAY_CACHE",
+        API,
+        Some("16777216"),
+        "bytes of completed idempotency records kept in memory, to answer their replays without PostgreSQL for up \
+         to 10 min (0: none)",
+    ),
     required("CONVEYOR_ENCRYPTION_KEY", SERVERS, true, "32-byte key, base64, sealing stored credentials"),
     var("CONVEYOR_MARKETPLACE_URL", WORKER, None, "base URL of the marketplace API (required by workers)"),
     var(

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -16,8 +17,9 @@ use super::AppState;
 use super::error::ApiError;
 use super::json::{parse_json, read_json_body};
 use crate::auth::Principal;
+use crate::idempotency::cache::Cached;
 use crate::idempotency::fingerprint::{RequestParts, canonical_request, normalize_path};
-use crate::idempotency::{Claim, IdempotencyKey, Scope, StoredResponse, store};
+use crate::idempotency::{Claim, Fingerprint, IdempotencyKey, Scope, StoredResponse, store};
 use conveyor_jobs::WorkspaceTx;
 
 /// The header that carries the key.
@@ -78,6 +80,12 @@ fn respond(stored: &StoredResponse, replayed: bool) -> Response {
         headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     response
+}
+
+/// Keeps a copy of a completed record for its replays, and shows what the copies weigh.
+fn remember(state: &AppState, scope: &Scope, fingerprint: Fingerprint, response: StoredResponse, expires: Instant) {
+    state.replays.remember(scope, fingerprint, response, expires);
+    state.server_metrics.idempotency_replay_cache_bytes.set(state.replays.size().1 as i64);
 }
 
 /// An idempotent write: the caller, its key, the canonical request and the parsed body.
@@ -145,30 +153,50 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for Idempotent<T> {
 
 impl<T> Idempotent<T> {
     /// Runs `work` in one workspace transaction that also claims the key and, on success, completes its record
-    /// with the reply; or answers a replay or a conflict without running it. An error rolls everything back.
+    /// with the reply; or answers a replay or a conflict without running it. An error rolls everything back. The
+    /// replay of a record this process holds a copy of ([`crate::idempotency::cache`]) is answered from it, without
+    /// PostgreSQL.
     pub async fn run<W>(self, state: &AppState, work: W) -> Result<Response, ApiError>
     where
         W: for<'t> FnOnce(&'t mut WorkspaceTx) -> Work<'t>,
     {
         let outcome = |label: &str| state.server_metrics.idempotency_requests.with_label_values(&[label]).inc();
-        let mut tx = conveyor_jobs::begin_workspace(&state.pool, self.scope.workspace_id).await?;
-        match store::claim_tx(&mut tx, &self.scope, &state.fingerprinter, &self.canonical, state.idempotency_ttl)
-            .await?
-        {
-            Claim::Execute => {}
-            Claim::Replay(stored) => {
+        match state.replays.judge(&self.scope, &state.fingerprinter, &self.canonical) {
+            Some(Cached::Replay(copy)) => {
                 outcome("replayed");
-                return Ok(respond(&stored, true));
+                state.server_metrics.idempotency_replays_from_memory.inc();
+                return Ok(respond(&copy.response, true));
             }
-            Claim::Mismatch => {
+            Some(Cached::Mismatch) => {
                 outcome("key_reused");
                 return Err(ApiError::IdempotencyKeyReused);
             }
-            Claim::InProgress => {
-                outcome("in_progress");
-                return Err(ApiError::IdempotencyRequestInProgress);
-            }
+            None => {}
         }
+        // Before the transaction's start, so before its now(): a copy's expiry read on this clock is never later
+        // than its record's.
+        let started = Instant::now();
+        let mut tx = conveyor_jobs::begin_workspace(&state.pool, self.scope.workspace_id).await?;
+        let fingerprint =
+            match store::claim_tx(&mut tx, &self.scope, &state.fingerprinter, &self.canonical, state.idempotency_ttl)
+                .await?
+            {
+                Claim::Execute(fingerprint) => fingerprint,
+                Claim::Replay(done) => {
+                    outcome("replayed");
+                    let response = respond(&done.response, true);
+                    remember(state, &self.scope, done.fingerprint, done.response, started + done.expires_in);
+                    return Ok(response);
+                }
+                Claim::Mismatch => {
+                    outcome("key_reused");
+                    return Err(ApiError::IdempotencyKeyReused);
+                }
+                Claim::InProgress => {
+                    outcome("in_progress");
+                    return Err(ApiError::IdempotencyRequestInProgress);
+                }
+            };
         if let Some(hook) = &state.claim_hook {
             hook().await;
         }
@@ -179,6 +207,8 @@ impl<T> Idempotent<T> {
         // Crash point for tests: the API dies right after its commit, before answering.
         fail::fail_point!("api::after_commit");
         outcome("executed");
-        Ok(respond(&stored, false))
+        let response = respond(&stored, false);
+        remember(state, &self.scope, fingerprint, stored.replayable(), started + state.idempotency_ttl);
+        Ok(response)
     }
 }

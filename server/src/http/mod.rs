@@ -56,6 +56,8 @@ pub struct Shared {
     pub fingerprinter: Fingerprinter,
     /// How long idempotency records live.
     pub idempotency_ttl: Duration,
+    /// Copies of the completed idempotency records this process wrote or replayed (`CONVEYOR_IDEMPOTENCY_REPLAY_CACHE`).
+    pub replays: crate::idempotency::ReplayCache,
     /// Object storage (media, transfers).
     pub storage: conveyor_shop::storage::ObjectStorage,
     /// Media, transfer and TLS settings.

@@ -3,7 +3,7 @@
 use uuid::Uuid;
 
 /// A valid idempotency key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(pub Uuid);
 
 /// Why a header is not a key.

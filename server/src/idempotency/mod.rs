@@ -13,13 +13,16 @@
 //! What is stored: the scope, an HMAC-SHA256 fingerprint of the canonical request and the id of the key that made
 //! it, the response status, allow-listed headers and the (secret-free) response body. The request body itself is
 //! stored nowhere. Records live `CONVEYOR_IDEMPOTENCY_TTL` (48 hours by default, never less than 24), are treated
-//! as absent once expired, and are deleted by the maintenance role in bounded batches.
+//! as absent once expired, and are deleted by the maintenance role in bounded batches. Each API process keeps copies
+//! of the completed records it wrote or replayed for a while ([`cache`]), and answers their replays from memory.
 
+pub mod cache;
 pub mod cleanup;
 pub mod fingerprint;
 pub mod key;
 pub mod store;
 
+pub use cache::ReplayCache;
 pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use key::IdempotencyKey;
-pub use store::{Claim, Scope, StoredResponse};
+pub use store::{Claim, Completed, Scope, StoredResponse};

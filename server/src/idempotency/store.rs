@@ -10,7 +10,7 @@ use conveyor_jobs::WorkspaceTx;
 use conveyor_jobs::{UserId, WorkspaceId};
 
 /// What a key is scoped to: the same key from another user, workspace, method or path is another request.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Scope {
     /// The caller's workspace.
     pub workspace_id: WorkspaceId,
@@ -48,13 +48,37 @@ pub struct StoredResponse {
 /// Headers kept for replay; anything else is dropped.
 pub const REPLAYED_HEADERS: &[&str] = &["location", "content-type", "etag"];
 
+fn replayed((name, _): &&(String, String)) -> bool {
+    REPLAYED_HEADERS.contains(&name.as_str())
+}
+
+impl StoredResponse {
+    /// The response as a replay sends it: its headers outside [`REPLAYED_HEADERS`] dropped.
+    pub fn replayable(&self) -> StoredResponse {
+        let headers = self.headers.iter().filter(replayed).cloned().collect();
+        StoredResponse { status: self.status, headers, body: self.body.clone() }
+    }
+}
+
+/// A completed record that answers a request: the fingerprint it was made with, its response, and how long it
+/// lives from the reading transaction's start.
+#[derive(Debug)]
+pub struct Completed {
+    /// The fingerprint of the request that completed it.
+    pub fingerprint: Fingerprint,
+    /// What a replay answers.
+    pub response: StoredResponse,
+    /// Until its `expires_at`, from the reading transaction's `now()`.
+    pub expires_in: Duration,
+}
+
 /// The outcome of claiming a key.
 #[derive(Debug)]
 pub enum Claim {
-    /// First use (or an expired record): execute, then [`complete_tx`].
-    Execute,
-    /// Completed before with the same request: answer this, execute nothing.
-    Replay(StoredResponse),
+    /// First use (or an expired record): execute, then [`complete_tx`]. The record holds this fingerprint.
+    Execute(Fingerprint),
+    /// Completed before with the same request: answer its response, execute nothing.
+    Replay(Completed),
     /// Used before with a different request.
     Mismatch,
     /// Another transaction holds the key right now.
@@ -69,11 +93,13 @@ struct Record {
     response_status: Option<i16>,
     response_headers: Option<serde_json::Value>,
     response_body: Option<serde_json::Value>,
+    expires_in_ms: i64,
 }
 
 async fn live_record(tx: &mut WorkspaceTx, scope: &Scope) -> Result<Option<Record>, sqlx::Error> {
     sqlx::query_as::<_, Record>(
-        "SELECT request_fingerprint, fingerprint_key_id, status, response_status, response_headers, response_body
+        "SELECT request_fingerprint, fingerprint_key_id, status, response_status, response_headers, response_body,
+                (extract(epoch FROM expires_at - now()) * 1000)::int8 AS expires_in_ms
          FROM conveyor_server.idempotency_requests
          WHERE workspace_id = $1 AND user_id = $2 AND http_method = $3 AND request_path = $4 AND idempotency_key = $5
            AND expires_at > now()",
@@ -93,10 +119,14 @@ fn judge(record: Record, fingerprinter: &Fingerprinter, canonical: &str) -> Clai
         return Claim::Mismatch;
     }
     match (record.status.as_str(), record.response_status) {
-        ("completed", Some(status)) => Claim::Replay(StoredResponse {
-            status: status as u16,
-            headers: record.response_headers.and_then(|h| serde_json::from_value(h).ok()).unwrap_or_default(),
-            body: record.response_body.unwrap_or(serde_json::Value::Null),
+        ("completed", Some(status)) => Claim::Replay(Completed {
+            fingerprint: stored,
+            response: StoredResponse {
+                status: status as u16,
+                headers: record.response_headers.and_then(|h| serde_json::from_value(h).ok()).unwrap_or_default(),
+                body: record.response_body.unwrap_or(serde_json::Value::Null),
+            },
+            expires_in: Duration::from_millis(record.expires_in_ms.max(0) as u64),
         }),
         _ => Claim::InProgress,
     }
@@ -150,13 +180,12 @@ pub async fn claim_tx(
     .bind(ttl.as_secs_f64())
     .execute(&mut **tx)
     .await?;
-    Ok(if inserted.rows_affected() == 1 { Claim::Execute } else { Claim::InProgress })
+    Ok(if inserted.rows_affected() == 1 { Claim::Execute(fingerprint) } else { Claim::InProgress })
 }
 
 /// Completes the claimed record with the response, in the same transaction as the work.
 pub async fn complete_tx(tx: &mut WorkspaceTx, scope: &Scope, response: &StoredResponse) -> Result<(), sqlx::Error> {
-    let headers: Vec<&(String, String)> =
-        response.headers.iter().filter(|(name, _)| REPLAYED_HEADERS.contains(&name.as_str())).collect();
+    let headers: Vec<&(String, String)> = response.headers.iter().filter(replayed).collect();
     let updated = sqlx::query(
         "UPDATE conveyor_server.idempotency_requests
          SET status = 'completed', response_status = $6, response_headers = $7, response_body = $8, completed_at = now()

@@ -314,7 +314,10 @@ async fn an_expired_record_is_treated_as_absent() {
     let first = app.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&store_body("e1"))).await;
     assert_eq!(first.status(), StatusCode::ACCEPTED);
     age_records(&app, who, 49.0, true).await;
-    let reused = app.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&store_body("e2"))).await;
+    // Forty-nine hours on, no process holds a copy of the record (a copy lives ten minutes at most): a process that
+    // never saw it stands for that.
+    let later = app.spawn_sharing(|_| {}).await;
+    let reused = later.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&store_body("e2"))).await;
     assert_eq!(reused.status(), StatusCode::ACCEPTED, "an expired key is free again");
     assert!(reused.headers().get("idempotent-replayed").is_none());
     assert_eq!(app.db.count("stores", who.workspace_id).await, 2);
@@ -370,4 +373,104 @@ async fn the_maintenance_process_purges_expired_records_and_counts_them() {
     })
     .await;
     assert!(counted.is_some(), "{}", scrape().await);
+}
+
+/// `name`'s value in a metrics text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} is not in the metrics"))
+}
+
+#[tokio::test]
+async fn a_replay_of_a_record_this_process_completed_is_answered_from_memory_even_while_postgresql_is_down() {
+    let mut pg = common::postgres::TestPostgres::start().await;
+    let app = TestApp::spawn_on_db(pg.test_db().await, |_| {}).await;
+    let who = principal();
+    let key = Uuid::new_v4().to_string();
+    let body = store_body("m1");
+    let first = app.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&body)).await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let location = first.headers()["location"].clone();
+    let first: Value = first.json().await.unwrap();
+
+    pg.stop_fast().await;
+    let replay = app.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&body)).await;
+    assert_eq!(replay.status(), StatusCode::ACCEPTED, "{}", replay.text().await.unwrap());
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.headers()["location"], location);
+    assert_eq!(replay.json::<Value>().await.unwrap(), first);
+    let reused = app.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&store_body("m2"))).await;
+    assert_eq!(reused.status(), StatusCode::CONFLICT, "another request under the key is refused from the copy too");
+    assert!(reused.text().await.unwrap().contains("IDEMPOTENCY_KEY_REUSED"));
+    let other = principal();
+    let theirs = app.send_with_key(Method::POST, "/v1/stores", other, Some(&key), Some(&body)).await;
+    assert_eq!(theirs.status(), StatusCode::SERVICE_UNAVAILABLE, "another caller's key is theirs: PostgreSQL decides");
+    let fresh = app.send(Method::POST, "/v1/stores", who, Some(&body)).await;
+    assert_eq!(fresh.status(), StatusCode::SERVICE_UNAVAILABLE, "a first use needs PostgreSQL");
+    let metrics = app.metrics().await;
+    assert_eq!(metric(&metrics, "conveyor_idempotency_replays_from_memory_total"), 1.0);
+    assert!(metric(&metrics, "conveyor_idempotency_replay_cache_bytes") > 0.0);
+
+    pg.start_again().await;
+    assert_eq!(app.db.count("stores", who.workspace_id).await, 1, "the replays created nothing");
+    assert_eq!(app.db.count("stores", other.workspace_id).await, 0);
+}
+
+#[tokio::test]
+async fn another_process_replays_from_the_record_then_keeps_a_copy_that_ends_with_the_record() {
+    let app = TestApp::spawn().await;
+    let who = principal();
+    let key = Uuid::new_v4().to_string();
+    let body = store_body("c1");
+    let first = app.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&body)).await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let first: Value = first.json().await.unwrap();
+
+    // Another replica holds no copy: its first replay reads the record, its second answers from the copy it made.
+    let replica = app.spawn_sharing(|_| {}).await;
+    for _ in 0..2 {
+        let replay = replica.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&body)).await;
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(replay.json::<Value>().await.unwrap(), first);
+    }
+    let metrics = replica.metrics().await;
+    assert_eq!(metric(&metrics, "conveyor_idempotency_requests_total{outcome=\"replayed\"}"), 2.0);
+    assert_eq!(metric(&metrics, "conveyor_idempotency_replays_from_memory_total"), 1.0);
+
+    // A record read two seconds before it expires is kept no longer: once it expired, the key is free again in the
+    // process that read it, where a copy that outlived it would refuse another request as a reuse.
+    let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
+    sqlx::query("UPDATE conveyor_server.idempotency_requests SET expires_at = now() + interval '2 seconds'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let late = app.spawn_sharing(|_| {}).await;
+    let replay = late.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&body)).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let again = late.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&store_body("c2"))).await;
+    assert_eq!(again.status(), StatusCode::ACCEPTED, "{}", again.text().await.unwrap());
+    assert!(again.headers().get("idempotent-replayed").is_none(), "the expired key ran the new request");
+    assert_eq!(app.db.count("stores", who.workspace_id).await, 2);
+}
+
+#[tokio::test]
+async fn without_a_budget_no_copy_is_kept_and_every_replay_reads_its_record() {
+    let app = TestApp::spawn_with(|vars| {
+        vars.insert("CONVEYOR_IDEMPOTENCY_REPLAY_CACHE".into(), "0".into());
+    })
+    .await;
+    let who = principal();
+    let key = Uuid::new_v4().to_string();
+    for _ in 0..3 {
+        let resp = app.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&store_body("n1"))).await;
+        assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    }
+    let metrics = app.metrics().await;
+    assert_eq!(metric(&metrics, "conveyor_idempotency_requests_total{outcome=\"replayed\"}"), 2.0);
+    assert_eq!(metric(&metrics, "conveyor_idempotency_replays_from_memory_total"), 0.0);
+    assert_eq!(metric(&metrics, "conveyor_idempotency_replay_cache_bytes"), 0.0);
 }
