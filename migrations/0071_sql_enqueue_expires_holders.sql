@@ -1,6 +1,7 @@
 -- The SQL enqueue expires a de-dup key's holder that waits in the outbox past its deadline and takes the key, as
--- enqueue_tx does, instead of answering with a job that will never run (the enqueue was lost). Same signature: the
--- function keeps its grants.
+-- enqueue_tx does, instead of answering with a job that will never run (the enqueue was lost). The operation it is
+-- given is checked before each try: expiring the holder cancels the holder's operation, which may be that one. Same
+-- signature: the function keeps its grants.
 SET LOCAL search_path = conveyor;
 
 CREATE OR REPLACE FUNCTION conveyor_enqueue(kind text, payload jsonb, run_at timestamptz DEFAULT NULL,
@@ -49,13 +50,14 @@ CREATE OR REPLACE FUNCTION conveyor_enqueue(kind text, payload jsonb, run_at tim
                 USING ERRCODE = '22023';
         END IF;
         deadline := greatest(due, now()) + conveyor_enqueue.start_within;
-        IF conveyor_enqueue.operation_id IS NOT NULL AND NOT EXISTS (
-            SELECT 1 FROM conveyor.operations o
-            WHERE o.id = conveyor_enqueue.operation_id AND o.status IN ('queued', 'running')) THEN
-            RAISE EXCEPTION 'conveyor_enqueue: operation % is not a live operation of this workspace',
-                conveyor_enqueue.operation_id USING ERRCODE = '22023';
-        END IF;
         FOR attempt IN 1..3 LOOP
+            -- Checked again after an expired holder was canceled: with it, its operation, which may be this one.
+            IF conveyor_enqueue.operation_id IS NOT NULL AND NOT EXISTS (
+                SELECT 1 FROM conveyor.operations o
+                WHERE o.id = conveyor_enqueue.operation_id AND o.status IN ('queued', 'running')) THEN
+                RAISE EXCEPTION 'conveyor_enqueue: operation % is not a live operation of this workspace',
+                    conveyor_enqueue.operation_id USING ERRCODE = '22023';
+            END IF;
             INSERT INTO conveyor.outbox_events AS e (id, workspace_id, queue, event_type, event_payload, operation_id,
                                                    next_attempt_at, dedup_key, priority, max_attempts, expires_at)
             VALUES (new_id, ws, q, conveyor_enqueue.kind, conveyor_enqueue.payload, conveyor_enqueue.operation_id,
@@ -89,7 +91,8 @@ CREATE OR REPLACE FUNCTION conveyor_enqueue(kind text, payload jsonb, run_at tim
                 UPDATE conveyor.outbox_events e
                 SET status = 'canceled', last_error = 'expired: not started by its deadline',
                     finished_at = clock_timestamp(), locked_by = NULL, locked_until = NULL
-                WHERE e.id = got AND e.status = 'pending' AND e.expires_at <= now();
+                -- A job with children takes no deadline, so none has descendants to lock before its operation.
+                WHERE e.id = got AND e.status = 'pending' AND e.expires_at <= now() AND e.children_left = 0;
                 IF FOUND THEN
                     canceled := ARRAY[got];
                     IF holder_operation IS NOT NULL THEN

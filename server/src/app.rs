@@ -81,8 +81,12 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
             Some(conveyor_jobs::Admin::new(operator, pool.clone(), redis.clone(), RedisKeys::new(&config.redis_prefix)))
         }
     };
+    let server_metrics = crate::metrics::ServerMetrics::register(&metrics.registry);
+    let replays = crate::idempotency::ReplayCache::new(config.idempotency_replay_cache)
+        .weighed_in(server_metrics.idempotency_replay_cache_bytes.clone());
     Ok(Shared {
         admin,
+        replays,
         trace_url: config.trace_url.clone(),
         worker_visibility: config.worker_visibility,
         operator_auth: crate::operator_auth::OperatorAuth::new(
@@ -103,12 +107,11 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
             None => TokenKeys::refusing_all(),
         },
         sealer: Sealer::new(&config.encryption_key, "k1"),
-        server_metrics: crate::metrics::ServerMetrics::register(&metrics.registry),
+        server_metrics,
         metrics,
         max_body_bytes: config.max_body_bytes,
         fingerprinter: Fingerprinter::new(config.idempotency_keys.clone()),
         idempotency_ttl: config.idempotency_ttl,
-        replays: crate::idempotency::ReplayCache::new(config.idempotency_replay_cache),
         storage: conveyor_shop::storage::ObjectStorage::open(&config.scenarios.object_store_url)
             .context("Failed to open object storage (CONVEYOR_OBJECT_STORE_URL)")?,
         scenarios: config.scenarios.clone(),

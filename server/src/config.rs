@@ -87,7 +87,7 @@ pub struct Config {
     /// Retention of idempotency records (`CONVEYOR_IDEMPOTENCY_TTL`), never below 24 hours.
     pub idempotency_ttl: Duration,
     /// Bytes of completed idempotency records an API process keeps copies of, to answer their replays without
-    /// PostgreSQL (`CONVEYOR_IDEMPOTENCY_REPLAY_CACHE`, default 16 MiB; 0 keeps none).
+    /// PostgreSQL (`CONVEYOR_IDEMPOTENCY_REPLAY_CACHE`, default 16 MiB, at most 1 GiB; 0 keeps none).
     pub idempotency_replay_cache: u64,
     /// 32-byte AES-256-GCM key for stored credentials (`CONVEYOR_ENCRYPTION_KEY`, base64).
     pub encryption_key: Secret<Vec<u8>>,
@@ -606,6 +606,10 @@ impl Config {
         if idempotency_ttl < MIN_IDEMPOTENCY_TTL {
             return Err(invalid("CONVEYOR_IDEMPOTENCY_TTL", "must be at least 24h (seed section 2.1)"));
         }
+        let idempotency_replay_cache = number(src, "CONVEYOR_IDEMPOTENCY_REPLAY_CACHE", 16 * 1024 * 1024u64)?;
+        if idempotency_replay_cache > 1024 * 1024 * 1024 {
+            return Err(invalid("CONVEYOR_IDEMPOTENCY_REPLAY_CACHE", "must be at most 1 GiB (1073741824 bytes)"));
+        }
         let max_body_bytes = number(src, "CONVEYOR_MAX_BODY_BYTES", 64 * 1024)?;
         if max_body_bytes < 1024 {
             return Err(invalid("CONVEYOR_MAX_BODY_BYTES", "must be at least 1024"));
@@ -659,7 +663,7 @@ impl Config {
             operator_jwt_previous_secret: optional_hmac_secret(src, "CONVEYOR_OPERATOR_JWT_PREVIOUS_SECRET")?,
             idempotency_keys: idempotency_keys(src)?,
             idempotency_ttl,
-            idempotency_replay_cache: number(src, "CONVEYOR_IDEMPOTENCY_REPLAY_CACHE", 16 * 1024 * 1024)?,
+            idempotency_replay_cache,
             encryption_key: encryption_key(src)?,
             marketplace_url,
             trace_url,
@@ -960,6 +964,9 @@ mod tests {
             ("CONVEYOR_HTTP_ADDR", "localhost"),
             ("CONVEYOR_IDEMPOTENCY_TTL", "forever"),
             ("CONVEYOR_IDEMPOTENCY_TTL", "23h"),
+            ("CONVEYOR_IDEMPOTENCY_REPLAY_CACHE", "-1"),
+            ("CONVEYOR_IDEMPOTENCY_REPLAY_CACHE", "16MiB"),
+            ("CONVEYOR_IDEMPOTENCY_REPLAY_CACHE", "1073741825"),
             ("CONVEYOR_MAX_BODY_BYTES", "-1"),
             ("CONVEYOR_MARKETPLACE_URL", "ftp://x"),
             ("CONVEYOR_TRACE_URL", "jaeger.example/trace/{trace_id}"),

@@ -262,6 +262,19 @@ async fn the_sql_enqueue_expires_a_de_dup_key_holder_past_its_deadline_and_takes
     assert_eq!(sql_enqueue(2).await, first, "while in time, the key answers its holder");
     past_deadline(&platform, ws, first).await;
 
+    // Expiring the holder cancels its operation: an enqueue that names that operation is refused, and writes nothing.
+    let mut tx = conveyor_jobs::begin_workspace(&platform.pool, ws).await.unwrap();
+    let refused =
+        sqlx::query("SELECT conveyor.conveyor_enqueue('test.reminder', '{}', dedup_key => 'a', operation_id => $1)")
+            .bind(operation.id)
+            .execute(&mut *tx)
+            .await
+            .unwrap_err()
+            .to_string();
+    assert!(refused.contains("is not a live operation of this workspace"), "{refused}");
+    tx.rollback().await.unwrap();
+    assert_eq!(job(&platform, ws, first).await.status, JobStatus::Queued, "rolled back with the refusal");
+
     let mut canceled = sqlx::postgres::PgListener::connect_with(&platform.pool).await.unwrap();
     canceled.listen("conveyor_jobs_canceled").await.unwrap();
     let next = sql_enqueue(3).await;

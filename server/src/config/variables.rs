@@ -114,7 +114,7 @@ pub const VARIABLES: &[Variable] = &[
         API,
         Some("16777216"),
         "bytes of completed idempotency records kept in memory, to answer their replays without PostgreSQL for up \
-         to 10 min (0: none)",
+         to 10 min (0: none; at most 1 GiB)",
     ),
     required("CONVEYOR_ENCRYPTION_KEY", SERVERS, true, "32-byte key, base64, sealing stored credentials"),
     var("CONVEYOR_MARKETPLACE_URL", WORKER, None, "base URL of the marketplace API (required by workers)"),

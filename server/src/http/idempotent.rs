@@ -17,9 +17,9 @@ use super::AppState;
 use super::error::ApiError;
 use super::json::{parse_json, read_json_body};
 use crate::auth::Principal;
-use crate::idempotency::cache::Cached;
+use crate::idempotency::cache::{Cached, Kept};
 use crate::idempotency::fingerprint::{RequestParts, canonical_request, normalize_path};
-use crate::idempotency::{Claim, Fingerprint, IdempotencyKey, Scope, StoredResponse, store};
+use crate::idempotency::{Claim, IdempotencyKey, Scope, StoredResponse, store};
 use conveyor_jobs::WorkspaceTx;
 
 /// The header that carries the key.
@@ -71,21 +71,30 @@ fn respond(stored: &StoredResponse, replayed: bool) -> Response {
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let mut response = (status, axum::Json(&stored.body)).into_response();
     let headers = response.headers_mut();
-    for (name, value) in &stored.headers {
-        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name.as_str()), HeaderValue::from_str(value)) {
-            headers.insert(name, value);
-        }
-    }
+    stored_headers(headers, &stored.headers);
     if replayed {
         headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     response
 }
 
-/// Keeps a copy of a completed record for its replays, and shows what the copies weigh.
-fn remember(state: &AppState, scope: &Scope, fingerprint: Fingerprint, response: StoredResponse, expires: Instant) {
-    state.replays.remember(scope, fingerprint, response, expires);
-    state.server_metrics.idempotency_replay_cache_bytes.set(state.replays.size().1 as i64);
+fn stored_headers(headers: &mut HeaderMap, stored: &[(String, String)]) {
+    for (name, value) in stored {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name.as_str()), HeaderValue::from_str(value)) {
+            headers.insert(name, value);
+        }
+    }
+}
+
+/// A replay answered from a copy ([`crate::idempotency::cache`]): its body as serialized when the copy was made.
+fn respond_with_copy(copy: &Kept) -> Response {
+    let status = StatusCode::from_u16(copy.status).unwrap_or(StatusCode::OK);
+    let mut response = (status, copy.body.clone()).into_response();
+    let headers = response.headers_mut();
+    headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    stored_headers(headers, &copy.headers);
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
 }
 
 /// An idempotent write: the caller, its key, the canonical request and the parsed body.
@@ -165,7 +174,7 @@ impl<T> Idempotent<T> {
             Some(Cached::Replay(copy)) => {
                 outcome("replayed");
                 state.server_metrics.idempotency_replays_from_memory.inc();
-                return Ok(respond(&copy.response, true));
+                return Ok(respond_with_copy(&copy));
             }
             Some(Cached::Mismatch) => {
                 outcome("key_reused");
@@ -185,7 +194,7 @@ impl<T> Idempotent<T> {
                 Claim::Replay(done) => {
                     outcome("replayed");
                     let response = respond(&done.response, true);
-                    remember(state, &self.scope, done.fingerprint, done.response, started + done.expires_in);
+                    state.replays.remember(&self.scope, done.fingerprint, done.response, started + done.expires_in);
                     return Ok(response);
                 }
                 Claim::Mismatch => {
@@ -208,7 +217,7 @@ impl<T> Idempotent<T> {
         fail::fail_point!("api::after_commit");
         outcome("executed");
         let response = respond(&stored, false);
-        remember(state, &self.scope, fingerprint, stored.replayable(), started + state.idempotency_ttl);
+        state.replays.remember(&self.scope, fingerprint, stored.replayable(), started + state.idempotency_ttl);
         Ok(response)
     }
 }

@@ -3,8 +3,9 @@
 //! A completed record never changes while it lives: it is written in the transaction that did the work, and only a
 //! record past its `expires_at` is replaced or deleted. So a copy of it is as good as the row until then, and this
 //! process keeps one for each record it completed or replayed, until the record expires or [`MAX_AGE`] passes,
-//! whichever is first, within a budget in bytes (`CONVEYOR_IDEMPOTENCY_REPLAY_CACHE`, least recently used first out,
-//! as S3-FIFO picks it). Each API replica keeps its own; a replica that holds no copy reads the row, as before.
+//! whichever is first, within a budget in bytes (`CONVEYOR_IDEMPOTENCY_REPLAY_CACHE`; past it, quick_cache's S3-FIFO
+//! evicts the copies seen once before those replayed). Each API replica keeps its own; a replica that holds no copy
+//! reads the row, as before. A copy holds its reply's body serialized, as it is sent: what it weighs is what it holds.
 //!
 //! What stays in PostgreSQL's hands: every request that is not the replay of a record this process holds (first uses,
 //! mismatches of a record it does not hold, duplicates in progress). A copy is made only after the commit that
@@ -13,6 +14,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use prometheus::IntGauge;
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
 
@@ -24,13 +27,22 @@ use super::store::{Scope, StoredResponse};
 pub const MAX_AGE: Duration = Duration::from_secs(600);
 
 /// Copies of completed records, by scope; empty and inert with a budget of 0.
-pub struct ReplayCache(Option<Cache<Scope, Arc<Copy>, ByBytes>>);
+pub struct ReplayCache {
+    copies: Option<Cache<Scope, Arc<Kept>, ByBytes>>,
+    /// Shows what the copies weigh, after each change.
+    weight: Option<IntGauge>,
+}
 
-/// A completed record as kept: its fingerprint, its reply, until when it may answer, and what it weighs.
-pub struct Copy {
+/// A completed record as kept: its fingerprint, its reply as a replay sends it, until when it may answer, and what it
+/// weighs.
+pub struct Kept {
     fingerprint: Fingerprint,
-    /// The reply, as a replay sends it.
-    pub response: StoredResponse,
+    /// The reply's status.
+    pub status: u16,
+    /// The reply's headers (those a replay sends).
+    pub headers: Vec<(String, String)>,
+    /// The reply's body, serialized.
+    pub body: Bytes,
     until: Instant,
     bytes: u64,
 }
@@ -38,7 +50,7 @@ pub struct Copy {
 /// What a copy says of a request.
 pub enum Cached {
     /// The same request: answer with the copy's reply.
-    Replay(Arc<Copy>),
+    Replay(Arc<Kept>),
     /// Another request under the same key.
     Mismatch,
 }
@@ -46,8 +58,8 @@ pub enum Cached {
 #[derive(Clone)]
 struct ByBytes;
 
-impl Weighter<Scope, Arc<Copy>> for ByBytes {
-    fn weight(&self, _scope: &Scope, copy: &Arc<Copy>) -> u64 {
+impl Weighter<Scope, Arc<Kept>> for ByBytes {
+    fn weight(&self, _scope: &Scope, copy: &Arc<Kept>) -> u64 {
         copy.bytes
     }
 }
@@ -59,38 +71,57 @@ impl ReplayCache {
     /// A cache of at most `budget` bytes of copies (0: none).
     pub fn new(budget: u64) -> Self {
         // quick_cache sizes its table from an estimate of the items: a reply is a few hundred bytes.
-        Self((budget > 0).then(|| Cache::with_weighter((budget / 1024).max(16) as usize, budget, ByBytes)))
+        let copies = (budget > 0).then(|| Cache::with_weighter((budget / 1024).max(16) as usize, budget, ByBytes));
+        Self { copies, weight: None }
+    }
+
+    /// Shows what its copies weigh in `gauge`.
+    pub fn weighed_in(mut self, gauge: IntGauge) -> Self {
+        gauge.set(0);
+        self.weight = Some(gauge);
+        self
+    }
+
+    fn weighed(&self) {
+        if let Some(gauge) = &self.weight {
+            gauge.set(self.size().1 as i64);
+        }
     }
 
     /// What the copy of `scope`'s record, if this process holds a live one, says of the request `canonical`.
     pub fn judge(&self, scope: &Scope, fingerprinter: &Fingerprinter, canonical: &str) -> Option<Cached> {
-        let cache = self.0.as_ref()?;
+        let cache = self.copies.as_ref()?;
         let copy = cache.get(scope)?;
-        if copy.until <= Instant::now() {
-            cache.remove(scope);
+        let now = Instant::now();
+        if copy.until <= now {
+            // Unless another request has kept a copy of a newer record meanwhile.
+            cache.remove_if(scope, |c| c.until <= now);
+            self.weighed();
             return None;
         }
         Some(if fingerprinter.matches(&copy.fingerprint, canonical) { Cached::Replay(copy) } else { Cached::Mismatch })
     }
 
-    /// Keeps a copy of `scope`'s completed record, made with `fingerprint` and answered with `response`, until
-    /// `expires` (the record's expiry, as this process's clock sees it: no later than the row's) or [`MAX_AGE`] from
-    /// now.
+    /// Keeps a copy of `scope`'s completed record, made with `fingerprint` and answered with `response` (as a replay
+    /// sends it: [`StoredResponse::replayable`]), until `expires` (the record's expiry, as this process's clock sees
+    /// it: no later than the row's) or [`MAX_AGE`] from now.
     pub fn remember(&self, scope: &Scope, fingerprint: Fingerprint, response: StoredResponse, expires: Instant) {
-        let Some(cache) = &self.0 else { return };
+        let Some(cache) = &self.copies else { return };
         let until = expires.min(Instant::now() + MAX_AGE);
         if until <= Instant::now() {
             return;
         }
+        let body = Bytes::from(serde_json::to_vec(&response.body).expect("a JSON value serializes"));
         let headers: usize = response.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
-        let body = serde_json::to_vec(&response.body).map_or(0, |b| b.len());
-        let bytes = (scope.path.len() + fingerprint.mac.len() + headers + body) as u64 + OVERHEAD;
-        cache.insert(scope.clone(), Arc::new(Copy { fingerprint, response, until, bytes }));
+        let bytes = (scope.path.len() + fingerprint.mac.len() + headers + body.len()) as u64 + OVERHEAD;
+        let (status, headers) = (response.status, response.headers);
+        cache.insert(scope.clone(), Arc::new(Kept { fingerprint, status, headers, body, until, bytes }));
+        self.weighed();
     }
 
     /// The copies held and what they weigh, in bytes.
     pub fn size(&self) -> (usize, u64) {
-        self.0.as_ref().map_or((0, 0), |c| (c.len(), c.weight()))
+        self.copies.as_ref().map_or((0, 0), |c| (c.len(), c.weight()))
     }
 }
 
@@ -126,7 +157,10 @@ mod tests {
         assert!(cache.judge(&s, &f, "request").is_none(), "nothing kept yet");
         cache.remember(&s, f.sign("request"), reply(serde_json::json!({"id": 1})), Instant::now() + MAX_AGE);
         match cache.judge(&s, &f, "request") {
-            Some(Cached::Replay(copy)) => assert_eq!(copy.response, reply(serde_json::json!({"id": 1}))),
+            Some(Cached::Replay(copy)) => {
+                assert_eq!((copy.status, &*copy.body), (202, &br#"{"id":1}"#[..]));
+                assert_eq!(copy.headers, reply(serde_json::Value::Null).headers);
+            }
             _ => panic!("the same request replays"),
         }
         assert!(matches!(cache.judge(&s, &f, "another"), Some(Cached::Mismatch)));

@@ -99,7 +99,7 @@ struct Record {
 async fn live_record(tx: &mut WorkspaceTx, scope: &Scope) -> Result<Option<Record>, sqlx::Error> {
     sqlx::query_as::<_, Record>(
         "SELECT request_fingerprint, fingerprint_key_id, status, response_status, response_headers, response_body,
-                (extract(epoch FROM expires_at - now()) * 1000)::int8 AS expires_in_ms
+                floor(extract(epoch FROM expires_at - now()) * 1000)::int8 AS expires_in_ms
          FROM conveyor_server.idempotency_requests
          WHERE workspace_id = $1 AND user_id = $2 AND http_method = $3 AND request_path = $4 AND idempotency_key = $5
            AND expires_at > now()",

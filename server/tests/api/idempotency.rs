@@ -439,18 +439,18 @@ async fn another_process_replays_from_the_record_then_keeps_a_copy_that_ends_wit
     assert_eq!(metric(&metrics, "conveyor_idempotency_requests_total{outcome=\"replayed\"}"), 2.0);
     assert_eq!(metric(&metrics, "conveyor_idempotency_replays_from_memory_total"), 1.0);
 
-    // A record read two seconds before it expires is kept no longer: once it expired, the key is free again in the
+    // A record read three seconds before it expires is kept no longer: once it expired, the key is free again in the
     // process that read it, where a copy that outlived it would refuse another request as a reuse.
+    let late = app.spawn_sharing(|_| {}).await;
     let mut tx = conveyor_jobs::begin_workspace(&app.db.pool, who.workspace_id).await.unwrap();
-    sqlx::query("UPDATE conveyor_server.idempotency_requests SET expires_at = now() + interval '2 seconds'")
+    sqlx::query("UPDATE conveyor_server.idempotency_requests SET expires_at = now() + interval '3 seconds'")
         .execute(&mut *tx)
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let late = app.spawn_sharing(|_| {}).await;
     let replay = late.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&body)).await;
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     let again = late.send_with_key(Method::POST, "/v1/stores", who, Some(&key), Some(&store_body("c2"))).await;
     assert_eq!(again.status(), StatusCode::ACCEPTED, "{}", again.text().await.unwrap());
     assert!(again.headers().get("idempotent-replayed").is_none(), "the expired key ran the new request");
