@@ -684,6 +684,21 @@ async fn an_operator_logs_in_sees_a_queue_opens_a_dead_letter_replays_it_and_see
     assert!(width >= 100.0 && height >= 20.0, "the sparkline is drawn at {width}x{height}");
     let failed = browser.client.find_all(Locator::Css(&format!("{row} svg.spark rect.failed"))).await.unwrap();
     assert_eq!(failed.len(), 1, "the dead letter's minute has its bar");
+    // Beside it, the backlog and the wait p95 as lines: the maintenance pass recorded this minute's backlog.
+    let backlog = browser.element(&format!("{row} svg.spark-line[data-chart='backlog']")).await;
+    let label = backlog.attr("aria-label").await.unwrap().unwrap_or_default();
+    assert!(label.starts_with("backlog, last hour: ") && label.contains("jobs at the last minute recorded"), "{label}");
+    let drawn = browser
+        .client
+        .find_all(Locator::Css(&format!(
+            "{row} svg.spark-line[data-chart='backlog'] circle, {row} svg.spark-line[data-chart='backlog'] polyline"
+        )))
+        .await
+        .unwrap();
+    assert!(!drawn.is_empty(), "the recorded minute is drawn");
+    let wait = browser.element(&format!("{row} svg.spark-line[data-chart='wait p95']")).await;
+    let label = wait.attr("aria-label").await.unwrap().unwrap_or_default();
+    assert!(label.starts_with("wait p95, last hour: "), "{label}");
     browser.screenshot(&shots, "overview").await;
 
     // The queue: its counts, its last hour (recorded by the maintenance pass at the start) and its jobs.

@@ -1,5 +1,5 @@
 //! A queue's last hour drawn on the server, as inline SVG (no script): jobs done and failed per minute as stacked bars,
-//! the due backlog and the 95th percentile of the wait as lines. Each chart says its scale (the largest value) and its
+//! the due backlog and the 95th percentile of the wait as lines; in a table cell, the same three as sparklines. Each chart says its scale (the largest value) and its
 //! time axis (an hour ago to now, in UTC); every bar and point carries a `<title>` with its minute and value, which a
 //! browser shows on hover.
 
@@ -17,8 +17,7 @@ const AXIS: f64 = 20.0;
 pub(super) fn queue_charts(minutes: &[QueueMinute]) -> Markup {
     let done: Vec<f64> = minutes.iter().map(|m| m.done as f64).collect();
     let failed: Vec<f64> = minutes.iter().map(|m| m.failed as f64).collect();
-    let backlog: Vec<Option<f64>> = minutes.iter().map(|m| m.backlog.map(|b| b as f64)).collect();
-    let wait: Vec<Option<f64>> = minutes.iter().map(|m| m.wait_p95_ms.filter(|w| w.is_finite())).collect();
+    let (backlog, wait) = (backlog(minutes), wait(minutes));
     let label = |i: usize| minutes.get(i).map(|m| m.minute.format("%H:%M UTC").to_string()).unwrap_or_default();
     html! {
         div.charts #charts {
@@ -36,6 +35,16 @@ pub(super) fn queue_charts(minutes: &[QueueMinute]) -> Markup {
             }
         }
     }
+}
+
+/// The due backlog of each minute, where recorded.
+pub(super) fn backlog(minutes: &[QueueMinute]) -> Vec<Option<f64>> {
+    minutes.iter().map(|m| m.backlog.map(|b| b as f64)).collect()
+}
+
+/// The 95th percentile of each minute's wait, in ms, where recorded.
+pub(super) fn wait(minutes: &[QueueMinute]) -> Vec<Option<f64>> {
+    minutes.iter().map(|m| m.wait_p95_ms.filter(|w| w.is_finite())).collect()
 }
 
 /// The sparkline's size, in pixels.
@@ -70,6 +79,55 @@ pub(super) fn sparkline(minutes: &[QueueMinute]) -> Markup {
             }
         }
     }
+}
+
+/// The series of a queue's last hour in a table cell (`what`: `backlog`, `wait p95`), as a line through the minutes that
+/// have a value, no axis; its label and tooltip say the latest value and the hour's largest.
+pub(super) fn spark_line(values: &[Option<f64>], what: &str, unit: &str) -> Markup {
+    let n = values.len().max(2) as f64;
+    let max = values.iter().flatten().copied().fold(0.0, f64::max);
+    let summary = match values.iter().rev().flatten().next() {
+        Some(latest) => format!(
+            "{what}, last hour: {} {unit} at the last minute recorded, at most {} {unit}",
+            format_value(*latest),
+            format_value(max)
+        ),
+        None => format!("{what}, last hour: nothing recorded"),
+    };
+    let height = SPARK_LINE_HEIGHT;
+    // Two pixels in from each side, so that a point at either end is drawn whole.
+    let x = |i: usize| 2.0 + i as f64 * (SPARK_WIDTH - 4.0) / (n - 1.0);
+    let y = |v: f64| height - 1.0 - if max > 0.0 { v / max * (height - 2.0) } else { 0.0 };
+    html! {
+        svg.spark.spark-line data-chart=(what) width=(SPARK_WIDTH) height=(height)
+            viewBox=(format!("0 0 {SPARK_WIDTH} {height}")) role="img" aria-label=(summary) {
+            title { (summary) }
+            line.base x1="0" y1=(height - 0.5) x2=(SPARK_WIDTH) y2=(height - 0.5) {}
+            @for run in runs(values) {
+                @if let [(i, v)] = run.as_slice() {
+                    circle.point cx=(format!("{:.1}", x(*i))) cy=(format!("{:.1}", y(*v))) r="1.5" {}
+                } @else {
+                    polyline.series points=(run.iter().map(|(i, v)| format!("{:.1},{:.1}", x(*i), y(*v))).collect::<Vec<_>>().join(" ")) {}
+                }
+            }
+        }
+    }
+}
+
+/// The height of a line sparkline, in pixels.
+const SPARK_LINE_HEIGHT: f64 = 16.0;
+
+/// Runs of consecutive minutes with a value, each drawn as one polyline.
+fn runs(values: &[Option<f64>]) -> Vec<Vec<(usize, f64)>> {
+    let mut runs: Vec<Vec<(usize, f64)>> = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        match (v, runs.last_mut()) {
+            (Some(v), Some(run)) if run.last().is_some_and(|(j, _)| *j + 1 == i) => run.push((i, *v)),
+            (Some(v), _) => runs.push(vec![(i, *v)]),
+            (None, _) => {}
+        }
+    }
+    runs
 }
 
 /// The time axis under a drawing: an hour ago on the left, now on the right.
@@ -125,15 +183,7 @@ fn line(values: &[Option<f64>], unit: &str, label: &dyn Fn(usize) -> String) -> 
     let max = values.iter().flatten().copied().fold(0.0, f64::max);
     let x = |i: usize| i as f64 * WIDTH / (n - 1.0);
     let y = |v: f64| HEIGHT - if max > 0.0 { v / max * (HEIGHT - 20.0) } else { 0.0 };
-    // Runs of consecutive minutes with a value, each drawn as one polyline.
-    let mut runs: Vec<Vec<(usize, f64)>> = Vec::new();
-    for (i, v) in values.iter().enumerate() {
-        match (v, runs.last_mut()) {
-            (Some(v), Some(run)) if run.last().is_some_and(|(j, _)| *j + 1 == i) => run.push((i, *v)),
-            (Some(v), _) => runs.push(vec![(i, *v)]),
-            (None, _) => {}
-        }
-    }
+    let runs = runs(values);
     html! {
         svg viewBox=(format!("0 0 {WIDTH} {}", HEIGHT + AXIS)) role="img"
             aria-label=(format!("{unit} per minute over the last hour, at most {}", format_value(max))) {

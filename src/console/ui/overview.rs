@@ -1,5 +1,5 @@
-//! The overview: every queue with its counts by state, lag, throughput, its last hour as a small chart and oldest age,
-//! and the pauses in force (with a form to add one and a button to lift each).
+//! The overview: every queue with its counts by state, lag, throughput, its last hour as small charts (done and failed,
+//! backlog, wait p95) and oldest age, and the pauses in force (with a form to add one and a button to lift each).
 
 use std::collections::BTreeMap;
 
@@ -97,7 +97,11 @@ fn queue_table(page: &Page, queues: &[QueueSummary], minutes: &BTreeMap<String, 
                             td.num { (format!("{:.1}", q.completed_per_minute)) }
                             td.num { (format!("{:.1}", q.failed_per_minute)) }
                             td.spark { @match minutes.get(&q.name) {
-                                Some(hour) => (charts::sparkline(hour)),
+                                Some(hour) => {
+                                    (charts::sparkline(hour))
+                                    (charts::spark_line(&charts::backlog(hour), "backlog", "jobs"))
+                                    (charts::spark_line(&charts::wait(hour), "wait p95", "ms"))
+                                },
                                 None => span.muted { "nothing recorded" },
                             } }
                             td.num { (maybe(q.oldest_queued_seconds.map(age))) }
@@ -105,6 +109,10 @@ fn queue_table(page: &Page, queues: &[QueueSummary], minutes: &BTreeMap<String, 
                         }
                     }
                 }
+            }
+            p.muted #last-hour-legend {
+                "Last hour, a minute a step: jobs done and failed (bars), then the due backlog and the wait p95 (lines). "
+                "Hover a chart for its figures."
             }
         }
     }
