@@ -141,6 +141,39 @@ enum JobsCommand {
         /// The job id.
         id: Uuid,
     },
+    /// A workspace's job events (active, progress, retrying, stalled, completed, failed, canceled), oldest first:
+    /// those recorded so far (events other than ends are kept an hour), or with --follow those to come as well,
+    /// until interrupted.
+    Events {
+        /// In this workspace.
+        #[arg(long)]
+        workspace: Uuid,
+        /// Only these events, comma-separated (e.g. failed,retrying).
+        #[arg(long, value_delimiter = ',', value_parser = parse_event)]
+        event: Vec<conveyor_jobs::JobEventType>,
+        /// Of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Of this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Of this job.
+        #[arg(long)]
+        job: Option<Uuid>,
+        /// From: an RFC 3339 time, or a duration ago (e.g. 10m). Default: an hour ago, or, following, now.
+        #[arg(long, value_parser = parse_time)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// Go on printing events as they happen, until interrupted (or --count of them).
+        #[arg(long)]
+        follow: bool,
+        /// How many: without --follow at most this many (1 to 1000, default 100; the next page's --since goes to
+        /// stderr), with it stop after this many.
+        #[arg(long)]
+        count: Option<u32>,
+        /// json (one object a line) or table.
+        #[arg(short, long, value_enum, default_value = "json")]
+        output: Output,
+    },
     /// Cancel a job that has not ended.
     Cancel {
         /// The job id.
@@ -225,6 +258,70 @@ enum JobsCommand {
         #[arg(long)]
         keep_last: Option<u32>,
     },
+}
+
+/// The columns of an event's line: a listing's table, or a followed one's rows.
+const EVENT_COLUMNS: [&str; 7] = ["AT (UTC)", "EVENT", "JOB", "KIND", "QUEUE", "RUN", "DETAIL"];
+
+fn event_cells(e: &conveyor_jobs::JobEvent) -> [String; 7] {
+    let detail = match (&e.progress, &e.error) {
+        (Some(progress), _) => progress.to_string(),
+        (None, Some(error)) => error.clone(),
+        (None, None) => "-".to_owned(),
+    };
+    [
+        e.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+        e.event.as_str().to_owned(),
+        e.job.id.to_string(),
+        e.job.kind.clone(),
+        e.job.queue.clone(),
+        e.attempt.to_string(),
+        detail,
+    ]
+}
+
+/// Events as JSON lines, or as a table.
+fn print_events(output: Output, events: &[conveyor_jobs::JobEvent]) -> anyhow::Result<()> {
+    type Event = conveyor_jobs::JobEvent;
+    output::print(
+        output,
+        events,
+        &[
+            (EVENT_COLUMNS[0], &|e: &Event| event_cells(e)[0].clone()),
+            (EVENT_COLUMNS[1], &|e: &Event| event_cells(e)[1].clone()),
+            (EVENT_COLUMNS[2], &|e: &Event| event_cells(e)[2].clone()),
+            (EVENT_COLUMNS[3], &|e: &Event| event_cells(e)[3].clone()),
+            (EVENT_COLUMNS[4], &|e: &Event| event_cells(e)[4].clone()),
+            (EVENT_COLUMNS[5], &|e: &Event| event_cells(e)[5].clone()),
+            (EVENT_COLUMNS[6], &|e: &Event| event_cells(e)[6].clone()),
+        ],
+    )
+}
+
+/// A followed event as a JSON line, or as a row of fixed-width columns under the header printed first.
+fn print_followed(output: Output, event: &conveyor_jobs::JobEvent, first: bool) -> anyhow::Result<()> {
+    if output == Output::Json {
+        println!("{}", serde_json::to_string(event)?);
+        return Ok(());
+    }
+    let row = |cells: [&str; 7]| {
+        format!(
+            "{:<23}  {:<9}  {:<36}  {:<24}  {:<16}  {:>3}  {}",
+            cells[0], cells[1], cells[2], cells[3], cells[4], cells[5], cells[6]
+        )
+    };
+    if first {
+        println!("{}", row(EVENT_COLUMNS));
+    }
+    let cells = event_cells(event);
+    println!("{}", row(cells.each_ref().map(String::as_str)));
+    Ok(())
+}
+
+fn parse_event(raw: &str) -> Result<conveyor_jobs::JobEventType, String> {
+    conveyor_jobs::JobEventType::from_name(raw.trim()).ok_or_else(|| {
+        format!("one of {}", conveyor_jobs::JobEventType::ALL.map(conveyor_jobs::JobEventType::as_str).join(", "))
+    })
 }
 
 fn parse_priority(raw: &str) -> Result<conveyor_jobs::Priority, String> {
@@ -1075,6 +1172,44 @@ async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
             }
             None => anyhow::bail!("no job {id}"),
         },
+        JobsCommand::Events { workspace, event, kind, queue, job, since, follow, count, output } => {
+            let mut filter = conveyor_jobs::EventFilter::all();
+            if !event.is_empty() {
+                filter = filter.events(event);
+            }
+            if let Some(kind) = kind {
+                filter = filter.kind(kind);
+            }
+            if let Some(queue) = queue {
+                filter = filter.queue(queue);
+            }
+            if let Some(job) = job {
+                filter = filter.job(conveyor_jobs::JobId(job));
+            }
+            if let Some(since) = since {
+                filter = filter.since(since);
+            }
+            let workspace = conveyor_jobs::WorkspaceId(workspace);
+            if !follow {
+                let (events, more) = admin.job_events(&actor, workspace, &filter, count.unwrap_or(100)).await?;
+                print_events(output, &events)?;
+                if let (true, Some(last)) = (more, events.last()) {
+                    eprintln!("more: --since {}", last.at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
+                }
+                return Ok(());
+            }
+            let mut events = admin.follow_job_events(&actor, workspace, filter).await?;
+            let mut printed = 0;
+            while count.is_none_or(|count| printed < count) {
+                let event = tokio::select! {
+                    event = events.next() => event?,
+                    _ = tokio::signal::ctrl_c() => break,
+                };
+                print_followed(output, &event, printed == 0)?;
+                printed += 1;
+            }
+            Ok(())
+        }
         JobsCommand::Cancel { id } => acted(id, admin.cancel_job(&actor, conveyor_jobs::JobId(id)).await?, "canceled"),
         JobsCommand::Retry { id } => acted(id, admin.retry_job(&actor, conveyor_jobs::JobId(id)).await?, "retried"),
         JobsCommand::Change { id, priority, delay, run_at, run_now, payload } => {

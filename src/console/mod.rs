@@ -134,6 +134,8 @@ struct Settings {
     trace_url: Option<String>,
     /// A consumer idle this long while it holds entries is shown stalled ([`Console::stalled_after`]).
     stalled_after: std::time::Duration,
+    /// The event streams followed at once ([`api::FOLLOWERS`]).
+    followers: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl Console {
@@ -150,7 +152,9 @@ impl Console {
 
     fn with(admin: Option<Admin>, unavailable: String) -> Self {
         let stalled_after = crate::WorkerSettings::default().visibility;
-        let settings = Settings { admin, unavailable, login: None, logout: None, trace_url: None, stalled_after };
+        let followers = std::sync::Arc::new(tokio::sync::Semaphore::new(api::FOLLOWERS));
+        let settings =
+            Settings { admin, unavailable, login: None, logout: None, trace_url: None, stalled_after, followers };
         Self { settings: Arc::new(settings) }
     }
 

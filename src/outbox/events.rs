@@ -139,6 +139,17 @@ impl EventFilter {
         self
     }
 
+    /// What it selects, for the operator's audit trail.
+    pub(crate) fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "events": self.events.as_ref().map(|e| e.iter().map(|e| e.as_str()).collect::<Vec<_>>()),
+            "kinds": (!self.kinds.is_empty()).then_some(&self.kinds),
+            "queues": (!self.queues.is_empty()).then_some(&self.queues),
+            "job": self.job.map(|j| j.0),
+            "since": self.since,
+        })
+    }
+
     fn wants(&self, event: JobEventType) -> bool {
         self.events.as_ref().is_none_or(|e| e.contains(&event))
     }
@@ -296,6 +307,43 @@ struct EventRow {
     job: Row,
 }
 
+impl EventRow {
+    fn event(self) -> Option<JobEvent> {
+        Some(JobEvent {
+            event: JobEventType::from_name(&self.event)?,
+            at: self.at,
+            attempt: self.attempt.max(1) as u32,
+            progress: self.event_progress,
+            error: self.event_error,
+            job: JobInfo::from(self.job),
+        })
+    }
+}
+
+/// The events of `workspace`'s jobs that `filter` selects recorded so far, from [`EventFilter::since`] (an hour ago
+/// without it: events other than ends are kept that long), oldest first, at most `limit`; and whether more follow
+/// (the next page starts at the last one's time). No subscription: nothing is registered, nothing listened to.
+pub(crate) async fn recorded_events(
+    pool: &PgPool,
+    workspace: WorkspaceId,
+    filter: &EventFilter,
+    limit: u32,
+) -> Result<(Vec<JobEvent>, bool), sqlx::Error> {
+    let mut tx = db::begin_workspace(pool, workspace).await?;
+    let since = match filter.since {
+        Some(since) => since,
+        None => sqlx::query_scalar("SELECT now() - interval '1 hour'").fetch_one(&mut *tx).await?,
+    };
+    let names = filter.names();
+    let limit = i64::from(limit);
+    // One more than asked, to tell whether more follow.
+    let mut rows = page(&mut tx, workspace, filter, &names, (since, -1, Uuid::nil()), limit + 1).await?;
+    tx.commit().await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    Ok((rows.into_iter().filter_map(EventRow::event).collect(), more))
+}
+
 impl JobEvents {
     /// The next event, waiting for one as long as it takes.
     pub async fn next(&mut self) -> Result<JobEvent, sqlx::Error> {
@@ -344,53 +392,7 @@ impl JobEvents {
             if began.is_none() {
                 began = Some(sqlx::query_scalar::<_, DateTime<Utc>>("SELECT now()").fetch_one(&mut *tx).await?);
             }
-            // An end is `seq` i64::MAX, after every recorded event of its time. The workspace is named, not left to
-            // row-level security alone: the owner of the single-role mode reads every workspace's rows.
-            let rows: Vec<EventRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT x.seq, x.event, x.at, x.attempt, x.event_progress, x.event_error, {COLUMNS}
-                 FROM (
-                     SELECT v.id AS seq, v.job_id, v.event, v.at, v.attempt, v.progress AS event_progress,
-                            v.error AS event_error
-                     FROM conveyor.job_events v
-                     WHERE v.workspace_id = $9 AND v.at >= $1 AND v.event = ANY($4)
-                     UNION ALL
-                     SELECT 9223372036854775807, e.id,
-                            CASE e.status WHEN 'completed' THEN 'completed' WHEN 'dead_letter' THEN 'failed'
-                                          ELSE 'canceled' END,
-                            coalesce(e.finished_at, e.dead_lettered_at),
-                            CASE e.status WHEN 'completed' THEN e.job_attempts + 1
-                                          WHEN 'dead_letter' THEN greatest(e.job_attempts, 1)
-                                          ELSE greatest(e.job_attempts + (e.dispatched_at IS NOT NULL)::integer, 1)
-                                          END,
-                            NULL::jsonb, NULL::text
-                     FROM conveyor.outbox_events e
-                     WHERE e.workspace_id = $9
-                       AND ((e.status IN ('completed', 'canceled') AND e.finished_at >= $1)
-                            OR (e.status = 'dead_letter' AND e.dead_lettered_at >= $1))
-                       AND CASE e.status WHEN 'completed' THEN 'completed' WHEN 'dead_letter' THEN 'failed'
-                                         ELSE 'canceled' END = ANY($4)
-                 ) x
-                 JOIN conveyor.outbox_events e ON e.id = x.job_id AND e.workspace_id = $9
-                 LEFT JOIN conveyor.operations o ON o.id = e.operation_id
-                 WHERE (x.at, x.seq, x.job_id) > ($1, $2, $3)
-                   AND e.status <> 'discarded'
-                   AND (cardinality($5::text[]) = 0 OR e.event_type = ANY($5))
-                   AND (cardinality($6::text[]) = 0 OR e.queue = ANY($6))
-                   AND ($7::uuid IS NULL OR e.id = $7)
-                 ORDER BY x.at, x.seq, x.job_id
-                 LIMIT $8"
-            )))
-            .bind(after.0)
-            .bind(after.1)
-            .bind(after.2)
-            .bind(&self.names)
-            .bind(&self.filter.kinds)
-            .bind(&self.filter.queues)
-            .bind(self.filter.job.map(|j| j.0))
-            .bind(PAGE)
-            .bind(self.workspace.0)
-            .fetch_all(&mut *tx)
-            .await?;
+            let rows = page(&mut tx, self.workspace, &self.filter, &self.names, after, PAGE).await?;
             tx.commit().await?;
             let full = rows.len() as i64 == PAGE;
             for row in rows {
@@ -398,16 +400,9 @@ impl JobEvents {
                 if !self.seen.insert((row.job.id, row.seq, row.at)) {
                     continue;
                 }
-                let Some(event) = JobEventType::from_name(&row.event) else { continue };
-                self.since = self.since.max(row.at);
-                self.ready.push_back(JobEvent {
-                    event,
-                    at: row.at,
-                    attempt: row.attempt.max(1) as u32,
-                    progress: row.event_progress,
-                    error: row.event_error,
-                    job: JobInfo::from(row.job),
-                });
+                let Some(event) = row.event() else { continue };
+                self.since = self.since.max(event.at);
+                self.ready.push_back(event);
             }
             let horizon = self.since - window;
             self.seen.retain(|(_, _, at)| *at >= horizon);
@@ -417,6 +412,65 @@ impl JobEvents {
             }
         }
     }
+}
+
+/// One page of `workspace`'s events that `filter` selects (its event names: `names`), after `after` (time, event id,
+/// job), in order. One statement, so that it sees a job's events up to a point, none after it missing.
+async fn page(
+    tx: &mut db::WorkspaceTx,
+    workspace: WorkspaceId,
+    filter: &EventFilter,
+    names: &[&'static str],
+    after: (DateTime<Utc>, i64, Uuid),
+    limit: i64,
+) -> Result<Vec<EventRow>, sqlx::Error> {
+    // An end is `seq` i64::MAX, after every recorded event of its time. The workspace is named, not left to
+    // row-level security alone: the owner of the single-role mode reads every workspace's rows.
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT x.seq, x.event, x.at, x.attempt, x.event_progress, x.event_error, {COLUMNS}
+         FROM (
+             SELECT v.id AS seq, v.job_id, v.event, v.at, v.attempt, v.progress AS event_progress,
+                    v.error AS event_error
+             FROM conveyor.job_events v
+             WHERE v.workspace_id = $9 AND v.at >= $1 AND v.event = ANY($4)
+             UNION ALL
+             SELECT 9223372036854775807, e.id,
+                    CASE e.status WHEN 'completed' THEN 'completed' WHEN 'dead_letter' THEN 'failed'
+                                  ELSE 'canceled' END,
+                    coalesce(e.finished_at, e.dead_lettered_at),
+                    CASE e.status WHEN 'completed' THEN e.job_attempts + 1
+                                  WHEN 'dead_letter' THEN greatest(e.job_attempts, 1)
+                                  ELSE greatest(e.job_attempts + (e.dispatched_at IS NOT NULL)::integer, 1)
+                                  END,
+                    NULL::jsonb, NULL::text
+             FROM conveyor.outbox_events e
+             WHERE e.workspace_id = $9
+               AND ((e.status IN ('completed', 'canceled') AND e.finished_at >= $1)
+                    OR (e.status = 'dead_letter' AND e.dead_lettered_at >= $1))
+               AND CASE e.status WHEN 'completed' THEN 'completed' WHEN 'dead_letter' THEN 'failed'
+                                 ELSE 'canceled' END = ANY($4)
+         ) x
+         JOIN conveyor.outbox_events e ON e.id = x.job_id AND e.workspace_id = $9
+         LEFT JOIN conveyor.operations o ON o.id = e.operation_id
+         WHERE (x.at, x.seq, x.job_id) > ($1, $2, $3)
+           AND e.status <> 'discarded'
+           AND (cardinality($5::text[]) = 0 OR e.event_type = ANY($5))
+           AND (cardinality($6::text[]) = 0 OR e.queue = ANY($6))
+           AND ($7::uuid IS NULL OR e.id = $7)
+         ORDER BY x.at, x.seq, x.job_id
+         LIMIT $8"
+    )))
+    .bind(after.0)
+    .bind(after.1)
+    .bind(after.2)
+    .bind(names)
+    .bind(&filter.kinds)
+    .bind(&filter.queues)
+    .bind(filter.job.map(|j| j.0))
+    .bind(limit)
+    .bind(workspace.0)
+    .fetch_all(&mut **tx)
+    .await
 }
 
 /// A subscription to the ends (succeeded, failed, canceled) of a workspace's jobs, from the moment it was made

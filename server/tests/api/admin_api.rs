@@ -166,6 +166,7 @@ async fn call(app: &TestApp, method: Method, path: &str, credential: Option<&str
     Response { status, headers, json }
 }
 
+#[derive(Debug)]
 struct Response {
     status: StatusCode,
     headers: reqwest::header::HeaderMap,
@@ -233,6 +234,7 @@ fn every_endpoint() -> Vec<(Method, String, Option<Value>)> {
         (Method::GET, "/schedules".into(), None),
         (Method::POST, format!("/schedules/{ws}/nightly/pause"), None),
         (Method::POST, format!("/schedules/{ws}/nightly/resume"), None),
+        (Method::GET, format!("/workspaces/{ws}/events"), None),
         (Method::GET, "/audit".into(), None),
     ]
 }
@@ -1801,4 +1803,144 @@ async fn a_jobs_deadline_is_shown_by_the_admin_api_and_its_page_and_an_expired_j
     let row = page.split(r#"id="deadline""#).nth(1).expect("a deadline row");
     let shown = format!(r#"><time datetime="{}">"#, deadline.to_rfc3339());
     assert!(row.starts_with(&shown), "the deadline is shown: {row:.120}");
+}
+
+/// A followed event stream of the admin API (Server-Sent Events), read frame by frame.
+struct Followed {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+/// One frame: its `event`, `id` and `data` fields (a comment frame has none).
+#[derive(Debug)]
+struct Frame {
+    event: Option<String>,
+    id: Option<String>,
+    data: Value,
+}
+
+impl Followed {
+    async fn open(app: &TestApp, path: &str, last_event: Option<&str>) -> Result<Self, Response> {
+        let url = format!("http://{}/admin/v1{path}", app.admin_addr);
+        let mut request = app.http.get(url).bearer_auth(ADMIN_TOKEN);
+        if let Some(id) = last_event {
+            request = request.header("last-event-id", id);
+        }
+        let response = request.send().await.unwrap();
+        if response.status() != StatusCode::OK {
+            let (status, headers) = (response.status(), response.headers().clone());
+            let json = serde_json::from_str(&response.text().await.unwrap()).unwrap_or(Value::Null);
+            return Err(Response { status, headers, json });
+        }
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        Ok(Self { response, buffer: String::new() })
+    }
+
+    /// The next frame that carries an event (comments skipped), within a minute.
+    async fn next(&mut self) -> Frame {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let frame: String = self.buffer.drain(..end + 2).collect();
+                let field =
+                    |name: &str| frame.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim_start().to_owned()));
+                let Some(event) = field("event:") else { continue };
+                let data = field("data:").map(|d| serde_json::from_str(&d).unwrap_or(Value::String(d)));
+                return Frame { event: Some(event), id: field("id:"), data: data.unwrap_or(Value::Null) };
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(60), self.response.chunk())
+                .await
+                .expect("an event within a minute")
+                .unwrap()
+                .expect("the stream stays open");
+            self.buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_operator_reads_and_follows_a_workspaces_job_events_resumes_them_and_is_audited() {
+    let app = TestApp::spawn().await;
+    let healed = Arc::new(AtomicBool::new(false));
+    let ws = principal().workspace_id;
+    let path = |query: &str| format!("/workspaces/{ws}/events?{query}");
+    let mut follow = Followed::open(&app, &path("follow=true&event=retrying,failed,completed"), None).await.unwrap();
+    let platform = Platform::start(&app, &healed).await;
+
+    // A job that fails every run: two retries, then a dead letter; and one that succeeds, of another workspace.
+    let flaky = enqueue(&app, ws, "flaky", EnqueueOptions::new()).await;
+    let other = principal().workspace_id;
+    let elsewhere = enqueue(&app, other, "ok", EnqueueOptions::new()).await;
+    let mut frames = Vec::new();
+    while frames.last().is_none_or(|f: &Frame| f.event.as_deref() != Some("failed")) {
+        frames.push(follow.next().await);
+    }
+    let names: Vec<&str> = frames.iter().map(|f| f.event.as_deref().unwrap()).collect();
+    assert_eq!(names, ["retrying", "retrying", "failed"], "{frames:?}");
+    for frame in &frames {
+        assert_eq!(frame.data["job"]["id"], json!(flaky.0), "only its workspace's jobs: {frame:?}");
+        assert_eq!(frame.data["event"], json!(frame.event), "{frame:?}");
+    }
+    assert_eq!(frames[0].data["attempt"], 1);
+    let error = frames[0].data["error"].as_str().unwrap();
+    assert!(error.contains("could not reach") && !error.contains("hunter2"), "redacted: {error}");
+    ended(&app, other, elsewhere).await;
+
+    // The same events, read as recorded; a page of one says more follow.
+    let read = op(&app, Method::GET, &path(&format!("job={}", flaky.0)), None).await.expect(StatusCode::OK);
+    let names: Vec<&str> = read["items"].as_array().unwrap().iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!((names.as_slice(), &read["more"]), (["retrying", "retrying", "failed"].as_slice(), &json!(false)));
+    let one = op(&app, Method::GET, &path("limit=1"), None).await.expect(StatusCode::OK);
+    assert_eq!((one["items"].as_array().unwrap().len(), &one["more"]), (1, &json!(true)));
+
+    // A client that reconnects with the last id it had hears again from that event on (at least once).
+    let resumed = frames[1].id.clone().expect("each event has an id");
+    let mut again = Followed::open(&app, &path("follow=true&event=retrying,failed"), Some(&resumed)).await.unwrap();
+    let (first, second) = (again.next().await, again.next().await);
+    assert_eq!((first.id.as_deref(), first.event.as_deref()), (Some(resumed.as_str()), Some("retrying")));
+    assert_eq!(second.event.as_deref(), Some("failed"));
+
+    // Bad parameters are refused by name; past four follows at once, a fifth waits its turn.
+    let bad = op(&app, Method::GET, &path("event=exploded"), None).await.problem(StatusCode::BAD_REQUEST);
+    assert_eq!(bad["parameter"], "event");
+    let bad = op(&app, Method::GET, &path("follow=maybe"), None).await.problem(StatusCode::BAD_REQUEST);
+    assert_eq!(bad["parameter"], "follow");
+    let mut open = vec![follow, again];
+    for _ in 0..2 {
+        open.push(Followed::open(&app, &path("follow=true"), None).await.unwrap());
+    }
+    let busy = Followed::open(&app, &path("follow=true"), None).await.err().expect("a fifth follow is refused");
+    assert_eq!(busy.headers["retry-after"], "5");
+    assert_eq!(busy.problem(StatusCode::SERVICE_UNAVAILABLE)["code"], "TOO_MANY_FOLLOWERS");
+    drop(open.pop());
+    let freed = common::eventually(Duration::from_secs(10), || async {
+        Followed::open(&app, &path("follow=true"), None).await.ok()
+    })
+    .await;
+    assert!(freed.is_some(), "a closed follow frees its place");
+
+    // Each read and each follow is on the audit trail, naming the workspace.
+    let mut owner = app.db.owner().await;
+    let audited: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT action, arguments FROM conveyor.conveyor_admin_audit
+         WHERE action IN ('job_events', 'follow_job_events') ORDER BY id",
+    )
+    .fetch_all(&mut owner)
+    .await
+    .unwrap();
+    let actions: Vec<&str> = audited.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(
+        actions,
+        [
+            "follow_job_events",
+            "job_events",
+            "job_events",
+            "follow_job_events",
+            "follow_job_events",
+            "follow_job_events",
+            "follow_job_events"
+        ],
+        "{audited:?}"
+    );
+    assert!(audited.iter().all(|(_, args)| args["workspace"] == json!(ws.0)), "{audited:?}");
+    platform.stop().await;
 }

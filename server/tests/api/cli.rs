@@ -130,6 +130,29 @@ async fn queues_and_jobs_show_cancel_and_retry_across_workspaces() {
     assert!(!again.status.success(), "a finished job cannot be canceled");
     assert!(text(&again.stderr).contains("cannot be canceled"), "{}", text(&again.stderr));
 
+    // Its workspace's events: the cancellation, read as recorded, as a table, and followed from before it.
+    let workspace = jobs[0]["workspace_id"].as_str().unwrap();
+    let out = conveyor(&["jobs", "events", "--workspace", workspace], &vars);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let events: Vec<Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!((events[0]["event"].as_str(), events[0]["job"]["id"].as_str()), (Some("canceled"), Some(id)));
+    let table = text(&conveyor(&["jobs", "events", "--workspace", workspace, "-o", "table"], &vars).stdout);
+    assert!(
+        table.starts_with("AT (UTC)") && table.lines().nth(1).unwrap().contains(&format!("canceled  {id}")),
+        "{table}"
+    );
+    let only_failed = conveyor(&["jobs", "events", "--workspace", workspace, "--event", "failed,retrying"], &vars);
+    assert!(only_failed.status.success() && only_failed.stdout.is_empty(), "{}", text(&only_failed.stdout));
+    let followed =
+        conveyor(&["jobs", "events", "--workspace", workspace, "--since", "1h", "--follow", "--count", "1"], &vars);
+    assert!(followed.status.success(), "{}", text(&followed.stderr));
+    let heard: Value = serde_json::from_slice(&followed.stdout).unwrap();
+    assert_eq!(heard["event"], "canceled", "following from an hour ago hears what happened since");
+    let refused = conveyor(&["jobs", "events", "--workspace", workspace, "--event", "exploded"], &vars);
+    assert!(!refused.status.success());
+    assert!(text(&refused.stderr).contains("one of active, progress"), "{}", text(&refused.stderr));
+
     let missing = uuid::Uuid::now_v7().to_string();
     let out = conveyor(&["jobs", "show", &missing], &vars);
     assert!(!out.status.success());

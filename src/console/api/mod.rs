@@ -22,6 +22,8 @@
 //! PUT    /workspaces/{id}/key-limits/{key}   body: max_in_flight, max_per_interval + interval_ms     DELETE the same
 //! PUT    /workspaces/{id}/kind-limits/{kind}   body: max_in_flight                                 DELETE the same
 //! GET    /schedules?workspace   POST /schedules/{workspace}/{name}/pause|resume
+//! GET    /workspaces/{id}/events?event&kind&queue&job&since&limit   a workspace's job events recorded so far
+//! GET    /workspaces/{id}/events?follow=true&event&kind&queue&job&since   the same, followed (Server-Sent Events)
 //! GET    /audit?limit
 //! ```
 //!
@@ -57,7 +59,8 @@ use self::problem::ApiError;
 use super::{CSRF_HEADER, Operator, Settings};
 use crate::{Actor, Admin, GlobalLimit, GlobalScope, PauseScope};
 use crate::{DeadLetterFilter, JobAction, JobFilter, OperationFilter, Replay};
-use crate::{JobId, WorkspaceId};
+use crate::{EventFilter, JobEventType, JobId, WorkspaceId};
+use axum::response::sse::{Event, Sse};
 
 type State = Arc<Settings>;
 
@@ -92,6 +95,7 @@ pub(super) fn router<S: Clone + Send + Sync + 'static>(settings: State) -> Route
         .route("/schedules", get(schedules))
         .route("/schedules/{workspace}/{name}/pause", post(pause_schedule))
         .route("/schedules/{workspace}/{name}/resume", post(resume_schedule))
+        .route("/workspaces/{workspace}/events", get(job_events))
         .route("/audit", get(audit))
         .fallback(|| async { ApiError::NotFound("route") })
         .with_state(settings)
@@ -609,6 +613,100 @@ async fn pause_schedule(op: Operating, Path((workspace, name)): Path<(String, St
 
 async fn resume_schedule(op: Operating, Path((workspace, name)): Path<(String, String)>) -> Answer {
     set_schedule_paused(op, &workspace, &name, false).await
+}
+
+/// The filter of an events call: `event` (names, comma-separated), `kind`, `queue`, `job`, `since` (or, following, the
+/// `Last-Event-ID` of a reconnecting client: the time of the last event it had).
+fn event_filter(p: &Params, last_event: Option<&str>) -> Result<EventFilter, ApiError> {
+    let mut filter = EventFilter::all();
+    if let Some(names) = p.text("event") {
+        let events = names
+            .split(',')
+            .map(|name| {
+                JobEventType::from_name(name.trim()).ok_or_else(|| ApiError::BadParameter {
+                    parameter: "event",
+                    detail: format!(
+                        "`{name}` is not an event (one of {})",
+                        JobEventType::ALL.map(JobEventType::as_str).join(", ")
+                    ),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        filter = filter.events(events);
+    }
+    if let Some(kind) = p.text("kind") {
+        filter = filter.kind(kind);
+    }
+    if let Some(queue) = p.text("queue") {
+        filter = filter.queue(queue);
+    }
+    if let Some(job) = p.uuid("job")? {
+        filter = filter.job(JobId(job));
+    }
+    let resumed = last_event.and_then(|id| DateTime::parse_from_rfc3339(id).ok()).map(|t| t.with_timezone(&Utc));
+    if let Some(since) = p.time("since")?.or(resumed) {
+        filter = filter.since(since);
+    }
+    Ok(filter)
+}
+
+/// Follows at once, at most, per console: each holds a PostgreSQL connection of the application pool.
+pub(super) const FOLLOWERS: usize = 4;
+
+/// How long a followed stream may stay silent: a comment then keeps proxies from closing it.
+const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
+
+async fn job_events(
+    op: Operating,
+    axum::extract::State(settings): axum::extract::State<State>,
+    Path(raw): Path<String>,
+    headers: axum::http::HeaderMap,
+    query: RawQuery,
+) -> Answer {
+    let workspace = WorkspaceId(id(&raw, "workspace")?);
+    let p = params(query, &["event", "kind", "queue", "job", "since", "limit", "follow"])?;
+    let follow = match p.text("follow").as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            let detail = format!("`{other}` is neither true nor false");
+            return Err(ApiError::BadParameter { parameter: "follow", detail });
+        }
+    };
+    let last_event = headers.get("last-event-id").and_then(|v| v.to_str().ok());
+    let filter = event_filter(&p, if follow { last_event } else { None })?;
+    if !follow {
+        let limit = p.limit("limit")?.unwrap_or(100);
+        let (events, more) = op.admin.job_events(&op.actor, workspace, &filter, limit).await?;
+        return ok(json!({ "items": events, "more": more }));
+    }
+    if p.text("limit").is_some() {
+        return Err(ApiError::BadParameter { parameter: "limit", detail: "a followed stream has no limit".into() });
+    }
+    let permit = settings.followers.clone().try_acquire_owned().map_err(|_| ApiError::Busy(FOLLOWERS))?;
+    let events = op.admin.follow_job_events(&op.actor, workspace, filter).await?;
+    // Each event as `event: <name>`, `id: <its time>` (a client that reconnects sends it back as `Last-Event-ID`, and
+    // hears again from there: at least once) and `data: <the event as JSON>`. A failure ends the stream with an
+    // `error` event; the client reconnects.
+    let stream = futures_util::stream::unfold(Some((events, permit)), |state| async move {
+        let (mut events, permit) = state?;
+        let sent = match tokio::time::timeout(KEEP_ALIVE, events.next()).await {
+            Err(_) => Event::default().comment("keep-alive"),
+            Ok(Ok(event)) => Event::default()
+                .event(event.event.as_str())
+                .id(event.at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+                .json_data(&event)
+                .unwrap_or_else(|_| Event::default().comment("an event that does not serialize")),
+            Ok(Err(e)) => {
+                let error = crate::redact(&e.to_string());
+                tracing::warn!(error = %error, "A followed event stream failed; ending it");
+                let sent = Event::default().event("error").data(format!("the events cannot be read now: {error}"));
+                return Some((Ok::<_, std::convert::Infallible>(sent), None));
+            }
+        };
+        Some((Ok(sent), Some((events, permit))))
+    });
+    Ok(Sse::new(stream).into_response())
 }
 
 async fn audit(op: Operating, query: RawQuery) -> Answer {

@@ -65,6 +65,9 @@ pub(crate) enum ApiError {
         /// A member naming another resource, and its value.
         named: Option<(&'static str, Value)>,
     },
+    /// As many event streams as a console follows at once are open ([`super::FOLLOWERS`]).
+    #[error("{0} event streams are followed already, the most at once: try again later")]
+    Busy(usize),
     /// PostgreSQL cannot be reached, or the operator role cannot connect.
     #[error("{0}")]
     Unavailable(&'static str, #[source] anyhow::Error),
@@ -114,7 +117,7 @@ impl ApiError {
         match self {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::CsrfRejected | Self::CrossSite(_) => StatusCode::FORBIDDEN,
-            Self::NotConfigured(_) | Self::Unavailable(..) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NotConfigured(_) | Self::Unavailable(..) | Self::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::BadParameter { .. } | Self::BadBody(_) | Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict { .. } => StatusCode::CONFLICT,
@@ -134,6 +137,7 @@ impl ApiError {
             Self::NotFound(_) => "NOT_FOUND",
             Self::Conflict { code, .. } => code,
             Self::Unavailable(..) => "SERVICE_UNAVAILABLE",
+            Self::Busy(_) => "TOO_MANY_FOLLOWERS",
             Self::Internal(_) => "INTERNAL",
         }
     }
@@ -176,6 +180,9 @@ impl IntoResponse for ApiError {
             }
             Self::Unavailable(..) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::Busy(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
             }
             _ => {}
         }
