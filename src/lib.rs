@@ -96,7 +96,9 @@ pub use migrate::migrate;
 pub use outbox::control::{
     CancelError, JobInfo, JobStatus, LogLine, WaitError, cancel_job, get_children, get_job, get_job_logs, wait_for_job,
 };
-pub use outbox::events::{EventFilter, JobEnds, JobEvent, JobEventType, JobEvents, subscribe, subscribe_events};
+pub use outbox::events::{
+    EventCursor, EventFilter, JobEnds, JobEvent, JobEventType, JobEvents, subscribe, subscribe_events,
+};
 pub use outbox::transitions::relay::Settled;
 pub use outbox::{
     ChangeError, ChildFailure, CleanJobs, DedupMode, EnqueueError, EnqueueOptions, Enqueued, EnqueuedFlow, Flow,

@@ -118,6 +118,7 @@ pub async fn connect_state(config: &Config, metrics: Metrics) -> anyhow::Result<
         uploads: Arc::new(tokio::sync::Semaphore::new(config.scenarios.media_max_concurrent_uploads)),
         redis_readiness: http::readiness::RedisGrace::new(config.ready_redis_grace),
         claim_hook: None,
+        streams: CancellationToken::new(),
     })
 }
 
@@ -142,8 +143,13 @@ pub async fn serve_api(state: AppState, listener: TcpListener, shutdown: Cancell
 
 /// Serves `/healthz`, `/readyz` and `/metrics` until `shutdown`.
 pub async fn serve_admin(state: AppState, listener: TcpListener, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let streams = state.streams.clone();
     axum::serve(listener, http::admin_router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .with_graceful_shutdown(async move {
+            shutdown.cancelled().await;
+            // Followed event streams never end on their own: ended here, so that their connections close.
+            streams.cancel();
+        })
         .await
         .context("Admin server failed")
 }

@@ -166,9 +166,11 @@ enum JobsCommand {
         /// Go on printing events as they happen, until interrupted (or --count of them).
         #[arg(long)]
         follow: bool,
-        /// How many: without --follow at most this many (1 to 1000, default 100; the next page's --since goes to
-        /// stderr), with it stop after this many.
-        #[arg(long)]
+        /// After this cursor: where the previous page ended (stderr names it: `more: --after …`).
+        #[arg(long, conflicts_with = "follow")]
+        after: Option<conveyor_jobs::EventCursor>,
+        /// How many (1 to 1000): without --follow at most this many (default 100), with it stop after this many.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
         count: Option<u32>,
         /// json (one object a line) or table.
         #[arg(short, long, value_enum, default_value = "json")]
@@ -266,7 +268,8 @@ const EVENT_COLUMNS: [&str; 7] = ["AT (UTC)", "EVENT", "JOB", "KIND", "QUEUE", "
 fn event_cells(e: &conveyor_jobs::JobEvent) -> [String; 7] {
     let detail = match (&e.progress, &e.error) {
         (Some(progress), _) => progress.to_string(),
-        (None, Some(error)) => error.clone(),
+        // One line a row, whatever the error says.
+        (None, Some(error)) => error.split_whitespace().collect::<Vec<_>>().join(" "),
         (None, None) => "-".to_owned(),
     };
     [
@@ -1172,7 +1175,7 @@ async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
             }
             None => anyhow::bail!("no job {id}"),
         },
-        JobsCommand::Events { workspace, event, kind, queue, job, since, follow, count, output } => {
+        JobsCommand::Events { workspace, event, kind, queue, job, since, after, follow, count, output } => {
             let mut filter = conveyor_jobs::EventFilter::all();
             if !event.is_empty() {
                 filter = filter.events(event);
@@ -1191,19 +1194,21 @@ async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
             }
             let workspace = conveyor_jobs::WorkspaceId(workspace);
             if !follow {
-                let (events, more) = admin.job_events(&actor, workspace, &filter, count.unwrap_or(100)).await?;
+                let (events, next) = admin.job_events(&actor, workspace, &filter, after, count.unwrap_or(100)).await?;
                 print_events(output, &events)?;
-                if let (true, Some(last)) = (more, events.last()) {
-                    eprintln!("more: --since {}", last.at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
+                if let Some(next) = next {
+                    eprintln!("more: --after {next}");
                 }
                 return Ok(());
             }
             let mut events = admin.follow_job_events(&actor, workspace, filter).await?;
             let mut printed = 0;
+            let interrupted = tokio::signal::ctrl_c();
+            tokio::pin!(interrupted);
             while count.is_none_or(|count| printed < count) {
                 let event = tokio::select! {
                     event = events.next() => event?,
-                    _ = tokio::signal::ctrl_c() => break,
+                    _ = &mut interrupted => break,
                 };
                 print_followed(output, &event, printed == 0)?;
                 printed += 1;

@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 use crate::ids::{JobId, WorkspaceId};
 use crate::outbox::control::JobStatus;
-use crate::outbox::events::{EventFilter, JobEvent, JobEvents};
+use crate::outbox::events::{EventCursor, EventFilter, JobEvent, JobEvents};
 use crate::stream::RedisClient;
 use crate::stream::keys::Keys;
 
@@ -448,29 +448,33 @@ impl Admin {
         jobs::detail(self, actor, id).await
     }
 
-    /// The events of `workspace`'s jobs that `filter` selects, recorded so far (from [`EventFilter::since`], or the
-    /// last hour: events other than ends are kept that long), oldest first, at most `limit` (1 to 1000); and whether
-    /// more follow (ask again from the last one's time). Read as the workspace's own processes read them, under its
-    /// row-level security; on the audit trail (`job_events`).
+    /// The events of `workspace`'s jobs that `filter` selects, recorded so far, oldest first, at most `limit` (1 to
+    /// 1000): after `after` (the previous page's end), or from [`EventFilter::since`], or the last hour (events other
+    /// than ends are kept that long); and, when more follow, where this page ended. Read as the application role in
+    /// that workspace (each statement names it); on the audit trail (`job_events`).
     pub async fn job_events(
         &self,
         actor: &Actor,
         workspace: WorkspaceId,
         filter: &EventFilter,
+        after: Option<EventCursor>,
         limit: u32,
-    ) -> Result<(Vec<JobEvent>, bool), AdminError> {
+    ) -> Result<(Vec<JobEvent>, Option<EventCursor>), AdminError> {
         if !(1..=1000).contains(&limit) {
             return Err(AdminError::Invalid(format!("limit must be 1 to 1000, not {limit}")));
         }
-        let arguments = serde_json::json!({ "workspace": workspace.0, "filter": filter.describe(), "limit": limit });
+        let arguments = serde_json::json!({
+            "workspace": workspace.0, "filter": filter.describe(), "after": after.map(|c| c.to_string()),
+            "limit": limit,
+        });
         audit::write(self, actor, "job_events", arguments).await?;
-        Ok(crate::outbox::events::recorded_events(&self.app, workspace, filter, limit).await?)
+        Ok(crate::outbox::events::recorded_events(&self.app, workspace, filter, after, limit).await?)
     }
 
     /// Follows the events of `workspace`'s jobs that `filter` selects, from now (or [`EventFilter::since`]), as the
     /// workspace's own processes hear them ([`crate::subscribe_events`]: a subscription that wants `active` makes the
-    /// workers record starts while it lives). Holds a connection of the application pool until dropped. On the audit
-    /// trail once, when it starts (`follow_job_events`).
+    /// workers record starts while it lives). Holds a connection of the application pool (the host's, which an API
+    /// shares with its requests) until dropped. On the audit trail once, when it starts (`follow_job_events`).
     pub async fn follow_job_events(
         &self,
         actor: &Actor,

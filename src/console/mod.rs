@@ -136,6 +136,8 @@ struct Settings {
     stalled_after: std::time::Duration,
     /// The event streams followed at once ([`api::FOLLOWERS`]).
     followers: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Ends every followed event stream ([`Console::end_streams_on`]).
+    streams: tokio_util::sync::CancellationToken,
 }
 
 impl Console {
@@ -153,8 +155,9 @@ impl Console {
     fn with(admin: Option<Admin>, unavailable: String) -> Self {
         let stalled_after = crate::WorkerSettings::default().visibility;
         let followers = std::sync::Arc::new(tokio::sync::Semaphore::new(api::FOLLOWERS));
-        let settings =
-            Settings { admin, unavailable, login: None, logout: None, trace_url: None, stalled_after, followers };
+        let streams = tokio_util::sync::CancellationToken::new();
+        let (login, logout, trace_url) = (None, None, None);
+        let settings = Settings { admin, unavailable, login, logout, trace_url, stalled_after, followers, streams };
         Self { settings: Arc::new(settings) }
     }
 
@@ -193,6 +196,14 @@ impl Console {
     /// its entries over (a live worker's heartbeat touches its entries, and so its idle time, three times within it).
     pub fn stalled_after(mut self, after: std::time::Duration) -> Self {
         self.settings_mut().stalled_after = after;
+        self
+    }
+
+    /// Ends the followed event streams of the admin API (`GET /workspaces/{id}/events?follow=true`) when `token` is
+    /// canceled. A host's graceful shutdown waits for every connection to close, and a followed stream never ends on
+    /// its own: cancel this token as the shutdown begins.
+    pub fn end_streams_on(mut self, token: tokio_util::sync::CancellationToken) -> Self {
+        self.settings_mut().streams = token;
         self
     }
 

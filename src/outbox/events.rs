@@ -320,28 +320,68 @@ impl EventRow {
     }
 }
 
-/// The events of `workspace`'s jobs that `filter` selects recorded so far, from [`EventFilter::since`] (an hour ago
-/// without it: events other than ends are kept that long), oldest first, at most `limit`; and whether more follow
-/// (the next page starts at the last one's time). No subscription: nothing is registered, nothing listened to.
+/// Where a page of recorded events ended ([`crate::Admin::job_events`]): the next page starts after it. Written as
+/// text (`Display`, `FromStr`) for a caller to hand back: the event's time, its order among events of that time, its
+/// job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventCursor {
+    at: DateTime<Utc>,
+    seq: i64,
+    job: Uuid,
+}
+
+impl std::fmt::Display for EventCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = self.at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        write!(f, "{at}~{}~{}", self.seq, self.job)
+    }
+}
+
+impl std::str::FromStr for EventCursor {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, String> {
+        let bad = || format!("`{raw}` is not a cursor of events (a page's `next`)");
+        let mut parts = raw.split('~');
+        let (Some(at), Some(seq), Some(job), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+            return Err(bad());
+        };
+        Ok(Self {
+            at: DateTime::parse_from_rfc3339(at).map_err(|_| bad())?.with_timezone(&Utc),
+            seq: seq.parse().map_err(|_| bad())?,
+            job: job.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// The events of `workspace`'s jobs that `filter` selects recorded so far, oldest first, at most `limit`: after
+/// `after` (a previous page's end), or from [`EventFilter::since`] (an hour ago without it: events other than ends are
+/// kept that long); and, when more follow, where this page ended. No subscription: nothing is registered, nothing
+/// listened to.
 pub(crate) async fn recorded_events(
     pool: &PgPool,
     workspace: WorkspaceId,
     filter: &EventFilter,
+    after: Option<EventCursor>,
     limit: u32,
-) -> Result<(Vec<JobEvent>, bool), sqlx::Error> {
+) -> Result<(Vec<JobEvent>, Option<EventCursor>), sqlx::Error> {
     let mut tx = db::begin_workspace(pool, workspace).await?;
-    let since = match filter.since {
-        Some(since) => since,
-        None => sqlx::query_scalar("SELECT now() - interval '1 hour'").fetch_one(&mut *tx).await?,
+    let start = match (after, filter.since) {
+        (Some(c), _) => (c.at, c.seq, c.job),
+        (None, Some(since)) => (since, -1, Uuid::nil()),
+        (None, None) => {
+            (sqlx::query_scalar("SELECT now() - interval '1 hour'").fetch_one(&mut *tx).await?, -1, Uuid::nil())
+        }
     };
     let names = filter.names();
     let limit = i64::from(limit);
     // One more than asked, to tell whether more follow.
-    let mut rows = page(&mut tx, workspace, filter, &names, (since, -1, Uuid::nil()), limit + 1).await?;
+    let mut rows = page(&mut tx, workspace, filter, &names, start, limit + 1).await?;
     tx.commit().await?;
     let more = rows.len() as i64 > limit;
     rows.truncate(limit as usize);
-    Ok((rows.into_iter().filter_map(EventRow::event).collect(), more))
+    let next = rows.last().filter(|_| more).map(|r| EventCursor { at: r.at, seq: r.seq, job: r.job.id });
+    Ok((rows.into_iter().filter_map(EventRow::event).collect(), next))
 }
 
 impl JobEvents {

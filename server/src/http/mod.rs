@@ -79,6 +79,9 @@ pub struct Shared {
     pub redis_readiness: readiness::RedisGrace,
     /// Test hook run right after an idempotency key is claimed; `None` in production.
     pub claim_hook: Option<idempotent::ClaimHook>,
+    /// Canceled when the admin listener shuts down: ends the operators' followed event streams, whose connections
+    /// would otherwise hold the graceful shutdown open.
+    pub streams: tokio_util::sync::CancellationToken,
 }
 
 /// Cheap-to-clone handle on [`Shared`].

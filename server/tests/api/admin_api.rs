@@ -1536,6 +1536,7 @@ const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("GET", "/schedules"),
     ("POST", "/schedules/00000000-0000-0000-0000-000000000001/s/pause"),
     ("POST", "/schedules/00000000-0000-0000-0000-000000000001/s/resume"),
+    ("GET", "/workspaces/00000000-0000-0000-0000-000000000001/events"),
     ("GET", "/audit"),
 ];
 
@@ -1885,16 +1886,29 @@ async fn an_operator_reads_and_follows_a_workspaces_job_events_resumes_them_and_
     assert!(error.contains("could not reach") && !error.contains("hunter2"), "redacted: {error}");
     ended(&app, other, elsewhere).await;
 
-    // The same events, read as recorded; a page of one says more follow.
+    // The same events, read as recorded: in one page, or a page of one at a time, each naming where the next starts.
     let read = op(&app, Method::GET, &path(&format!("job={}", flaky.0)), None).await.expect(StatusCode::OK);
     let names: Vec<&str> = read["items"].as_array().unwrap().iter().map(|e| e["event"].as_str().unwrap()).collect();
-    assert_eq!((names.as_slice(), &read["more"]), (["retrying", "retrying", "failed"].as_slice(), &json!(false)));
-    let one = op(&app, Method::GET, &path("limit=1"), None).await.expect(StatusCode::OK);
-    assert_eq!((one["items"].as_array().unwrap().len(), &one["more"]), (1, &json!(true)));
+    assert_eq!((names.as_slice(), &read["next"]), (["retrying", "retrying", "failed"].as_slice(), &Value::Null));
+    let (mut paged, mut after) = (Vec::new(), String::new());
+    loop {
+        let query = format!("job={}&limit=1{after}", flaky.0);
+        let page = op(&app, Method::GET, &path(&query), None).await.expect(StatusCode::OK);
+        paged.extend(page["items"].as_array().unwrap().iter().map(|e| (e["event"].clone(), e["at"].clone())));
+        match page["next"].as_str() {
+            Some(next) => after = format!("&after={}", urlencode(next)),
+            None => break,
+        }
+    }
+    let whole: Vec<(Value, Value)> =
+        read["items"].as_array().unwrap().iter().map(|e| (e["event"].clone(), e["at"].clone())).collect();
+    assert_eq!(paged, whole, "pages of one hold each event once, in order");
 
-    // A client that reconnects with the last id it had hears again from that event on (at least once).
+    // A client that reconnects with the last id it had hears again from that event on (at least once), even where
+    // its address says `since`.
     let resumed = frames[1].id.clone().expect("each event has an id");
-    let mut again = Followed::open(&app, &path("follow=true&event=retrying,failed"), Some(&resumed)).await.unwrap();
+    let from_start = path("follow=true&event=retrying,failed&since=2000-01-01T00:00:00Z");
+    let mut again = Followed::open(&app, &from_start, Some(&resumed)).await.unwrap();
     let (first, second) = (again.next().await, again.next().await);
     assert_eq!((first.id.as_deref(), first.event.as_deref()), (Some(resumed.as_str()), Some("retrying")));
     assert_eq!(second.event.as_deref(), Some("failed"));
@@ -1904,6 +1918,12 @@ async fn an_operator_reads_and_follows_a_workspaces_job_events_resumes_them_and_
     assert_eq!(bad["parameter"], "event");
     let bad = op(&app, Method::GET, &path("follow=maybe"), None).await.problem(StatusCode::BAD_REQUEST);
     assert_eq!(bad["parameter"], "follow");
+    let bad = op(&app, Method::GET, &path("after=yesterday"), None).await.problem(StatusCode::BAD_REQUEST);
+    assert_eq!(bad["parameter"], "after");
+    let bad = op(&app, Method::GET, &path("follow=true&limit=5"), None).await.problem(StatusCode::BAD_REQUEST);
+    assert_eq!(bad["parameter"], "limit");
+    let bad = Followed::open(&app, &path("follow=true"), Some("not a time")).await.err().unwrap();
+    assert_eq!(bad.problem(StatusCode::BAD_REQUEST)["parameter"], "Last-Event-ID");
     let mut open = vec![follow, again];
     for _ in 0..2 {
         open.push(Followed::open(&app, &path("follow=true"), None).await.unwrap());
@@ -1928,19 +1948,22 @@ async fn an_operator_reads_and_follows_a_workspaces_job_events_resumes_them_and_
     .await
     .unwrap();
     let actions: Vec<&str> = audited.iter().map(|(a, _)| a.as_str()).collect();
-    assert_eq!(
-        actions,
-        [
-            "follow_job_events",
-            "job_events",
-            "job_events",
-            "follow_job_events",
-            "follow_job_events",
-            "follow_job_events",
-            "follow_job_events"
-        ],
-        "{audited:?}"
-    );
+    // The first follow, the whole read and three pages of one, then four more follows (refusals are not audited).
+    let expected = [&["follow_job_events"][..], &["job_events"; 4], &["follow_job_events"; 4]].concat();
+    assert_eq!(actions, expected, "{audited:?}");
     assert!(audited.iter().all(|(_, args)| args["workspace"] == json!(ws.0)), "{audited:?}");
     platform.stop().await;
+
+    // The host's shutdown ends every followed stream (its graceful shutdown waits for their connections).
+    let mut last = freed.unwrap();
+    app.shutdown.cancel();
+    let end = last.next().await;
+    assert_eq!(end.event.as_deref(), Some("end"), "{end:?}");
+    let closed = tokio::time::timeout(Duration::from_secs(10), last.response.chunk()).await.expect("it closes");
+    assert!(closed.unwrap().is_none(), "the stream ended");
+}
+
+/// A cursor or time as a query value.
+fn urlencode(raw: &str) -> String {
+    raw.replace('+', "%2B").replace(':', "%3A")
 }

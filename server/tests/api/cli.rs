@@ -19,6 +19,35 @@ fn conveyor(args: &[&str], vars: &HashMap<String, String>) -> Output {
         .expect("run conveyor")
 }
 
+/// Runs `conveyor` with `args`, and `meanwhile` (if any) a second after it started; its standard output once it exits,
+/// successfully, within 60 s (killed and failed otherwise).
+fn conveyor_within(args: &[&str], vars: &HashMap<String, String>, meanwhile: Option<&dyn Fn()>) -> String {
+    let mut child = Command::new(common::conveyor_bin())
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(vars)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run conveyor");
+    if let Some(meanwhile) = meanwhile {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        meanwhile();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("conveyor {args:?} did not end within 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "conveyor {args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -144,14 +173,27 @@ async fn queues_and_jobs_show_cancel_and_retry_across_workspaces() {
     );
     let only_failed = conveyor(&["jobs", "events", "--workspace", workspace, "--event", "failed,retrying"], &vars);
     assert!(only_failed.status.success() && only_failed.stdout.is_empty(), "{}", text(&only_failed.stdout));
-    let followed =
-        conveyor(&["jobs", "events", "--workspace", workspace, "--since", "1h", "--follow", "--count", "1"], &vars);
-    assert!(followed.status.success(), "{}", text(&followed.stderr));
-    let heard: Value = serde_json::from_slice(&followed.stdout).unwrap();
+    let followed = conveyor_within(
+        &["jobs", "events", "--workspace", workspace, "--since", "1h", "--follow", "--count", "1"],
+        &vars,
+        None,
+    );
+    let heard: Value = serde_json::from_str(&followed).unwrap();
     assert_eq!(heard["event"], "canceled", "following from an hour ago hears what happened since");
     let refused = conveyor(&["jobs", "events", "--workspace", workspace, "--event", "exploded"], &vars);
     assert!(!refused.status.success());
     assert!(text(&refused.stderr).contains("one of active, progress"), "{}", text(&refused.stderr));
+    let refused = conveyor(&["jobs", "events", "--workspace", workspace, "--count", "0"], &vars);
+    assert!(!refused.status.success(), "a count of none is refused");
+
+    // Followed from now: the other workspace's job, canceled while the command follows, is heard as it happens.
+    let (other, other_workspace) = (jobs[1]["id"].as_str().unwrap(), jobs[1]["workspace_id"].as_str().unwrap());
+    let live = conveyor_within(
+        &["jobs", "events", "--workspace", other_workspace, "--follow", "--count", "1", "-o", "table"],
+        &vars,
+        Some(&|| assert!(conveyor(&["jobs", "cancel", other], &vars).status.success())),
+    );
+    assert!(live.starts_with("AT (UTC)") && live.lines().nth(1).unwrap().contains(other), "{live}");
 
     let missing = uuid::Uuid::now_v7().to_string();
     let out = conveyor(&["jobs", "show", &missing], &vars);

@@ -22,7 +22,7 @@
 //! PUT    /workspaces/{id}/key-limits/{key}   body: max_in_flight, max_per_interval + interval_ms     DELETE the same
 //! PUT    /workspaces/{id}/kind-limits/{kind}   body: max_in_flight                                 DELETE the same
 //! GET    /schedules?workspace   POST /schedules/{workspace}/{name}/pause|resume
-//! GET    /workspaces/{id}/events?event&kind&queue&job&since&limit   a workspace's job events recorded so far
+//! GET    /workspaces/{id}/events?event&kind&queue&job&since&after&limit   a workspace's job events recorded so far
 //! GET    /workspaces/{id}/events?follow=true&event&kind&queue&job&since   the same, followed (Server-Sent Events)
 //! GET    /audit?limit
 //! ```
@@ -615,9 +615,9 @@ async fn resume_schedule(op: Operating, Path((workspace, name)): Path<(String, S
     set_schedule_paused(op, &workspace, &name, false).await
 }
 
-/// The filter of an events call: `event` (names, comma-separated), `kind`, `queue`, `job`, `since` (or, following, the
-/// `Last-Event-ID` of a reconnecting client: the time of the last event it had).
-fn event_filter(p: &Params, last_event: Option<&str>) -> Result<EventFilter, ApiError> {
+/// The filter of an events call: `event` (names, comma-separated), `kind`, `queue`, `job`, and from when: `resumed`
+/// (a reconnecting client's `Last-Event-ID`) before `since`.
+fn event_filter(p: &Params, resumed: Option<DateTime<Utc>>) -> Result<EventFilter, ApiError> {
     let mut filter = EventFilter::all();
     if let Some(names) = p.text("event") {
         let events = names
@@ -643,18 +643,21 @@ fn event_filter(p: &Params, last_event: Option<&str>) -> Result<EventFilter, Api
     if let Some(job) = p.uuid("job")? {
         filter = filter.job(JobId(job));
     }
-    let resumed = last_event.and_then(|id| DateTime::parse_from_rfc3339(id).ok()).map(|t| t.with_timezone(&Utc));
-    if let Some(since) = p.time("since")?.or(resumed) {
-        filter = filter.since(since);
+    let since = p.time("since")?;
+    if let Some(from) = resumed.or(since) {
+        filter = filter.since(from);
     }
     Ok(filter)
 }
 
-/// Follows at once, at most, per console: each holds a PostgreSQL connection of the application pool.
+/// Follows at once, at most, per console: each holds a PostgreSQL connection of the host's application pool.
 pub(super) const FOLLOWERS: usize = 4;
 
 /// How long a followed stream may stay silent: a comment then keeps proxies from closing it.
 const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// How long a followed stream lasts: then it ends, and a client that reconnects is authenticated (and audited) again.
+const FOLLOW_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
 
 async fn job_events(
     op: Operating,
@@ -664,7 +667,7 @@ async fn job_events(
     query: RawQuery,
 ) -> Answer {
     let workspace = WorkspaceId(id(&raw, "workspace")?);
-    let p = params(query, &["event", "kind", "queue", "job", "since", "limit", "follow"])?;
+    let p = params(query, &["event", "kind", "queue", "job", "since", "after", "limit", "follow"])?;
     let follow = match p.text("follow").as_deref() {
         None | Some("false") => false,
         Some("true") => true,
@@ -673,38 +676,70 @@ async fn job_events(
             return Err(ApiError::BadParameter { parameter: "follow", detail });
         }
     };
-    let last_event = headers.get("last-event-id").and_then(|v| v.to_str().ok());
-    let filter = event_filter(&p, if follow { last_event } else { None })?;
     if !follow {
+        let filter = event_filter(&p, None)?;
+        let after = p
+            .text("after")
+            .map(|raw| raw.parse().map_err(|detail| ApiError::BadParameter { parameter: "after", detail }))
+            .transpose()?;
         let limit = p.limit("limit")?.unwrap_or(100);
-        let (events, more) = op.admin.job_events(&op.actor, workspace, &filter, limit).await?;
-        return ok(json!({ "items": events, "more": more }));
+        let (events, next) = op.admin.job_events(&op.actor, workspace, &filter, after, limit).await?;
+        return ok(json!({ "items": events, "next": next.map(|c| c.to_string()) }));
     }
-    if p.text("limit").is_some() {
-        return Err(ApiError::BadParameter { parameter: "limit", detail: "a followed stream has no limit".into() });
+    for unfit in ["limit", "after"] {
+        if p.text(unfit).is_some() {
+            let detail = "a followed stream takes `since` (or `Last-Event-ID`) instead".to_owned();
+            return Err(ApiError::BadParameter { parameter: unfit, detail });
+        }
     }
+    // A reconnecting client (an `EventSource`, to the same address) resumes from the last event it had, even where
+    // the address says `since`.
+    let resumed = match headers.get("last-event-id") {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|id| DateTime::parse_from_rfc3339(id).ok())
+                .map(|t| t.with_timezone(&Utc))
+                .ok_or_else(|| ApiError::BadParameter {
+                    parameter: "Last-Event-ID",
+                    detail: "not an event's id (its time, RFC 3339)".into(),
+                })?,
+        ),
+    };
+    let filter = event_filter(&p, resumed)?;
     let permit = settings.followers.clone().try_acquire_owned().map_err(|_| ApiError::Busy(FOLLOWERS))?;
     let events = op.admin.follow_job_events(&op.actor, workspace, filter).await?;
+    let (ending, until) = (settings.streams.clone(), tokio::time::Instant::now() + FOLLOW_FOR);
     // Each event as `event: <name>`, `id: <its time>` (a client that reconnects sends it back as `Last-Event-ID`, and
     // hears again from there: at least once) and `data: <the event as JSON>`. A failure ends the stream with an
-    // `error` event; the client reconnects.
-    let stream = futures_util::stream::unfold(Some((events, permit)), |state| async move {
-        let (mut events, permit) = state?;
-        let sent = match tokio::time::timeout(KEEP_ALIVE, events.next()).await {
-            Err(_) => Event::default().comment("keep-alive"),
-            Ok(Ok(event)) => Event::default()
-                .event(event.event.as_str())
-                .id(event.at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
-                .json_data(&event)
-                .unwrap_or_else(|_| Event::default().comment("an event that does not serialize")),
-            Ok(Err(e)) => {
-                let error = crate::redact(&e.to_string());
-                tracing::warn!(error = %error, "A followed event stream failed; ending it");
-                let sent = Event::default().event("error").data(format!("the events cannot be read now: {error}"));
-                return Some((Ok::<_, std::convert::Infallible>(sent), None));
-            }
-        };
-        Some((Ok(sent), Some((events, permit))))
+    // `error` event, and so do the host's shutdown and the stream's hour; the client reconnects.
+    let stream = futures_util::stream::unfold(Some((events, permit)), move |state| {
+        let ending = ending.clone();
+        async move {
+            let (mut events, permit) = state?;
+            let end = |why: String| Some((Ok(Event::default().event("end").data(why)), None));
+            let sent = tokio::select! {
+                _ = ending.cancelled() => return end("the server is shutting down: reconnect".into()),
+                _ = tokio::time::sleep_until(until) => return end("the stream's hour is over: reconnect".into()),
+                next = tokio::time::timeout(KEEP_ALIVE, events.next()) => match next {
+                    Err(_) => Event::default().comment("keep-alive"),
+                    Ok(Ok(event)) => Event::default()
+                        .event(event.event.as_str())
+                        .id(event.at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+                        .json_data(&event)
+                        .unwrap_or_else(|_| Event::default().comment("an event that does not serialize")),
+                    Ok(Err(e)) => {
+                        let error = crate::redact(&e.to_string());
+                        tracing::warn!(error = %error, "A followed event stream failed; ending it");
+                        let sent = Event::default().event("error").data(format!("the events cannot be read now: {error}"));
+                        return Some((Ok::<_, std::convert::Infallible>(sent), None));
+                    }
+                },
+            };
+            Some((Ok(sent), Some((events, permit))))
+        }
     });
     Ok(Sse::new(stream).into_response())
 }

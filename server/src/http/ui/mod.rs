@@ -37,7 +37,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
     }
     .login_path("/ui/login")
     .logout_path("/ui/logout")
-    .stalled_after(state.worker_visibility);
+    .stalled_after(state.worker_visibility)
+    .end_streams_on(state.streams.clone());
     if let Some(url) = &state.trace_url {
         console =
             console.trace_url(url.clone()).expect("CONVEYOR_TRACE_URL was checked when the configuration was read");
