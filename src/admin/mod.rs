@@ -119,6 +119,8 @@ pub struct QueueMinute {
     pub done: u64,
     /// Jobs dead-lettered in it.
     pub failed: u64,
+    /// Jobs canceled in it as expired: not started by their deadline ([`crate::EnqueueOptions::start_within`]).
+    pub expired: u64,
     /// Due jobs waiting for the relay, the most a pass of the minute saw; `None` when no pass looked.
     pub backlog: Option<u64>,
     /// Of the jobs that ended in it, how long each had waited from due to hand-off, 95th percentile in ms.

@@ -39,19 +39,21 @@ struct GroupInfo {
 }
 
 /// A minute as the operator's functions answer it, and with its queue.
-type MinuteRow = (DateTime<Utc>, i64, i64, Option<i64>, Option<f64>);
-type QueueMinuteRow = (String, DateTime<Utc>, i64, i64, Option<i64>, Option<f64>);
+type MinuteRow = (DateTime<Utc>, i64, i64, i64, Option<i64>, Option<f64>);
+type QueueMinuteRow = (String, DateTime<Utc>, i64, i64, i64, Option<i64>, Option<f64>);
 
-fn minute((minute, done, failed, backlog, wait_p95_ms): MinuteRow) -> QueueMinute {
+fn minute((minute, done, failed, expired, backlog, wait_p95_ms): MinuteRow) -> QueueMinute {
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    QueueMinute { minute, done: count(done), failed: count(failed), backlog: backlog.map(count), wait_p95_ms }
+    let (done, failed, expired) = (count(done), count(failed), count(expired));
+    QueueMinute { minute, done, failed, expired, backlog: backlog.map(count), wait_p95_ms }
 }
 
 /// The last hour of `name`, minute by minute.
 pub(super) async fn minutes(admin: &Admin, actor: &Actor, name: &str) -> Result<Vec<QueueMinute>, AdminError> {
     filters::queue(Some(name))?;
     let rows: Vec<MinuteRow> = sqlx::query_as(
-        "SELECT minute, done, failed, backlog, wait_p95_ms FROM conveyor.conveyor_admin_queue_minutes($1, $2)",
+        "SELECT minute, done, failed, expired, backlog, wait_p95_ms
+         FROM conveyor.conveyor_admin_queue_minutes_v2($1, $2)",
     )
     .bind(filters::actor(actor)?)
     .bind(name)
@@ -66,14 +68,15 @@ pub(super) async fn every_minutes(
     actor: &Actor,
 ) -> Result<std::collections::BTreeMap<String, Vec<QueueMinute>>, AdminError> {
     let rows: Vec<QueueMinuteRow> = sqlx::query_as(
-        "SELECT queue, minute, done, failed, backlog, wait_p95_ms FROM conveyor.conveyor_admin_queues_minutes($1)",
+        "SELECT queue, minute, done, failed, expired, backlog, wait_p95_ms
+         FROM conveyor.conveyor_admin_queues_minutes_v2($1)",
     )
     .bind(filters::actor(actor)?)
     .fetch_all(&admin.operator)
     .await?;
     let mut queues = std::collections::BTreeMap::<String, Vec<QueueMinute>>::new();
-    for (queue, at, done, failed, backlog, wait) in rows {
-        queues.entry(queue).or_default().push(minute((at, done, failed, backlog, wait)));
+    for (queue, at, done, failed, expired, backlog, wait) in rows {
+        queues.entry(queue).or_default().push(minute((at, done, failed, expired, backlog, wait)));
     }
     Ok(queues)
 }

@@ -1792,7 +1792,7 @@ async fn a_jobs_deadline_is_shown_by_the_admin_api_and_its_page_and_an_expired_j
     let cookie = crate::ui::login(&app, ADMIN_TOKEN).await.expect("a UI session");
     let page = reqwest::Client::new()
         .get(format!("http://{}/ui/jobs/{}", app.admin_addr, within.0))
-        .header("cookie", cookie)
+        .header("cookie", cookie.clone())
         .send()
         .await
         .unwrap()
@@ -1804,6 +1804,28 @@ async fn a_jobs_deadline_is_shown_by_the_admin_api_and_its_page_and_an_expired_j
     let row = page.split(r#"id="deadline""#).nth(1).expect("a deadline row");
     let shown = format!(r#"><time datetime="{}">"#, deadline.to_rfc3339());
     assert!(row.starts_with(&shown), "the deadline is shown: {row:.120}");
+
+    // The queue's minutes count the expiry, and not a job with a deadline that an operator canceled.
+    let kept = enqueue(&app, ws, "ok", EnqueueOptions::new().start_within(Duration::from_secs(3600))).await;
+    op(&app, Method::POST, &format!("/jobs/{}/cancel", kept.0), None).await.expect(StatusCode::OK);
+    maintenance.run_once().await.unwrap();
+    let minutes = op(&app, Method::GET, "/queues/chores/minutes", None).await.expect(StatusCode::OK);
+    let minutes = minutes.as_array().unwrap();
+    let sum = |field: &str| minutes.iter().map(|m| m[field].as_u64().unwrap()).sum::<u64>();
+    assert_eq!((sum("expired"), sum("done"), sum("failed")), (1, 0, 0), "{minutes:?}");
+    let ui = |path: &'static str| {
+        let cookie = cookie.clone();
+        let url = format!("http://{}{path}", app.admin_addr);
+        async move {
+            let page = reqwest::Client::new().get(url).header("cookie", cookie).send().await.unwrap();
+            page.text().await.unwrap()
+        }
+    };
+    let queue = ui("/ui/queues/chores").await;
+    assert_eq!(queue.matches(r#"<rect class="expired""#).count(), 1, "{queue}");
+    assert!(queue.contains("1 expired</title>"), "{queue}");
+    let overview = ui("/ui").await;
+    assert!(overview.contains("0 done, 0 failed, 1 expired, busiest minute 1"), "{overview}");
 }
 
 /// A followed event stream of the admin API (Server-Sent Events), read frame by frame.

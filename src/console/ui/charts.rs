@@ -1,4 +1,5 @@
-//! A queue's last hour drawn on the server, as inline SVG (no script): jobs done and failed per minute as stacked bars,
+//! A queue's last hour drawn on the server, as inline SVG (no script): jobs done, failed and expired per minute as
+//! stacked bars,
 //! the due backlog and the 95th percentile of the wait as lines; in a table cell, the same three as sparklines. Each chart says its scale (the largest value) and its
 //! time axis (an hour ago to now, in UTC); every bar and point carries a `<title>` with its minute and value, which a
 //! browser shows on hover.
@@ -17,13 +18,14 @@ const AXIS: f64 = 20.0;
 pub(super) fn queue_charts(minutes: &[QueueMinute]) -> Markup {
     let done: Vec<f64> = minutes.iter().map(|m| m.done as f64).collect();
     let failed: Vec<f64> = minutes.iter().map(|m| m.failed as f64).collect();
+    let expired: Vec<f64> = minutes.iter().map(|m| m.expired as f64).collect();
     let (backlog, wait) = (backlog(minutes), wait(minutes));
     let label = |i: usize| minutes.get(i).map(|m| m.minute.format("%H:%M UTC").to_string()).unwrap_or_default();
     html! {
         div.charts #charts {
             div.card.chart data-chart="throughput" {
-                h3 { "Done and failed per minute" }
-                (bars(&done, &failed, &label))
+                h3 { "Done, failed and expired per minute" }
+                (bars(&done, &failed, &expired, &label))
             }
             div.card.chart data-chart="backlog" {
                 h3 { "Backlog (due, not yet handed out)" }
@@ -55,9 +57,11 @@ const SPARK_HEIGHT: f64 = 24.0;
 /// tooltip say the hour's totals and its busiest minute.
 pub(super) fn sparkline(minutes: &[QueueMinute]) -> Markup {
     let n = minutes.len().max(1) as f64;
-    let max = minutes.iter().map(|m| m.done + m.failed).max().unwrap_or(0) as f64;
-    let (done, failed) = minutes.iter().fold((0, 0), |(d, f), m| (d + m.done, f + m.failed));
-    let summary = format!("last hour: {done} done, {failed} failed, busiest minute {}", format_value(max));
+    let max = minutes.iter().map(|m| m.done + m.failed + m.expired).max().unwrap_or(0) as f64;
+    let (done, failed, expired) =
+        minutes.iter().fold((0, 0, 0), |(d, f, x), m| (d + m.done, f + m.failed, x + m.expired));
+    let summary =
+        format!("last hour: {done} done, {failed} failed, {expired} expired, busiest minute {}", format_value(max));
     // At least one pixel high, so that a minute of one job beside a busy one still shows.
     let y = |v: f64| if max > 0.0 && v > 0.0 { (v / max * SPARK_HEIGHT).max(1.0) } else { 0.0 };
     let slot = SPARK_WIDTH / n;
@@ -67,7 +71,7 @@ pub(super) fn sparkline(minutes: &[QueueMinute]) -> Markup {
             title { (summary) }
             line.base x1="0" y1=(SPARK_HEIGHT - 0.5) x2=(SPARK_WIDTH) y2=(SPARK_HEIGHT - 0.5) {}
             @for (i, m) in minutes.iter().enumerate() {
-                @let (d, f) = (y(m.done as f64), y(m.failed as f64));
+                @let (d, f, x) = (y(m.done as f64), y(m.failed as f64), y(m.expired as f64));
                 @if d > 0.0 {
                     rect.done x=(format!("{:.1}", i as f64 * slot)) y=(format!("{:.1}", SPARK_HEIGHT - d))
                         width=(format!("{:.1}", slot * 0.8)) height=(format!("{d:.1}")) {}
@@ -75,6 +79,10 @@ pub(super) fn sparkline(minutes: &[QueueMinute]) -> Markup {
                 @if f > 0.0 {
                     rect.failed x=(format!("{:.1}", i as f64 * slot)) y=(format!("{:.1}", SPARK_HEIGHT - d - f))
                         width=(format!("{:.1}", slot * 0.8)) height=(format!("{f:.1}")) {}
+                }
+                @if x > 0.0 {
+                    rect.expired x=(format!("{:.1}", i as f64 * slot)) y=(format!("{:.1}", SPARK_HEIGHT - d - f - x))
+                        width=(format!("{:.1}", slot * 0.8)) height=(format!("{x:.1}")) {}
                 }
             }
         }
@@ -148,26 +156,32 @@ fn format_value(v: f64) -> String {
     if v >= 100.0 || v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.1}") }
 }
 
-/// Stacked bars, `done` under `failed`, one per minute.
-fn bars(done: &[f64], failed: &[f64], label: &dyn Fn(usize) -> String) -> Markup {
+/// Stacked bars, `done` under `failed` under `expired`, one per minute.
+fn bars(done: &[f64], failed: &[f64], expired: &[f64], label: &dyn Fn(usize) -> String) -> Markup {
     let n = done.len().max(1) as f64;
-    let max = done.iter().zip(failed).map(|(d, f)| d + f).fold(0.0, f64::max);
+    let max = (0..done.len()).map(|i| done[i] + failed[i] + expired[i]).fold(0.0, f64::max);
     // At least one unit high, so that a minute of one job beside a busy one still shows, and can be hovered.
-    let y = |v: f64| if max > 0.0 { (v / max * (HEIGHT - 20.0)).max(1.0) } else { 0.0 };
+    let y = |v: f64| if max > 0.0 && v > 0.0 { (v / max * (HEIGHT - 20.0)).max(1.0) } else { 0.0 };
     let slot = WIDTH / n;
     html! {
         svg viewBox=(format!("0 0 {WIDTH} {}", HEIGHT + AXIS)) role="img"
-            aria-label=(format!("jobs done and failed per minute over the last hour, at most {}", format_value(max))) {
-            @for (i, (d, f)) in done.iter().zip(failed).enumerate() {
+            aria-label=(format!("jobs done, failed and expired per minute over the last hour, at most {}", format_value(max))) {
+            @for i in 0..done.len() {
                 @let x = i as f64 * slot;
-                @if *d > 0.0 {
-                    rect.done x=(x) y=(HEIGHT - y(*d)) width=(slot * 0.8) height=(y(*d)) {
-                        title { (label(i)) ": " (format_value(*d)) " done" }
+                @let (d, f, e) = (y(done[i]), y(failed[i]), y(expired[i]));
+                @if d > 0.0 {
+                    rect.done x=(x) y=(HEIGHT - d) width=(slot * 0.8) height=(d) {
+                        title { (label(i)) ": " (format_value(done[i])) " done" }
                     }
                 }
-                @if *f > 0.0 {
-                    rect.failed x=(x) y=(HEIGHT - y(*d) - y(*f)) width=(slot * 0.8) height=(y(*f)) {
-                        title { (label(i)) ": " (format_value(*f)) " failed" }
+                @if f > 0.0 {
+                    rect.failed x=(x) y=(HEIGHT - d - f) width=(slot * 0.8) height=(f) {
+                        title { (label(i)) ": " (format_value(failed[i])) " failed" }
+                    }
+                }
+                @if e > 0.0 {
+                    rect.expired x=(x) y=(HEIGHT - d - f - e) width=(slot * 0.8) height=(e) {
+                        title { (label(i)) ": " (format_value(expired[i])) " expired" }
                     }
                 }
             }

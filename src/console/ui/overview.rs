@@ -111,7 +111,7 @@ fn queue_table(page: &Page, queues: &[QueueSummary], minutes: &BTreeMap<String, 
                 }
             }
             p.muted #last-hour-legend {
-                "Last hour, a minute a step: jobs done and failed (bars), then the due backlog and the wait p95 (lines). "
+                "Last hour, a minute a step: jobs done, failed and expired (bars), then the due backlog and the wait p95 (lines). "
                 "Hover a chart for its figures."
             }
         }
