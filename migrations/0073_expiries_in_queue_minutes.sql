@@ -55,7 +55,8 @@ CREATE OR REPLACE FUNCTION conveyor_record_queue_minutes() RETURNS integer
             SET done = greatest(m.done, excluded.done),
                 failed = greatest(m.failed, excluded.failed),
                 expired = greatest(m.expired, excluded.expired),
-                wait_p95_ms = excluded.wait_p95_ms;
+                -- A minute counted again with only expiries left (its ends removed since) keeps its wait.
+                wait_p95_ms = coalesce(excluded.wait_p95_ms, m.wait_p95_ms);
         GET DIAGNOSTICS ended = ROW_COUNT;
         -- Every queue a worker registered, or that has due jobs: a look that found none records 0.
         WITH due AS (

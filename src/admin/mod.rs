@@ -120,6 +120,8 @@ pub struct QueueMinute {
     /// Jobs dead-lettered in it.
     pub failed: u64,
     /// Jobs canceled in it as expired: not started by their deadline ([`crate::EnqueueOptions::start_within`]).
+    /// Absent (0) from a server of a release before it.
+    #[serde(default)]
     pub expired: u64,
     /// Due jobs waiting for the relay, the most a pass of the minute saw; `None` when no pass looked.
     pub backlog: Option<u64>,

@@ -175,7 +175,7 @@ async fn queue(op: Operating, Path(name): Path<String>) -> Answer {
 async fn queue_minutes(op: Operating, Path(name): Path<String>) -> Answer {
     let minutes = op.admin.queue_minutes(&op.actor, &name).await?;
     // An hour with nothing recorded is a queue of no job and no kind, unless the queues know it: a typo is a 404.
-    let recorded = |m: &crate::QueueMinute| m.done + m.failed > 0 || m.backlog.is_some();
+    let recorded = |m: &crate::QueueMinute| m.done + m.failed + m.expired > 0 || m.backlog.is_some();
     if !minutes.iter().any(recorded) && op.admin.queue(&op.actor, &name).await?.is_none() {
         return Err(ApiError::NotFound("queue"));
     }

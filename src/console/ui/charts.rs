@@ -1,8 +1,7 @@
 //! A queue's last hour drawn on the server, as inline SVG (no script): jobs done, failed and expired per minute as
-//! stacked bars,
-//! the due backlog and the 95th percentile of the wait as lines; in a table cell, the same three as sparklines. Each chart says its scale (the largest value) and its
-//! time axis (an hour ago to now, in UTC); every bar and point carries a `<title>` with its minute and value, which a
-//! browser shows on hover.
+//! stacked bars, the due backlog and the 95th percentile of the wait as lines; in a table cell, the same three as
+//! sparklines. Each chart says its scale (the largest value) and its time axis (an hour ago to now, in UTC); every bar
+//! and point carries a `<title>` with its minute and value, which a browser shows on hover.
 
 use maud::{Markup, html};
 
@@ -53,8 +52,8 @@ pub(super) fn wait(minutes: &[QueueMinute]) -> Vec<Option<f64>> {
 const SPARK_WIDTH: f64 = 120.0;
 const SPARK_HEIGHT: f64 = 24.0;
 
-/// A queue's last hour in a table cell: jobs done and failed per minute as stacked bars, no axis; its label and
-/// tooltip say the hour's totals and its busiest minute.
+/// A queue's last hour in a table cell: jobs done, failed and expired per minute as stacked bars, no axis; its label
+/// and tooltip say the hour's totals and its busiest minute.
 pub(super) fn sparkline(minutes: &[QueueMinute]) -> Markup {
     let n = minutes.len().max(1) as f64;
     let max = minutes.iter().map(|m| m.done + m.failed + m.expired).max().unwrap_or(0) as f64;
@@ -62,8 +61,9 @@ pub(super) fn sparkline(minutes: &[QueueMinute]) -> Markup {
         minutes.iter().fold((0, 0, 0), |(d, f, x), m| (d + m.done, f + m.failed, x + m.expired));
     let summary =
         format!("last hour: {done} done, {failed} failed, {expired} expired, busiest minute {}", format_value(max));
-    // At least one pixel high, so that a minute of one job beside a busy one still shows.
-    let y = |v: f64| if max > 0.0 && v > 0.0 { (v / max * SPARK_HEIGHT).max(1.0) } else { 0.0 };
+    // At least one pixel high, so that a minute of one job beside a busy one still shows; scaled to two pixels less
+    // than the drawing, so that the three parts of a minute, each rounded up so, never reach past its top.
+    let y = |v: f64| if max > 0.0 && v > 0.0 { (v / max * (SPARK_HEIGHT - 2.0)).max(1.0) } else { 0.0 };
     let slot = SPARK_WIDTH / n;
     html! {
         svg.spark width=(SPARK_WIDTH) height=(SPARK_HEIGHT) viewBox=(format!("0 0 {SPARK_WIDTH} {SPARK_HEIGHT}"))

@@ -526,6 +526,20 @@ pub(crate) const EXPIRED: &str = "expired: not started by its deadline";
 pub(crate) const EXPIRED_ON_TAKE_OVER: &str =
     "expired: its worker stopped, and its deadline passed before another took it";
 
+#[cfg(test)]
+mod expiry_texts {
+    #[test]
+    fn the_queue_minutes_recorder_counts_each_expirys_text_and_the_sql_enqueue_writes_the_first() {
+        // SQL of the migrations that name them: a change of either text here must be made there too.
+        let recorder = include_str!("../../../migrations/0073_expiries_in_queue_minutes.sql");
+        let enqueue = include_str!("../../../migrations/0071_sql_enqueue_expires_holders.sql");
+        for text in [super::EXPIRED, super::EXPIRED_ON_TAKE_OVER] {
+            assert!(recorder.contains(&format!("'{text}'")), "the recorder counts `{text}`");
+        }
+        assert!(enqueue.contains(&format!("'{}'", super::EXPIRED)), "the SQL enqueue expires with `EXPIRED`");
+    }
+}
+
 /// Cancels the job `job` because it expired: live and past its deadline (`expires_at`) by PostgreSQL's clock, which
 /// the worker that took it from its stream, maintenance or an enqueue that found it holding a de-dup key saw. As a
 /// cancellation does, with `reason` ([`EXPIRED`], [`EXPIRED_ON_TAKE_OVER`]) as its last error: its operation is
