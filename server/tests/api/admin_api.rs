@@ -1474,7 +1474,7 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
             built.push(v);
         }
     }
-    assert_eq!(built, [27, 28, 31, 40, 49, 50, 51, 52, 57, 65]);
+    assert_eq!(built, [27, 28, 31, 40, 49, 50, 51, 52, 57, 65, 72]);
     // Applied by `conveyor migrate`, they are there and valid.
     let app = TestApp::spawn().await;
     let mut owner = app.db.owner().await;
@@ -1482,7 +1482,8 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
         "SELECT c.relname::text, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
          WHERE i.indrelid = 'conveyor.outbox_events'::regclass
            AND c.relname IN ('outbox_events_completed_at', 'outbox_events_dead_by_id', 'outbox_events_delayed',
-                             'outbox_events_due_by_queue', 'outbox_events_next_due', 'outbox_events_expiring')
+                             'outbox_events_due_by_queue', 'outbox_events_next_due', 'outbox_events_expiring',
+                             'outbox_events_expired')
          ORDER BY 1",
     )
     .fetch_all(&mut owner)
@@ -1496,6 +1497,7 @@ async fn the_operators_outbox_indexes_are_built_concurrently_one_per_migration_o
             ("outbox_events_dead_by_id".to_owned(), true),
             ("outbox_events_delayed".to_owned(), true),
             ("outbox_events_due_by_queue".to_owned(), true),
+            ("outbox_events_expired".to_owned(), true),
             ("outbox_events_expiring".to_owned(), true)
         ]
     );
