@@ -2,7 +2,7 @@
 //!
 //! A completed record never changes while it lives: it is written in the transaction that did the work, and only a
 //! record past its `expires_at` is replaced or deleted. So a copy of it is as good as the row until then, and this
-//! process keeps one for each record it completed or replayed, until the record expires or [`MAX_AGE`] passes,
+//! process keeps one for each record it completed or replayed, until the record expires or ten minutes pass,
 //! whichever is first, within a budget in bytes (`CONVEYOR_IDEMPOTENCY_REPLAY_CACHE`; past it, quick_cache's S3-FIFO
 //! evicts the copies seen once before those replayed). Each API replica keeps its own; a replica that holds no copy
 //! reads the row, as before. A copy holds its reply's body serialized, as it is sent: what it weighs is what it holds.
@@ -24,7 +24,7 @@ use super::store::{Scope, StoredResponse};
 
 /// The longest a copy is kept, however long its record lives: clients replay within minutes of their first try, and
 /// a short life bounds what a record edited by hand (an operator's repair) can disagree with.
-pub const MAX_AGE: Duration = Duration::from_secs(600);
+const MAX_AGE: Duration = Duration::from_secs(600);
 
 /// Copies of completed records, by scope; empty and inert with a budget of 0.
 pub struct ReplayCache {
@@ -35,20 +35,20 @@ pub struct ReplayCache {
 
 /// A completed record as kept: its fingerprint, its reply as a replay sends it, until when it may answer, and what it
 /// weighs.
-pub struct Kept {
+pub(crate) struct Kept {
     fingerprint: Fingerprint,
     /// The reply's status.
-    pub status: u16,
+    pub(crate) status: u16,
     /// The reply's headers (those a replay sends).
-    pub headers: Vec<(String, String)>,
+    pub(crate) headers: Vec<(String, String)>,
     /// The reply's body, serialized.
-    pub body: Bytes,
+    pub(crate) body: Bytes,
     until: Instant,
     bytes: u64,
 }
 
 /// What a copy says of a request.
-pub enum Cached {
+pub(crate) enum Cached {
     /// The same request: answer with the copy's reply.
     Replay(Arc<Kept>),
     /// Another request under the same key.
@@ -89,7 +89,7 @@ impl ReplayCache {
     }
 
     /// What the copy of `scope`'s record, if this process holds a live one, says of the request `canonical`.
-    pub fn judge(&self, scope: &Scope, fingerprinter: &Fingerprinter, canonical: &str) -> Option<Cached> {
+    pub(crate) fn judge(&self, scope: &Scope, fingerprinter: &Fingerprinter, canonical: &str) -> Option<Cached> {
         let cache = self.copies.as_ref()?;
         let copy = cache.get(scope)?;
         let now = Instant::now();
@@ -105,7 +105,7 @@ impl ReplayCache {
     /// Keeps a copy of `scope`'s completed record, made with `fingerprint` and answered with `response` (as a replay
     /// sends it: [`StoredResponse::replayable`]), until `expires` (the record's expiry, as this process's clock sees
     /// it: no later than the row's) or [`MAX_AGE`] from now.
-    pub fn remember(&self, scope: &Scope, fingerprint: Fingerprint, response: StoredResponse, expires: Instant) {
+    pub(crate) fn remember(&self, scope: &Scope, fingerprint: Fingerprint, response: StoredResponse, expires: Instant) {
         let Some(cache) = &self.copies else { return };
         let until = expires.min(Instant::now() + MAX_AGE);
         if until <= Instant::now() {
@@ -120,7 +120,7 @@ impl ReplayCache {
     }
 
     /// The copies held and what they weigh, in bytes.
-    pub fn size(&self) -> (usize, u64) {
+    fn size(&self) -> (usize, u64) {
         self.copies.as_ref().map_or((0, 0), |c| (c.len(), c.weight()))
     }
 }
